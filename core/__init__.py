@@ -1,0 +1,31 @@
+"""An LLM inference and serving engine with a paged KV cache and hardware plugins."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from engine.llm import LLM
+    from engine.outputs import CompletionOutput, RequestOutput
+    from engine.sampling.params import SamplingParams
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `import engine` (and the CLI's --version) stays cheap and imports no torch.
+    if name == "LLM":
+        from engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from engine.sampling.params import SamplingParams
+
+        return SamplingParams
+    if name in ("CompletionOutput", "RequestOutput"):
+        from engine import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,0 +1,89 @@
+"""Engine settings as pydantic models; invalid values fail with a message naming the field."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class CacheConfig(BaseModel):
+    """KV cache settings.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_memory_bytes: explicit KV budget in bytes; wins over the fraction when set.
+        memory_fraction: fraction of the device's free memory (after weights) given to the KV cache.
+        kv_cache_dtype: cache dtype name; None means the model dtype.
+        num_blocks_override: exact number of blocks (tests use this to force preemption).
+        enable_prefix_caching: reuse cached blocks of identical prompt prefixes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: int = Field(16, ge=1, le=1024)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)
+    memory_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    kv_cache_dtype: str | None = None
+    num_blocks_override: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = False
+
+
+class SchedulerConfig(BaseModel):
+    """Continuous-batching limits.
+
+    Attributes:
+        max_num_batched_tokens: token budget of one step (prefill chunks plus decodes).
+        max_num_seqs: most sequences running at once.
+        max_waiting_requests: most requests queued before new ones are refused (None: unbounded).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_waiting_requests: int | None = Field(None, ge=1)
+
+
+class EngineConfig(BaseModel):
+    """Top-level engine settings.
+
+    Attributes:
+        model: a Hugging Face folder, a ``.gguf`` file, or None for the embedded default model.
+        device: ``auto`` or a device / plugin name.
+        dtype: model dtype name, or ``auto`` (the platform's preferred one).
+        max_model_len: context limit; None means the model's own.
+        seed: global seed for unseeded sampling.
+        load_format: ``auto`` or ``dummy`` (random weights of the model's config, for benchmarks).
+        tokenizer: tokenizer folder when it differs from the model's.
+        enforce_eager: never use graph capture.
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int | None = Field(None, ge=1)
+    seed: int = 0
+    load_format: str = "auto"
+    tokenizer: str | None = None
+    enforce_eager: bool = False
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+
+    @field_validator("dtype")
+    @classmethod
+    def _check_dtype(cls, v: str) -> str:
+        aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+        v = aliases.get(v, v)
+        if v not in SUPPORTED_DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; choose one of {list(SUPPORTED_DTYPES)}")
+        return v
+
+    @field_validator("load_format")
+    @classmethod
+    def _check_load_format(cls, v: str) -> str:
+        if v not in ("auto", "dummy"):
+            raise ValueError(f"unknown load_format {v!r}; choose 'auto' or 'dummy'")
+        return v

@@ -1,0 +1,120 @@
+"""The attention contract: how a backend lays out the paged KV cache and attends over it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything a backend needs to run one flat batch of mixed prefill, chunked-prefill and decode tokens.
+
+    The batch holds ``num_seqs`` sequences whose new tokens are concatenated into ``num_tokens`` rows.
+    Sequence ``i`` contributes rows ``query_start_loc[i]:query_start_loc[i+1]``; those rows are the last
+    ``query_len`` positions of a context of ``seq_lens[i]`` tokens, the earlier ones already in the cache.
+
+    Attributes:
+        query_start_loc: int32 tensor ``[num_seqs + 1]``, cumulative query lengths, on the device.
+        seq_lens: int32 tensor ``[num_seqs]``, total context length per sequence including the new tokens.
+        block_tables: int32 tensor ``[num_seqs, max_blocks_per_seq]``; physical block ids, padded with 0.
+        slot_mapping: int64 tensor ``[num_tokens]``; the cache slot (``block * block_size + offset``) each
+            new token's key and value are written to. A negative slot means "do not write" (padding).
+        query_lens_cpu: python list of query lengths (host copy, for backends that loop on the host).
+        seq_lens_cpu: python list of context lengths (host copy).
+        max_query_len: largest query length in the batch.
+        max_seq_len: largest context length in the batch.
+        block_size: tokens per KV block.
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        causal: whether a query token attends only to positions at or before its own.
+        sliding_window: if set, a query at position p attends only to positions > p - sliding_window.
+        logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` before the softmax.
+    """
+
+    query_start_loc: Any
+    seq_lens: Any
+    block_tables: Any
+    slot_mapping: Any
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    scale: float
+    causal: bool = True
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a block-structured KV cache.
+
+    One instance serves every layer of a model; the per-layer cache tensors are allocated by the
+    platform's :class:`BlockCache` with the shape this backend asks for.
+    """
+
+    #: block sizes (tokens per block) this backend runs
+    supported_block_sizes: tuple[int, ...] = (16,)
+    #: head dimensions this backend runs
+    supported_head_sizes: tuple[int, ...] = (64, 128)
+
+    @abstractmethod
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """The shape of one layer's KV cache tensor (keys and values together).
+
+        Args:
+            num_blocks: physical blocks in the pool.
+            block_size: tokens per block.
+            num_kv_heads: key/value heads.
+            head_dim: size of one head.
+
+        Returns:
+            The tensor shape; its element count must be ``2 * num_blocks * block_size * num_kv_heads *
+            head_dim`` (plus any padding the backend documents).
+        """
+
+    @abstractmethod
+    def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+        """Store new keys and values into the cache in place.
+
+        Args:
+            key: ``[num_tokens, num_kv_heads, head_dim]``.
+            value: ``[num_tokens, num_kv_heads, head_dim]``.
+            kv_cache: one layer's cache, as shaped by :meth:`kv_cache_shape`.
+            slot_mapping: int64 ``[num_tokens]``; negative slots are skipped.
+        """
+
+    @abstractmethod
+    def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        """Write ``key``/``value`` into the cache, then attend every query over its sequence's context.
+
+        Args:
+            query: ``[num_tokens, num_heads, head_dim]``.
+            key: ``[num_tokens, num_kv_heads, head_dim]`` for the new tokens.
+            value: ``[num_tokens, num_kv_heads, head_dim]`` for the new tokens.
+            kv_cache: one layer's cache.
+            metadata: the batch description, shared by all layers of a step.
+
+        Returns:
+            ``[num_tokens, num_heads, head_dim]`` attention output in the query's dtype.
+
+        Raises:
+            ValueError: if the metadata uses a feature this backend does not claim.
+        """
+
+    def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
+        """Return keys and values ``[len(block_ids) * block_size, num_kv_heads, head_dim]`` of some blocks.
+
+        Optional; the conformance suite uses it to check cache writes. The default raises.
+        """
+        raise NotImplementedError

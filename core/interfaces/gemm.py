@@ -1,0 +1,63 @@
+"""The GEMM contract: how a backend prepares weights at load time and multiplies by them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class QuantizedWeight:
+    """A weight still in a quantized storage format, as the loader found it.
+
+    Attributes:
+        scheme: the quantization scheme name, e.g. ``"gguf_q4_0"``, ``"gguf_q8_0"``, ``"fp8_e4m3"``.
+        data: the raw storage (a tensor or bytes-like array); layout is the scheme's own.
+        shape: the logical ``(out_features, in_features)`` shape.
+        dequantize: callable returning the float32 ``[out, in]`` weight; every backend may fall back to it.
+        extra: scheme-specific fields (scales, zero points, block sizes).
+    """
+
+    scheme: str
+    data: Any
+    shape: tuple[int, int]
+    dequantize: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class GemmBackend(ABC):
+    """Dense and quantized matrix multiplication ``y = x @ W.T + b``."""
+
+    #: quantization schemes whose weights :meth:`prepare_weight` keeps quantized
+    supported_quant_schemes: frozenset[str] = frozenset()
+
+    @abstractmethod
+    def prepare_weight(self, weight: Any, dtype: Any) -> Any:
+        """Turn a loaded weight into the form :meth:`linear` consumes (packing, casting, moving to device).
+
+        Called once per weight at load time.
+
+        Args:
+            weight: a float tensor ``[out_features, in_features]`` or a :class:`QuantizedWeight`.
+            dtype: the activation dtype the model runs in.
+
+        Returns:
+            An opaque prepared weight.
+
+        Raises:
+            ValueError: for a quantization scheme this backend cannot run or dequantize.
+        """
+
+    @abstractmethod
+    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        """Compute ``x @ W.T + bias``.
+
+        Args:
+            x: ``[..., in_features]`` activations.
+            weight: a weight returned by :meth:`prepare_weight`.
+            bias: optional ``[out_features]``.
+
+        Returns:
+            ``[..., out_features]`` in ``x``'s dtype.
+        """

@@ -1,0 +1,158 @@
+"""The platform contract: what a hardware plugin says about its device and the backends it builds."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.interfaces.attention import AttentionBackend
+from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine.interfaces.gemm import GemmBackend
+from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DetectResult:
+    """The outcome of :meth:`Platform.detect`: available or not, and why not."""
+
+    available: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a platform claims; the conformance suite tests every claim and ``validate`` rejects the rest.
+
+    Attributes:
+        dtypes: model dtypes by name (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        kv_cache_dtypes: KV cache dtypes by name.
+        block_sizes: tokens per KV block.
+        head_sizes: attention head dimensions.
+        quant_schemes: weight quantization schemes the GEMM runs (beyond dequantizing at load).
+        graph_capture: whether :meth:`Platform.make_graph_capture` records real graphs.
+        sliding_window: whether attention honours ``sliding_window``.
+        logits_soft_cap: whether attention honours ``logits_soft_cap``.
+        swap: whether the block cache can swap blocks to host memory.
+    """
+
+    dtypes: tuple[str, ...] = ("float32",)
+    kv_cache_dtypes: tuple[str, ...] = ("float32",)
+    block_sizes: tuple[int, ...] = (16,)
+    head_sizes: tuple[int, ...] = (64, 128)
+    quant_schemes: tuple[str, ...] = ()
+    graph_capture: bool = False
+    sliding_window: bool = False
+    logits_soft_cap: bool = False
+    swap: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Platform(ABC):
+    """One kind of device, as a plugin presents it to the core.
+
+    Class attributes:
+        name: the device name users pass to ``--device`` (``"cpu"``, ``"cuda"``, ...).
+        aliases: other names that select this platform.
+        priority: higher wins when ``--device auto`` finds several available platforms.
+        torch_device_type: the torch device type tensors live on (``"cpu"``, ``"cuda"``), if torch-based.
+    """
+
+    name: str = ""
+    aliases: tuple[str, ...] = ()
+    priority: int = 0
+    torch_device_type: str = "cpu"
+
+    @classmethod
+    @abstractmethod
+    def detect(cls) -> DetectResult:
+        """Whether this device is usable here. Must be cheap and must not initialise the device.
+
+        Returns:
+            A :class:`DetectResult`; when unavailable, ``reason`` says why in one sentence.
+        """
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The features this platform claims."""
+
+    def validate(self, config: EngineConfig) -> list[str]:
+        """Reasons ``config`` cannot run here; empty if it can.
+
+        The default checks dtype, KV dtype, block size against :meth:`capabilities`; override to add
+        checks (head size is checked by the engine once the model config is known).
+        """
+        caps = self.capabilities()
+        reasons = []
+        if config.dtype not in caps.dtypes:
+            reasons.append(f"dtype {config.dtype!r} is not supported on {self.name} (supported: {list(caps.dtypes)})")
+        kv = config.cache.kv_cache_dtype or config.dtype
+        if kv not in caps.kv_cache_dtypes:
+            reasons.append(
+                f"KV cache dtype {kv!r} is not supported on {self.name} (supported: {list(caps.kv_cache_dtypes)})"
+            )
+        if config.cache.block_size not in caps.block_sizes:
+            reasons.append(
+                f"block size {config.cache.block_size} is not supported on {self.name} "
+                f"(supported: {list(caps.block_sizes)})"
+            )
+        return reasons
+
+    @abstractmethod
+    def total_memory_bytes(self) -> int:
+        """Device memory in bytes."""
+
+    @abstractmethod
+    def free_memory_bytes(self) -> int:
+        """Device memory currently free, in bytes."""
+
+    def torch_device(self) -> Any:
+        """The torch device model tensors go to."""
+        import torch
+
+        return torch.device(self.torch_device_type)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for timing). No-op by default."""
+
+    def element_size(self, dtype: Any) -> int:
+        """Bytes per element of a cache dtype."""
+        import torch
+
+        return torch.empty((), dtype=dtype).element_size()
+
+    @abstractmethod
+    def make_attention_backend(self) -> AttentionBackend:
+        """The attention backend for this device."""
+
+    @abstractmethod
+    def make_gemm_backend(self) -> GemmBackend:
+        """The GEMM backend for this device."""
+
+    @abstractmethod
+    def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
+        """Allocate the KV pool once.
+
+        Args:
+            spec: the cache geometry.
+            num_blocks: physical blocks to allocate (the engine sized it from the memory budget).
+            attention: the backend whose :meth:`AttentionBackend.kv_cache_shape` fixes each layer's layout.
+        """
+
+    def make_graph_capture(self) -> GraphCapture:
+        """The graph capture for decode steps; eager unless the platform overrides it."""
+        return EagerGraphCapture()
+
+    def op_overrides(self) -> dict[str, Callable[..., Any]]:
+        """Ops (by name, see :mod:`engine.interfaces.ops`) this platform implements itself."""
+        return {}
+
+    def seed(self, seed: int) -> None:
+        """Seed the device's random generators."""
+        import torch
+
+        torch.manual_seed(seed)

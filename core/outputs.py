@@ -1,0 +1,62 @@
+"""What the engine hands back per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Logprob:
+    """A token's log-probability under the model, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One generated continuation.
+
+    Attributes:
+        index: which of the request's ``n`` completions.
+        text: the text so far (stop strings cut off unless asked to keep them).
+        token_ids: generated token ids.
+        cumulative_logprob: sum of the sampled tokens' logprobs.
+        logprobs: per generated token, ``{token_id: Logprob}`` with the sampled token and the top-k,
+            when the request asked for logprobs.
+        finish_reason: None while running; ``"stop"``, ``"length"`` or ``"abort"`` when done.
+        stop_reason: the stop string or stop token id that ended it, if any.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The state of one request after a step.
+
+    Attributes:
+        request_id: the caller's id.
+        prompt: the prompt text, if given as text.
+        prompt_token_ids: the tokenized prompt.
+        outputs: one entry per completion.
+        finished: whether every completion is done.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0

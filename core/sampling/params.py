@@ -1,0 +1,105 @@
+"""Per-request sampling settings, validated before any work starts."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SamplingParams(BaseModel):
+    """How to pick tokens and when to stop.
+
+    Attributes:
+        n: completions to return for the prompt.
+        temperature: 0 means greedy.
+        top_p: nucleus mass in (0, 1].
+        top_k: keep the k most likely tokens; 0 or -1 disables.
+        min_p: drop tokens whose probability is below ``min_p`` times the top token's.
+        presence_penalty: subtracted once from every token already generated.
+        frequency_penalty: subtracted per occurrence of a token already generated.
+        repetition_penalty: divides positive (multiplies negative) logits of tokens seen in prompt or output.
+        logit_bias: token id -> added bias.
+        seed: per-request seed; the same seed gives the same tokens.
+        max_tokens: most tokens to generate; None means up to the context limit.
+        min_tokens: EOS and stop tokens are suppressed until this many tokens were generated.
+        stop: strings that end generation; the text is cut before them.
+        stop_token_ids: token ids that end generation (kept in token_ids, not in the text).
+        ignore_eos: keep generating after EOS.
+        include_stop_str_in_output: keep the matched stop string in the text.
+        logprobs: also return this many most likely tokens' logprobs per step (0: just the sampled one).
+        skip_special_tokens: leave special tokens out of the text.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    n: int = Field(1, ge=1, le=128)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = Field(0, ge=0)
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    skip_special_tokens: bool = True
+
+    @field_validator("top_p")
+    @classmethod
+    def _check_top_p(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError(f"top_k must be -1 (disabled), 0 (disabled) or a positive integer, got {v}")
+        return v
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _check_max_tokens(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {v}")
+        return v
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(s == "" for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        if v is not None:
+            for tok, bias in v.items():
+                if not -100.0 <= bias <= 100.0:
+                    raise ValueError(f"logit_bias for token {tok} must be in [-100, 100], got {bias}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_min_max(self) -> SamplingParams:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
