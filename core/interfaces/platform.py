@@ -116,6 +116,14 @@ class Platform(ABC):
 
         return torch.device(self.torch_device_type)
 
+    def default_kv_cache_bytes(self) -> int | None:
+        """KV budget when the user gives none; None means a fraction of free memory.
+
+        Host-memory platforms return a fixed size so that an engine does not claim half of the RAM it
+        shares with everything else.
+        """
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued device work (for timing). No-op by default."""
 

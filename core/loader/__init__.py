@@ -1,0 +1,100 @@
+"""Loading models: HF folders and GGUF files (config, weights, tokenizer), dummy weights for benchmarks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+from engine.loader.architectures import (
+    check_architecture,
+    check_weight_stream,
+    expected_weight_shapes,
+    supported_architectures,
+)
+from engine.loader.dummy import dummy_weights
+from engine.loader.errors import ModelLoadError
+from engine.loader.gguf_file import iter_gguf_weights, load_gguf_config
+from engine.loader.hf_folder import check_hf_weights, iter_hf_weights, load_hf_config
+from engine.loader.paths import default_model_path, is_gguf_file, resolve_model_path
+from engine.loader.tokenizer import Tokenizer, load_tokenizer
+from engine.models.config import ModelConfig
+from tqdm import tqdm
+
+__all__ = [
+    "ModelLoadError",
+    "Tokenizer",
+    "default_model_path",
+    "dummy_weights",
+    "expected_weight_shapes",
+    "is_gguf_file",
+    "iter_weights",
+    "load_model_config",
+    "load_tokenizer",
+    "resolve_model_path",
+    "supported_architectures",
+]
+
+
+def load_model_config(path: str, *, check_weights: bool = True) -> ModelConfig:
+    """Read a model's config and check its weight files are complete, before anything is allocated.
+
+    Args:
+        path: a HF model folder (with config.json) or a ``.gguf`` file.
+        check_weights: also check a HF folder's weight files (safetensors headers against file sizes);
+            pass False for a config-only folder used with dummy weights. GGUF files are always checked.
+
+    Returns:
+        The model config.
+
+    Raises:
+        ModelLoadError: unknown path, no config.json, unsupported architecture, or truncated/corrupt
+            config, safetensors or GGUF file.
+    """
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model path '{path}' does not exist")
+    if is_gguf_file(path):
+        config = load_gguf_config(path)
+    elif path.endswith(".gguf") and os.path.isfile(path):
+        raise ModelLoadError(f"GGUF file {path} is truncated or corrupt (it does not start with 'GGUF')")
+    elif os.path.isdir(path):
+        config = load_hf_config(path)
+        if check_weights:
+            check_hf_weights(path)
+    else:
+        raise ModelLoadError(
+            f"model path '{path}' is neither a model folder with config.json nor a GGUF file"
+        )
+    check_architecture(config, path)
+    return config
+
+
+def iter_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every parameter of the model at ``path`` by HF name, as CPU tensors in HF orientation.
+
+    HF folders keep the checkpoint dtype; GGUF tensors are dequantised to float32 with the Q/K rows put
+    back in HF's rotary order. ``lm_head.weight`` is absent when ``config.tie_word_embeddings``.
+
+    Args:
+        path: the same path given to :func:`load_model_config`.
+        config: the config it returned.
+
+    Returns:
+        An iterator of (name, tensor) pairs, with a progress bar on a terminal.
+
+    Raises:
+        ModelLoadError: a weight file is unreadable, or its tensors do not match ``config`` (unexpected,
+            wrongly shaped, or missing once the iterator is exhausted).
+    """
+    if is_gguf_file(path):
+        weights = iter_gguf_weights(path, config)
+    elif os.path.isdir(path):
+        weights = iter_hf_weights(path, config)
+    else:
+        raise ModelLoadError(f"model path '{path}' is neither a model folder nor a GGUF file")
+    checked = check_weight_stream(weights, config, path)
+    total = len(expected_weight_shapes(config))
+    yield from tqdm(
+        checked, total=total, desc="Loading weights", leave=False, disable=not sys.stderr.isatty()
+    )

@@ -1,0 +1,1 @@
+"""The conformance suite every engine plugin must pass."""

@@ -1,0 +1,63 @@
+"""Small helpers the conformance tests share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from engine.interfaces.platform import Capabilities
+from engine_plugin_sdk.tolerances import Tolerance, compare
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a capability dtype name.
+
+    Raises:
+        pytest.fail.Exception: for a name torch does not know (the claim itself is wrong).
+    """
+    resolved = getattr(torch, name, None)
+    if not isinstance(resolved, torch.dtype):
+        pytest.fail(f"the platform claims dtype {name!r}, which is not a torch dtype name")
+    return resolved
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The attention geometry a test uses when it is not about geometry."""
+
+    dtype: torch.dtype
+    head_size: int
+    block_size: int
+
+
+def default_geometry(caps: Capabilities) -> Geometry:
+    """float32 and head size 64 / block size 16 where claimed (tightest and quickest), else the first claims."""
+    dtype = "float32" if "float32" in caps.dtypes else caps.dtypes[0]
+    head = 64 if 64 in caps.head_sizes else min(caps.head_sizes)
+    block = 16 if 16 in caps.block_sizes else caps.block_sizes[0]
+    return Geometry(torch_dtype(dtype), head, block)
+
+
+def assert_close(actual: Any, expected: Any, tol: Tolerance, capability: str) -> None:
+    """Fail with a message that starts with the capability name when ``actual`` is out of tolerance."""
+    problem = compare(actual, expected, tol, capability)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
+def assert_equal(actual: torch.Tensor, expected: torch.Tensor, capability: str) -> None:
+    """Fail unless the tensors are bitwise equal (cache copies and writes must be exact)."""
+    if actual.shape != expected.shape:
+        pytest.fail(f"{capability}: shape {tuple(actual.shape)} differs from {tuple(expected.shape)}", pytrace=False)
+    if actual.dtype != expected.dtype:
+        pytest.fail(f"{capability}: dtype {actual.dtype} differs from {expected.dtype}", pytrace=False)
+    # compare bit patterns: exact, NaN-safe, and defined for float8 too
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[actual.element_size()]
+    a = actual.detach().cpu().contiguous().view(as_int)
+    e = expected.detach().cpu().contiguous().view(as_int)
+    same = a == e
+    if not bool(same.all()):
+        pytest.fail(f"{capability}: {int((~same).sum())}/{a.numel()} elements differ from the expected cache", pytrace=False)

@@ -1,0 +1,101 @@
+"""The fused ops a model calls (the platform's overrides or the core's reference) and graph capture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine.interfaces.ops import OP_NAMES, reference_ops
+from engine.interfaces.platform import Capabilities, Platform
+from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
+from engine_plugin_sdk.reference_ops import (
+    make_cos_sin_cache,
+    ref_fused_add_rms_norm,
+    ref_rms_norm,
+    ref_rotary_embedding,
+    ref_silu_and_mul,
+)
+from engine_plugin_sdk.tolerances import get_tolerance
+
+HIDDEN = 256
+EPS = 1e-5
+GRAPH_BUCKETS = [1, 2, 4, 8]
+
+
+def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tuple]:
+    """``(args, expected)`` for one op: fresh random inputs and the float64 answers."""
+    gen = torch.Generator().manual_seed(71 + OP_NAMES.index(op_name))
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    if op_name == "rms_norm":
+        x, w = rand(9, HIDDEN), rand(HIDDEN)
+        return (x, w, EPS), (ref_rms_norm(x, w, EPS),)
+    if op_name == "fused_add_rms_norm":
+        x, residual, w = rand(9, HIDDEN), rand(9, HIDDEN), rand(HIDDEN)
+        return (x, residual, w, EPS), ref_fused_add_rms_norm(x, residual, w, EPS)
+    if op_name == "rotary_embedding":
+        positions = torch.randint(0, 512, (11,), generator=gen).to(device)
+        q, k = rand(11, 8, 64), rand(11, 2, 64)
+        cache = make_cos_sin_cache(512, 64).to(device)
+        return (positions, q, k, cache), ref_rotary_embedding(positions, q, k, cache)
+    if op_name == "silu_and_mul":
+        x = rand(9, 2 * HIDDEN)
+        return (x,), (ref_silu_and_mul(x),)
+    raise ValueError(f"no test case for op {op_name!r}")
+
+
+@pytest.mark.parametrize("op_name", OP_NAMES)
+@pytest.mark.capability("ops.{op_name}")
+def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_property: Any) -> None:
+    overrides = platform.op_overrides()
+    table = reference_ops().with_overrides(overrides)
+    record_property("implementation", "platform override" if op_name in overrides else "core reference")
+    op = getattr(table, op_name)
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        args, expected = op_cases(op_name, dtype, platform.torch_device())
+        # ops may work in place; keep the inputs the reference saw
+        result = op(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        results = result if isinstance(result, tuple) else (result,)
+        if len(results) != len(expected):
+            pytest.fail(f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False)
+        for i, (got, want) in enumerate(zip(results, expected, strict=True)):
+            if got.dtype != dtype:
+                pytest.fail(f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False)
+            assert_close(got, want, get_tolerance(dtype), f"ops.{op_name} {dtype_name} output {i}")
+
+
+def graph_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A small decode-like step: a matmul, a nonlinearity and a reduction."""
+    return torch.nn.functional.silu(x @ w) * 2.0 + x.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.capability("graph_capture")
+def test_graph_replay_matches_eager(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
+    dtype = default_geometry(caps).dtype
+    gen = torch.Generator().manual_seed(81)
+
+    def make_inputs(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(batch_size, 64, generator=gen).to(dtype).to(device)
+        w = (torch.randn(64, 64, generator=gen) * 0.125).to(dtype).to(device)
+        return x, w
+
+    capture = platform.make_graph_capture()
+    capture.capture(graph_step, GRAPH_BUCKETS, make_inputs)
+    captured = set(capture.captured_batch_sizes())
+    if caps.graph_capture:
+        missing = sorted(set(GRAPH_BUCKETS) - captured)
+        if missing:
+            pytest.fail(f"graph_capture: claimed, but buckets {missing} were not captured", pytrace=False)
+    else:
+        record_property("not_claimed", "no graphs; the eager fallback was checked")
+    tol = get_tolerance(dtype)
+    # every bucket twice with fresh inputs (a replay must read its new inputs), then an uncaptured size
+    for batch_size in [*GRAPH_BUCKETS, *GRAPH_BUCKETS, 3]:
+        x, w = make_inputs(batch_size)
+        replayed = capture.run(batch_size, x, w).clone()
+        assert_close(replayed, graph_step(x, w), tol, f"graph_capture (batch size {batch_size})")

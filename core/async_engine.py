@@ -1,0 +1,375 @@
+"""An asyncio front for :class:`~engine.llm_engine.LLMEngine`: one thread steps the engine, coroutines stream.
+
+The engine is not thread-safe, so a single background thread owns it. Coroutines never touch it: they
+put commands (add, abort, stop) on a thread-safe queue, and the thread hands every step's outputs back
+to the owning request's stream on the event loop with ``call_soon_threadsafe``. When there is no work
+the thread blocks on the queue, so an idle server uses no CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore(Protocol):
+    """What the async front needs from the synchronous engine (``LLMEngine`` satisfies it)."""
+
+    tokenizer: Any
+    max_model_len: int
+    model_name: str
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_total_blocks(self) -> int: ...
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step raised, or the engine was shut down, while this request was in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot taken by the engine thread after each of its iterations.
+
+    Attributes:
+        num_free_blocks: KV blocks not held by any request.
+        num_total_blocks: KV blocks in the cache.
+        num_requests_in_flight: requests added and not yet finished or aborted.
+        num_requests_total: requests accepted since start.
+        num_steps: engine steps run since start.
+        peak_batch_size: the most requests that got tokens in one step (continuous batching at work).
+    """
+
+    num_free_blocks: int
+    num_total_blocks: int
+    num_requests_in_flight: int
+    num_requests_total: int
+    num_steps: int
+    peak_batch_size: int
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator living on the event loop.
+
+    The engine's outputs are cumulative, so a consumer slower than the engine only needs the latest one:
+    the stream keeps just that, which bounds memory however slow a client reads.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.aborted = False
+        self._loop = loop
+        self._latest: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._event = asyncio.Event()
+
+    # Called on the event loop (via call_soon_threadsafe from the engine thread).
+    def _deliver(self, output: RequestOutput) -> None:
+        self._latest = output
+        if output.finished:
+            self._closed = True
+        self._event.set()
+
+    def _finish(self, aborted: bool, error: BaseException | None) -> None:
+        self.aborted = self.aborted or aborted
+        self._error = error
+        self._closed = True
+        self._event.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._closed and self._latest is None
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while True:
+            if self._latest is not None:
+                out, self._latest = self._latest, None
+                return out
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            await self._event.wait()
+            self._event.clear()
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: RequestStream
+    accepted: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+def _snapshot(output: RequestOutput) -> RequestOutput:
+    # The engine may keep mutating its output objects in later steps; hand the loop a private copy.
+    outs = [
+        dataclasses.replace(
+            c, token_ids=list(c.token_ids), logprobs=list(c.logprobs) if c.logprobs is not None else None
+        )
+        for c in output.outputs
+    ]
+    return dataclasses.replace(output, outputs=outs, prompt_token_ids=output.prompt_token_ids)
+
+
+class AsyncLLMEngine:
+    """Runs an engine on a background thread and streams its outputs to coroutines.
+
+    Args:
+        engine: the synchronous engine; this object owns it from now on.
+    """
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._num_requests_total = 0
+        self._num_steps = 0
+        self._peak_batch = 0
+        self._stats = self._take_stats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        """Build the engine (loads the model; takes seconds) and wrap it."""
+        from engine.llm_engine import LLMEngine
+
+        return cls(LLMEngine.from_config(config))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Abort whatever is in flight, stop the thread and wait for it.
+
+        Args:
+            timeout: seconds to wait for the current step to end.
+        """
+        if self._thread is None:
+            return
+        self._commands.put(_Stop())
+        self._thread.join(timeout)
+        self._thread = None
+
+    async def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> RequestStream:
+        """Queue a request and wait until the engine accepted or refused it.
+
+        Args:
+            request_id: unique among requests in flight.
+            prompt: text, or token ids.
+            params: how to sample.
+
+        Returns:
+            The request's stream of cumulative outputs.
+
+        Raises:
+            engine.errors.InvalidRequestError: the engine refused the request (bad prompt, too long, ...).
+            engine.errors.QueueFullError: the waiting queue is full.
+            EngineDeadError: the engine is not running.
+        """
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine is not running: {self._dead}")
+        self.start()
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, loop)
+        accepted: asyncio.Future[None] = loop.create_future()
+        self._commands.put(_Add(request_id, prompt, params, stream, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            # The caller went away while the engine was still taking the request: take it back out.
+            self.abort(request_id)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to abort a request at its next iteration; unknown ids are ignored."""
+        self._commands.put(_Abort(request_id))
+
+    async def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its cumulative outputs; aborts it if the consumer stops early."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            if not stream.finished:
+                self.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        """The latest snapshot from the engine thread."""
+        return self._stats
+
+    # ---- everything below runs on the engine thread ----
+
+    def _take_stats(self) -> EngineStats:
+        return EngineStats(
+            num_free_blocks=int(self.engine.num_free_blocks),
+            num_total_blocks=int(self.engine.num_total_blocks),
+            num_requests_in_flight=len(self._streams),
+            num_requests_total=self._num_requests_total,
+            num_steps=self._num_steps,
+            peak_batch_size=self._peak_batch,
+        )
+
+    def _run(self) -> None:
+        try:
+            while True:
+                has_work = self.engine.has_unfinished_requests()
+                commands = self._next_commands(block=not has_work)
+                if any(isinstance(c, _Stop) for c in commands):
+                    for c in commands:
+                        if isinstance(c, _Add):
+                            self._refuse(c, EngineDeadError("the server is shutting down"))
+                    self._abort_all(None, aborted=True)
+                    return
+                for command in commands:
+                    self._apply(command)
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                self._stats = self._take_stats()
+        except BaseException as exc:  # the thread must never die silently with requests waiting on it
+            logger.exception("engine loop crashed")
+            self._dead = exc
+            self._abort_all(EngineDeadError(f"the engine loop crashed: {type(exc).__name__}: {exc}"), aborted=False)
+            raise
+        finally:
+            self._stats = self._take_stats()
+
+    def _next_commands(self, block: bool) -> list[_Add | _Abort | _Stop]:
+        commands: list[_Add | _Abort | _Stop] = []
+        if block:
+            commands.append(self._commands.get())
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, command: _Add | _Abort | _Stop) -> None:
+        if isinstance(command, _Add):
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as exc:  # refusals travel back to the caller, who decides the HTTP status
+                self._refuse(command, exc)
+                return
+            self._streams[command.request_id] = command.stream
+            self._num_requests_total += 1
+            self._call_on_loop(command.stream, _resolve, command.accepted, None)
+        elif isinstance(command, _Abort):
+            stream = self._streams.pop(command.request_id, None)
+            self.engine.abort_request(command.request_id)
+            if stream is not None:
+                self._call_on_loop(stream, stream._finish, True, None)
+
+    def _refuse(self, command: _Add, exc: BaseException) -> None:
+        self._call_on_loop(command.stream, _resolve, command.accepted, exc)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # an engine bug: fail the requests in flight, keep serving new ones
+            logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
+            self._abort_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"), aborted=False)
+            return
+        self._num_steps += 1
+        self._peak_batch = max(self._peak_batch, len(outputs))
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+            self._call_on_loop(stream, stream._deliver, _snapshot(output))
+
+    def _abort_all(self, error: BaseException | None, aborted: bool) -> None:
+        for request_id, stream in list(self._streams.items()):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # already failing; the stream still has to be released below
+                logger.exception("aborting %s failed", request_id)
+            self._call_on_loop(stream, stream._finish, aborted, error)
+        self._streams.clear()
+
+    @staticmethod
+    def _call_on_loop(stream: RequestStream, fn: Any, *args: Any) -> None:
+        try:
+            stream._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            # The event loop is closed (process exiting): nobody is left to tell.
+            logger.debug("event loop closed; dropping an update for %s", stream.request_id)
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+__all__ = ["AsyncLLMEngine", "EngineCore", "EngineDeadError", "EngineStats", "RequestStream"]

@@ -1,0 +1,188 @@
+"""The ``engine`` command: serve, generate, chat, bench, plugins, conformance, plugin scaffolding.
+
+Heavy imports (torch, transformers, the server) happen inside the subcommands, so that ``engine
+--version`` and argument mistakes answer at once. A user's mistake prints one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from engine import __version__
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+DEVICE_CHOICES_HELP = "auto, cpu, cuda, rocm, tpu, npu, or a plugin's name"
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+               "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+class CliError(Exception):
+    """A user mistake; ``main`` prints ``error: <message>`` and exits 1."""
+
+
+def parse_memory(text: str) -> tuple[int | None, float | None]:
+    """``--kv-cache-memory``: a size like ``2GiB`` / ``512MB`` / ``1000000``, or a fraction like ``0.3``.
+
+    Returns:
+        (bytes, None) for a size, (None, fraction) for a fraction of free device memory.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MB or 1000000, or a fraction like 0.3; got {text!r}")
+    value, unit = float(match.group(1)), match.group(2).lower()
+    if not unit and 0 < value < 1:
+        return None, value
+    size = int(value * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"the KV cache size must be positive, got {text!r}")
+    return size, None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The options that build an engine, shared by serve, generate, chat and bench throughput."""
+    parser.add_argument("--model", default=None, help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default="auto", help=f"device to run on: {DEVICE_CHOICES_HELP} (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
+    parser.add_argument("--max-model-len", type=_positive_int, default=None, help="context length limit in tokens")
+    parser.add_argument("--kv-cache-memory", type=parse_memory, default=None,
+                        help="KV cache budget: a size (2GiB, 512MB) or a fraction of free device memory (0.3)")
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=None, help="most sequences running at once")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
+    parser.add_argument("--max-waiting-requests", type=_positive_int, default=None,
+                        help="queued requests beyond which new ones get 503 (default: unbounded)")
+    parser.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV block")
+    parser.add_argument("--enable-prefix-caching", action="store_true", help="reuse KV blocks of shared prompt prefixes")
+    parser.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build the engine configuration; invalid combinations raise :class:`CliError`."""
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from pydantic import ValidationError
+
+    cache: dict[str, object] = {"enable_prefix_caching": args.enable_prefix_caching}
+    if args.kv_cache_memory is not None:
+        size, fraction = args.kv_cache_memory
+        cache["kv_cache_memory_bytes" if size is not None else "memory_fraction"] = size if size is not None else fraction
+    if args.block_size is not None:
+        cache["block_size"] = args.block_size
+    scheduler: dict[str, object] = {"max_waiting_requests": args.max_waiting_requests}
+    if args.max_num_seqs is not None:
+        scheduler["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        scheduler["max_num_batched_tokens"] = args.max_num_batched_tokens
+    try:
+        return EngineConfig(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            cache=CacheConfig(**cache),
+            scheduler=SchedulerConfig(**scheduler),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CliError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+def load_engine(args: argparse.Namespace):  # -> LLMEngine (kept untyped so this module imports no torch)
+    """Build the engine for the CLI, turning every configuration or loading mistake into one line."""
+    from engine.llm_engine import LLMEngine
+    from engine.plugins.selection import DeviceNotAvailableError
+
+    config = engine_config_from_args(args)
+    try:
+        return LLMEngine.from_config(config)
+    except (DeviceNotAvailableError, ValueError, OSError) as exc:
+        raise CliError(one_line(str(exc)) or type(exc).__name__) from None
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from engine.async_engine import AsyncLLMEngine
+    from engine.entrypoints.openai.server import build_app, serve_app
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    engine = AsyncLLMEngine(load_engine(args))
+    names = [args.served_model_name] if args.served_model_name else None
+    app = build_app(engine, served_model_names=names, api_key=args.api_key)
+    print(f"serving {names[0] if names else engine.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    try:
+        serve_app(app, args.host, args.port, graceful_timeout_s=args.graceful_timeout)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.entrypoints import cli_commands
+
+    parser = argparse.ArgumentParser(prog="engine", description="LLM inference and serving engine with hardware plugins")
+    parser.add_argument("--version", action="version", version=f"engine {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to bind (default: 8000)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every API route")
+    serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file's name)")
+    serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on shutdown")
+    serve.set_defaults(func=cmd_serve)
+
+    cli_commands.add_subcommands(sub, add_engine_args)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``engine`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this __main__ copy, so exception classes are the same objects.
+    from engine.entrypoints.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,229 @@
+"""The ``engine`` subcommands besides ``serve``: generate, chat, plugins, conformance, plugin new, bench."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from engine.entrypoints.cli import CliError, load_engine, one_line
+
+_request_ids = itertools.count()
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    from engine.sampling.params import SamplingParams
+    from pydantic import ValidationError
+
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CliError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+
+
+def stream_reply(engine: Any, prompt: str | list[int], params: Any, write: Callable[[str], Any]) -> str:
+    """Run one request on ``engine`` to the end, writing text as it is produced; returns the full text.
+
+    Ctrl-C stops the reply (the request is aborted and its blocks freed) and re-raises.
+    """
+    from engine.errors import InvalidRequestError
+
+    request_id = f"cli-{next(_request_ids)}"
+    try:
+        engine.add_request(request_id, prompt, params)
+    except InvalidRequestError as exc:
+        raise CliError(str(exc)) from None
+    written = 0
+    text = ""
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.request_id != request_id:
+                    continue
+                text = output.outputs[0].text
+                if len(text) > written:
+                    write(text[written:])
+                    written = len(text)
+    except BaseException:
+        engine.abort_request(request_id)
+        raise
+    return text
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    params = _sampling(args)
+    engine = load_engine(args)
+    prompt: str | list[int] = args.prompt
+    if args.chat:
+        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+        prompt = engine.tokenizer.encode(text, add_special_tokens=False)
+    stream_reply(engine, prompt, params, _write_stdout)
+    _write_stdout("\n")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling(args)
+    engine = load_engine(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    print("chat with the model; /reset clears the history, /exit (or Ctrl-D) quits", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            history.clear()
+            continue
+        history.append({"role": "user", "content": line})
+        prompt = _fit_history(engine, system, history, params.max_tokens or 1)
+        try:
+            reply = stream_reply(engine, prompt, params, _write_stdout)
+        except KeyboardInterrupt:
+            history.pop()
+            _write_stdout("\n[interrupted]\n")
+            continue
+        _write_stdout("\n")
+        history.append({"role": "assistant", "content": reply})
+
+
+def _fit_history(engine: Any, system: list[dict[str, str]], history: list[dict[str, str]], max_tokens: int) -> list[int]:
+    """Tokenize the conversation, dropping the oldest turns until it leaves room for the reply."""
+    while True:
+        text = engine.tokenizer.apply_chat_template(system + history)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) + max_tokens <= engine.max_model_len or len(history) <= 1:
+            return ids
+        del history[:2]  # one user turn and its reply
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from engine.plugins.manager import PluginManager
+
+    manager = PluginManager()
+    rows = [("PLUGIN", "DISTRIBUTION", "VERSION", "DEVICE", "STATUS")]
+    detected = {(r.name, c): d for r, c, d in manager.detect_all()}
+    for record in manager.records:
+        dist, version = record.distribution or "-", record.version or "-"
+        if record.status != "loaded":
+            rows.append((record.name, dist, version, "-", f"not loaded: {one_line(record.error)}"))
+            continue
+        for cls in record.platforms:
+            result = detected.get((record.name, cls))
+            status = "available" if result and result.available else f"unavailable: {one_line(result.reason if result else '')}"
+            rows.append((record.name, dist, version, cls.name, status))
+    if len(rows) == 1:
+        print("no plugins installed; install one, e.g.: pip install engine-plugin-cpu")
+        return 0
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=False)) + "  " + row[4])
+    return 0
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    try:
+        from engine_conformance.runner import run_conformance
+    except ImportError as exc:
+        raise CliError(f"the conformance suite is not available ({exc}); reinstall the engine: pip install -e .") from None
+    return int(run_conformance(args.device, args.report, args.json))
+
+
+def cmd_plugin_new(args: argparse.Namespace) -> int:
+    try:
+        from engine_plugin_sdk.scaffold import scaffold_plugin
+    except ImportError as exc:
+        raise CliError(f"the plugin SDK is not available ({exc}); reinstall the engine: pip install -e .") from None
+    try:
+        path = scaffold_plugin(args.name, args.dest)
+    except (ValueError, FileExistsError, OSError) as exc:
+        raise CliError(one_line(str(exc))) from None
+    print(f"created {path}")
+    return 0
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from engine.bench.serve import run_from_args
+
+    return run_from_args(args)
+
+
+def cmd_bench_throughput(args: argparse.Namespace) -> int:
+    from engine.bench.throughput import run_from_args
+
+    return run_from_args(args)
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    parser.add_argument("--max-tokens", type=int, default=max_tokens, help=f"most tokens to generate (default: {max_tokens})")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default: 0.7)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
+    parser.add_argument("--sampling-seed", type=int, default=None, help="seed for this generation")
+
+
+def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register every subcommand but ``serve`` on the ``engine`` parser."""
+    from engine.bench import serve as bench_serve
+    from engine.bench import throughput as bench_throughput
+
+    gen = sub.add_parser("generate", help="generate text for a prompt, streamed to stdout")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    add_engine_args(gen)
+    _add_sampling_args(gen, 128)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal (keeps the conversation)")
+    chat.add_argument("--system", default=None, help="a system prompt")
+    add_engine_args(chat)
+    _add_sampling_args(chat, 512)
+    chat.set_defaults(func=cmd_chat)
+
+    plugins = sub.add_parser("plugins", help="inspect installed hardware plugins")
+    plugins_sub = plugins.add_subparsers(dest="plugins_command", metavar="ACTION", required=True)
+    plugins_sub.add_parser("list", help="each plugin: name, distribution, version, device, available or why not").set_defaults(
+        func=cmd_plugins_list
+    )
+
+    conf = sub.add_parser("conformance", help="run the plugin conformance suite for a device")
+    conf.add_argument("--device", required=True, help="device or plugin name to test")
+    conf.add_argument("--report", default=None, help="write a Markdown report here")
+    conf.add_argument("--json", default=None, help="write a JSON report here")
+    conf.set_defaults(func=cmd_conformance)
+
+    plugin = sub.add_parser("plugin", help="plugin development tools")
+    plugin_sub = plugin.add_subparsers(dest="plugin_command", metavar="ACTION", required=True)
+    new = plugin_sub.add_parser("new", help="create a new plugin package from the template")
+    new.add_argument("name", help="the plugin's name, e.g. myaccel")
+    new.add_argument("--dest", default=".", help="folder to create it in (default: .)")
+    new.set_defaults(func=cmd_plugin_new)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="KIND", required=True)
+    serve_parser = bench_sub.add_parser("serve", help="load-test a running server")
+    bench_serve.add_arguments(serve_parser)
+    serve_parser.set_defaults(func=cmd_bench_serve)
+    tp = bench_sub.add_parser("throughput", help="offline throughput through engine.LLM")
+    add_engine_args(tp)
+    bench_throughput.add_arguments(tp)
+    tp.set_defaults(func=cmd_bench_throughput)

@@ -1,0 +1,189 @@
+"""POST /v1/chat/completions: a conversation in, the assistant's reply out (whole or streamed)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.async_engine import EngineDeadError, RequestStream
+from engine.entrypoints.openai.errors import OpenAIError, bad_request
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from engine.entrypoints.openai.serving_common import (
+    DeltaTracker,
+    ServingContext,
+    TokenLogprobs,
+    abort_on_disconnect,
+    add_request,
+    check_context,
+    parse_body,
+    sampling_params,
+    sse,
+    stop_hold_back,
+    token_logprobs,
+    usage,
+)
+from engine.outputs import CompletionOutput, RequestOutput
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+def chat_prompt_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """Render the conversation with the model's chat template and tokenize it."""
+    tokenizer = ctx.engine.tokenizer
+    rendered = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages
+    ]
+    try:
+        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt)
+    except ValueError as exc:  # the template rejected the conversation (e.g. roles out of order)
+        raise bad_request(f"messages: {exc}", param="messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _chat_logprobs(items: list[TokenLogprobs]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": it.token,
+                "logprob": it.logprob,
+                "bytes": list(it.token.encode("utf-8")),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in it.top],
+            }
+            for it in items
+        ]
+    }
+
+
+class ChatHandler:
+    """Serves chat completions for one server."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
+        ctx = self.ctx
+        req = await parse_body(request, ChatCompletionRequest, ctx.max_body_bytes)
+        ctx.check_model(req.model)
+        if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
+            raise bad_request("max_tokens and max_completion_tokens disagree; send one of them", param="max_tokens")
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        num_top = (req.top_logprobs or 0) if req.logprobs else 0
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+        params = sampling_params(req, ctx, max_tokens, num_top if req.logprobs else None)
+        prompt_ids = chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
+        check_context(len(prompt_ids), max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await add_request(ctx, request_id, prompt_ids, params)
+        call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top)
+        if req.stream:
+            return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")
+        return JSONResponse(await call.complete(request, stream))
+
+
+class _ChatCall:
+    """One chat request's response, whole or as server-sent events."""
+
+    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, request_id: str, num_prompt: int, num_top: int):
+        self.ctx = ctx
+        self.req = req
+        self.request_id = request_id
+        self.num_prompt = num_prompt
+        self.num_top = num_top
+        self.created = int(time.time())
+
+    def _decode(self, token_id: int) -> str:
+        return self.ctx.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    async def complete(self, request: Request, stream: RequestStream) -> dict[str, Any]:
+        final: RequestOutput | None = None
+        async with abort_on_disconnect(request, self.ctx.engine, [self.request_id]):
+            try:
+                async for output in stream:
+                    final = output
+            except EngineDeadError as exc:
+                raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+        outputs = final.outputs if final is not None else []
+        choices = []
+        for out in sorted(outputs, key=lambda o: o.index):
+            logprobs = None
+            if self.req.logprobs:
+                logprobs = _chat_logprobs(token_logprobs(out, 0, len(out.token_ids), self.num_top, self._decode))
+            choices.append(
+                {
+                    "index": out.index,
+                    "message": {"role": "assistant", "content": out.text},
+                    "logprobs": logprobs,
+                    "finish_reason": out.finish_reason or ("abort" if stream.aborted else None),
+                }
+            )
+        return {
+            "id": self.request_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+            "usage": usage(self.num_prompt, sum(len(o.token_ids) for o in outputs)),
+        }
+
+    def _chunk(self, choices: list[dict[str, Any]], with_usage_field: bool, usage_value: Any = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
+        if with_usage_field:
+            chunk["usage"] = usage_value
+        return chunk
+
+    async def stream(self, request: Request, stream: RequestStream) -> AsyncIterator[str]:
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        hold = stop_hold_back(self.req.stop)
+        trackers = [DeltaTracker(hold_back=hold) for _ in range(self.req.n)]
+        finished = [False] * self.req.n
+        completion_tokens = [0] * self.req.n
+        async with abort_on_disconnect(request, self.ctx.engine, [self.request_id]):
+            first = [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(self.req.n)
+            ]
+            yield sse(self._chunk(first, include_usage))
+            try:
+                async for output in stream:
+                    for out in output.outputs:
+                        if out.index >= self.req.n or finished[out.index]:
+                            continue
+                        completion_tokens[out.index] = len(out.token_ids)
+                        chunk_choices = self._delta_choices(out, trackers[out.index])
+                        if out.finished:
+                            finished[out.index] = True
+                        for choice in chunk_choices:
+                            yield sse(self._chunk([choice], include_usage))
+            except EngineDeadError as exc:
+                yield sse(OpenAIError(503, str(exc), code="engine_unavailable").body())
+                yield sse("[DONE]")
+                return
+            for i in range(self.req.n):
+                if not finished[i]:  # aborted (server shutting down)
+                    done = {"index": i, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+                    yield sse(self._chunk([done], include_usage))
+            if include_usage:
+                yield sse(self._chunk([], True, usage(self.num_prompt, sum(completion_tokens))))
+            yield sse("[DONE]")
+
+    def _delta_choices(self, out: CompletionOutput, tracker: DeltaTracker) -> list[dict[str, Any]]:
+        text = tracker.next_text(out)
+        start, end = tracker.next_tokens(out)
+        logprobs = None
+        if self.req.logprobs and end > start:
+            logprobs = _chat_logprobs(token_logprobs(out, start, end, self.num_top, self._decode))
+        choices = []
+        if text or logprobs is not None:
+            choices.append({"index": out.index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None})
+        if out.finished:
+            choices.append({"index": out.index, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason})
+        return choices

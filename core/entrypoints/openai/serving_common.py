@@ -1,0 +1,295 @@
+"""What the chat and completion handlers share: parsing, sampling settings, deltas, logprobs, aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
+from engine.entrypoints.openai.protocol import _SamplingFields
+from engine.errors import InvalidRequestError, QueueFullError
+from engine.outputs import CompletionOutput, Logprob
+from engine.sampling.params import SamplingParams
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+#: request bodies larger than this are refused with 413 before being read in full
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class ServingContext:
+    """What every handler needs to know about the server.
+
+    Attributes:
+        engine: the running async engine.
+        served_model_names: names the ``model`` field may carry; the first is reported.
+        vocab_size: number of token ids the model knows.
+        max_body_bytes: largest accepted request body.
+        created: when the server started (unix seconds), reported as the model's ``created``.
+    """
+
+    engine: AsyncLLMEngine
+    served_model_names: list[str]
+    vocab_size: int
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested not in self.served_model_names:
+            raise OpenAIError(
+                404,
+                f"the model {requested!r} does not exist; this server serves {self.served_model_names}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is out of the vocabulary [0, {self.vocab_size})", param=param)
+
+
+async def parse_body(request: Request, model: type[RequestT], max_bytes: int) -> RequestT:
+    """Read and validate a JSON body, refusing oversized, non-UTF-8 and malformed ones with a 4xx."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise OpenAIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}", code="body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise OpenAIError(413, f"the request body exceeds the limit of {max_bytes} bytes", code="body_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return model.model_validate_json(body, strict=True)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def sampling_params(
+    req: _SamplingFields, ctx: ServingContext, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
+    """Translate the OpenAI fields into the engine's settings; refusals name the field."""
+    bias: dict[int, float] | None = None
+    if req.logit_bias:
+        bias = {}
+        for key, value in req.logit_bias.items():
+            if not key.lstrip("-").isdigit():
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+            bias[int(key)] = value
+        ctx.check_token_ids(list(bias), "logit_bias")
+    if req.stop_token_ids:
+        ctx.check_token_ids(req.stop_token_ids, "stop_token_ids")
+    fields: dict[str, Any] = {
+        "n": req.n,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "top_k": -1 if req.top_k is None else req.top_k,
+        "min_p": req.min_p or 0.0,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty or 1.0,
+        "logit_bias": bias,
+        "seed": req.seed,
+        "max_tokens": max_tokens,
+        "min_tokens": req.min_tokens,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "logprobs": logprobs,
+        "skip_special_tokens": req.skip_special_tokens,
+    }
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:
+    """Refuse a prompt that, with the requested output, does not fit in the context."""
+    if num_prompt_tokens == 0:
+        raise bad_request("the prompt is empty", param="prompt")
+    if num_prompt_tokens >= max_model_len:
+        raise bad_request(
+            f"the prompt has {num_prompt_tokens} tokens but this model's context is {max_model_len} tokens",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise bad_request(
+            f"this model's context is {max_model_len} tokens, but the prompt has {num_prompt_tokens} tokens "
+            f"and {param} asks for {max_tokens} more; lower {param} to at most {max_model_len - num_prompt_tokens}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+async def add_request(ctx: ServingContext, request_id: str, prompt: list[int], params: SamplingParams) -> RequestStream:
+    """Hand a request to the engine, mapping its refusals to HTTP errors."""
+    try:
+        return await ctx.engine.add_request(request_id, prompt, params)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param=exc.param) from None
+    except QueueFullError as exc:
+        raise OpenAIError(503, f"the server is busy: {exc}; retry later", code="queue_full") from None
+    except EngineDeadError as exc:
+        raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(request: Request, engine: AsyncLLMEngine, request_ids: list[str]) -> AsyncIterator[None]:
+    """Abort ``request_ids`` in the engine as soon as the client hangs up, or if the handler is cancelled.
+
+    The body has been read already, so the next ASGI message can only be the disconnect.
+    """
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                for rid in request_ids:
+                    engine.abort(rid)
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    except BaseException:
+        for rid in request_ids:
+            engine.abort(rid)
+        raise
+    finally:
+        watcher.cancel()
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several request streams, yielding ``(stream index, output)`` as each arrives."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+                continue
+            yield i, item
+        for task in tasks:
+            task.result()  # re-raise a stream's error
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+@dataclass(slots=True)
+class DeltaTracker:
+    """How much of one completion's text and tokens the client has been sent.
+
+    Text that might still change is held back until the completion ends: a trailing replacement
+    character (half of a multi-byte character) and a tail that could be the start of a stop string.
+    """
+
+    hold_back: int = 0
+    sent_chars: int = 0
+    sent_tokens: int = 0
+
+    def next_text(self, output: CompletionOutput) -> str:
+        text = output.text
+        end = len(text)
+        if not output.finished:
+            end = max(self.sent_chars, end - self.hold_back)
+            while end > self.sent_chars and text[end - 1] == "\ufffd":
+                end -= 1
+        delta = text[self.sent_chars : end] if end > self.sent_chars else ""
+        self.sent_chars = max(self.sent_chars, end)
+        return delta
+
+    def next_tokens(self, output: CompletionOutput) -> tuple[int, int]:
+        start, self.sent_tokens = self.sent_tokens, len(output.token_ids)
+        return start, self.sent_tokens
+
+
+def stop_hold_back(stop: list[str] | None) -> int:
+    return max((len(s) for s in stop), default=1) - 1 if stop else 0
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """One generated token's logprob and the most likely alternatives, decoded."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+def token_logprobs(
+    output: CompletionOutput, start: int, end: int, num_top: int, decode: Callable[[int], str]
+) -> list[TokenLogprobs]:
+    """Logprobs of tokens ``start:end`` of a completion, with ``num_top`` alternatives each."""
+    if output.logprobs is None:
+        return []
+    out: list[TokenLogprobs] = []
+    for pos in range(start, min(end, len(output.logprobs), len(output.token_ids))):
+        table: dict[int, Logprob] = output.logprobs[pos]
+        token_id = output.token_ids[pos]
+        chosen = table.get(token_id)
+        ranked = sorted(table.items(), key=lambda kv: -kv[1].logprob)[:num_top]
+        out.append(
+            TokenLogprobs(
+                token=_token_text(token_id, chosen, decode),
+                logprob=max(chosen.logprob, -9999.0) if chosen is not None else -9999.0,
+                top=[(_token_text(t, lp, decode), max(lp.logprob, -9999.0)) for t, lp in ranked],
+            )
+        )
+    return out
+
+
+def _token_text(token_id: int, logprob: Logprob | None, decode: Callable[[int], str]) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return decode(token_id)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -1,0 +1,232 @@
+"""POST /v1/completions: raw prompts (text or token ids, one or a batch) continued by the model."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.async_engine import EngineDeadError, RequestStream
+from engine.entrypoints.openai.errors import OpenAIError, bad_request
+from engine.entrypoints.openai.protocol import CompletionRequest
+from engine.entrypoints.openai.serving_common import (
+    DeltaTracker,
+    ServingContext,
+    TokenLogprobs,
+    abort_on_disconnect,
+    add_request,
+    check_context,
+    merge_streams,
+    parse_body,
+    sampling_params,
+    sse,
+    stop_hold_back,
+    token_logprobs,
+    usage,
+)
+from engine.outputs import CompletionOutput, RequestOutput
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+#: most prompts one batched completion request may carry
+MAX_BATCH_PROMPTS = 64
+
+
+def _completion_logprobs(items: list[TokenLogprobs], offset: int) -> dict[str, Any]:
+    text_offset = []
+    for it in items:
+        text_offset.append(offset)
+        offset += len(it.token)
+    return {
+        "tokens": [it.token for it in items],
+        "token_logprobs": [it.logprob for it in items],
+        "top_logprobs": [dict(it.top) for it in items],
+        "text_offset": text_offset,
+    }
+
+
+class CompletionHandler:
+    """Serves text completions for one server."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    def _prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
+        """Every prompt as (token ids, text)."""
+        tokenizer = self.ctx.engine.tokenizer
+        raw = req.prompt
+        if isinstance(raw, str):
+            batch: list[str | list[int]] = [raw]
+        elif raw and all(isinstance(p, int) for p in raw):
+            batch = [raw]  # type: ignore[list-item]
+        else:
+            batch = list(raw)  # type: ignore[arg-type]
+        if not batch:
+            raise bad_request("prompt must not be empty", param="prompt")
+        if len(batch) > MAX_BATCH_PROMPTS:
+            raise bad_request(f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(batch)}", param="prompt")
+        out = []
+        for p in batch:
+            if isinstance(p, str):
+                if not p:
+                    raise bad_request("prompt must not be empty", param="prompt")
+                out.append((tokenizer.encode(p, add_special_tokens=True), p))
+            else:
+                self.ctx.check_token_ids(p, "prompt")
+                out.append((list(p), tokenizer.decode(list(p), skip_special_tokens=False) if req.echo else ""))
+        return out
+
+    async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
+        ctx = self.ctx
+        req = await parse_body(request, CompletionRequest, ctx.max_body_bytes)
+        ctx.check_model(req.model)
+        if req.suffix:
+            raise bad_request("suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of must equal n (best-of sampling is not supported)", param="best_of")
+        if req.echo and req.logprobs is not None:
+            raise bad_request("echo together with logprobs is not supported", param="echo")
+        params = sampling_params(req, ctx, req.max_tokens, req.logprobs)
+        prompts = self._prompts(req)
+        for ids, _ in prompts:
+            check_context(len(ids), req.max_tokens, ctx.engine.max_model_len, "max_tokens")
+        base_id = f"cmpl-{uuid.uuid4().hex}"
+        request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+        streams: list[RequestStream] = []
+        try:
+            for rid, (ids, _) in zip(request_ids, prompts, strict=False):
+                streams.append(await add_request(ctx, rid, ids, params))
+        except BaseException:
+            for rid in request_ids[: len(streams)]:
+                ctx.engine.abort(rid)
+            raise
+        call = _CompletionCall(ctx, req, base_id, request_ids, prompts)
+        if req.stream:
+            return StreamingResponse(call.stream(request, streams), media_type="text/event-stream")
+        return JSONResponse(await call.complete(request, streams))
+
+
+class _CompletionCall:
+    """One completion request's response; choice ``i * n + j`` is completion ``j`` of prompt ``i``."""
+
+    def __init__(
+        self,
+        ctx: ServingContext,
+        req: CompletionRequest,
+        response_id: str,
+        request_ids: list[str],
+        prompts: list[tuple[list[int], str]],
+    ) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.response_id = response_id
+        self.request_ids = request_ids
+        self.prompts = prompts
+        self.created = int(time.time())
+        self.num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
+
+    def _decode(self, token_id: int) -> str:
+        return self.ctx.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _echo(self, prompt_index: int) -> str:
+        return self.prompts[prompt_index][1] if self.req.echo else ""
+
+    async def complete(self, request: Request, streams: list[RequestStream]) -> dict[str, Any]:
+        finals: dict[int, RequestOutput] = {}
+        async with abort_on_disconnect(request, self.ctx.engine, self.request_ids):
+            try:
+                async for i, output in merge_streams(streams):
+                    finals[i] = output
+            except EngineDeadError as exc:
+                raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+        choices = []
+        completion_tokens = 0
+        for i in range(len(streams)):
+            outs = sorted(finals[i].outputs, key=lambda o: o.index) if i in finals else []
+            for out in outs:
+                completion_tokens += len(out.token_ids)
+                prefix = self._echo(i)
+                logprobs = None
+                if self.req.logprobs is not None:
+                    items = token_logprobs(out, 0, len(out.token_ids), self.req.logprobs, self._decode)
+                    logprobs = _completion_logprobs(items, len(prefix))
+                choices.append(
+                    {
+                        "index": i * self.req.n + out.index,
+                        "text": prefix + out.text,
+                        "logprobs": logprobs,
+                        "finish_reason": out.finish_reason or ("abort" if streams[i].aborted else None),
+                    }
+                )
+        return {
+            "id": self.response_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+            "usage": usage(self.num_prompt_tokens, completion_tokens),
+        }
+
+    def _chunk(self, choice: dict[str, Any] | None, with_usage_field: bool, usage_value: Any = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": [choice] if choice is not None else [],
+        }
+        if with_usage_field:
+            chunk["usage"] = usage_value
+        return chunk
+
+    async def stream(self, request: Request, streams: list[RequestStream]) -> AsyncIterator[str]:
+        n = self.req.n
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        hold = stop_hold_back(self.req.stop)
+        total = len(streams) * n
+        trackers = [DeltaTracker(hold_back=hold) for _ in range(total)]
+        finished = [False] * total
+        tokens = [0] * total
+        offsets = [len(self._echo(i // n)) for i in range(total)]
+        async with abort_on_disconnect(request, self.ctx.engine, self.request_ids):
+            for i in range(total):
+                if self.req.echo:
+                    yield sse(self._chunk({"index": i, "text": self._echo(i // n), "logprobs": None, "finish_reason": None}, include_usage))
+            try:
+                async for prompt_index, output in merge_streams(streams):
+                    for out in output.outputs:
+                        index = prompt_index * n + out.index
+                        if out.index >= n or finished[index]:
+                            continue
+                        tokens[index] = len(out.token_ids)
+                        for choice in self._delta_choices(out, index, trackers[index], offsets):
+                            yield sse(self._chunk(choice, include_usage))
+                        finished[index] = out.finished
+            except EngineDeadError as exc:
+                yield sse(OpenAIError(503, str(exc), code="engine_unavailable").body())
+                yield sse("[DONE]")
+                return
+            for index in range(total):
+                if not finished[index]:
+                    yield sse(self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}, include_usage))
+            if include_usage:
+                yield sse(self._chunk(None, True, usage(self.num_prompt_tokens, sum(tokens))))
+            yield sse("[DONE]")
+
+    def _delta_choices(
+        self, out: CompletionOutput, index: int, tracker: DeltaTracker, offsets: list[int]
+    ) -> list[dict[str, Any]]:
+        text = tracker.next_text(out)
+        start, end = tracker.next_tokens(out)
+        logprobs = None
+        if self.req.logprobs is not None and end > start:
+            items = token_logprobs(out, start, end, self.req.logprobs, self._decode)
+            logprobs = _completion_logprobs(items, offsets[index])
+            offsets[index] += sum(len(it.token) for it in items)
+        choices = []
+        if text or logprobs is not None:
+            choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
+        if out.finished:
+            choices.append({"index": index, "text": "", "logprobs": None, "finish_reason": out.finish_reason})
+        return choices

@@ -1,0 +1,129 @@
+"""The offline Python API: ``LLM(...).generate(...)`` and ``.chat(...)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling.params import SamplingParams
+
+_CACHE_KEYS = set(CacheConfig.model_fields)
+_SCHED_KEYS = set(SchedulerConfig.model_fields)
+
+
+class LLM:
+    """Generate text offline, batching every prompt through the engine.
+
+    Args:
+        model: a Hugging Face folder or a ``.gguf`` file; None for the embedded default model.
+        device: ``"auto"`` (best available plugin) or a device name such as ``"cpu"`` or ``"cuda"``.
+        dtype: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        seed: seed of unseeded sampling.
+        max_model_len: context limit (default: the model's).
+        **kwargs: any :class:`EngineConfig` field, or a cache / scheduler field such as ``block_size``,
+            ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``.
+
+    Raises:
+        ValueError: for unknown keyword arguments or invalid settings (pydantic's message).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        cache = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
+        sched = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCHED_KEYS}
+        config = EngineConfig(
+            model=model,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            cache=CacheConfig(**cache),
+            scheduler=SchedulerConfig(**sched),
+            **kwargs,
+        )
+        self.llm_engine = LLMEngine.from_config(config)
+        self._counter = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | Seq[str] | Seq[list[int]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete each prompt; outputs come back in prompt order.
+
+        Args:
+            prompts: one prompt or a list; each a string or a list of token ids.
+            sampling_params: one for all prompts, or one per prompt; default ``SamplingParams()``.
+            use_tqdm: show a progress bar.
+
+        Raises:
+            InvalidRequestError: for a bad prompt or settings; raised before any prompt runs.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")
+        return self._run(prompts, params_list, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation or a batch of them, using the model's chat template."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (or a list of such lists)")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in conversations]
+        token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(token_prompts, sampling_params, use_tqdm)
+
+    def _run(self, prompts: list[Any], params_list: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
+            engine.validate_request(prompt, params)
+        ids = []
+        try:
+            for prompt, params in zip(prompts, params_list):
+                rid = f"offline-{next(self._counter)}"
+                engine.add_request(rid, prompt, params)
+                ids.append(rid)
+            results: dict[str, RequestOutput] = {}
+            bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)
+            while len(results) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
+            bar.close()
+        except BaseException:
+            engine.abort_request(ids)  # leave no request (and no KV block) behind on an error or Ctrl-C
+            raise
+        return [results[rid] for rid in ids]

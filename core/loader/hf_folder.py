@@ -1,0 +1,197 @@
+"""Hugging Face model folders: config.json, safetensors (single or sharded) or PyTorch .bin weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from engine.loader.architectures import IGNORED_SUFFIXES, SUPPORTED_ARCHITECTURES
+from engine.loader.errors import ModelLoadError
+from engine.models.config import ModelConfig
+from safetensors import SafetensorError, safe_open
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN_FILE = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+
+# Bytes per element of the safetensors dtype codes, to check that each tensor's byte range fits its shape.
+SAFETENSORS_ITEM_SIZES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """Parse a JSON object file, turning a syntax error into a one-line ModelLoadError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"cannot read {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def load_hf_config(folder: str) -> ModelConfig:
+    """Parse ``config.json`` (and ``generation_config.json``'s stop ids) of a HF model folder.
+
+    Args:
+        folder: the model folder.
+
+    Returns:
+        The model config; ``eos_token_ids`` merges both files' ids.
+
+    Raises:
+        ModelLoadError: no config.json, invalid JSON, a missing field, or an unsupported architecture.
+    """
+    path = os.path.join(folder, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model folder {folder} has no {CONFIG_FILE}")
+    raw = read_json(path)
+    archs = raw.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported architecture '{arch}' in {path}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    try:
+        config = ModelConfig.from_hf_dict(raw)
+    except KeyError as err:
+        raise ModelLoadError(f"{path} lacks the field {err.args[0]!r}") from None
+    except (TypeError, ValueError) as err:
+        raise ModelLoadError(f"{path} has an invalid value: {err}") from None
+    gen_path = os.path.join(folder, GENERATION_CONFIG_FILE)
+    if os.path.isfile(gen_path):
+        eos = read_json(gen_path).get("eos_token_id")
+        extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        config.eos_token_ids += [int(e) for e in extra if int(e) not in config.eos_token_ids]
+    return config
+
+
+def find_weight_files(folder: str) -> list[str]:
+    """List a HF folder's weight files, shards in order.
+
+    Args:
+        folder: the model folder.
+
+    Returns:
+        Absolute paths of ``.safetensors`` files, or of ``.bin`` files when there are no safetensors.
+
+    Raises:
+        ModelLoadError: no weight files, or an index naming a shard that is not there.
+    """
+    for index_name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
+        index_path = os.path.join(folder, index_name)
+        if os.path.isfile(index_path):
+            weight_map = read_json(index_path).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ModelLoadError(f"{index_path} has no 'weight_map'")
+            files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+            for file in files:
+                if not os.path.isfile(file):
+                    raise ModelLoadError(f"shard {file} named by {index_path} is missing")
+            return files
+    for name in (SAFETENSORS_FILE, TORCH_BIN_FILE):
+        if os.path.isfile(os.path.join(folder, name)):
+            return [os.path.join(folder, name)]
+    raise ModelLoadError(f"model folder {folder} has no weights ({SAFETENSORS_FILE} or {TORCH_BIN_FILE})")
+
+
+def check_safetensors_file(path: str) -> None:
+    """Check a safetensors file's header against its size, so a truncated download fails early.
+
+    Args:
+        path: the ``.safetensors`` file.
+
+    Raises:
+        ModelLoadError: the header is unreadable or a tensor's bytes lie beyond the end of the file.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ModelLoadError(f"safetensors file {path} is truncated (only {size} bytes)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > size - 8:
+            raise ModelLoadError(
+                f"safetensors file {path} is truncated or corrupt (header runs past the end)"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ModelLoadError(f"safetensors file {path} is corrupt (its header is not JSON)") from None
+    data_size = size - 8 - header_len
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            numel = 1
+            for dim in info["shape"]:
+                numel *= int(dim)
+            item_size = SAFETENSORS_ITEM_SIZES.get(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelLoadError(f"safetensors file {path} is corrupt (bad entry for '{name}')") from None
+        if end > data_size:
+            raise ModelLoadError(
+                f"safetensors file {path} is truncated: tensor '{name}' ends at byte {end} "
+                f"of a {data_size}-byte data section"
+            )
+        if item_size is not None and end - begin != numel * item_size:
+            raise ModelLoadError(f"safetensors file {path} is corrupt (tensor '{name}' has the wrong size)")
+
+
+def check_hf_weights(folder: str) -> None:
+    """Check that a HF folder has weight files and that its safetensors headers fit their files.
+
+    Raises:
+        ModelLoadError: as :func:`find_weight_files` and :func:`check_safetensors_file`.
+    """
+    for file in find_weight_files(folder):
+        if file.endswith(".safetensors"):
+            check_safetensors_file(file)
+        elif os.path.getsize(file) == 0:
+            raise ModelLoadError(f"weight file {file} is empty")
+
+
+def iter_hf_weights(folder: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield a HF folder's tensors by HF name, in checkpoint dtype, on the CPU.
+
+    ``lm_head.weight`` is dropped when the embeddings are tied (some checkpoints store the copy), and
+    recomputed buffers such as ``rotary_emb.inv_freq`` are skipped.
+
+    Raises:
+        ModelLoadError: a weight file cannot be read.
+    """
+    for file in find_weight_files(folder):
+        for name, tensor in _read_weight_file(file):
+            if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            yield name, tensor
+
+
+def _read_weight_file(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if file.endswith(".safetensors"):
+        check_safetensors_file(file)
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    yield name, f.get_tensor(name)
+        except SafetensorError as err:
+            raise ModelLoadError(f"cannot read safetensors file {file}: {err}") from None
+        return
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except (OSError, RuntimeError, EOFError) as err:
+        raise ModelLoadError(f"cannot read weight file {file}: {err}") from None
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"weight file {file} does not hold a state dict")
+    yield from state.items()

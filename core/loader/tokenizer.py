@@ -1,0 +1,142 @@
+"""The tokenizer: a thin wrapper over a HF tokenizer, loaded from a HF folder or a GGUF file."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from engine.loader.errors import ModelLoadError
+from engine.loader.hf_folder import GENERATION_CONFIG_FILE, read_json
+from engine.loader.paths import is_gguf_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+class Tokenizer:
+    """Text <-> token ids and chat formatting for one model.
+
+    Attributes:
+        hf: the underlying HF tokenizer.
+        eos_token_ids: ids that end generation (the tokenizer's EOS plus any extra stop ids).
+        bos_token_id: beginning-of-sequence id, or None.
+        vocab_size: number of token ids the tokenizer knows, added tokens included.
+    """
+
+    def __init__(self, hf: PreTrainedTokenizerBase, extra_eos_token_ids: list[int] | None = None) -> None:
+        self.hf = hf
+        eos_ids = [hf.eos_token_id] if hf.eos_token_id is not None else []
+        for token_id in extra_eos_token_ids or []:
+            if token_id not in eos_ids:
+                eos_ids.append(token_id)
+        self.eos_token_ids: list[int] = [int(i) for i in eos_ids]
+        self.bos_token_id: int | None = hf.bos_token_id
+        self.vocab_size: int = len(hf)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Return the token ids of ``text`` (with BOS etc. when ``add_special_tokens``)."""
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Return the text of ``ids``."""
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        """Return the vocabulary strings of ``ids`` (e.g. for logprobs)."""
+        return list(self.hf.convert_ids_to_tokens(ids))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` to a prompt string with the model's chat template.
+
+        Args:
+            messages: dicts with ``role`` (system/user/assistant/tool) and ``content`` (a string or a
+                list of ``{"type": "text", "text": ...}`` parts, which are joined).
+            add_generation_prompt: end with the header that starts the assistant's turn.
+
+        Returns:
+            The prompt text (special tokens included as text).
+
+        Raises:
+            ModelLoadError: the model has no chat template.
+            ValueError: a message is malformed.
+        """
+        if not getattr(self.hf, "chat_template", None):
+            raise ModelLoadError("this model has no chat template; use a plain completion prompt instead")
+        normalized = [normalize_message(message, index) for index, message in enumerate(messages)]
+        if not normalized:
+            raise ValueError("messages must be a non-empty list")
+        return self.hf.apply_chat_template(
+            normalized, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+
+def normalize_message(message: Any, index: int) -> dict[str, Any]:
+    """Check one chat message and return a copy whose content is a plain string.
+
+    Raises:
+        ValueError: not a dict, missing or unknown role, missing content, or content of the wrong type.
+    """
+    if not isinstance(message, dict):
+        raise ValueError(f"message {index} must be an object with 'role' and 'content'")
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ValueError(f"message {index} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+    if "content" not in message:
+        raise ValueError(f"message {index} has no 'content'")
+    content = message["content"]
+    if content is None and role == "assistant" and message.get("tool_calls"):
+        content = ""
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise ValueError(
+                    f"message {index} has a content part that is not {{'type': 'text', 'text': str}}"
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif not isinstance(content, str):
+        raise ValueError(f"message {index} content must be a string or a list of text parts")
+    return {**message, "content": content}
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Load the tokenizer of a HF model folder or a GGUF file.
+
+    Args:
+        path: a model folder with tokenizer files, or a ``.gguf`` file with an embedded tokenizer.
+
+    Returns:
+        The tokenizer; for folders, ``generation_config.json``'s EOS ids are added to its stop ids.
+
+    Raises:
+        ModelLoadError: the path has no usable tokenizer.
+    """
+    from transformers import AutoTokenizer  # heavy; only needed once a model is really being loaded
+
+    extra_eos: list[int] = []
+    try:
+        if is_gguf_file(path):
+            hf = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        elif os.path.isdir(path):
+            hf = AutoTokenizer.from_pretrained(path)
+            gen_path = os.path.join(path, GENERATION_CONFIG_FILE)
+            if os.path.isfile(gen_path):
+                eos = read_json(gen_path).get("eos_token_id")
+                extra_eos = (
+                    [int(e) for e in eos] if isinstance(eos, list) else [int(eos)] if eos is not None else []
+                )
+        else:
+            raise ModelLoadError(f"cannot load a tokenizer from {path}: not a model folder or a GGUF file")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if isinstance(err, ModelLoadError):
+            raise
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"cannot load a tokenizer from {path}: {first_line}") from None
+    return Tokenizer(hf, extra_eos)

@@ -1,0 +1,135 @@
+"""Turns a scheduler step into tensors and attention metadata, runs the model, and samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.block_cache import BlockCache
+from engine.scheduler import SchedulerOutput
+from engine.sampling.sampler import SampleResult, Sampler, SamplingRow
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """The flat batch of one step."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampled_rows: list[int]  # indices into the scheduled list of the sequences that sample this step
+
+
+class ModelRunner:
+    """Runs steps of one model on one platform.
+
+    Args:
+        model: a model object with ``forward`` and ``compute_logits`` (see ``engine.models.llama``).
+        block_cache: the platform's KV pool.
+        block_manager: the block tables.
+        sampler: turns logits into tokens.
+        device: where input tensors go.
+        sliding_window: the model's attention window, if any.
+    """
+
+    def __init__(
+        self,
+        model: object,
+        block_cache: BlockCache,
+        block_manager: BlockManager,
+        sampler: Sampler,
+        device: torch.device,
+        sliding_window: int | None = None,
+    ) -> None:
+        self.model = model
+        self.block_cache = block_cache
+        self.block_manager = block_manager
+        self.sampler = sampler
+        self.device = device
+        self.sliding_window = sliding_window
+
+    def prepare(self, step: SchedulerOutput) -> StepInputs:
+        bm = self.block_manager
+        bs = bm.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_indices: list[int] = []
+        sampled_rows: list[int] = []
+        offset = 0
+        for row, item in enumerate(step.scheduled):
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            end = start + n
+            table = bm.block_tables[seq.seq_id]
+            input_ids.extend(seq.token_slice(start, end))
+            positions.extend(range(start, end))
+            # Slots block by block rather than token by token: a long prefill is a few list extends.
+            pos = start
+            while pos < end:
+                block_idx, within = divmod(pos, bs)
+                run = min(bs - within, end - pos)
+                base = table[block_idx] * bs + within
+                slots.extend(range(base, base + run))
+                pos += run
+            query_lens.append(n)
+            seq_lens.append(end)
+            tables.append(table)
+            offset += n
+            if item.samples:
+                logits_indices.append(offset - 1)
+                sampled_rows.append(row)
+        max_blocks = max(len(t) for t in tables)
+        table_tensor = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
+        qsl = [0]
+        for q in query_lens:
+            qsl.append(qsl[-1] + q)
+        dev = self.device
+        metadata = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=table_tensor.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            block_size=bs,
+            scale=self.model.scale,
+            sliding_window=self.sliding_window,
+        )
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            metadata=metadata,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            sampled_rows=sampled_rows,
+        )
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput, generator: torch.Generator | None) -> tuple[list[int], SampleResult | None]:
+        """Run the step; returns the rows that sampled and the sampled tokens (None if no row sampled)."""
+        inputs = self.prepare(step)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+        if not inputs.sampled_rows:
+            return [], None
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
+        rows = []
+        for r in inputs.sampled_rows:
+            seq = step.scheduled[r].seq
+            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator))
+        return inputs.sampled_rows, self.sampler(logits, rows, generator)
+
+    @torch.inference_mode()
+    def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:
+        """Logits of every scheduled token (tests compare these with Hugging Face)."""
+        inputs = self.prepare(step)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+        return self.model.compute_logits(hidden).cpu()

@@ -1,0 +1,175 @@
+"""The Llama family (Llama 2/3, Mistral, SmolLM2, Qwen2) written against the plugin interfaces.
+
+The model never calls a kernel directly: matrix products go through the platform's GemmBackend,
+attention through its AttentionBackend, and the small fused ops through its OpTable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine.interfaces.gemm import GemmBackend
+from engine.interfaces.ops import OpTable
+from engine.models.config import ModelConfig
+from engine.models.rotary import build_cos_sin_cache
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: Any
+    qkv_bias: torch.Tensor | None
+    o_proj: Any
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: Any
+    down: Any
+
+
+class LlamaForCausalLM:
+    """A decoder-only transformer with RMSNorm, rotary embeddings, GQA and a SwiGLU MLP.
+
+    Args:
+        config: the model's sizes.
+        ops: the op table (reference ops with the platform's overrides).
+        attention: the platform's attention backend.
+        gemm: the platform's GEMM backend.
+        dtype: activation and weight dtype.
+        device: where tensors live.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: OpTable,
+        attention: AttentionBackend,
+        gemm: GemmBackend,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.ops = ops
+        self.attention = attention
+        self.gemm = gemm
+        self.dtype = dtype
+        self.device = device
+        self.scale = config.head_dim**-0.5
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.cos_sin_cache = build_cos_sin_cache(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling, device
+        )
+        self.layers: list[_Layer] = []
+        self.embed_tokens: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        self.lm_head: Any = None
+
+    # --- loading -------------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take HF-named tensors, fuse q/k/v and gate/up, and hand every matrix to the GEMM backend.
+
+        Raises:
+            ValueError: if a tensor the architecture needs is missing or has the wrong shape.
+        """
+        cfg = self.config
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            tensors[name] = tensor
+
+        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            if name not in tensors:
+                raise ValueError(f"checkpoint is missing tensor {name!r}")
+            t = tensors.pop(name)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+            return t
+
+        def vec(name: str, size: int) -> torch.Tensor:
+            return take(name, (size,)).to(device=self.device, dtype=self.dtype)
+
+        def mat(t: torch.Tensor) -> Any:
+            return self.gemm.prepare_weight(t.to(self.device), self.dtype)
+
+        h, hd = cfg.hidden_size, cfg.head_dim
+        embed = take("model.embed_tokens.weight", (cfg.vocab_size, h))
+        self.embed_tokens = embed.to(device=self.device, dtype=self.dtype)
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            q = take(p + "self_attn.q_proj.weight", (self.q_size, h))
+            k = take(p + "self_attn.k_proj.weight", (self.kv_size, h))
+            v = take(p + "self_attn.v_proj.weight", (self.kv_size, h))
+            bias = None
+            if cfg.attention_bias:
+                bias = torch.cat(
+                    [
+                        take(p + "self_attn.q_proj.bias", (self.q_size,)),
+                        take(p + "self_attn.k_proj.bias", (self.kv_size,)),
+                        take(p + "self_attn.v_proj.bias", (self.kv_size,)),
+                    ]
+                ).to(device=self.device, dtype=self.dtype)
+            gate = take(p + "mlp.gate_proj.weight", (cfg.intermediate_size, h))
+            up = take(p + "mlp.up_proj.weight", (cfg.intermediate_size, h))
+            self.layers.append(
+                _Layer(
+                    input_norm=vec(p + "input_layernorm.weight", h),
+                    qkv=mat(torch.cat([q, k, v], dim=0)),
+                    qkv_bias=bias,
+                    o_proj=mat(take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * hd))),
+                    # Llama/Mistral checkpoints with attention_bias also bias o_proj; Qwen2's has none.
+                    o_bias=vec(p + "self_attn.o_proj.bias", h) if p + "self_attn.o_proj.bias" in tensors else None,
+                    post_norm=vec(p + "post_attention_layernorm.weight", h),
+                    gate_up=mat(torch.cat([gate, up], dim=0)),
+                    down=mat(take(p + "mlp.down_proj.weight", (h, cfg.intermediate_size))),
+                )
+            )
+        self.final_norm = vec("model.norm.weight", h)
+        if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
+            self.lm_head = mat(embed)
+        else:
+            self.lm_head = mat(take("lm_head.weight", (cfg.vocab_size, h)))
+        tensors.pop("lm_head.weight", None)
+
+    # --- forward -------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[Any],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` after the final norm, for a flat batch of tokens."""
+        cfg, ops, gemm = self.config, self.ops, self.gemm
+        num_tokens = input_ids.shape[0]
+        hidden = self.embed_tokens.index_select(0, input_ids)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = hidden
+                x = ops.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            else:
+                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, cfg.rms_norm_eps)
+            qkv = gemm.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            q, k = ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
+            attn = self.attention.forward(q, k, v, kv_cache, metadata)
+            hidden = gemm.linear(attn.reshape(num_tokens, self.q_size), layer.o_proj, layer.o_bias)
+            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
+            hidden = gemm.linear(ops.silu_and_mul(gemm.linear(x, layer.gate_up)), layer.down)
+        out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, cfg.rms_norm_eps)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab]`` for the selected hidden rows."""
+        return self.gemm.linear(hidden, self.lm_head).float()

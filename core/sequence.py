@@ -1,0 +1,86 @@
+"""Request and sequence state: what the scheduler moves between queues and the runner feeds the model."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.sampling.params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One token stream being generated (a request with ``n`` completions owns ``n`` of them).
+
+    Attributes:
+        seq_id: engine-unique id (also the key of its block table).
+        request_id: the owning request.
+        index: which of the request's completions this is.
+        prompt_token_ids: the prompt.
+        output_token_ids: tokens generated so far.
+        num_computed_tokens: leading tokens whose KV is in the cache.
+        arrival: monotonically increasing admission order (lower is older, scheduled first).
+    """
+
+    seq_id: int
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: int
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_preemptions: int = 0
+    # Per-sequence sampling and output state, owned by the engine.
+    generator: Any = None
+    detokenizer: Any = None
+    stop_checker: Any = None
+    text: str = ""
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict[int, Any]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt followed by output."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A caller's request: a prompt and ``params.n`` sequences generating from it."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.sampling.params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+
+def make_seq(seq_id: int, prompt_len: int) -> Sequence:
+    return Sequence(
+        seq_id=seq_id,
+        request_id=str(seq_id),
+        index=0,
+        prompt_token_ids=list(range(1, prompt_len + 1)),
+        params=SamplingParams(),
+        arrival=seq_id,
+    )
+
+
+def run_step(s: Scheduler, sample_token: int = 7):
+    out = s.schedule()
+    s.advance(out)
+    for item in out.scheduled:
+        if item.seq.num_computed_tokens == item.seq.num_tokens:
+            item.seq.output_token_ids.append(sample_token)
+    return out
+
+
+def test_prefill_and_decode_share_a_step_and_long_prompts_are_chunked():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=8), bm)
+    a, b = make_seq(0, 6), make_seq(1, 25)
+    s.add(a)
+    s.add(b)
+    out = run_step(s)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 6), (1, 4)]
+    assert [i.samples for i in out.scheduled] == [True, False]
+    out = run_step(s)
+    # a decodes one token while b's prompt continues in a 9-token chunk
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 1), (1, 9)]
+    out = run_step(s)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 1), (1, 9)]
+    out = run_step(s)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 1), (1, 3)]
+    assert out.scheduled[1].samples
+    assert bm.block_tables[0] == [0, 1, 8]
+    assert bm.block_tables[1] == [2, 3, 4, 5, 6, 7, 9]
+
+
+def test_max_num_seqs_limits_admission():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2), bm)
+    for i in range(3):
+        s.add(make_seq(i, 3))
+    out = run_step(s)
+    assert [i.seq.seq_id for i in out.scheduled] == [0, 1]
+    assert s.num_waiting == 1
+    s.remove(s.running[0])
+    out = run_step(s)
+    assert [i.seq.seq_id for i in out.scheduled] == [1, 2]
+
+
+def test_preemption_requeues_the_youngest_and_frees_its_blocks():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=8), bm)
+    a, b = make_seq(0, 4), make_seq(1, 4)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # both prefilled: 1 block each, output token appended
+    assert bm.num_free_blocks == 2
+    run_step(s)  # both decode into a second block
+    assert bm.block_tables == {0: [0, 2], 1: [1, 3]}
+    for _ in range(3):
+        run_step(s)
+    # a needs a third block at token 9: b (the youngest) is preempted and a continues
+    out = run_step(s)
+    assert [p.seq_id for p in out.preempted] == [1]
+    assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0
+    assert s.waiting[0] is b
+    assert [i.seq.seq_id for i in out.scheduled] == [0]
+    assert bm.block_tables[0] == [0, 2, 1]
+    assert 1 not in bm.block_tables
+    # once a finishes, b is recomputed from its prompt and its generated tokens
+    s.remove(a)
+    assert bm.num_free_blocks == 4
+    out = run_step(s)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(1, b.num_tokens - 1)]
+
+
+def test_everything_is_freed_after_removal():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=8), bm)
+    seqs = [make_seq(i, 5 + i) for i in range(4)]
+    for q in seqs:
+        s.add(q)
+    for _ in range(6):
+        run_step(s)
+    for q in seqs:
+        s.remove(q)
+    assert bm.num_free_blocks == 16
+    assert not s.has_work()

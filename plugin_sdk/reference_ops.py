@@ -1,0 +1,235 @@
+"""Reference implementations of every op a plugin provides, in float64, written the plain way.
+
+These are the ground truth of the conformance suite: short, loop-over-sequences, no paging tricks.
+The core's own op implementations (:mod:`engine.interfaces.ops`) are what a model runs when a platform
+overrides nothing; these are what everything, including those, is checked against.
+
+The canonical KV layout used here is one tensor of keys and one of values, each
+``[num_blocks, block_size, num_kv_heads, head_dim]``; slot ``s`` is block ``s // block_size``,
+offset ``s % block_size``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.interfaces.gemm import QuantizedWeight
+
+F64 = torch.float64
+
+
+def ref_attention(
+    query: torch.Tensor,
+    key_history: list[torch.Tensor],
+    value_history: list[torch.Tensor],
+    query_lens: list[int],
+    scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Attention of a flat batch of new tokens over each sequence's full key/value history.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``; sequence ``i`` owns ``query_lens[i]`` consecutive rows,
+            which are the last positions of its history.
+        key_history: per sequence ``[context_len, num_kv_heads, head_dim]``, new tokens included.
+        value_history: like ``key_history``.
+        query_lens: new tokens per sequence.
+        scale: softmax scale.
+        causal: mask keys after the query's position.
+        sliding_window: a query at position p sees only positions > p - sliding_window.
+        logits_soft_cap: scores become ``cap * tanh(scores / cap)``.
+
+    Returns:
+        float64 ``[num_tokens, num_heads, head_dim]``.
+
+    Raises:
+        ValueError: when the shapes do not fit together.
+    """
+    if len(key_history) != len(query_lens) or len(value_history) != len(query_lens):
+        raise ValueError("key_history, value_history and query_lens must have one entry per sequence")
+    if sum(query_lens) != query.shape[0]:
+        raise ValueError(f"query has {query.shape[0]} rows but query_lens sum to {sum(query_lens)}")
+    num_heads = query.shape[1]
+    outputs = []
+    start = 0
+    for keys, values, q_len in zip(key_history, value_history, query_lens, strict=True):
+        ctx = keys.shape[0]
+        if q_len > ctx:
+            raise ValueError(f"a sequence has {q_len} new tokens but a context of only {ctx}")
+        kv_heads = keys.shape[1]
+        if num_heads % kv_heads:
+            raise ValueError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads")
+        group = num_heads // kv_heads
+        q = query[start : start + q_len].to(F64)
+        start += q_len
+        # expand KV heads so that query head h reads KV head h // group (GQA / MQA)
+        k = keys.to(F64).repeat_interleave(group, dim=1)
+        v = values.to(F64).repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+        q_pos = torch.arange(ctx - q_len, ctx).unsqueeze(1)
+        k_pos = torch.arange(ctx).unsqueeze(0)
+        allowed = torch.ones(q_len, ctx, dtype=torch.bool)
+        if causal:
+            allowed &= k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= k_pos > q_pos - sliding_window
+        scores = scores.masked_fill(~allowed, -math.inf)
+        probs = torch.softmax(scores, dim=-1)
+        outputs.append(torch.einsum("hqk,khd->qhd", probs, v))
+    return torch.cat(outputs, dim=0) if outputs else query.new_zeros(query.shape, dtype=F64)
+
+
+def ref_gather_history(
+    key_blocks: torch.Tensor, value_blocks: torch.Tensor, block_table: list[int], context_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read one sequence's first ``context_len`` keys and values out of a paged cache by its block table.
+
+    Args:
+        key_blocks: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        value_blocks: like ``key_blocks``.
+        block_table: the sequence's physical block ids in logical order.
+        context_len: tokens to read.
+
+    Returns:
+        ``(keys, values)``, each ``[context_len, num_kv_heads, head_dim]``.
+    """
+    block_size = key_blocks.shape[1]
+    needed = -(-context_len // block_size)
+    ids = torch.tensor(block_table[:needed], dtype=torch.long, device=key_blocks.device)
+    keys = key_blocks.index_select(0, ids).flatten(0, 1)[:context_len]
+    values = value_blocks.index_select(0, ids).flatten(0, 1)[:context_len]
+    return keys, values
+
+
+def ref_paged_attention(
+    query: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    block_tables: list[list[int]],
+    seq_lens: list[int],
+    query_lens: list[int],
+    scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Attention over a paged cache the plain way: gather each sequence's blocks, then :func:`ref_attention`.
+
+    The cache must already hold every token, new ones included.
+
+    Returns:
+        float64 ``[num_tokens, num_heads, head_dim]``.
+    """
+    keys, values = [], []
+    for table, ctx in zip(block_tables, seq_lens, strict=True):
+        k, v = ref_gather_history(key_blocks, value_blocks, table, ctx)
+        keys.append(k)
+        values.append(v)
+    return ref_attention(query, keys, values, query_lens, scale, causal, sliding_window, logits_soft_cap)
+
+
+def ref_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache after storing ``key``/``value`` at ``slot_mapping`` (negative slots skipped); inputs untouched.
+
+    Returns:
+        New ``(key_blocks, value_blocks)`` in the input dtype.
+    """
+    num_blocks, block_size = key_blocks.shape[:2]
+    keys = key_blocks.clone().flatten(0, 1)
+    values = value_blocks.clone().flatten(0, 1)
+    for row, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        if slot >= num_blocks * block_size:
+            raise ValueError(f"slot {slot} is outside a cache of {num_blocks} blocks of {block_size}")
+        keys[slot] = key[row].to(keys.dtype)
+        values[slot] = value[row].to(values.dtype)
+    return keys.view_as(key_blocks), values.view_as(value_blocks)
+
+
+def ref_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` in float64."""
+    out = x.to(F64) @ weight.to(F64).T
+    if bias is not None:
+        out = out + bias.to(F64)
+    return out
+
+
+def ref_dequantize(weight: QuantizedWeight) -> torch.Tensor:
+    """The float64 ``[out, in]`` weight a quantized weight stands for, through its own ``dequantize``.
+
+    Raises:
+        ValueError: when ``dequantize`` is missing or returns the wrong shape.
+    """
+    if weight.dequantize is None:
+        raise ValueError(f"quantized weight of scheme {weight.scheme!r} has no dequantize()")
+    dense = torch.as_tensor(weight.dequantize()).to(F64)
+    if tuple(dense.shape) != tuple(weight.shape):
+        raise ValueError(f"dequantize() gave shape {tuple(dense.shape)}, expected {tuple(weight.shape)}")
+    return dense
+
+
+def ref_quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference GEMM of a quantized weight: dequantize, then :func:`ref_linear`."""
+    return ref_linear(x, ref_dequantize(weight), bias)
+
+
+def ref_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` in float64."""
+    xf = x.to(F64)
+    return xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(F64)
+
+
+def ref_fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)`` in float64."""
+    summed = x.to(F64) + residual.to(F64)
+    return ref_rms_norm(summed, weight, eps), summed
+
+
+def make_cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """float32 ``[max_position, rotary_dim]``: cos of every (position, frequency) then sin, as the core's op takes."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim))
+    angles = torch.arange(max_position, dtype=F64).unsqueeze(1) * inv_freq.unsqueeze(0)
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).float()
+
+
+def ref_rotary_embedding(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half rotary embedding in float64, written as the complex rotation it is.
+
+    Pairs ``(t[i], t[i + d/2])`` are rotated by angle ``position * freq[i]``.
+    """
+    half = cos_sin_cache.shape[-1] // 2
+    cs = cos_sin_cache.to(F64)[positions.long()]
+    angle = torch.atan2(cs[:, half:], cs[:, :half]).unsqueeze(1)
+    rotation = torch.polar(torch.ones_like(angle), angle)
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        tf = t.to(F64)
+        as_complex = torch.complex(tf[..., :half], tf[..., half:]) * rotation
+        return torch.cat((as_complex.real, as_complex.imag), dim=-1)
+
+    return rotate(query), rotate(key)
+
+
+def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` in float64."""
+    xf = x.to(F64)
+    d = xf.shape[-1] // 2
+    gate = xf[..., :d]
+    return gate / (1.0 + torch.exp(-gate)) * xf[..., d:]

@@ -1,0 +1,256 @@
+"""Paged attention on the CPU: keys and values are read through the block table, chunk by chunk.
+
+Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys at 0, values at 1),
+so one ``index_select`` on the block axis gathers the keys and values of a chunk of blocks together.
+
+Decode rows (one new token per sequence) are attended in one batched pass over all such sequences,
+looping over chunks of block-table columns with an online softmax between chunks; a prefill runs per
+sequence, through torch's causal SDPA when it has no cached prefix, otherwise over its cached blocks
+with a causal mask offset by the prefix length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine_plugin_cpu.attention_plan import (
+    ChunkBudget,
+    DecodeGroup,
+    KeyChunk,
+    PrefillSeq,
+    StepPlan,
+    build_step_plan,
+)
+from engine_plugin_cpu.chunked_softmax import attend, attend_with_lse, flash_with_lse_available, merge_chunk
+from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+
+#: where the step plan is cached inside ``AttentionMetadata.extras``
+PLAN_KEY = "cpu_attention_plan"
+
+
+class CpuAttentionBackend(AttentionBackend):
+    """Paged attention for any mix of prefill, chunked-prefill and decode rows, in fp32 or bf16.
+
+    Args:
+        budget: per-chunk limits; the defaults keep a chunk's gathered keys under ~128 MiB in fp32.
+        use_flash: use torch's CPU flash kernel to join chunks; None means "if this torch has it".
+            Tests pass False to exercise the portable matmul path.
+    """
+
+    supported_block_sizes = SUPPORTED_BLOCK_SIZES
+    supported_head_sizes = SUPPORTED_HEAD_SIZES
+
+    def __init__(self, budget: ChunkBudget | None = None, use_flash: bool | None = None) -> None:
+        self.budget = budget or ChunkBudget()
+        self.use_flash = flash_with_lse_available() if use_flash is None else use_flash
+
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+        slots = torch.as_tensor(slot_mapping).to(torch.int64).reshape(-1)
+        if slots.numel() != key.shape[0]:
+            raise ValueError(f"slot_mapping has {slots.numel()} entries for {key.shape[0]} tokens")
+        keep = slots >= 0
+        if bool(keep.all()):
+            self._store(key, value, kv_cache, None, slots)
+        else:
+            rows = keep.nonzero().view(-1)
+            self._store(key, value, kv_cache, rows, slots.index_select(0, rows))
+
+    def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        num_tokens, num_heads, head_dim = query.shape
+        num_kv_heads = key.shape[1]
+        check_shapes(query, key, value, kv_cache, metadata.block_size)
+        plan = self._step_plan(metadata, num_tokens, num_heads, num_kv_heads, head_dim)
+        self._store(key, value, kv_cache, plan.write_rows, plan.write_slots)
+        out = torch.empty_like(query)
+        if plan.decode is not None:
+            self._decode(query, kv_cache, plan.decode, metadata, out)
+        for seq in plan.prefills:
+            self._prefill(query, key, value, kv_cache, seq, metadata, out)
+        return out
+
+    def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
+        ids = torch.as_tensor(block_ids, dtype=torch.int64)
+        kv = kv_cache.index_select(1, ids)
+        _, n, bs, heads, dim = kv.shape
+        return kv[0].reshape(n * bs, heads, dim), kv[1].reshape(n * bs, heads, dim)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _store(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        rows: torch.Tensor | None,
+        slots: torch.Tensor,
+    ) -> None:
+        _, num_blocks, block_size, heads, dim = kv_cache.shape
+        if rows is not None:
+            key, value = key.index_select(0, rows), value.index_select(0, rows)
+        if slots.numel() == 0:
+            return
+        flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
+        flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
+        flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
+
+    def _step_plan(
+        self, metadata: AttentionMetadata, num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> StepPlan:
+        # the same metadata object serves every layer of a step; build its plan once
+        plan = metadata.extras.get(PLAN_KEY)
+        geometry = (metadata.block_size, num_heads, num_kv_heads, head_dim)
+        if (
+            isinstance(plan, StepPlan)
+            and plan.geometry == geometry
+            and all(
+                a is b
+                for a, b in zip(
+                    plan.sources,
+                    (metadata.block_tables, metadata.seq_lens, metadata.slot_mapping),
+                    strict=True,
+                )
+            )
+        ):
+            return plan
+        plan = build_step_plan(metadata, num_tokens, num_heads, num_kv_heads, head_dim, self.budget)
+        metadata.extras[PLAN_KEY] = plan
+        return plan
+
+    def _decode(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        group: DecodeGroup,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> None:
+        _, num_heads, head_dim = query.shape
+        kv_heads = kv_cache.shape[3]
+        count = group.num_seqs
+        q = query[:count] if group.rows is None else query.index_select(0, group.rows)
+        # each KV head's query heads become rows of one SDPA "batch" entry: no repeated keys needed
+        q4 = q.reshape(count, kv_heads, num_heads // kv_heads, head_dim)
+
+        def fetch(chunk: KeyChunk) -> tuple[torch.Tensor, torch.Tensor]:
+            return gather_chunk(kv_cache, chunk, count, query.dtype)
+
+        result = self._attend_chunks(q4, group.chunks, fetch, metadata).reshape(count, num_heads, head_dim)
+        if group.rows is None:
+            out[:count] = result
+        else:
+            out.index_copy_(0, group.rows, result)
+
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        seq: PrefillSeq,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> None:
+        q = query[seq.start : seq.end]
+        length, num_heads, head_dim = q.shape
+        kv_heads = key.shape[1]
+        group = num_heads // kv_heads
+        if seq.plain_causal:
+            result = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(0, 1),
+                key[seq.start : seq.end].transpose(0, 1),
+                value[seq.start : seq.end].transpose(0, 1),
+                is_causal=metadata.causal,
+                scale=metadata.scale,
+                enable_gqa=group > 1,
+            )
+            out[seq.start : seq.end] = result.transpose(0, 1)
+            return
+        # fold [L, kv_heads * group, d] -> [1, kv_heads, group * L, d], matching the plan's row order
+        q4 = (
+            q.view(length, kv_heads, group, head_dim)
+            .permute(1, 2, 0, 3)
+            .reshape(1, kv_heads, group * length, head_dim)
+        )
+
+        def fetch(chunk: KeyChunk) -> tuple[torch.Tensor, torch.Tensor]:
+            if chunk.block_ids is not None:
+                return gather_chunk(kv_cache, chunk, 1, query.dtype)
+            lo, hi = seq.start + chunk.start, seq.start + chunk.start + chunk.num_tokens
+            k = key[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype)
+            v = value[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype)
+            return k, v
+
+        result = self._attend_chunks(q4, seq.chunks, fetch, metadata)
+        out[seq.start : seq.end] = (
+            result.view(kv_heads, group, length, head_dim)
+            .permute(2, 0, 1, 3)
+            .reshape(length, num_heads, head_dim)
+        )
+
+    def _attend_chunks(
+        self, q4: torch.Tensor, chunks: list[KeyChunk], fetch: Any, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        scale, cap = metadata.scale, metadata.logits_soft_cap
+        if len(chunks) == 1:
+            k, v = fetch(chunks[0])
+            return attend(q4, k, v, chunks[0].mask, scale, cap)
+        acc: torch.Tensor | None = None
+        acc_lse: torch.Tensor | None = None
+        for chunk in chunks:
+            k, v = fetch(chunk)
+            additive = chunk.additive_mask(q4.dtype) if self.use_flash and cap is None else None
+            part, lse = attend_with_lse(
+                q4, k, v, chunk.mask, additive, chunk.has_visible, scale, cap, self.use_flash
+            )
+            acc, acc_lse = merge_chunk(acc, acc_lse, part, lse)
+        if acc is None:
+            raise RuntimeError("attention plan has no key chunks; every sequence must see at least itself")
+        return acc.to(q4.dtype)
+
+
+def gather_chunk(
+    kv_cache: torch.Tensor, chunk: KeyChunk, batch: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[batch, kv_heads, T, d]`` of a chunk's blocks, gathered in one indexed copy."""
+    if chunk.block_ids is None:
+        raise RuntimeError("gather_chunk needs a chunk read from the cache")
+    _, _, _, heads, dim = kv_cache.shape
+    kv = kv_cache.index_select(1, chunk.block_ids).view(2, batch, chunk.num_tokens, heads, dim)
+    if kv.dtype != dtype:
+        kv = kv.to(dtype)
+    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+
+
+def check_shapes(query: Any, key: Any, value: Any, kv_cache: Any, block_size: int) -> None:
+    """Raise ValueError, in one line, for tensors that do not fit together."""
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        raise ValueError("query, key and value must be [num_tokens, heads, head_dim]")
+    if key.shape != value.shape:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} shapes differ")
+    if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"query {tuple(query.shape)} and key {tuple(key.shape)} disagree on tokens or head_dim"
+        )
+    if query.shape[1] % key.shape[1] != 0:
+        raise ValueError(f"num_heads {query.shape[1]} is not a multiple of num_kv_heads {key.shape[1]}")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(
+            f"kv_cache must be [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(kv_cache.shape)}"
+        )
+    if (
+        kv_cache.shape[2] != block_size
+        or kv_cache.shape[3] != key.shape[1]
+        or kv_cache.shape[4] != key.shape[2]
+    ):
+        raise ValueError(
+            f"kv_cache {tuple(kv_cache.shape)} does not match block_size {block_size}, "
+            f"{key.shape[1]} kv heads, head_dim {key.shape[2]}"
+        )
