@@ -23,7 +23,10 @@ def _message(report: pytest.TestReport) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
-        return str(crash.message).strip()
+        message = str(crash.message).strip()
+        for noise in ("Failed: ", "AssertionError: "):
+            message = message.removeprefix(noise)
+        return message
     return str(longrepr).strip().splitlines()[-1] if longrepr else ""
 
 
@@ -66,7 +69,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     tests = list(session.config.stash.get(_results_key, {}).values())
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"exitstatus": int(exitstatus), "platforms": _platforms(session.config), "tests": tests}, fh, indent=1)
+        json.dump(
+            {"exitstatus": int(exitstatus), "platforms": _platforms(session.config), "tests": tests},
+            fh,
+            indent=1,
+        )
 
 
 def _platforms(config: pytest.Config) -> list[dict[str, Any]]:

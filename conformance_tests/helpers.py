@@ -51,7 +51,9 @@ def assert_close(actual: Any, expected: Any, tol: Tolerance, capability: str) ->
 def assert_equal(actual: torch.Tensor, expected: torch.Tensor, capability: str) -> None:
     """Fail unless the tensors are bitwise equal (cache copies and writes must be exact)."""
     if actual.shape != expected.shape:
-        pytest.fail(f"{capability}: shape {tuple(actual.shape)} differs from {tuple(expected.shape)}", pytrace=False)
+        pytest.fail(
+            f"{capability}: shape {tuple(actual.shape)} differs from {tuple(expected.shape)}", pytrace=False
+        )
     if actual.dtype != expected.dtype:
         pytest.fail(f"{capability}: dtype {actual.dtype} differs from {expected.dtype}", pytrace=False)
     # compare bit patterns: exact, NaN-safe, and defined for float8 too
@@ -60,4 +62,7 @@ def assert_equal(actual: torch.Tensor, expected: torch.Tensor, capability: str) 
     e = expected.detach().cpu().contiguous().view(as_int)
     same = a == e
     if not bool(same.all()):
-        pytest.fail(f"{capability}: {int((~same).sum())}/{a.numel()} elements differ from the expected cache", pytrace=False)
+        pytest.fail(
+            f"{capability}: {int((~same).sum())}/{a.numel()} elements differ from the expected cache",
+            pytrace=False,
+        )

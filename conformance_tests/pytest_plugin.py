@@ -68,10 +68,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("engine-conformance", "engine plugin conformance")
     group.addoption("--device", action="store", default=None, help="run the conformance suite for one device")
     group.addoption(
-        "--plugin-module", action="append", default=[], help="register a plugin module in-process (repeatable)"
+        "--plugin-module",
+        action="append",
+        default=[],
+        help="register a plugin module in-process (repeatable)",
     )
     group.addoption(
-        "--capability", action="append", default=[], help="only run capabilities with this name prefix (repeatable)"
+        "--capability",
+        action="append",
+        default=[],
+        help="only run capabilities with this name prefix (repeatable)",
     )
 
 

@@ -59,7 +59,9 @@ def summarize(tests: list[dict[str, Any]]) -> list[CapabilityResult]:
         if failed:
             rows.append(CapabilityResult(name, FAIL, _short(failed[0]["message"]), ids))
         elif passed and all(t["properties"].get("not_claimed") for t in passed):
-            rows.append(CapabilityResult(name, NOT_CLAIMED, _short(passed[0]["properties"]["not_claimed"]), ids))
+            rows.append(
+                CapabilityResult(name, NOT_CLAIMED, _short(passed[0]["properties"]["not_claimed"]), ids)
+            )
         elif passed:
             rows.append(CapabilityResult(name, PASS, "", ids))
         elif skipped and all(t["message"].startswith(NOT_CLAIMED) for t in skipped):
@@ -86,7 +88,10 @@ def format_table(rows: list[CapabilityResult]) -> str:
     """A plain-text table for the terminal."""
     width = max([len("capability"), *(len(r.name) for r in rows)])
     status_width = len(NOT_RUNNABLE)
-    lines = [f"{'capability'.ljust(width)}  {'result'.ljust(status_width)}  detail", "-" * (width + status_width + 12)]
+    lines = [
+        f"{'capability'.ljust(width)}  {'result'.ljust(status_width)}  detail",
+        "-" * (width + status_width + 12),
+    ]
     lines += [f"{r.name.ljust(width)}  {r.status.ljust(status_width)}  {r.detail}".rstrip() for r in rows]
     counts = {s: sum(r.status == s for r in rows) for s in (PASS, FAIL, NOT_CLAIMED, NOT_RUNNABLE)}
     lines.append("")
@@ -119,7 +124,14 @@ def format_markdown(device: str, rows: list[CapabilityResult], platforms: list[d
         out.append(f"| `{r.name}` | {r.status} | {detail} |")
     caps = info.get("capabilities")
     if caps:
-        out += ["", "## Claimed capabilities", "", "```json", json.dumps(caps, indent=1, sort_keys=True), "```"]
+        out += [
+            "",
+            "## Claimed capabilities",
+            "",
+            "```json",
+            json.dumps(caps, indent=1, sort_keys=True),
+            "```",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -155,7 +167,9 @@ def run_conformance(
         env = dict(os.environ, **{RESULTS_ENV: results_path})
         code = subprocess.call(cmd, env=env)
         if not os.path.exists(results_path):
-            print(f"engine conformance: the suite did not run for device {device!r} (pytest exit code {code})")
+            print(
+                f"engine conformance: the suite did not run for device {device!r} (pytest exit code {code})"
+            )
             return code or 1
         with open(results_path, encoding="utf-8") as fh:
             results = json.load(fh)
@@ -164,7 +178,9 @@ def run_conformance(
     print(f"Conformance of device {device!r}:")
     print(format_table(rows))
     if report_md:
-        Path(report_md).write_text(format_markdown(device, rows, results.get("platforms", [])), encoding="utf-8")
+        Path(report_md).write_text(
+            format_markdown(device, rows, results.get("platforms", [])), encoding="utf-8"
+        )
     if report_json:
         payload = {
             "device": device,

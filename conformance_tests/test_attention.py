@@ -96,7 +96,9 @@ def test_dtype(platform: Platform, caps: Capabilities, device: Any, dtype_name: 
 
 
 @pytest.mark.capability("attention.kv_cache_dtype.{kv_cache_dtype_name}")
-def test_kv_cache_dtype(platform: Platform, caps: Capabilities, device: Any, kv_cache_dtype_name: str) -> None:
+def test_kv_cache_dtype(
+    platform: Platform, caps: Capabilities, device: Any, kv_cache_dtype_name: str
+) -> None:
     kv = torch_dtype(kv_cache_dtype_name)
     # a cache as wide as a claimed model dtype runs with that dtype; a narrower one under the default dtype
     dtype = kv if kv_cache_dtype_name in caps.dtypes else default_geometry(caps).dtype
@@ -115,7 +117,9 @@ def check_unclaimed_feature_rejected(
         record_property("not_claimed", f"rejected: {type(exc).__name__}: {exc}")
         return
     if compare(out, problem.reference_output(), problem.tolerance(), feature):
-        pytest.fail(f"{feature}: not claimed, yet forward() accepted it and returned a wrong result", pytrace=False)
+        pytest.fail(
+            f"{feature}: not claimed, yet forward() accepted it and returned a wrong result", pytrace=False
+        )
     record_property("not_claimed", "not claimed, but computed correctly")
 
 
@@ -154,7 +158,10 @@ def test_cache_offsets_beyond_32_bits(platform: Platform, caps: Capabilities, de
         backend.kv_cache_shape(1, block_size, 1, head_dim)
     )
     num_blocks = 2**31 // per_block + 64
-    need = _numel(backend.kv_cache_shape(num_blocks, block_size, 1, head_dim)) * torch.empty((), dtype=dtype).element_size()
+    need = (
+        _numel(backend.kv_cache_shape(num_blocks, block_size, 1, head_dim))
+        * torch.empty((), dtype=dtype).element_size()
+    )
     free = platform.free_memory_bytes()
     if free < 1.5 * need:
         not_runnable(

@@ -34,7 +34,9 @@ def plugin_module_name(target: PlatformTarget) -> str:
 @pytest.mark.capability("contract.api_version")
 def test_api_version_declared(platform_target: PlatformTarget) -> None:
     spec = platform_target.record.api_spec
-    assert spec, f"contract.api_version: plugin {platform_target.record.name!r} does not declare ENGINE_PLUGIN_API"
+    assert spec, (
+        f"contract.api_version: plugin {platform_target.record.name!r} does not declare ENGINE_PLUGIN_API"
+    )
     problem = check_api_compatibility(platform_target.record.name, spec)
     assert not problem, f"contract.api_version: {problem}"
     assert PLUGIN_API_VERSION, "the core declares its plugin API version"
@@ -71,7 +73,14 @@ print("CONTRACT-REPORT " + json.dumps(report))
 def test_import_and_detect_are_cheap(platform_target: PlatformTarget) -> None:
     module = plugin_module_name(platform_target)
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD_SCRIPT), module, platform_target.name, ",".join(HEAVY_VENDOR_MODULES)],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(CHILD_SCRIPT),
+            module,
+            platform_target.name,
+            ",".join(HEAVY_VENDOR_MODULES),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -79,14 +88,19 @@ def test_import_and_detect_are_cheap(platform_target: PlatformTarget) -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("CONTRACT-REPORT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.fail(f"contract.cheap_import_and_detect: importing {module} in a fresh process failed: {tail}", pytrace=False)
+        pytest.fail(
+            f"contract.cheap_import_and_detect: importing {module} in a fresh process failed: {tail}",
+            pytrace=False,
+        )
     report: dict[str, Any] = json.loads(lines[-1].removeprefix("CONTRACT-REPORT "))
     assert "error" not in report, f"contract.cheap_import_and_detect: {report.get('error')}"
     assert not report["heavy_after_import"], (
         f"contract.cheap_import_and_detect: importing {module} loaded {report['heavy_after_import']}; "
         "import vendor libraries inside hooks or platform methods"
     )
-    assert not report["cuda_after_import"], f"contract.cheap_import_and_detect: importing {module} initialised CUDA"
+    assert not report["cuda_after_import"], (
+        f"contract.cheap_import_and_detect: importing {module} initialised CUDA"
+    )
     assert not report["cuda_after_detect"], "contract.cheap_import_and_detect: detect() initialised CUDA"
     assert not report["jax_backends_after_detect"], (
         f"contract.cheap_import_and_detect: detect() initialised JAX backends {report['jax_backends_after_detect']}"
@@ -118,7 +132,9 @@ def test_factories_return_the_interfaces(platform: Platform, caps: Capabilities)
     from engine.interfaces.block_cache import KVCacheSpec
 
     spec = KVCacheSpec(1, 1, min(caps.head_sizes), caps.block_sizes[0], torch_dtype(caps.kv_cache_dtypes[0]))
-    assert isinstance(platform.make_block_cache(spec, 4, attention), BlockCache), "contract.factories: make_block_cache()"
+    assert isinstance(platform.make_block_cache(spec, 4, attention), BlockCache), (
+        "contract.factories: make_block_cache()"
+    )
     assert platform.total_memory_bytes() > 0, "contract.factories: total_memory_bytes() must be positive"
     assert 0 <= platform.free_memory_bytes() <= platform.total_memory_bytes(), (
         "contract.factories: free_memory_bytes() must lie in [0, total_memory_bytes()]"
@@ -129,21 +145,27 @@ def test_factories_return_the_interfaces(platform: Platform, caps: Capabilities)
 def test_validate_accepts_claims_and_rejects_the_rest(platform: Platform, caps: Capabilities) -> None:
     claimed = EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(block_size=caps.block_sizes[0]))
     reasons = platform.validate(claimed)
-    assert reasons == [], f"contract.validate: rejects its own claims ({caps.dtypes[0]}, block {caps.block_sizes[0]}): {reasons}"
+    assert reasons == [], (
+        f"contract.validate: rejects its own claims ({caps.dtypes[0]}, block {caps.block_sizes[0]}): {reasons}"
+    )
     unclaimed: list[tuple[str, EngineConfig]] = []
     other_dtypes = [d for d in SUPPORTED_DTYPES if d != "auto" and d not in caps.dtypes]
     if other_dtypes:
         unclaimed.append((f"dtype {other_dtypes[0]}", EngineConfig(dtype=other_dtypes[0])))
     odd_block = next(b for b in (7, 13, 3, 5, 1000) if b not in caps.block_sizes)
     unclaimed.append(
-        (f"block size {odd_block}", EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(block_size=odd_block)))
+        (
+            f"block size {odd_block}",
+            EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(block_size=odd_block)),
+        )
     )
     kv_other = next(d for d in ("float8_e5m2", "float16", "float64") if d not in caps.kv_cache_dtypes)
     unclaimed.append(
         (
             f"KV cache dtype {kv_other}",
             EngineConfig(
-                dtype=caps.dtypes[0], cache=CacheConfig(block_size=caps.block_sizes[0], kv_cache_dtype=kv_other)
+                dtype=caps.dtypes[0],
+                cache=CacheConfig(block_size=caps.block_sizes[0], kv_cache_dtype=kv_other),
             ),
         )
     )

@@ -15,7 +15,11 @@ from engine_conformance.helpers import default_geometry
 from engine_conformance.pytest_plugin import PlatformTarget, plugin_manager_of
 from engine_plugin_sdk.tolerances import get_tolerance
 
-PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 3], [1, 100]]
+PROMPTS = [
+    [1, 5, 9, 33, 7],
+    [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 3],
+    [1, 100],
+]
 MAX_TOKENS = 8
 TOP_LOGPROBS = 3
 VOCAB = 128
@@ -29,7 +33,9 @@ def build_tiny_llama(folder: Path, head_dim: int, seed: int = 0) -> Any:
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     tokenizer.save_pretrained(folder)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -68,7 +74,9 @@ def hf_greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[torch.Tens
     return tokens, logprobs
 
 
-def engine_generate(platform_target: PlatformTarget, manager: Any, folder: Path, dtype: str, block_size: int) -> list[Any]:
+def engine_generate(
+    platform_target: PlatformTarget, manager: Any, folder: Path, dtype: str, block_size: int
+) -> list[Any]:
     """Run the prompts through the engine on this plugin's platform (the same path as ``engine.LLM``)."""
     try:
         from engine.config import CacheConfig, EngineConfig
@@ -97,21 +105,31 @@ def engine_generate(platform_target: PlatformTarget, manager: Any, folder: Path,
 @pytest.mark.slow
 @pytest.mark.capability("e2e.greedy")
 def test_tiny_llama_matches_transformers(
-    platform: Platform, caps: Capabilities, platform_target: PlatformTarget, tmp_path: Path, request: pytest.FixtureRequest
+    platform: Platform,
+    caps: Capabilities,
+    platform_target: PlatformTarget,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     geo = default_geometry(caps)
     dtype_name = "float32" if "float32" in caps.dtypes else caps.dtypes[0]
     model = build_tiny_llama(tmp_path, geo.head_size)
-    outputs = engine_generate(platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size)
+    outputs = engine_generate(
+        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size
+    )
     atol = get_tolerance(dtype_name).logits_atol
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         expected_tokens, expected_logprobs = hf_greedy(model, prompt)
         got = out.outputs[0]
-        assert list(out.prompt_token_ids) == prompt, f"e2e.greedy: prompt ids changed to {out.prompt_token_ids}"
+        assert list(out.prompt_token_ids) == prompt, (
+            f"e2e.greedy: prompt ids changed to {out.prompt_token_ids}"
+        )
         assert list(got.token_ids) == expected_tokens, (
             f"e2e.greedy: prompt {prompt[:4]}... generated {list(got.token_ids)}, transformers {expected_tokens}"
         )
-        assert got.logprobs is not None and len(got.logprobs) == MAX_TOKENS, "e2e.logprobs: missing per-step logprobs"
+        assert got.logprobs is not None and len(got.logprobs) == MAX_TOKENS, (
+            "e2e.logprobs: missing per-step logprobs"
+        )
         for step, (reported, reference) in enumerate(zip(got.logprobs, expected_logprobs, strict=True)):
             for token_id, logprob in reported.items():
                 want = float(reference[token_id])

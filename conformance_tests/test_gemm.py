@@ -18,7 +18,9 @@ IN_FEATURES = 256
 OUT_FEATURES = 96
 
 
-def random_inputs(seed: int, dtype: torch.dtype, device: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_inputs(
+    seed: int, dtype: torch.dtype, device: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     # scaled so that outputs are of order one and the tolerance table applies as written
     x = torch.randn(2, 5, IN_FEATURES, generator=gen).to(dtype).to(device)
@@ -41,10 +43,18 @@ def test_dense_linear(platform: Platform, device: Any, dtype_name: str) -> None:
     x, weight, bias = random_inputs(51, dtype, device)
     prepared = gemm.prepare_weight(weight, dtype)
     tol = get_tolerance(dtype)
-    check_output(gemm.linear(x, prepared, bias), ref_linear(x, weight, bias), x, tol, f"{capability} with bias")
+    check_output(
+        gemm.linear(x, prepared, bias), ref_linear(x, weight, bias), x, tol, f"{capability} with bias"
+    )
     check_output(gemm.linear(x, prepared), ref_linear(x, weight), x, tol, f"{capability} without bias")
     flat = x.reshape(-1, IN_FEATURES)
-    check_output(gemm.linear(flat, prepared, bias), ref_linear(flat, weight, bias), flat, tol, f"{capability} 2-D input")
+    check_output(
+        gemm.linear(flat, prepared, bias),
+        ref_linear(flat, weight, bias),
+        flat,
+        tol,
+        f"{capability} 2-D input",
+    )
 
 
 @pytest.mark.capability("gemm.quant.{quant_scheme}")
@@ -76,4 +86,6 @@ def test_quantized_linear(platform: Platform, caps: Capabilities, device: Any, q
         tol = get_tolerance(dtype, quantized=True)
         expected = ref_quantized_linear(x, weight, bias)
         check_output(gemm.linear(x, prepared, bias), expected, x, tol, f"{capability} {dtype_name} with bias")
-        check_output(gemm.linear(x, prepared), ref_quantized_linear(x, weight), x, tol, f"{capability} {dtype_name}")
+        check_output(
+            gemm.linear(x, prepared), ref_quantized_linear(x, weight), x, tol, f"{capability} {dtype_name}"
+        )

@@ -86,7 +86,9 @@ def snapshot(backend: AttentionBackend, pool: Any, capability: str) -> list[tupl
     return [gather_all(backend, c, NUM_BLOCKS, capability) for c in pool.kv_caches]
 
 
-def move_blocks(state: list[tuple[Any, Any]], pairs: list[tuple[int, int]], source: list[tuple[Any, Any]], bs: int) -> None:
+def move_blocks(
+    state: list[tuple[Any, Any]], pairs: list[tuple[int, int]], source: list[tuple[Any, Any]], bs: int
+) -> None:
     """In ``state``, replace block ``dst`` of every layer with block ``src`` of ``source``."""
     for (keys, values), (src_keys, src_values) in zip(state, source, strict=True):
         for src, dst in pairs:
@@ -94,7 +96,9 @@ def move_blocks(state: list[tuple[Any, Any]], pairs: list[tuple[int, int]], sour
             values[dst * bs : (dst + 1) * bs] = src_values[src * bs : (src + 1) * bs]
 
 
-def assert_pool_equals(backend: AttentionBackend, pool: Any, expected: list[tuple[Any, Any]], capability: str) -> None:
+def assert_pool_equals(
+    backend: AttentionBackend, pool: Any, expected: list[tuple[Any, Any]], capability: str
+) -> None:
     for layer, (cache, (keys, values)) in enumerate(zip(pool.kv_caches, expected, strict=True)):
         got_keys, got_values = gather_all(backend, cache, NUM_BLOCKS, capability)
         assert_equal(got_keys, keys, f"{capability} (layer {layer} keys)")

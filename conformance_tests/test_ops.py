@@ -62,10 +62,14 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
         result = op(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(expected):
-            pytest.fail(f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False)
+            pytest.fail(
+                f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False
+            )
         for i, (got, want) in enumerate(zip(results, expected, strict=True)):
             if got.dtype != dtype:
-                pytest.fail(f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False)
+                pytest.fail(
+                    f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False
+                )
             assert_close(got, want, get_tolerance(dtype), f"ops.{op_name} {dtype_name} output {i}")
 
 
@@ -75,7 +79,9 @@ def graph_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.capability("graph_capture")
-def test_graph_replay_matches_eager(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
+def test_graph_replay_matches_eager(
+    platform: Platform, caps: Capabilities, device: Any, record_property: Any
+) -> None:
     dtype = default_geometry(caps).dtype
     gen = torch.Generator().manual_seed(81)
 

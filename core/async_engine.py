@@ -164,6 +164,7 @@ class AsyncLLMEngine:
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
+        self._shut_down = False
         self._num_requests_total = 0
         self._num_steps = 0
         self._peak_batch = 0
@@ -204,6 +205,7 @@ class AsyncLLMEngine:
         Args:
             timeout: seconds to wait for the current step to end.
         """
+        self._shut_down = True
         if self._thread is None:
             return
         self._commands.put(_Stop())
@@ -230,6 +232,8 @@ class AsyncLLMEngine:
         """
         if self._dead is not None:
             raise EngineDeadError(f"the engine is not running: {self._dead}")
+        if self._shut_down:
+            raise EngineDeadError("the engine is shut down")
         self.start()
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)

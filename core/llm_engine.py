@@ -23,7 +23,7 @@ from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
 from engine.sampling.detokenizer import IncrementalDetokenizer
 from engine.sampling.params import SamplingParams
-from engine.sampling.sampler import Sampler, SampleResult, make_generator
+from engine.sampling.sampler import Sampler, SampleResult, check_params_against_vocab, make_generator
 from engine.sampling.stop import StopChecker
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence, SequenceStatus
@@ -183,10 +183,7 @@ class LLMEngine:
                 f"{self.max_model_len}",
                 param="max_tokens",
             )
-        if params.logit_bias:
-            bad_ids = [t for t in params.logit_bias if not 0 <= int(t) < vocab]
-            if bad_ids:
-                raise InvalidRequestError(f"logit_bias token id {bad_ids[0]} is outside the vocabulary", param="logit_bias")
+        check_params_against_vocab(params, vocab)
         return token_ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:

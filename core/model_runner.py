@@ -9,8 +9,8 @@ import torch
 from engine.block_manager import BlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
+from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
-from engine.sampling.sampler import SampleResult, Sampler, SamplingRow
 
 
 @dataclass(slots=True)

@@ -61,7 +61,9 @@ class AttentionProblem:
     device: torch.device
     extras: dict[str, Any] = field(default_factory=dict)
 
-    def allocate_cache(self, backend: AttentionBackend, fill_random: bool = True, seed: int = 1234) -> torch.Tensor:
+    def allocate_cache(
+        self, backend: AttentionBackend, fill_random: bool = True, seed: int = 1234
+    ) -> torch.Tensor:
         """One layer's cache in the backend's layout.
 
         Args:
@@ -88,7 +90,14 @@ class AttentionProblem:
         values = [v.to(self.kv_cache_dtype).to(F64) for v in self.value_history]
         md = self.metadata
         return ref_attention(
-            self.query, keys, values, self.query_lens, md.scale, md.causal, md.sliding_window, md.logits_soft_cap
+            self.query,
+            keys,
+            values,
+            self.query_lens,
+            md.scale,
+            md.causal,
+            md.sliding_window,
+            md.logits_soft_cap,
         )
 
     def run(self, backend: AttentionBackend, kv_cache: torch.Tensor | None = None) -> torch.Tensor:

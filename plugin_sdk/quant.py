@@ -79,7 +79,11 @@ def make_quantized_weight(
             raise UnknownSchemeError(f"the gguf package cannot quantize to {scheme!r}: {exc}") from None
         data = torch.from_numpy(raw.copy()).view(torch.uint8).to(device)
         return QuantizedWeight(
-            scheme, data, (out_features, in_features), _gguf_dequantizer(data, qtype, device), {"ggml_type": int(qtype)}
+            scheme,
+            data,
+            (out_features, in_features),
+            _gguf_dequantizer(data, qtype, device),
+            {"ggml_type": int(qtype)},
         )
     raise UnknownSchemeError(
         f"the SDK has no test-weight generator for quantization scheme {scheme!r} "

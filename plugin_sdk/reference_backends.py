@@ -29,7 +29,9 @@ class ReferenceAttentionBackend(AttentionBackend):
     supported_block_sizes: tuple[int, ...] = (8, 16, 32)
     supported_head_sizes: tuple[int, ...] = (64, 80, 128, 256)
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
@@ -88,10 +90,14 @@ class ReferenceGemmBackend(GemmBackend):
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
         if isinstance(weight, QuantizedWeight):
             if weight.dequantize is None:
-                raise ValueError(f"quantized weight of scheme {weight.scheme!r} has no dequantize() to fall back to")
+                raise ValueError(
+                    f"quantized weight of scheme {weight.scheme!r} has no dequantize() to fall back to"
+                )
             weight = torch.as_tensor(weight.dequantize())
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-            raise ValueError(f"cannot prepare a weight of type {type(weight).__name__}; expected a float tensor")
+            raise ValueError(
+                f"cannot prepare a weight of type {type(weight).__name__}; expected a float tensor"
+            )
         return weight.to(dtype).contiguous()
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:

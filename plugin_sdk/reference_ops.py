@@ -181,7 +181,9 @@ def ref_dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return dense
 
 
-def ref_quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def ref_quantized_linear(
+    x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The reference GEMM of a quantized weight: dequantize, then :func:`ref_linear`."""
     return ref_linear(x, ref_dequantize(weight), bias)
 

@@ -79,7 +79,9 @@ def get_tolerance(dtype: Any, kv_cache_dtype: Any = None, quantized: bool = Fals
         kv_tol = KV_CACHE_TOLERANCES.get(kv_name) or TOLERANCES.get(kv_name)
         if kv_tol is None:
             raise KeyError(f"no tolerance for KV cache dtype {kv_name!r}")
-        tol = Tolerance(max(tol.atol, kv_tol.atol), max(tol.rtol, kv_tol.rtol), max(tol.logits_atol, kv_tol.logits_atol))
+        tol = Tolerance(
+            max(tol.atol, kv_tol.atol), max(tol.rtol, kv_tol.rtol), max(tol.logits_atol, kv_tol.logits_atol)
+        )
     if quantized:
         extra = QUANTIZED_GEMM_EXTRA
         tol = Tolerance(tol.atol + extra.atol, tol.rtol + extra.rtol, tol.logits_atol)

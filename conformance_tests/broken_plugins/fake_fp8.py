@@ -27,7 +27,9 @@ class FakeFp8Platform(ReferencePlatform):
 
     def capabilities(self) -> Capabilities:
         base = super().capabilities()
-        return Capabilities(**{**{f: getattr(base, f) for f in base.__slots__}, "quant_schemes": ("fp8_e4m3",)})
+        return Capabilities(
+            **{**{f: getattr(base, f) for f in base.__slots__}, "quant_schemes": ("fp8_e4m3",)}
+        )
 
     def make_gemm_backend(self) -> GemmBackend:
         return UnscaledFp8Gemm()

@@ -18,7 +18,9 @@ class StaleGraphCapture(GraphCapture):
         self._fn: Callable[..., Any] | None = None
         self._captured: dict[int, tuple] = {}
 
-    def capture(self, fn: Callable[..., Any], batch_sizes: list[int], make_inputs: Callable[[int], tuple]) -> None:
+    def capture(
+        self, fn: Callable[..., Any], batch_sizes: list[int], make_inputs: Callable[[int], tuple]
+    ) -> None:
         self._fn = fn
         self._captured = {bs: make_inputs(bs) for bs in batch_sizes}
 

@@ -196,6 +196,7 @@ def metrics_table(m: dict[str, Any]) -> str:
 
 def run_from_args(args: argparse.Namespace) -> int:
     import httpx
+
     from engine.entrypoints.cli import CliError
 
     if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:

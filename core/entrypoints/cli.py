@@ -10,7 +10,7 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from engine import __version__
 
@@ -24,6 +24,13 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6,
 
 class CliError(Exception):
     """A user mistake; ``main`` prints ``error: <message>`` and exits 1."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """Usage mistakes print one line (``engine: error: ...``), not the usage block, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def parse_memory(text: str) -> tuple[int | None, float | None]:
@@ -80,8 +87,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the engine configuration; invalid combinations raise :class:`CliError`."""
-    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from pydantic import ValidationError
+
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
     cache: dict[str, object] = {"enable_prefix_caching": args.enable_prefix_caching}
     if args.kv_cache_memory is not None:
@@ -146,7 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from engine.entrypoints import cli_commands
 
-    parser = argparse.ArgumentParser(prog="engine", description="LLM inference and serving engine with hardware plugins")
+    parser = OneLineArgumentParser(prog="engine", description="LLM inference and serving engine with hardware plugins")
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

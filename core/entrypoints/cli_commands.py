@@ -14,8 +14,9 @@ _request_ids = itertools.count()
 
 
 def _sampling(args: argparse.Namespace) -> Any:
-    from engine.sampling.params import SamplingParams
     from pydantic import ValidationError
+
+    from engine.sampling.params import SamplingParams
 
     try:
         return SamplingParams(

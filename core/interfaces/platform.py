@@ -126,6 +126,7 @@ class Platform(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (for timing). No-op by default."""
+        return None
 
     def element_size(self, dtype: Any) -> int:
         """Bytes per element of a cache dtype."""

@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-from engine_test_utils import assert_all_blocks_free
 
 from engine import LLM, SamplingParams
+from engine_test_utils import assert_all_blocks_free
 
 PROMPTS = [
     "The capital of France is",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from engine_test_utils import assert_all_blocks_free
 from pydantic import ValidationError
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.loader.errors import ModelLoadError
+from engine_test_utils import assert_all_blocks_free
 
 
 @pytest.fixture(scope="module")

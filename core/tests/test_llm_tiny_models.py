@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_test_utils import assert_all_blocks_free
 
 from engine import LLM, SamplingParams
 from engine.scheduler import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
+from engine_test_utils import assert_all_blocks_free
 
 PROMPTS = [
     "The capital of France is",

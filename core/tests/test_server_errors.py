@@ -85,7 +85,7 @@ HOSTILE: list[tuple[str, str, bytes | dict | list | None, int, str | None]] = [
     ("negative top_k", CHAT, {"messages": MSGS, "top_k": -5}, 400, "top_k"),
     ("unknown model", CHAT, {"model": "gpt-7", "messages": MSGS}, 404, "model"),
     ("prompt over the context", COMP, {"prompt": "word " * 400, "max_tokens": 4}, 400, None),
-    ("prompt plus max_tokens over the context", COMP, {"prompt": "Hello there", "max_tokens": 250}, 400, "max_tokens"),
+    ("prompt plus max_tokens over the context", COMP, {"prompt": "Hello there", "max_tokens": 255}, 400, "max_tokens"),
     ("missing prompt", COMP, {"max_tokens": 4}, 400, "prompt"),
     ("empty prompt", COMP, {"prompt": ""}, 400, "prompt"),
     ("prompt token out of vocab", COMP, {"prompt": [1, 2, 99999999]}, 400, "prompt"),
@@ -132,7 +132,7 @@ def test_queue_full_is_503(server):
     done: list[int] = []
 
     def long_request() -> None:
-        r = post(server, COMP, {"prompt": "Tell me a story", "max_tokens": 120, "ignore_eos": True})
+        r = post(server, COMP, {"prompt": "Tell me a story", "max_tokens": 40, "ignore_eos": True})
         done.append(r.status_code)
 
     threads = [threading.Thread(target=long_request) for _ in range(2)]

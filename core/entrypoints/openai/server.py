@@ -9,6 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from engine import __version__
 from engine.async_engine import AsyncLLMEngine
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, install_error_handlers
@@ -16,9 +20,6 @@ from engine.entrypoints.openai.protocol import DetokenizeRequest, TokenizeReques
 from engine.entrypoints.openai.serving_chat import ChatHandler, chat_prompt_ids
 from engine.entrypoints.openai.serving_common import DEFAULT_MAX_BODY_BYTES, ServingContext, parse_body
 from engine.entrypoints.openai.serving_completion import CompletionHandler
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from engine.async_engine import EngineDeadError, RequestStream
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -25,8 +28,6 @@ from engine.entrypoints.openai.serving_common import (
     usage,
 )
 from engine.outputs import CompletionOutput, RequestOutput
-from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 
 def chat_prompt_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:

@@ -10,14 +10,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
 from engine.entrypoints.openai.protocol import _SamplingFields
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
-from fastapi import Request
-from pydantic import BaseModel, ValidationError
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 

@@ -7,6 +7,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from engine.async_engine import EngineDeadError, RequestStream
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import CompletionRequest
@@ -26,8 +29,6 @@ from engine.entrypoints.openai.serving_common import (
     usage,
 )
 from engine.outputs import CompletionOutput, RequestOutput
-from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 #: most prompts one batched completion request may carry
 MAX_BATCH_PROMPTS = 64

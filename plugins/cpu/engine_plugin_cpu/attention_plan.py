@@ -115,6 +115,7 @@ class StepPlan:
         write_slots: int64 cache slots of those rows.
         decode: the decode group, if any sequence has one new token.
         prefills: the other sequences.
+        work: multiply-adds of the score matmul, ``sum(query_len * context_len) * heads * head_dim``.
     """
 
     sources: tuple[object, ...]
@@ -123,6 +124,7 @@ class StepPlan:
     write_slots: torch.Tensor
     decode: DecodeGroup | None
     prefills: list[PrefillSeq]
+    work: int
 
 
 def build_step_plan(
@@ -187,6 +189,7 @@ def build_step_plan(
         write_slots=write_slots,
         decode=decode,
         prefills=prefills,
+        work=sum(q * n for q, n in zip(query_lens, seq_lens, strict=True)) * num_heads * head_dim,
     )
 
 

@@ -315,3 +315,19 @@ def test_rejects_query_length_mismatch() -> None:
     batch = make_batch(backend, [(0, 8)])
     with pytest.raises(ValueError, match="query lengths sum to 8"):
         backend.forward(batch.query[:5], batch.key[:5], batch.value[:5], batch.kv_cache, batch.metadata)
+
+
+def test_thread_count_restored_after_small_batch() -> None:
+    original = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        backend = CpuAttentionBackend()
+        check(backend, make_batch(backend, [(20, 1)], seed=30))
+        assert torch.get_num_threads() == 2
+        # a rejected call leaves the setting alone too
+        batch = make_batch(backend, [(0, 8)], seed=31)
+        with pytest.raises(ValueError):
+            backend.forward(batch.query, batch.key[:, :1], batch.value[:, :1], batch.kv_cache, batch.metadata)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(original)

@@ -1,0 +1,140 @@
+"""The ``engine`` command: version, mistakes as one line, plugins list, wiring of conformance and scaffolding."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from engine import __version__
+from engine.entrypoints import cli
+from engine.entrypoints.cli import main, parse_memory
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"engine {__version__}"
+
+
+def test_version_subprocess_is_cheap():
+    code = "import sys; from engine.entrypoints.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--port", "99999"],
+        ["serve", "--port", "abc"],
+        ["serve", "--kv-cache-memory", "lots"],
+        ["serve", "--max-num-seqs", "0"],
+        ["generate"],
+        ["bench"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_mistakes_are_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("engine") and "error:" in err and len(err.splitlines()) == 1
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert main([]) == 2
+    assert "serve" in capsys.readouterr().err
+
+
+def test_bad_sampling_value_is_one_line(capsys):
+    assert main(["generate", "hi", "--temperature", "-1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --temperature") and len(err.splitlines()) == 1
+
+
+def test_missing_device_plugin_names_the_install_command():
+    result = run_cli("serve", "--device", "rocm", timeout=120)
+    assert result.returncode == 1
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "pip install engine-plugin-amd" in err and "cpu" in err
+
+
+def test_plugins_list_shows_the_cpu_plugin(capsys):
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    header, *rows = out.strip().splitlines()
+    assert header.split() == ["PLUGIN", "DISTRIBUTION", "VERSION", "DEVICE", "STATUS"]
+    cpu = [r for r in rows if r.split()[0] == "cpu"]
+    assert cpu and cpu[0].split()[1:4] == ["engine-plugin-cpu", cpu[0].split()[2], "cpu"]
+    assert cpu[0].rstrip().endswith("available")
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("1000", (1000, None)), ("2GiB", (2 * 2**30, None)), ("512MB", (512 * 10**6, None)), ("1.5g", (1_500_000_000, None)),
+     ("0.25", (None, 0.25)), ("64 mib", (64 * 2**20, None))],
+)
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "3XB", "0", "-5GiB"])
+def test_parse_memory_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_memory(text)
+
+
+def test_engine_config_from_args():
+    args = cli.build_parser().parse_args(
+        ["serve", "--kv-cache-memory", "1GiB", "--max-num-seqs", "4", "--max-waiting-requests", "9", "--max-model-len", "128"]
+    )
+    config = cli.engine_config_from_args(args)
+    assert config.cache.kv_cache_memory_bytes == 2**30
+    assert config.scheduler.max_num_seqs == 4 and config.scheduler.max_waiting_requests == 9
+    assert config.max_model_len == 128 and config.model is None and config.device == "auto"
+
+
+def test_conformance_is_wired_to_the_runner(monkeypatch, tmp_path):
+    calls = []
+    runner = types.ModuleType("engine_conformance.runner")
+    runner.run_conformance = lambda device, md, js: calls.append((device, md, js)) or 3
+    monkeypatch.setitem(sys.modules, "engine_conformance.runner", runner)
+    assert main(["conformance", "--device", "cpu", "--report", str(tmp_path / "r.md"), "--json", "r.json"]) == 3
+    assert calls == [("cpu", str(tmp_path / "r.md"), "r.json")]
+
+
+def test_conformance_missing_runner_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "engine_conformance.runner", None)
+    assert main(["conformance", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "conformance suite is not available" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plugin_new_is_wired_to_the_scaffold(monkeypatch, tmp_path, capsys):
+    scaffold = types.ModuleType("engine_plugin_sdk.scaffold")
+
+    def scaffold_plugin(name: str, dest_dir: str) -> Path:
+        if not name.isidentifier():
+            raise ValueError(f"invalid plugin name {name!r}")
+        return Path(dest_dir) / f"engine-plugin-{name}"
+
+    scaffold.scaffold_plugin = scaffold_plugin
+    monkeypatch.setitem(sys.modules, "engine_plugin_sdk.scaffold", scaffold)
+    assert main(["plugin", "new", "myaccel", "--dest", str(tmp_path)]) == 0
+    assert str(tmp_path / "engine-plugin-myaccel") in capsys.readouterr().out
+    assert main(["plugin", "new", "bad name"]) == 1
+    assert "invalid plugin name" in capsys.readouterr().err
