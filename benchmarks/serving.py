@@ -20,7 +20,7 @@ from engine.entrypoints.openai.launcher import ServerProcess
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--prompts-per-client", type=int, default=4, help="requests per concurrent client (min 8 in all)")
+    parser.add_argument("--prompts-per-client", type=int, default=2, help="requests per concurrent client (min 8 in all)")
     parser.add_argument("--server-args", default="--kv-cache-memory 1GiB", help="extra `engine serve` arguments")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON results")
     args = parser.parse_args()

@@ -155,7 +155,7 @@ def _axis_values(axis: str, target: PlatformTarget) -> list[Any]:
     if axis == "head_size":
         return sorted(set(STANDARD_HEAD_SIZES) | set(caps.head_sizes))
     if axis == "quant_scheme":
-        return list(caps.quant_schemes) or ["none"]
+        return list(caps.quant_schemes) or ["any"]
     raise ValueError(f"unknown parameter axis {axis!r}")
 
 

@@ -124,14 +124,8 @@ def format_markdown(device: str, rows: list[CapabilityResult], platforms: list[d
         out.append(f"| `{r.name}` | {r.status} | {detail} |")
     caps = info.get("capabilities")
     if caps:
-        out += [
-            "",
-            "## Claimed capabilities",
-            "",
-            "```json",
-            json.dumps(caps, indent=1, sort_keys=True),
-            "```",
-        ]
+        out += ["", "## Claimed capabilities", ""]
+        out += [f"- `{key}`: {json.dumps(value)}" for key, value in sorted(caps.items())]
     return "\n".join(out) + "\n"
 
 

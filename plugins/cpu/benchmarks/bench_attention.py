@@ -13,14 +13,22 @@ import torch
 
 from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_cpu.attention import CpuAttentionBackend
+from engine_plugin_cpu.attention_plan import ChunkBudget
 
 
 def decode_case(
-    batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+    batch: int,
+    context: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    budget: ChunkBudget,
 ):
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq + 64
-    backend = CpuAttentionBackend()
+    backend = CpuAttentionBackend(budget=budget)
     cache = torch.randn(backend.kv_cache_shape(num_blocks, block_size, kv_heads, head_dim)).to(dtype)
     tables = torch.randperm(num_blocks)[: batch * blocks_per_seq].view(batch, blocks_per_seq).to(torch.int32)
     seq_lens = [context] * batch
@@ -66,6 +74,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--max-gather-elements", type=int, default=ChunkBudget.max_gather_elements)
+    parser.add_argument("--max-blocks", type=int, default=ChunkBudget.max_blocks)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:

@@ -85,8 +85,8 @@ class CpuAttentionBackend(AttentionBackend):
         try:
             self._store(key, value, kv_cache, plan.write_rows, plan.write_slots)
             out = torch.empty_like(query)
-            if plan.decode is not None:
-                self._decode(query, kv_cache, plan.decode, metadata, out)
+            for group in plan.decode:
+                self._decode(query, kv_cache, group, metadata, out)
             for seq in plan.prefills:
                 self._prefill(query, key, value, kv_cache, seq, metadata, out)
         finally:

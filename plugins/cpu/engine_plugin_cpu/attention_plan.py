@@ -113,7 +113,7 @@ class StepPlan:
         geometry: ``(block_size, num_heads, num_kv_heads, head_dim)`` it was built for.
         write_rows: rows of key/value to store, or None for all rows.
         write_slots: int64 cache slots of those rows.
-        decode: the decode group, if any sequence has one new token.
+        decode: groups of sequences with one new token, bucketed by context length.
         prefills: the other sequences.
         work: multiply-adds of the score matmul, ``sum(query_len * context_len) * heads * head_dim``.
     """
@@ -122,7 +122,7 @@ class StepPlan:
     geometry: tuple[int, int, int, int]
     write_rows: torch.Tensor | None
     write_slots: torch.Tensor
-    decode: DecodeGroup | None
+    decode: list[DecodeGroup]
     prefills: list[PrefillSeq]
     work: int
 
@@ -159,11 +159,10 @@ def build_step_plan(
     write_slots = slots if write_rows is None else slots.index_select(0, write_rows)
 
     decode_ids = [i for i, n in enumerate(query_lens) if n == 1]
-    decode = None
-    if decode_ids:
-        decode = plan_decode(
-            decode_ids, starts, seq_lens, block_tables, bs, window, num_kv_heads, head_dim, budget
-        )
+    decode = [
+        plan_decode(ids, starts, seq_lens, block_tables, bs, window, num_kv_heads, head_dim, budget)
+        for ids in bucket_by_length(decode_ids, seq_lens)
+    ]
     prefills = []
     for i, n in enumerate(query_lens):
         if n > 1:
@@ -249,6 +248,32 @@ def chunk_mask(
 def column_range(lowest_visible: int, context_len: int, block_size: int) -> tuple[int, int]:
     """Block-table columns holding keys ``[lowest_visible, context_len)``."""
     return max(0, lowest_visible) // block_size, -(-context_len // block_size)
+
+
+def bucket_by_length(
+    seq_ids: list[int], seq_lens: list[int], min_tokens: int = 4096, max_padding: float = 2.0
+) -> list[list[int]]:
+    """Split decode sequences so that short ones do not gather a long one's worth of padding blocks.
+
+    A batched decode pass reads every sequence up to the group's longest context; a new bucket starts
+    when that padded size would exceed ``max_padding`` times the real tokens (and ``min_tokens``, so
+    small batches stay one pass). With one bucket the original order is kept (rows stay 0..D-1).
+    """
+    if not seq_ids:
+        return []
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i in sorted(seq_ids, key=lambda j: seq_lens[j]):
+        n = seq_lens[i]
+        padded = n * (len(current) + 1)
+        if current and padded > min_tokens and padded > max_padding * (total + n):
+            buckets.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += n
+    buckets.append(current)
+    return buckets if len(buckets) > 1 else [list(seq_ids)]
 
 
 def plan_decode(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.interfaces.attention import AttentionMetadata
-from engine_plugin_cpu.attention import CpuAttentionBackend
-from engine_plugin_cpu.attention_plan import ChunkBudget
+from engine_plugin_cpu.attention import PLAN_KEY, CpuAttentionBackend
+from engine_plugin_cpu.attention_plan import ChunkBudget, bucket_by_length
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -331,3 +331,29 @@ def test_thread_count_restored_after_small_batch() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(original)
+
+
+def test_decode_lengths_far_apart_are_bucketed() -> None:
+    backend = CpuAttentionBackend()
+    shapes = [(3000, 1), (4, 1), (0, 6), (9, 1), (3500, 1), (7, 1), (2600, 1)]
+    batch = make_batch(backend, shapes, block_size=16, seed=17)
+    check(backend, batch)
+    plan = batch.metadata.extras[PLAN_KEY]
+    groups = sorted(sorted(batch.metadata.seq_lens_cpu[i] for i in g) for g in bucket_ids(plan, batch))
+    assert groups == [[5, 8, 10], [2601, 3001, 3501]]
+
+
+def bucket_ids(plan, batch: Batch) -> list[list[int]]:
+    """Sequence indices of each decode group, recovered from its token rows."""
+    starts = batch.metadata.query_start_loc.tolist()
+    out = []
+    for group in plan.decode:
+        rows = list(range(group.num_seqs)) if group.rows is None else group.rows.tolist()
+        out.append([starts.index(r) for r in rows])
+    return out
+
+
+def test_bucket_by_length_keeps_order_for_one_bucket() -> None:
+    assert bucket_by_length([0, 1, 2], [30, 10, 20]) == [[0, 1, 2]]
+    assert bucket_by_length([], []) == []
+    assert bucket_by_length([0, 1, 2, 3], [5000, 3, 4000, 2], min_tokens=100) == [[3, 1], [2, 0]]
