@@ -26,7 +26,7 @@ class CacheConfig(BaseModel):
     memory_fraction: float = Field(0.5, gt=0.0, le=1.0)
     kv_cache_dtype: str | None = None
     num_blocks_override: int | None = Field(None, ge=1)
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
 
 
 class SchedulerConfig(BaseModel):
@@ -36,6 +36,8 @@ class SchedulerConfig(BaseModel):
         max_num_batched_tokens: token budget of one step (prefill chunks plus decodes).
         max_num_seqs: most sequences running at once.
         max_waiting_requests: most requests queued before new ones are refused (None: unbounded).
+        priority_aging_steps: a waiting request gains one priority level per this many steps, so a
+            stream of important requests cannot starve a less important one forever.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -43,6 +45,7 @@ class SchedulerConfig(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1)
     max_num_seqs: int = Field(256, ge=1)
     max_waiting_requests: int | None = Field(None, ge=1)
+    priority_aging_steps: int = Field(100, ge=1)
 
 
 class EngineConfig(BaseModel):

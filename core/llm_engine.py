@@ -91,7 +91,7 @@ class LLMEngine:
         )
         num_blocks = self._num_kv_blocks(spec, config.max_model_len or model_max)
         self.block_cache = platform.make_block_cache(spec, num_blocks, attention)
-        self.block_manager = BlockManager(num_blocks, config.cache.block_size)
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         capacity = num_blocks * config.cache.block_size
         self.max_model_len = min(config.max_model_len or model_max, capacity)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
@@ -217,7 +217,11 @@ class LLMEngine:
             if params.logprobs is not None:
                 seq.logprobs = []
             request.sequences.append(seq)
-            self.scheduler.add(seq)
+        # Only the first sequence prefills; its siblings take its prompt blocks by reference once that is
+        # done (copy-on-write on the shared last block), and sample their first token from its logits.
+        first, *siblings = request.sequences
+        first.pending_forks = siblings
+        self.scheduler.add(first)
         self.requests[request_id] = request
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
@@ -240,12 +244,13 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        rows, result = self.runner.execute(plan, self.generator)
+        targets, result = self.runner.execute(plan, self.generator)
         self.scheduler.advance(plan)
         touched: dict[str, Request] = {}
         if result is not None:
-            for i, row in enumerate(rows):
-                seq = plan.scheduled[row].seq
+            for i, seq in enumerate(targets):
+                if seq.pending_forks:
+                    self._fork_siblings(seq)
                 self._append_token(seq, result, i)
                 request = self.requests.get(seq.request_id)
                 if request is not None:
@@ -255,6 +260,13 @@ class LLMEngine:
             if out.finished:
                 del self.requests[out.request_id]
         return outputs
+
+    def _fork_siblings(self, parent: Sequence) -> None:
+        for child in parent.pending_forks:
+            self.block_manager.fork(parent.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            self.scheduler.add_running(child)
+        parent.pending_forks = []
 
     def _append_token(self, seq: Sequence, result: SampleResult, i: int) -> None:
         token = result.token_ids[i]

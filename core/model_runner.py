@@ -11,6 +11,7 @@ from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -21,7 +22,9 @@ class StepInputs:
     positions: torch.Tensor
     metadata: AttentionMetadata
     logits_indices: torch.Tensor
-    sampled_rows: list[int]  # indices into the scheduled list of the sequences that sample this step
+    #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
+    #: siblings waiting to fork from it (they sample their first token from the same logits)
+    sample_targets: list[Sequence]
 
 
 class ModelRunner:
@@ -62,9 +65,9 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         logits_indices: list[int] = []
-        sampled_rows: list[int] = []
+        targets: list[Sequence] = []
         offset = 0
-        for row, item in enumerate(step.scheduled):
+        for item in step.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
             end = start + n
@@ -84,8 +87,9 @@ class ModelRunner:
             tables.append(table)
             offset += n
             if item.samples:
-                logits_indices.append(offset - 1)
-                sampled_rows.append(row)
+                for target in (seq, *seq.pending_forks):
+                    logits_indices.append(offset - 1)
+                    targets.append(target)
         max_blocks = max(len(t) for t in tables)
         table_tensor = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
         qsl = [0]
@@ -110,22 +114,23 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             metadata=metadata,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
-            sampled_rows=sampled_rows,
+            sample_targets=targets,
         )
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, generator: torch.Generator | None) -> tuple[list[int], SampleResult | None]:
-        """Run the step; returns the rows that sampled and the sampled tokens (None if no row sampled)."""
+    def execute(
+        self, step: SchedulerOutput, generator: torch.Generator | None
+    ) -> tuple[list[Sequence], SampleResult | None]:
+        """Run the step; returns the sequences that sampled and their tokens (None if none sampled)."""
+        if step.copies:
+            self.block_cache.copy_blocks(step.copies)
         inputs = self.prepare(step)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
-        if not inputs.sampled_rows:
+        if not inputs.sample_targets:
             return [], None
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
-        rows = []
-        for r in inputs.sampled_rows:
-            seq = step.scheduled[r].seq
-            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator))
-        return inputs.sampled_rows, self.sampler(logits, rows, generator)
+        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in inputs.sample_targets]
+        return inputs.sample_targets, self.sampler(logits, rows, generator)
 
     @torch.inference_mode()
     def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:

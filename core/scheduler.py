@@ -1,15 +1,17 @@
 """Continuous batching under a per-step token budget.
 
-Every step decides "how many tokens of which sequence run now". Running sequences come first (a decode is
-one token, an unfinished prefill continues with the next chunk), then waiting sequences are admitted while
-the token budget, the sequence limit and the free KV blocks allow. A long prompt is split across steps
-(chunked prefill). When a running sequence cannot get a block, the youngest running sequence is preempted:
-its blocks are freed and it goes back to the front of the queue, to be recomputed later; nothing is dropped.
+Every step decides "how many tokens of which sequence run now". Running sequences come first, decodes
+before prefill chunks so that a long prompt arriving never stalls the tokens of running requests; then
+waiting sequences are admitted (most important first, ties by age) while the token budget, the sequence
+limit and the free KV blocks allow. A long prompt is split across steps (chunked prefill). A new sequence
+first takes the cached blocks of its longest cached prefix. When a running sequence cannot get a block, the
+least important running sequence (the youngest among equals) is preempted: its blocks are freed and it goes
+back to the queue, to be recomputed later; nothing is dropped. Waiting sequences age, gaining a priority
+level every ``priority_aging_steps`` steps, so none starves.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -35,6 +37,8 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    #: (source, destination) block copies to make before the step runs (copy-on-write)
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -49,20 +53,27 @@ class Scheduler:
     """Chooses the work of each step.
 
     Args:
-        config: token budget and sequence limit.
+        config: token budget, sequence limit, aging.
         block_manager: the KV block bookkeeping shared with the engine.
     """
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.enqueued_step = self.num_steps
         self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Put a sequence whose KV is already in its block table straight into the running set (a fork)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     @property
     def num_waiting(self) -> int:
@@ -79,41 +90,57 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq.seq_id)
 
+    def _waiting_key(self, seq: Sequence) -> tuple[float, int]:
+        waited = self.num_steps - seq.enqueued_step
+        return (seq.priority - waited / self.config.priority_aging_steps, seq.arrival)
+
     def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
         out = SchedulerOutput()
+        bm = self.block_manager
         budget = self.config.max_num_batched_tokens
-        scheduled_ids: set[int] = set()
-        # Oldest first, so preemption takes from the back (the youngest).
-        self.running.sort(key=lambda s: s.arrival)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        scheduled: set[int] = set()
+        order = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.priority, s.arrival))
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
             n = min(seq.num_uncomputed_tokens, budget)
-            target = seq.num_computed_tokens + n
-            while not self.block_manager.can_allocate(seq.seq_id, target):
-                victim = self.running[-1]
+            start = seq.num_computed_tokens
+            while not bm.can_allocate(seq.seq_id, start + n, num_computed=start):
+                candidates = [s for s in self.running if s.seq_id not in scheduled]
+                victim = max(candidates, key=lambda s: (s.priority, s.arrival))
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             if seq.status is not SequenceStatus.RUNNING:
-                break  # it preempted itself: everything younger is gone too
-            self.block_manager.allocate(seq.seq_id, target)
+                continue
+            copy = bm.copy_on_write(seq.seq_id, start)
+            if copy is not None:
+                out.copies.append(copy)
+            bm.allocate(seq.seq_id, start + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
-            scheduled_ids.add(seq.seq_id)
+            scheduled.add(seq.seq_id)
             budget -= n
-            i += 1
         if out.preempted:
             return out  # memory is tight: admit nobody new this step
+        self.waiting.sort(key=self._waiting_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_computed_tokens == 0:
+                seq.num_computed_tokens = bm.match_prefix(seq.seq_id, seq.token_slice(0, seq.num_tokens))
             n = min(seq.num_uncomputed_tokens, budget)
             target = seq.num_computed_tokens + n
             # Keep one block per running sequence spare so admitting a prompt does not immediately force
             # a preemption at the next decode step.
-            if not self.block_manager.can_allocate(seq.seq_id, target, reserve=len(self.running) if self.running else 0):
+            if not bm.can_allocate(seq.seq_id, target, reserve=len(self.running)):
+                if seq.num_computed_tokens:  # give back the cached prefix it took; it may be evicted meanwhile
+                    bm.free(seq.seq_id)
+                    seq.num_computed_tokens = 0
                 break
-            self.waiting.popleft()
-            self.block_manager.allocate(seq.seq_id, target)
+            self.waiting.pop(0)
+            bm.allocate(seq.seq_id, target)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence.of(seq, n))
@@ -121,19 +148,19 @@ class Scheduler:
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Free ``seq``'s blocks and requeue it at the front; it recomputes prompt and output later."""
+        """Free ``seq``'s blocks and requeue it; it recomputes prompt and output later."""
         self.running.remove(seq)
         self.block_manager.free(seq.seq_id)
         seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.add(seq)
         out.preempted.append(seq)
-        # A sequence scheduled earlier in this step cannot be the victim: victims are taken from the back
-        # and the loop stops once it reaches the sequence being scheduled.
 
     def advance(self, output: SchedulerOutput) -> None:
-        """Record that the scheduled tokens were computed."""
+        """Record that the scheduled tokens were computed, and index blocks that became full."""
+        bm = self.block_manager
         for item in output.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens)

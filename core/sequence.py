@@ -27,6 +27,7 @@ class Sequence:
         output_token_ids: tokens generated so far.
         num_computed_tokens: leading tokens whose KV is in the cache.
         arrival: monotonically increasing admission order (lower is older, scheduled first).
+        priority: lower runs first (0 by default); ties go to the older sequence.
     """
 
     seq_id: int
@@ -35,8 +36,12 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival: int
+    priority: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    enqueued_step: int = 0
+    # Siblings of an n > 1 request that take this sequence's prompt blocks once its prefill is done.
+    pending_forks: list[Sequence] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
     # Per-sequence sampling and output state, owned by the engine.

@@ -84,14 +84,19 @@ class AttentionBackend(ABC):
         """
 
     @abstractmethod
-    def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
-        """Store new keys and values into the cache in place.
+    def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> Any:
+        """Store new keys and values into the cache.
 
         Args:
             key: ``[num_tokens, num_kv_heads, head_dim]``.
             value: ``[num_tokens, num_kv_heads, head_dim]``.
             kv_cache: one layer's cache, as shaped by :meth:`kv_cache_shape`.
             slot_mapping: int64 ``[num_tokens]``; negative slots are skipped.
+
+        Returns:
+            The cache holding the new entries. Backends that write in place return None (or ``kv_cache``);
+            backends over immutable arrays (JAX) return a new array, and callers must keep it in place of
+            ``kv_cache``.
         """
 
     @abstractmethod

@@ -14,6 +14,8 @@ from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.interfaces.model_runner import PlatformModelRunner
+    from engine.models.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,19 @@ class Platform(ABC):
     def make_graph_capture(self) -> GraphCapture:
         """The graph capture for decode steps; eager unless the platform overrides it."""
         return EagerGraphCapture()
+
+    def make_model_runner(self, model_config: ModelConfig, dtype: str) -> PlatformModelRunner | None:
+        """A runner for the whole forward on this device, or None to run the core's torch model on the
+        backends above (the default).
+
+        Args:
+            model_config: the model's sizes and architecture.
+            dtype: the resolved model dtype name (``"float32"``, ``"bfloat16"``, ...).
+
+        Raises:
+            ValueError: if the platform runs models itself but not this architecture.
+        """
+        return None
 
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         """Ops (by name, see :mod:`engine.interfaces.ops`) this platform implements itself."""

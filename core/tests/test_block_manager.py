@@ -46,7 +46,7 @@ def test_block_tables_grow_per_token_count_with_exact_ids():
     bm.free(0)
     assert bm.num_free_blocks == 7
     assert bm.allocate(seq_id=2, num_tokens=16) == [4, 5, 6, 7]
-    assert bm.allocate(seq_id=3, num_tokens=12) == [0, 1, 3]
+    assert bm.allocate(seq_id=3, num_tokens=12) == [3, 1, 0]  # released last block first
     assert bm.num_free_blocks == 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 import subprocess
 import sys
 import types
@@ -138,3 +139,16 @@ def test_plugin_new_is_wired_to_the_scaffold(monkeypatch, tmp_path, capsys):
     assert str(tmp_path / "engine-plugin-myaccel") in capsys.readouterr().out
     assert main(["plugin", "new", "bad name"]) == 1
     assert "invalid plugin name" in capsys.readouterr().err
+
+
+def test_bench_statistics():
+    from engine.bench.report import percentile, summarize, to_json
+
+    values = [random.uniform(0, 100) for _ in range(101)]
+    ordered = sorted(values)
+    assert percentile(values, 50) == ordered[50]
+    assert percentile(values, 0) == ordered[0] and percentile(values, 100) == ordered[-1]
+    assert percentile([1.0, 2.0], 50) == 1.5
+    s = summarize(values)
+    assert s["mean"] == pytest.approx(sum(values) / 101) and s["p99"] == pytest.approx(ordered[99])
+    assert to_json({"x": float("nan")}).replace(" ", "").replace("\n", "") == '{"x":null}'

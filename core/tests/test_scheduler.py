@@ -79,7 +79,7 @@ def test_preemption_requeues_the_youngest_and_frees_its_blocks():
     assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0
     assert s.waiting[0] is b
     assert [i.seq.seq_id for i in out.scheduled] == [0]
-    assert bm.block_tables[0] == [0, 2, 1]
+    assert bm.block_tables[0] == [0, 2, 3]
     assert 1 not in bm.block_tables
     # once a finishes, b is recomputed from its prompt and its generated tokens
     s.remove(a)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -234,6 +235,21 @@ def test_client_disconnect_aborts_and_frees_blocks(server, model):
     except httpx.TimeoutException:
         pass
     wait_all_blocks_free(server)
+
+
+def test_bench_serve_against_the_server(server, capsys):
+    from engine.entrypoints.cli import main
+
+    for mode in (["--concurrency", "2"], ["--request-rate", "20"]):
+        args = ["bench", "serve", "--base-url", server.base_url, "--num-prompts", "4", "--input-len", "16",
+                "--output-len", "4", "--json", "-", *mode]
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        metrics = json.loads(out[out.index("{"):])
+        assert metrics["completed"] == 4 and metrics["failed"] == 0
+        assert metrics["total_output_tokens"] == 16 and metrics["total_input_tokens"] == 64
+        assert 0 < metrics["ttft_ms"]["p50"] <= metrics["e2e_latency_ms"]["p99"]
+        assert metrics["output_throughput"] > 0 and "Output token throughput" in out
 
 
 def test_sigint_finishes_in_flight_request_and_exits_0(server, model):

@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=100)
-    parser.add_argument("--max-gather-elements", type=int, default=ChunkBudget.max_gather_elements)
-    parser.add_argument("--max-blocks", type=int, default=ChunkBudget.max_blocks)
+    parser.add_argument("--max-gather-elements", type=int, default=ChunkBudget().max_gather_elements)
+    parser.add_argument("--max-blocks", type=int, default=ChunkBudget().max_blocks)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -83,8 +83,9 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}")
     for dtype in (torch.float32, torch.bfloat16):
         for batch in args.batches:
+            budget = ChunkBudget(max_blocks=args.max_blocks, max_gather_elements=args.max_gather_elements)
             case = decode_case(
-                batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype
+                batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype, budget
             )
             first, fresh, reused = measure(*case, repeats=args.repeats)
             print(

@@ -26,7 +26,7 @@ class ChunkBudget:
     """
 
     max_blocks: int = 256
-    max_gather_elements: int = 32 * 1024 * 1024
+    max_gather_elements: int = 8 * 1024 * 1024
     max_score_elements: int = 16 * 1024 * 1024
 
     def chunk_tokens(self, block_size: int, batch: int, kv_heads: int, head_dim: int, rows: int) -> int:
@@ -47,7 +47,9 @@ class KeyChunk:
 
     Attributes:
         start: position of the chunk's first key.
-        num_tokens: keys in the chunk (a multiple of the block size when read from the cache).
+        num_tokens: keys gathered (a multiple of the block size when read from the cache).
+        used_tokens: the leading keys attended; the rest are padding of the group's longest context,
+            dropped rather than masked (a batch-of-one decode then needs no mask at all).
         block_ids: flat int64 ``[B * blocks]`` physical block ids, or None when the keys are the step's
             new tokens (a prefill without a cached prefix).
         mask: boolean ``[B, 1, R or 1, T]`` visibility, or None when every key is visible to every row.
@@ -57,6 +59,7 @@ class KeyChunk:
 
     start: int
     num_tokens: int
+    used_tokens: int
     block_ids: torch.Tensor | None
     mask: torch.Tensor | None
     has_visible: torch.Tensor | None
@@ -245,6 +248,25 @@ def chunk_mask(
     return visible, None if bool(has_visible.all()) else has_visible
 
 
+def cache_chunk(
+    first_col: int,
+    stop_col: int,
+    block_size: int,
+    context_end: int,
+    block_ids: torch.Tensor,
+    seq_lens: torch.Tensor,
+    row_pos: torch.Tensor,
+    causal: bool,
+    window: int | None,
+) -> KeyChunk:
+    """A chunk of block-table columns ``[first_col, stop_col)``, trimmed at the longest context."""
+    start = first_col * block_size
+    gathered = (stop_col - first_col) * block_size
+    used = min(gathered, context_end - start)
+    mask, has_visible = chunk_mask(start, used, seq_lens, row_pos, causal, window)
+    return KeyChunk(start, gathered, used, block_ids, mask, has_visible)
+
+
 def column_range(lowest_visible: int, context_len: int, block_size: int) -> tuple[int, int]:
     """Block-table columns holding keys ``[lowest_visible, context_len)``."""
     return max(0, lowest_visible) // block_size, -(-context_len // block_size)
@@ -304,11 +326,8 @@ def plan_decode(
     chunks = []
     for col in range(first_col, end_col, step):
         stop = min(col + step, end_col)
-        mask, has_visible = chunk_mask(
-            col * block_size, (stop - col) * block_size, lens_t, row_pos, True, window
-        )
         block_ids = tables[:, col:stop].reshape(-1).contiguous()
-        chunks.append(KeyChunk(col * block_size, (stop - col) * block_size, block_ids, mask, has_visible))
+        chunks.append(cache_chunk(col, stop, block_size, max(lens), block_ids, lens_t, row_pos, True, window))
     return DecodeGroup(rows=rows, num_seqs=count, chunks=chunks)
 
 
@@ -344,14 +363,14 @@ def plan_prefill(
         for key_start in range(max(0, lowest), seq_len, chunk):
             n = min(chunk, seq_len - key_start)
             mask, has_visible = chunk_mask(key_start, n, lens_t, row_pos, metadata.causal, window)
-            chunks.append(KeyChunk(key_start, n, None, mask, has_visible))
+            chunks.append(KeyChunk(key_start, n, n, None, mask, has_visible))
         return PrefillSeq(start, start + query_len, prefix, False, chunks)
     first_col, end_col = column_range(lowest, seq_len, block_size)
     step = chunk // block_size
     for col in range(first_col, end_col, step):
         stop = min(col + step, end_col)
-        key_start, n = col * block_size, (stop - col) * block_size
-        mask, has_visible = chunk_mask(key_start, n, lens_t, row_pos, metadata.causal, window)
         block_ids = block_tables[seq, col:stop].contiguous()
-        chunks.append(KeyChunk(key_start, n, block_ids, mask, has_visible))
+        chunks.append(
+            cache_chunk(col, stop, block_size, seq_len, block_ids, lens_t, row_pos, metadata.causal, window)
+        )
     return PrefillSeq(start, start + query_len, prefix, False, chunks)

@@ -357,3 +357,12 @@ def test_bucket_by_length_keeps_order_for_one_bucket() -> None:
     assert bucket_by_length([0, 1, 2], [30, 10, 20]) == [[0, 1, 2]]
     assert bucket_by_length([], []) == []
     assert bucket_by_length([0, 1, 2, 3], [5000, 3, 4000, 2], min_tokens=100) == [[3, 1], [2, 0]]
+
+
+def test_workspace_survives_inference_mode_and_growth() -> None:
+    backend = CpuAttentionBackend()
+    with torch.inference_mode():
+        check(backend, make_batch(backend, [(20, 1), (40, 1)], seed=40))
+    # larger gathers than before (the buffer grows), now outside inference mode
+    check(backend, make_batch(backend, [(300, 1), (0, 5), (90, 4), (250, 1)], seed=41))
+    check(backend, make_batch(backend, [(10, 1)], seed=42))

@@ -1,0 +1,138 @@
+"""Prefix caching, sharing and copy-on-write: exact block ids in the block manager, identical outputs end to end."""
+
+from __future__ import annotations
+
+import pytest
+from engine_test_utils import assert_all_blocks_free
+
+from engine import LLM, SamplingParams
+from engine.block_manager import BlockManager
+
+
+def tokens(n: int, start: int = 100) -> list[int]:
+    return list(range(start, start + n))
+
+
+def fill(bm: BlockManager, seq_id: int, toks: list[int]) -> int:
+    """Admit a sequence like the scheduler does: cached prefix first, then fresh blocks, then index."""
+    cached = bm.match_prefix(seq_id, toks)
+    bm.allocate(seq_id, len(toks))
+    bm.register_computed(seq_id, lambda a, b: toks[a:b], len(toks))
+    return cached
+
+
+def test_second_sequence_reuses_full_blocks_only():
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=True)
+    a = tokens(10)
+    assert fill(bm, 0, a) == 0
+    assert bm.block_tables[0] == [0, 1, 2]
+    b = a[:8] + [7, 7, 7]
+    assert fill(bm, 1, b) == 8  # two full blocks shared, the rest is new
+    assert bm.block_tables[1] == [0, 1, 3]
+    assert [bm.allocator.ref_count(i) for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
+    assert bm.prefix_stats.hit_tokens == 8 and bm.prefix_stats.queried_tokens == 21
+
+
+def test_a_whole_cached_prompt_still_leaves_one_token_to_compute():
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=True)
+    a = tokens(8)
+    fill(bm, 0, a)
+    assert bm.match_prefix(1, a) == 4  # not 8: the last token must run to produce logits
+
+
+def test_same_tokens_after_a_different_prefix_never_match():
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=True)
+    fill(bm, 0, tokens(4, 1) + tokens(4, 50) + [0])
+    assert bm.match_prefix(1, tokens(4, 2) + tokens(4, 50) + [0]) == 0
+    assert bm.match_prefix(2, tokens(4, 1) + tokens(4, 50) + [0]) == 8
+
+
+def test_freed_cached_blocks_stay_reusable_until_evicted_lru():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    fill(bm, 0, tokens(4, 10))  # blocks 0, 1 cached
+    fill(bm, 1, tokens(4, 20))  # blocks 2, 3 cached
+    bm.free(0)
+    bm.free(1)
+    assert bm.num_free_blocks == 4  # cached but unreferenced blocks count as free
+    assert bm.allocator.num_cached_blocks == 4
+    # Reuse seq 0's prefix: its blocks are revived, not recomputed; its fifth token needs one more block,
+    # and with no never-used block left the least recently used cached one goes: seq 1's last block (3),
+    # since a sequence releases its last block first.
+    assert fill(bm, 2, tokens(4, 10) + [1]) == 4
+    assert bm.block_tables[2] == [0, 1, 3]
+    fill(bm, 3, tokens(2, 90))
+    assert bm.block_tables[3] == [2]
+    assert bm.allocator.num_evictions == 2
+    assert bm.match_prefix(4, tokens(4, 20) + [1]) == 0
+    for s in (2, 3):
+        bm.free(s)
+    assert bm.num_free_blocks == 4
+
+
+def test_fork_then_copy_on_write_of_the_shared_partial_block():
+    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    bm.allocate(0, 6)  # blocks 0, 1; block 1 half full
+    bm.fork(0, 1)
+    assert bm.num_free_blocks == 4
+    assert bm.copy_on_write(0, 8) is None  # position 8 starts a block of its own: nothing shared to copy
+    assert bm.copy_on_write(0, 6) == (1, 2)  # seq 0 writes into shared block 1: it gets a private copy
+    assert bm.block_tables == {0: [0, 2], 1: [0, 1]}
+    assert bm.copy_on_write(1, 6) is None  # seq 1 is now block 1's only user
+    assert bm.allocator.ref_count(0) == 2  # the full first block stays shared
+    bm.free(0)
+    bm.free(1)
+    assert bm.num_free_blocks == 6
+
+
+@pytest.fixture(scope="module")
+def llm_pair(tiny_llama_dir):
+    on = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20, block_size=16)
+    off = LLM(
+        model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20, block_size=16,
+        enable_prefix_caching=False,
+    )
+    return on, off
+
+
+SYSTEM = "You are a helpful assistant that answers questions about geography, history and science. " * 3
+
+
+def test_outputs_identical_with_prefix_caching_on_and_off(llm_pair):
+    on, off = llm_pair
+    prompts = [SYSTEM + q for q in ("Where is Peru?", "Who was Ada Lovelace?", "What is a quark?", "Name a river.")]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    first = on.generate(prompts, params, use_tqdm=False)  # fills the cache
+    second = on.generate(prompts, params, use_tqdm=False)  # hits it
+    ref = off.generate(prompts, params, use_tqdm=False)
+    ids = lambda outs: [o.outputs[0].token_ids for o in outs]  # noqa: E731
+    assert ids(first) == ids(second) == ids(ref)
+    stats = on.llm_engine.block_manager.prefix_stats
+    assert stats.hit_tokens > 0 and stats.hit_rate > 0.4
+    assert off.llm_engine.block_manager.prefix_stats.hit_tokens == 0
+    assert_all_blocks_free(on)
+    assert_all_blocks_free(off)
+
+
+def test_n4_shares_prompt_blocks_and_matches_separate_requests(llm_pair):
+    _, off = llm_pair  # no prefix cache: any sharing comes from forking
+    engine = off.llm_engine
+    prompt = SYSTEM + "Tell me a story."
+    n_params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=11, ignore_eos=True)
+    engine.add_request("shared", prompt, n_params)
+    engine.step()  # prefill (fits one step) + first tokens, siblings forked
+    used_shared = engine.num_total_blocks - engine.num_free_blocks
+    engine.abort_request("shared")
+    for i in range(4):
+        engine.add_request(f"sep{i}", prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=11 + i, ignore_eos=True))
+    engine.step()
+    used_separate = engine.num_total_blocks - engine.num_free_blocks
+    engine.abort_request([f"sep{i}" for i in range(4)])
+    assert used_shared < used_separate
+    # Same seeds, same tokens: completion i of n=4 samples like a separate request seeded seed + i.
+    together = off.generate(prompt, n_params, use_tqdm=False)[0]
+    apart = off.generate(
+        [prompt] * 4, [SamplingParams(max_tokens=8, temperature=1.0, seed=11 + i, ignore_eos=True) for i in range(4)],
+        use_tqdm=False,
+    )
+    assert [c.token_ids for c in together.outputs] == [o.outputs[0].token_ids for o in apart]
+    assert_all_blocks_free(off)

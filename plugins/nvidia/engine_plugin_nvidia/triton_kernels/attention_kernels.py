@@ -1,0 +1,268 @@
+"""Triton paged-attention kernels: varlen prefill / chunked prefill and split-context decode.
+
+Cache layout (one layer): ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, keys at 0 and values
+at 1; a token's cache slot is ``block * block_size + offset``. Keys are read through the block table one
+tile of ``BLOCK_N`` tokens at a time, whatever the block size, so any block size works with any tile.
+Softmax is online, in float32, base 2 (the scale is folded with log2(e) into the query).
+
+Nothing here names a vendor: launch parameters come from :mod:`.launch`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _soft_cap(scores, cap):
+    # cap * tanh(scores / cap), with tanh through exp so it runs on every backend and the interpreter
+    x = scores / cap
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
+
+
+@triton.jit
+def _dot(a, b, IS_FP32: tl.constexpr):
+    if IS_FP32:
+        # full fp32 products: the matrix units' reduced fp32 mode misses the float32 tolerance
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _load_kv_tile(
+    cache_ptr, block_table_ptr, offs_n, seq_len, kv_head, offs_d,
+    stride_slot, stride_head,
+    KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """Keys (or values) ``[BLOCK_N, D_PAD]`` of context positions ``offs_n`` of one sequence."""
+    valid = offs_n < seq_len
+    block = tl.load(block_table_ptr + offs_n // KV_BLOCK, mask=valid, other=0).to(tl.int64)
+    slot = block * KV_BLOCK + (offs_n % KV_BLOCK)
+    ptrs = cache_ptr + slot[:, None] * stride_slot + kv_head * stride_head + offs_d[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def paged_prefill_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    scale, soft_cap, window,
+    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+    stride_bt, stride_slot, stride_kv_head,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
+):
+    """One program: ``BLOCK_M`` query rows of one head of one sequence, over its whole cached context.
+
+    The query rows are the last ``query_len`` positions of a ``seq_len`` context whose keys and values
+    (the new ones included) are already in the cache.
+    """
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+    kv_head = head // NUM_QUERIES_PER_KV
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    q_pos = prefix + offs_m  # context position of each query row
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum(seq_len, prefix + tile * BLOCK_M + BLOCK_M)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, prefix + tile * BLOCK_M - window + 1)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    bt_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    qk_scale = scale * 1.4426950408889634
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
+                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
+        if USE_CAP:
+            qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
+        else:
+            qk = qk * qk_scale
+        visible = (offs_n[None, :] < seq_len) & row_ok[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
+                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
+        m_i = m_new
+
+    out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+    )
+
+
+@triton.jit
+def paged_decode_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    scale, soft_cap, window,
+    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+    stride_bt, stride_slot, stride_kv_head,
+    NUM_QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
+):
+    """One program: every query head of one KV head of one sequence (one new token each), over one
+    contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
+
+    With one split the normalised result goes straight to ``out``; otherwise the unnormalised
+    accumulator and its running max / sum go to the partial buffers for :func:`decode_merge_kernel`.
+    Rows with ``seq_len == 0`` (graph padding) produce zeros.
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    heads = kv_head * NUM_QUERIES_PER_KV + offs_g
+    g_ok = offs_g < NUM_QUERIES_PER_KV
+    d_ok = offs_d < HEAD_DIM
+    row = seq.to(tl.int64)
+    q = tl.load(
+        q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - window)
+    span = seq_len - lo
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+    q_pos = seq_len - 1
+
+    m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
+    bt_ptr = block_tables_ptr + row * stride_bt
+    qk_scale = scale * 1.4426950408889634
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, end, kv_head, offs_d,
+                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
+        if USE_CAP:
+            qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
+        else:
+            qk = qk * qk_scale
+        visible = offs_n[None, :] < end
+        if USE_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos - window)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, end, kv_head, offs_d,
+                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(
+            out_ptr + row * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
+    else:
+        # partials: acc [seqs, heads, splits, D_PAD], (m, l) [seqs, heads, splits, 2]
+        num_heads = tl.num_programs(1) * NUM_QUERIES_PER_KV
+        part = (row * num_heads + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
+        # an empty split reports m = -inf so that the merge gives it no weight
+        m_out = tl.where(l_i > 0.0, m_i, float("-inf"))
+        tl.store(part_ml_ptr + part * 2, m_out, mask=g_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def decode_merge_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr,
+    stride_o_tok, stride_o_head,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+):
+    """Join the splits of one head of one sequence: rescale each by exp(m_s - max m) and normalise."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
+    part = (seq * num_heads + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_ml_ptr + part * 2)
+    l = tl.load(part_ml_ptr + part * 2 + 1)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * l, 0)
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :])
+    out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
+    tl.store(
+        out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+@triton.jit
+def write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_k_tok, stride_k_head, stride_v_tok, stride_v_head, stride_slot, stride_cache_head,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    """One program per new token: copy its keys and values to its cache slot; a negative slot is skipped."""
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    # the slot test is broadcast by hand: a scalar boolean in a mask trips Triton's interpreter
+    keep = (offs_h[:, None] * 0 + slot) >= 0
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & keep
+    k = tl.load(key_ptr + tok * stride_k_tok + offs_h[:, None] * stride_k_head + offs_d[None, :], mask=mask)
+    v = tl.load(value_ptr + tok * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :], mask=mask)
+    dst = slot * stride_slot + offs_h[:, None] * stride_cache_head + offs_d[None, :]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,91 @@
+"""Triton kernels for the small fused ops: RMSNorm (with residual add), rotary embedding, SiLU-and-mul.
+
+Every kernel computes in float32 and stores in the output's dtype; one program handles one row (one
+token), so the launch grid is the number of tokens and the kernels need no vendor-specific tuning.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(
+    out_ptr, x_ptr, weight_ptr, eps,
+    stride_x, stride_out,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HIDDEN
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / HIDDEN + eps)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fused_add_rms_norm_kernel(
+    out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, eps,
+    stride_x, stride_res, stride_out, stride_res_out,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``s = x + residual`` (rounded to the dtype, as the unfused sum would be), then ``rms_norm(s)``."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HIDDEN
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(residual_ptr + row * stride_res + offs, mask=mask, other=0.0).to(tl.float32)
+    summed = (x + r).to(residual_out_ptr.dtype.element_ty)
+    tl.store(residual_out_ptr + row * stride_res_out + offs, summed, mask=mask)
+    s = summed.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(s * s, 0) / HIDDEN + eps)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (s * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_heads(ptr, stride_tok, stride_head, tok, cos, sin, offs_h, offs_r,
+                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr):
+    mask = (offs_h[:, None] < NUM_HEADS) & (offs_r[None, :] < HALF)
+    base = ptr + tok * stride_tok + offs_h[:, None] * stride_head + offs_r[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(base, (x1 * cos - x2 * sin).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(base + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rotary_kernel(
+    q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
+    stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cs,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    H_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    """Rotate-half rotary embedding of one token's query and key heads, in place."""
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + tok).to(tl.int64)
+    offs_r = tl.arange(0, HALF_PAD)
+    r_ok = offs_r < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + offs_r, mask=r_ok, other=0.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs_r, mask=r_ok, other=0.0)[None, :]
+    _rotate_heads(q_ptr, stride_q_tok, stride_q_head, tok, cos, sin, tl.arange(0, H_PAD), offs_r,
+                  NUM_HEADS, HALF)
+    _rotate_heads(k_ptr, stride_k_tok, stride_k_head, tok, cos, sin, tl.arange(0, KV_PAD), offs_r,
+                  NUM_KV_HEADS, HALF)
+
+
+@triton.jit
+def silu_and_mul_kernel(
+    out_ptr, x_ptr, stride_x, stride_out,
+    D: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``silu(x[:, :D]) * x[:, D:]`` for one row and one column tile."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < D
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
+    result = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_out + offs, result.to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,99 @@
+"""Launch parameters for the shared Triton kernels, chosen per target by the caller.
+
+The kernels never ask which GPU they run on: a plugin (NVIDIA here, AMD ROCm later) builds a
+:class:`KernelTuning` for its device and passes it to every launcher. That keeps the kernel modules free
+of vendor APIs, so another backend reuses them by importing this package and supplying its own table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionTiles:
+    """Tile shapes and warps of one attention kernel.
+
+    Attributes:
+        block_m: query rows per program (prefill).
+        block_n: keys per inner-loop iteration.
+        num_warps: warps per program.
+        num_stages: software-pipelining depth of the key loop.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTuning:
+    """Everything a launcher needs to pick launch parameters on one target.
+
+    Attributes:
+        num_compute_units: multiprocessors (NVIDIA SMs, AMD CUs); sizes the decode context split.
+        prefill_small_head: tiles for prefill attention with head size <= 128.
+        prefill_large_head: tiles for prefill attention with head size > 128.
+        decode_block_n: keys per iteration of the decode kernel.
+        decode_num_warps: warps per decode program.
+        decode_num_stages: pipelining depth of the decode key loop.
+        max_decode_splits: most programs one sequence's context is split across (flash-decoding).
+        min_keys_per_split: a split never gets fewer keys than this (below it the merge costs more).
+        elementwise_num_warps: warps for norm / rotary / activation kernels.
+    """
+
+    num_compute_units: int = 132
+    prefill_small_head: AttentionTiles = AttentionTiles(64, 64, 4, 2)
+    prefill_large_head: AttentionTiles = AttentionTiles(32, 32, 4, 2)
+    decode_block_n: int = 64
+    decode_num_warps: int = 4
+    decode_num_stages: int = 2
+    max_decode_splits: int = 32
+    min_keys_per_split: int = 256
+    elementwise_num_warps: int = 4
+
+    def prefill_tiles(self, head_dim: int) -> AttentionTiles:
+        """The prefill tiles for a head size."""
+        return self.prefill_small_head if head_dim <= 128 else self.prefill_large_head
+
+    def decode_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int | None) -> int:
+        """How many programs share one sequence's context in the decode kernel.
+
+        Enough programs to fill the device about twice, but no split shorter than
+        ``min_keys_per_split`` keys when the longest context is known. Under graph capture the
+        context length is not fixed, so the caller passes None and the count depends only on the batch.
+
+        Args:
+            num_seqs: sequences in the batch.
+            num_kv_heads: programs per sequence before splitting.
+            max_seq_len: the longest context, or None when it may change between replays.
+
+        Returns:
+            A power of two in ``[1, max_decode_splits]``.
+        """
+        programs = max(1, num_seqs * num_kv_heads)
+        want = max(1, (2 * self.num_compute_units + programs - 1) // programs)
+        if max_seq_len is not None:
+            want = min(want, max(1, max_seq_len // self.min_keys_per_split))
+        splits = 1
+        while splits * 2 <= min(want, self.max_decode_splits):
+            splits *= 2
+        return splits
+
+
+#: what the CPU interpreter runs with: small tiles keep the interpreted programs quick
+INTERPRETER_TUNING = KernelTuning(
+    num_compute_units=4,
+    prefill_small_head=AttentionTiles(16, 16, 4, 1),
+    prefill_large_head=AttentionTiles(16, 16, 4, 1),
+    decode_block_n=16,
+    decode_num_stages=1,
+    max_decode_splits=4,
+    min_keys_per_split=16,
+)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return 1 << max(0, (n - 1).bit_length())

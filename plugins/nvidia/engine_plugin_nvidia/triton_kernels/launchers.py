@@ -1,0 +1,237 @@
+"""Host-side launchers of the shared Triton kernels: shape checks, grids and launch parameters.
+
+They take plain torch tensors and a :class:`~.launch.KernelTuning`, never a device query, so the same
+functions serve any backend Triton compiles for (and Triton's CPU interpreter in tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine_plugin_nvidia.triton_kernels import attention_kernels as ak
+from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
+from engine_plugin_nvidia.triton_kernels.launch import KernelTuning, next_power_of_2
+
+
+def _row_warps(block: int) -> int:
+    # about 256 elements per warp keeps a row's registers in check up to hidden sizes of 16k
+    return max(1, min(16, block // 256))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[rows, last]`` with a unit last stride (a view when possible)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.reshape(-1, x.shape[-1])
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store keys and values ``[tokens, kv_heads, head_dim]`` into the cache at ``slot_mapping``.
+
+    Raises:
+        ValueError: for tensors that do not fit the cache or a slot mapping of the wrong length.
+    """
+    tokens, kv_heads, head_dim = key.shape
+    if value.shape != key.shape:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} shapes differ")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (kv_heads, head_dim):
+        raise ValueError(
+            f"kv_cache {tuple(kv_cache.shape)} is not [2, blocks, block_size, {kv_heads}, {head_dim}]"
+        )
+    if slot_mapping.numel() != tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {tokens} tokens")
+    if tokens == 0:
+        return
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
+    ak.write_kv_kernel[(tokens,)](
+        key, value, kv_cache[0], kv_cache[1], slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kv_cache.stride(2), kv_cache.stride(3),
+        NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+        H_PAD=next_power_of_2(kv_heads), D_PAD=next_power_of_2(head_dim),
+    )  # fmt: skip
+
+
+def _attention_flags(query: torch.Tensor, window: int | None, soft_cap: float | None) -> dict:
+    return {
+        "USE_WINDOW": window is not None,
+        "USE_CAP": soft_cap is not None,
+        "IS_FP32": query.dtype == torch.float32,
+    }
+
+
+def paged_prefill(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    tuning: KernelTuning,
+    causal: bool = True,
+    window: int | None = None,
+    soft_cap: float | None = None,
+) -> None:
+    """Attention for any mix of prefill, chunked-prefill and decode rows; keys come from the cache only.
+
+    Args:
+        out: ``[tokens, heads, head_dim]``, written.
+        query: ``[tokens, heads, head_dim]`` (unit last stride).
+        kv_cache: ``[2, blocks, block_size, kv_heads, head_dim]`` holding every context token already.
+        block_tables: int32 ``[seqs, max_blocks]``.
+        seq_lens: int32 ``[seqs]`` context lengths, new tokens included.
+        query_start_loc: int32 ``[seqs + 1]``.
+        max_query_len: longest query of the batch (sizes the grid).
+        scale: softmax scale.
+        tuning: launch parameters of the target.
+        causal: causal masking (offset by each sequence's cached prefix).
+        window: sliding window, or None.
+        soft_cap: logit soft-cap, or None.
+    """
+    tokens, num_heads, head_dim = query.shape
+    kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    tiles = tuning.prefill_tiles(head_dim)
+    grid = (num_seqs, num_heads, triton_cdiv(max_query_len, tiles.block_m))
+    ak.paged_prefill_kernel[grid](
+        out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+        scale, float(soft_cap or 0.0), int(window or 0),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_QUERIES_PER_KV=num_heads // kv_heads,
+        HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), KV_BLOCK=block_size,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **_attention_flags(query, window, soft_cap),
+    )  # fmt: skip
+
+
+def paged_decode(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    tuning: KernelTuning,
+    window: int | None = None,
+    soft_cap: float | None = None,
+) -> None:
+    """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
+    across ``num_splits`` programs per KV head and merged by a second kernel.
+
+    Args:
+        out: ``[seqs, heads, head_dim]``, written.
+        query: ``[seqs, heads, head_dim]``.
+        kv_cache, block_tables, seq_lens, scale, window, soft_cap: as for :func:`paged_prefill`;
+            a sequence of length 0 (graph padding) gets zeros.
+        num_splits: a power of two (see :meth:`KernelTuning.decode_splits`); fixed for a captured graph.
+        tuning: launch parameters of the target.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    group = num_heads // kv_heads
+    d_pad = next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_acc = torch.empty((num_seqs, num_heads, num_splits, d_pad), dtype=torch.float32, device=query.device)
+        part_ml = torch.empty((num_seqs, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
+    else:
+        part_acc = part_ml = out  # unused by the kernel
+    ak.paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
+        out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        scale, float(soft_cap or 0.0), int(window or 0),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, BLOCK_N=tuning.decode_block_n,
+        num_warps=tuning.decode_num_warps, num_stages=tuning.decode_num_stages,
+        **_attention_flags(query, window, soft_cap),
+    )  # fmt: skip
+    if num_splits > 1:
+        ek_warps = 1 if d_pad * num_splits <= 2048 else 4
+        ak.decode_merge_kernel[(num_seqs, num_heads)](
+            out, part_acc, part_ml, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, num_warps=ek_warps,
+        )  # fmt: skip
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32, returned in x's dtype."""
+    rows = _rows(x)
+    hidden = rows.shape[1]
+    out = torch.empty_like(rows)
+    if rows.shape[0]:
+        block = next_power_of_2(hidden)
+        ek.rms_norm_kernel[(rows.shape[0],)](
+            out, rows, weight, eps, rows.stride(0), out.stride(0),
+            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block),
+        )  # fmt: skip
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)`` in one pass."""
+    rows, res = _rows(x), _rows(residual)
+    hidden = rows.shape[1]
+    out = torch.empty_like(rows)
+    res_out = torch.empty_like(res)
+    if rows.shape[0]:
+        block = next_power_of_2(hidden)
+        ek.fused_add_rms_norm_kernel[(rows.shape[0],)](
+            out, res_out, rows, res, weight, eps,
+            rows.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
+            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block),
+        )  # fmt: skip
+    return out.view(x.shape), res_out.view(residual.shape)
+
+
+def rotary_embedding(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half rotary embedding, in place on ``query`` ``[tokens, heads, d]`` and ``key``; returns both.
+
+    Raises:
+        ValueError: if the cache's width is not the head size.
+    """
+    tokens, num_heads, head_dim = query.shape
+    if cos_sin_cache.shape[-1] != head_dim:
+        raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[-1]} differs from head_dim {head_dim}")
+    if query.stride(-1) != 1 or key.stride(-1) != 1:
+        raise ValueError("rotary_embedding needs query and key with a unit last stride")
+    if tokens:
+        half = head_dim // 2
+        num_kv = key.shape[1]
+        ek.rotary_kernel[(tokens,)](
+            query, key, positions, cos_sin_cache,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv, HALF=half,
+            H_PAD=next_power_of_2(num_heads), KV_PAD=next_power_of_2(num_kv), HALF_PAD=next_power_of_2(half),
+            num_warps=4,
+        )  # fmt: skip
+    return query, key
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]``."""
+    rows = _rows(x)
+    d = rows.shape[1] // 2
+    out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = min(1024, next_power_of_2(d))
+        ek.silu_and_mul_kernel[(rows.shape[0], triton_cdiv(d, block))](
+            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4,
+        )  # fmt: skip
+    return out.view(*x.shape[:-1], d)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """Ceiling division for grid sizes."""
+    return -(-a // b)
