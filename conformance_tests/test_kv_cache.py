@@ -37,6 +37,32 @@ def random_fill(caches: list[Any], seed: int) -> None:
         cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype))
 
 
+def random_fill_pool(backend: AttentionBackend, pool: Any, block_size: int, head_dim: int, seed: int) -> None:
+    """Fill every layer of a pool with random keys and values.
+
+    torch caches are filled directly; others (immutable arrays, e.g. JAX) through ``write_kv`` over every
+    slot, keeping the cache it returns in ``pool.kv_caches`` (the interface's contract for such arrays).
+    """
+    if all(isinstance(c, torch.Tensor) for c in pool.kv_caches):
+        random_fill(list(pool.kv_caches), seed)
+        return
+    gen = torch.Generator().manual_seed(seed)
+    slots = torch.arange(NUM_BLOCKS * block_size, dtype=torch.int64)
+    for layer in range(len(pool.kv_caches)):
+        key, value = (torch.randn(len(slots), NUM_KV_HEADS, head_dim, generator=gen) for _ in range(2))
+        dtype = _torch_dtype_of(pool.kv_caches[layer].dtype)
+        new = backend.write_kv(key.to(dtype), value.to(dtype), pool.kv_caches[layer], slots)
+        if new is not None:
+            pool.kv_caches[layer] = new
+
+
+def _torch_dtype_of(dtype: Any) -> torch.dtype:
+    """The torch dtype of the same name as a torch, numpy or JAX dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch_dtype(getattr(dtype, "name", str(dtype)))
+
+
 @pytest.mark.capability("kv_write.{kv_cache_dtype_name}")
 def test_write_kv_by_slot_mapping(
     platform: Platform, caps: Capabilities, device: Any, kv_cache_dtype_name: str
@@ -78,7 +104,7 @@ def make_pool(platform: Platform, caps: Capabilities, seed: int) -> tuple[Attent
             f"{len(pool.kv_caches)}",
             pytrace=False,
         )
-    random_fill(pool.kv_caches, seed)
+    random_fill_pool(backend, pool, geo.block_size, geo.head_size, seed)
     return backend, pool
 
 
@@ -129,7 +155,8 @@ def test_swap_out_and_in(platform: Platform, caps: Capabilities, record_property
     bs = default_geometry(caps).block_size
     original = snapshot(backend, pool, "block_cache.swap")
     pool.swap_out([(7, 0), (20, 1), (33, 2)])
-    random_fill(pool.kv_caches, seed=42)  # the device blocks are reused by other sequences meanwhile
+    # the device blocks are reused by other sequences meanwhile
+    random_fill_pool(backend, pool, bs, default_geometry(caps).head_size, seed=42)
     overwritten = snapshot(backend, pool, "block_cache.swap")
     pool.swap_in([(0, 9), (1, 21), (2, 7)])
     expected = [(k.clone(), v.clone()) for k, v in overwritten]

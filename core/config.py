@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -36,6 +38,8 @@ class SchedulerConfig(BaseModel):
         max_num_batched_tokens: token budget of one step (prefill chunks plus decodes).
         max_num_seqs: most sequences running at once.
         max_waiting_requests: most requests queued before new ones are refused (None: unbounded).
+        preemption_mode: ``swap`` moves a preempted sequence's blocks to host memory and back, ``recompute``
+            frees them and recomputes later, ``auto`` swaps where the platform's block cache can.
         priority_aging_steps: a waiting request gains one priority level per this many steps, so a
             stream of important requests cannot starve a less important one forever.
     """
@@ -46,6 +50,7 @@ class SchedulerConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_waiting_requests: int | None = Field(None, ge=1)
     priority_aging_steps: int = Field(100, ge=1)
+    preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
 
 
 class EngineConfig(BaseModel):

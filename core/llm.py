@@ -66,6 +66,7 @@ class LLM:
         prompts: str | list[int] | Seq[str] | Seq[list[int]],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
         """Complete each prompt; outputs come back in prompt order.
 
@@ -73,6 +74,7 @@ class LLM:
             prompts: one prompt or a list; each a string or a list of token ids.
             sampling_params: one for all prompts, or one per prompt; default ``SamplingParams()``.
             use_tqdm: show a progress bar.
+            priority: per prompt, lower runs first (default all 0: first come, first served).
 
         Raises:
             InvalidRequestError: for a bad prompt or settings; raised before any prompt runs.
@@ -88,7 +90,10 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")
-        return self._run(prompts, params_list, use_tqdm)
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        return self._run(prompts, params_list, use_tqdm, priorities)
 
     def chat(
         self,
@@ -105,15 +110,17 @@ class LLM:
         token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_prompts, sampling_params, use_tqdm)
 
-    def _run(self, prompts: list[Any], params_list: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts: list[Any], params_list: list[SamplingParams], use_tqdm: bool, priorities: list[int] | None = None
+    ) -> list[RequestOutput]:
         engine = self.llm_engine
         for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
             engine.validate_request(prompt, params)
         ids = []
         try:
-            for prompt, params in zip(prompts, params_list):
+            for prompt, params, prio in zip(prompts, params_list, priorities or [0] * len(prompts)):
                 rid = f"offline-{next(self._counter)}"
-                engine.add_request(rid, prompt, params)
+                engine.add_request(rid, prompt, params, priority=prio)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)

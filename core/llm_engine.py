@@ -73,7 +73,10 @@ class LLMEngine:
         attention = platform.make_attention_backend()
         gemm = platform.make_gemm_backend()
         ops = reference_ops().with_overrides(platform.op_overrides())
-        self.model = registry[arch](self.model_config, ops, attention, gemm, self.dtype, self.device)
+        # a platform may run the whole forward itself (JAX); otherwise the core's torch model runs on its backends
+        self.model = platform.make_model_runner(self.model_config, dtype_name) or registry[arch](
+            self.model_config, ops, attention, gemm, self.dtype, self.device
+        )
         weights = (
             dummy_weights(self.model_config, seed=config.seed)
             if config.load_format == "dummy"
@@ -94,7 +97,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         capacity = num_blocks * config.cache.block_size
         self.max_model_len = min(config.max_model_len or model_max, capacity)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.block_cache.num_host_blocks)
         self.sampler = Sampler(self.eos_token_ids, self.model_config.vocab_size)
         self.generator = make_generator(config.seed)
         self.runner = ModelRunner(
@@ -186,8 +189,11 @@ class LLMEngine:
         check_params_against_vocab(params, vocab)
         return token_ids
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int = 0) -> None:
         """Queue a request; it runs from the next :meth:`step`.
+
+        Args:
+            priority: lower runs first; equal priorities run in arrival order (FCFS).
 
         Raises:
             InvalidRequestError: see :meth:`validate_request`, or a duplicate request id.
@@ -209,6 +215,7 @@ class LLMEngine:
                 prompt_token_ids=token_ids,
                 params=params,
                 arrival=arrival,
+                priority=priority,
             )
             if params.seed is not None:
                 seq.generator = make_generator(params.seed + index)
@@ -317,10 +324,17 @@ class LLMEngine:
 
     def stats(self) -> dict[str, int | float]:
         """Counters for the server's metrics."""
+        sched, bm = self.scheduler, self.block_manager
         return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": self.scheduler.num_waiting,
+            "num_running": len(sched.running),
+            "num_waiting": sched.num_waiting,
+            "num_swapped": len(sched.swapped),
             "num_free_blocks": self.num_free_blocks,
             "num_total_blocks": self.num_total_blocks,
-            "num_preemptions": self.scheduler.num_preemptions,
+            "kv_cache_usage": round(bm.usage, 4),
+            "prefix_cache_queried_tokens": bm.prefix_stats.queried_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_stats.hit_tokens,
+            "prefix_cache_hit_rate": round(bm.prefix_stats.hit_rate, 4),
+            "num_preemptions": sched.num_preemptions,
+            "num_swaps_out": sched.num_swaps_out,
         }

@@ -9,6 +9,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
+from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
@@ -122,13 +123,24 @@ class ModelRunner:
         self, step: SchedulerOutput, generator: torch.Generator | None
     ) -> tuple[list[Sequence], SampleResult | None]:
         """Run the step; returns the sequences that sampled and their tokens (None if none sampled)."""
+        # Order matters: a block freed by a swap-out or a copy-on-write may be reused in this same step.
+        if step.swap_out:
+            self.block_cache.swap_out(step.swap_out)
         if step.copies:
             self.block_cache.copy_blocks(step.copies)
+        if step.swap_in:
+            self.block_cache.swap_in(step.swap_in)
         inputs = self.prepare(step)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
-        if not inputs.sample_targets:
-            return [], None
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
+        if isinstance(self.model, PlatformModelRunner):
+            # the platform runs the whole forward itself; it must run even when no row samples
+            logits = self._platform_logits(inputs, inputs.logits_indices)
+            if not inputs.sample_targets:
+                return [], None
+        else:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+            if not inputs.sample_targets:
+                return [], None
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in inputs.sample_targets]
         return inputs.sample_targets, self.sampler(logits, rows, generator)
 
@@ -136,5 +148,11 @@ class ModelRunner:
     def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:
         """Logits of every scheduled token (tests compare these with Hugging Face)."""
         inputs = self.prepare(step)
+        if isinstance(self.model, PlatformModelRunner):
+            return self._platform_logits(inputs, torch.arange(inputs.input_ids.shape[0]))
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
         return self.model.compute_logits(hidden).cpu()
+
+    def _platform_logits(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
+        step = FlatStep.from_step_tensors(inputs.input_ids, inputs.positions, inputs.metadata, logits_indices)
+        return self.model.compute_logits(step, self.block_cache)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockAllocator, BlockManager
 from engine.config import SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 
@@ -39,6 +39,10 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     #: (source, destination) block copies to make before the step runs (copy-on-write)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    #: (device block, host block) pairs to copy out, then (host block, device block) pairs to copy in;
+    #: the runner does swap-outs, then copies, then swap-ins, then the forward
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -53,16 +57,24 @@ class Scheduler:
     """Chooses the work of each step.
 
     Args:
-        config: token budget, sequence limit, aging.
+        config: token budget, sequence limit, aging, preemption mode.
         block_manager: the KV block bookkeeping shared with the engine.
+        num_host_blocks: size of the platform's host swap pool; 0 means preemption always recomputes.
     """
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_host_blocks: int = 0) -> None:
         self.config = config
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        use_swap = config.preemption_mode != "recompute" and num_host_blocks > 0
+        if config.preemption_mode == "swap" and not use_swap:
+            raise ValueError("preemption_mode='swap' needs a platform block cache that supports swapping")
+        self.host_allocator = BlockAllocator(num_host_blocks) if use_swap else None
+        self.host_tables: dict[int, list[int]] = {}
         self.num_preemptions = 0
+        self.num_swaps_out = 0
         self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
@@ -80,7 +92,7 @@ class Scheduler:
         return len(self.waiting)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def remove(self, seq: Sequence) -> None:
         """Drop a sequence from whichever queue holds it and free its blocks (finish or abort)."""
@@ -88,7 +100,15 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self._free_host(seq.seq_id)
         self.block_manager.free(seq.seq_id)
+
+    def _free_host(self, seq_id: int) -> None:
+        assert self.host_allocator is not None
+        for block in self.host_tables.pop(seq_id, []):
+            self.host_allocator.decref(block)
 
     def _waiting_key(self, seq: Sequence) -> tuple[float, int]:
         waited = self.num_steps - seq.enqueued_step
@@ -125,6 +145,9 @@ class Scheduler:
             budget -= n
         if out.preempted:
             return out  # memory is tight: admit nobody new this step
+        budget = self._swap_in(out, budget)
+        if self.swapped:
+            return out  # swapped sequences come back before anyone new is admitted
         self.waiting.sort(key=self._waiting_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -148,14 +171,49 @@ class Scheduler:
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Free ``seq``'s blocks and requeue it; it recomputes prompt and output later."""
+        """Move ``seq``'s blocks to host memory if there is room, else free them and requeue it to be
+        recomputed later."""
         self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.add(seq)
         out.preempted.append(seq)
+        table = self.block_manager.block_tables.get(seq.seq_id, [])
+        host = self.host_allocator
+        if host is not None and 0 < len(table) <= host.num_free_blocks:
+            host_table = [host.allocate() for _ in table]
+            out.swap_out.extend(zip(table, host_table))
+            self.host_tables[seq.seq_id] = host_table
+            self.block_manager.free(seq.seq_id)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            self.num_swaps_out += 1
+            return
+        self.block_manager.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        self.add(seq)
+
+    def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
+        """Bring swapped sequences back, oldest first, while blocks, budget and the sequence limit allow."""
+        bm = self.block_manager
+        self.swapped.sort(key=lambda s: (s.priority, s.arrival))
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            host_table = self.host_tables[seq.seq_id]
+            n = min(seq.num_uncomputed_tokens, budget)
+            # Its blocks come back first, then the blocks its next tokens need.
+            extra = -(-(seq.num_computed_tokens + n) // bm.block_size) - len(host_table)
+            if len(host_table) + max(0, extra) > bm.num_free_blocks:
+                break
+            self.swapped.pop(0)
+            device_table = bm.allocate(seq.seq_id, len(host_table) * bm.block_size)
+            out.swap_in.extend(zip(host_table, device_table))
+            self._free_host(seq.seq_id)
+            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence.of(seq, n))
+            budget -= n
+        return budget
 
     def advance(self, output: SchedulerOutput) -> None:
         """Record that the scheduled tokens were computed, and index blocks that became full."""

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from engine.entrypoints.cli import CliError, load_engine, one_line
-
-_request_ids = itertools.count()
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -34,7 +32,7 @@ def stream_reply(engine: Any, prompt: str | list[int], params: Any, write: Calla
     """
     from engine.errors import InvalidRequestError
 
-    request_id = f"cli-{next(_request_ids)}"
+    request_id = f"cli-{uuid.uuid4().hex}"
     try:
         engine.add_request(request_id, prompt, params)
     except InvalidRequestError as exc:

@@ -40,6 +40,8 @@ class BlockCache(ABC):
 
     #: whether :meth:`swap_out` / :meth:`swap_in` are implemented
     supports_swap: bool = False
+    #: blocks in the host-memory swap pool (0 when swapping is unsupported)
+    num_host_blocks: int = 0
 
     num_blocks: int
     kv_caches: list[Any]

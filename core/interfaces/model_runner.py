@@ -48,6 +48,32 @@ class FlatStep:
     block_size: int
     sliding_window: int | None = None
 
+    @classmethod
+    def from_step_tensors(cls, input_ids: Any, positions: Any, metadata: Any, logits_indices: Any) -> FlatStep:
+        """Build from the core runner's step tensors (host tensors; converted without copies where possible).
+
+        Args:
+            input_ids: ``[num_tokens]`` token ids.
+            positions: ``[num_tokens]`` positions.
+            metadata: the step's :class:`engine.interfaces.attention.AttentionMetadata`.
+            logits_indices: ``[num_sampled]`` rows whose logits are wanted.
+        """
+
+        def host(x: Any, dtype: Any) -> np.ndarray:
+            return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(dtype, copy=False)
+
+        return cls(
+            token_ids=host(input_ids, np.int64),
+            positions=host(positions, np.int64),
+            slot_mapping=host(metadata.slot_mapping, np.int64),
+            block_tables=host(metadata.block_tables, np.int32),
+            query_start_loc=host(metadata.query_start_loc, np.int32),
+            seq_lens=host(metadata.seq_lens, np.int32),
+            logits_indices=host(logits_indices, np.int64),
+            block_size=metadata.block_size,
+            sliding_window=metadata.sliding_window,
+        )
+
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])

@@ -81,14 +81,20 @@ def test_greedy_32_tokens_match_hf_in_one_batch(tiny):
     assert_all_blocks_free(llm)
 
 
-def test_preemption_keeps_every_output_identical(tiny):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_keeps_every_output_identical(tiny, mode):
     path, _, llm = tiny
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     # 12 blocks of 8 tokens cannot hold six sequences of up to ~60 tokens: preemption must happen.
-    small = LLM(model=path, device="cpu", dtype="float32", block_size=8, num_blocks_override=12, max_num_batched_tokens=64)
+    small = LLM(
+        model=path, device="cpu", dtype="float32", block_size=8, num_blocks_override=12, max_num_batched_tokens=64,
+        preemption_mode=mode,
+    )
     outs = small.generate(PROMPTS, params, use_tqdm=False)
-    assert small.llm_engine.scheduler.num_preemptions > 0
+    scheduler = small.llm_engine.scheduler
+    assert scheduler.num_preemptions > 0
+    assert (scheduler.num_swaps_out > 0) == (mode == "swap")
     assert [o.outputs[0].token_ids for o in outs] == expected
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
     assert_all_blocks_free(small)

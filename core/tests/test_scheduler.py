@@ -100,3 +100,49 @@ def test_everything_is_freed_after_removal():
         s.remove(q)
     assert bm.num_free_blocks == 16
     assert not s.has_work()
+
+
+def test_swap_preemption_moves_blocks_to_host_and_back():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=8), bm, num_host_blocks=4)
+    a, b = make_seq(0, 4), make_seq(1, 4)
+    s.add(a)
+    s.add(b)
+    for _ in range(5):
+        run_step(s)
+    assert bm.block_tables == {0: [0, 2], 1: [1, 3]}
+    out = run_step(s)  # a needs a third block: b is swapped out, not recomputed
+    assert [p.seq_id for p in out.preempted] == [1]
+    assert out.swap_out == [(1, 0), (3, 1)]
+    assert b.status is SequenceStatus.SWAPPED and b.num_computed_tokens == 8
+    assert s.host_tables == {1: [0, 1]}
+    s.remove(a)
+    out = run_step(s)  # b comes back with its KV: only its next token runs
+    assert out.swap_in == [(0, 1), (1, 3)]
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(1, 1)]
+    assert bm.block_tables[1] == [1, 3, 2]
+    assert s.host_allocator.num_free_blocks == 4
+    s.remove(b)
+    assert bm.num_free_blocks == 4
+
+
+def test_priority_runs_first_but_aging_prevents_starvation():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=1, priority_aging_steps=5), bm)
+    low = make_seq(0, 2)
+    low.priority = 3
+    s.add(low)
+    started_low_at = None
+    for step in range(40):
+        hi = make_seq(100 + step, 2)  # a fresh important request every step
+        s.add(hi)
+        out = s.schedule()
+        s.advance(out)
+        for item in out.scheduled:
+            s.remove(item.seq)  # each finishes after its prefill
+        if any(i.seq is low for i in out.scheduled):
+            started_low_at = step
+            break
+    assert started_low_at is not None and started_low_at > 0, "the low-priority request starved"
+    # Until it aged enough, important requests went first.
+    assert started_low_at >= 3 * 5 // 2

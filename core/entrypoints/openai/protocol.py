@@ -1,4 +1,5 @@
-"""The OpenAI request and response bodies the server speaks, as pydantic models.
+"""The OpenAI request bodies the server accepts, as pydantic models (responses are built as plain dicts
+in the serving modules, in OpenAI's exact shape).
 
 Requests are validated strictly from JSON (``"5"`` is not a number, ``1.5`` is not a count), because a
 client that sends the wrong type should hear about it rather than get a guess. Unknown fields are
@@ -7,7 +8,7 @@ ignored, as OpenAI's own SDKs send fields this server has no use for.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,7 +44,7 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class _SamplingFields(_Request):
+class SamplingFields(_Request):
     """Fields shared by chat and completion requests, including this engine's extras."""
 
     model: str | None = None
@@ -81,7 +82,7 @@ class _SamplingFields(_Request):
         return stops or None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
@@ -92,7 +93,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """POST /v1/completions; ``prompt`` is text, token ids, or a batch of either."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -118,115 +119,3 @@ class DetokenizeRequest(_Request):
 
     model: str | None = None
     tokens: list[int]
-
-
-# ---- responses ----
-
-
-class UsageInfo(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class ChatTokenLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob]
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None
-
-
-class CompletionResponse(BaseModel):
-    """Also the streamed chunk shape (``object`` stays ``text_completion``, as OpenAI does)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "engine"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """The JSON-ready dict of a response model (OpenAI keeps ``null`` fields, so do we)."""
-    return model.model_dump(mode="json")

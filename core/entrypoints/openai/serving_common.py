@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
-from engine.entrypoints.openai.protocol import _SamplingFields
+from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
@@ -85,7 +85,7 @@ async def parse_body(request: Request, model: type[RequestT], max_bytes: int) ->
 
 
 def sampling_params(
-    req: _SamplingFields, ctx: ServingContext, max_tokens: int | None, logprobs: int | None
+    req: SamplingFields, ctx: ServingContext, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
     """Translate the OpenAI fields into the engine's settings; refusals name the field."""
     bias: dict[int, float] | None = None

@@ -27,7 +27,9 @@ MAX_HEAD_RATIO = 64
 CAUSAL_MASK_SIDE = 2048
 
 
-def check_geometry(block_size: int, head_dim: int, num_heads: int | None = None, num_kv_heads: int | None = None) -> None:
+def check_geometry(
+    block_size: int, head_dim: int, num_heads: int | None = None, num_kv_heads: int | None = None
+) -> None:
     """Raise ValueError, in one line, for a geometry the kernels do not run.
 
     Args:
@@ -41,7 +43,9 @@ def check_geometry(block_size: int, head_dim: int, num_heads: int | None = None,
             f"block size {block_size} is not supported on npu (supported: {list(SUPPORTED_BLOCK_SIZES)})"
         )
     if head_dim not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"head size {head_dim} is not supported on npu (supported: {list(SUPPORTED_HEAD_SIZES)})")
+        raise ValueError(
+            f"head size {head_dim} is not supported on npu (supported: {list(SUPPORTED_HEAD_SIZES)})"
+        )
     if num_heads is not None and num_kv_heads is not None:
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")

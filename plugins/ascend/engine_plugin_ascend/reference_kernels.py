@@ -49,7 +49,9 @@ def reshape_and_cache(
     _require(key.dtype == key_cache.dtype == value.dtype == value_cache.dtype, op,
              f"key/value dtype {key.dtype} must equal the cache dtype {key_cache.dtype}")  # fmt: skip
     _require(key.is_contiguous() and value.is_contiguous(), op, "key and value must be contiguous")
-    _require(slot_indices.dtype == torch.int32 and slot_indices.dim() == 1, op, "slot_indices must be int32 [T]")
+    _require(
+        slot_indices.dtype == torch.int32 and slot_indices.dim() == 1, op, "slot_indices must be int32 [T]"
+    )
     _require(slot_indices.numel() == key.shape[0], op, "one slot per key row")
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     keep = slot_indices >= 0
@@ -109,7 +111,9 @@ def fused_infer_attention_score(
     _require(block_table.dtype == torch.int32 and block_table.dim() == 2, op, "block_table must be int32 2-D")
     _require(block_table.shape[0] == batch, op, "block_table needs one row per batch")
     kv_lens = [int(n) for n in actual_seq_lengths_kv]
-    _require(len(kv_lens) >= batch, op, "actual_seq_lengths_kv is required with page attention, one per batch")
+    _require(
+        len(kv_lens) >= batch, op, "actual_seq_lengths_kv is required with page attention, one per batch"
+    )
     q_lens = [q_s] * batch if actual_seq_lengths is None else [int(n) for n in actual_seq_lengths]
     _require(len(q_lens) >= batch and all(0 < n <= q_s for n in q_lens[:batch]), op,
              "actual_seq_lengths needs one length in [1, S] per batch")  # fmt: skip
@@ -140,7 +144,9 @@ def fused_infer_attention_score(
         q_len, kv_len = q_lens[b], kv_lens[b]
         needed = -(-kv_len // block_size)
         ids = block_table[b, :needed].long()
-        _require(bool(((ids >= 0) & (ids < key.shape[0])).all()), op, f"batch {b} has a block id out of range")
+        _require(
+            bool(((ids >= 0) & (ids < key.shape[0])).all()), op, f"batch {b} has a block id out of range"
+        )
         k = keys.index_select(0, ids).flatten(0, 1)[:kv_len]
         v = values.index_select(0, ids).flatten(0, 1)[:kv_len]
         rows = ref_attention(query[b, :q_len], [k], [v], [q_len], scale, causal=causal)
@@ -152,7 +158,9 @@ def rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> tuple[torc
     """``(y, rstd)`` with y in x's dtype and rstd float32."""
     op = "npu_rms_norm"
     _require(gamma.dtype == x.dtype, op, f"gamma dtype {gamma.dtype} must equal x's {x.dtype}")
-    _require(tuple(gamma.shape) == tuple(x.shape[x.dim() - gamma.dim():]), op, "gamma must match x's last dims")
+    _require(
+        tuple(gamma.shape) == tuple(x.shape[x.dim() - gamma.dim() :]), op, "gamma must match x's last dims"
+    )
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
     return (xf * rstd * gamma.float()).to(x.dtype), rstd
@@ -172,9 +180,15 @@ def rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Ten
     """``x * r1 + rotate_half(x) * r2`` ("half" mode), computed in float32."""
     op = "npu_rotary_mul"
     _require(x.dim() == 4 and r1.dim() == 4 and r2.dim() == 4, op, "x, r1 and r2 must be 4-D")
-    _require(r1.shape == r2.shape and r1.dtype == r2.dtype == x.dtype, op, "r1/r2 must share x's dtype and match")
-    _require(x.shape[-1] % 2 == 0 and r1.shape[-1] == x.shape[-1], op, "D must be even and equal in x, r1, r2")
-    _require(all(r in (1, s) for r, s in zip(r1.shape, x.shape, strict=True)), op, "r1/r2 must broadcast to x")
+    _require(
+        r1.shape == r2.shape and r1.dtype == r2.dtype == x.dtype, op, "r1/r2 must share x's dtype and match"
+    )
+    _require(
+        x.shape[-1] % 2 == 0 and r1.shape[-1] == x.shape[-1], op, "D must be even and equal in x, r1, r2"
+    )
+    _require(
+        all(r in (1, s) for r, s in zip(r1.shape, x.shape, strict=True)), op, "r1/r2 must broadcast to x"
+    )
     xf = x.float()
     first, second = xf.chunk(2, dim=-1)
     rotated = torch.cat((-second, first), dim=-1)

@@ -12,8 +12,7 @@ needs no per-sequence shapes at all, so a jitted step compiles once per (tokens,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +22,10 @@ import numpy as np
 KEYS_PER_CHUNK = 256
 
 
-@dataclass(frozen=True, slots=True)
-class TokenBatch:
+class TokenBatch(NamedTuple):
     """The per-token view of a flat batch (host arrays, or device arrays inside a jitted step).
+
+    A NamedTuple so that it is a JAX pytree: it passes through ``jax.jit`` as three arrays.
 
     Attributes:
         tables: int32 ``[num_tokens, table_width]``, each token's sequence block-table row (0-padded).
@@ -71,25 +71,30 @@ def token_batch_from_seqs(
     return TokenBatch(tables[seq_of_token], positions, seq_lens[seq_of_token])
 
 
-def write_kv(cache: jax.Array, key: jax.Array, value: jax.Array, slots: jax.Array) -> jax.Array:
+def write_kv(
+    cache: jax.Array, key: jax.Array, value: jax.Array, slots: jax.Array, layer: Any = None
+) -> jax.Array:
     """The cache with ``key``/``value`` stored at ``slots`` (functional; donate ``cache`` to update in place).
 
     Args:
-        cache: ``[2, kv_heads, num_blocks, block_size, padded_dim]``.
+        cache: one layer ``[2, kv_heads, num_blocks, block_size, padded_dim]``, or every layer
+            ``[layers, 2, ...]`` with ``layer`` naming the one to write.
         key: ``[num_tokens, kv_heads, head_dim]`` with ``head_dim <= padded_dim``.
         value: like ``key``.
         slots: int ``[num_tokens]``; negative slots (padding) are dropped.
+        layer: index into a stacked cache (may be traced), or None for a single layer.
     """
-    _, heads, num_blocks, block_size, dim = cache.shape
+    *lead, heads, num_blocks, block_size, dim = cache.shape
     total = num_blocks * block_size
-    kv = jnp.stack([key, value]).astype(cache.dtype)  # [2, T, H, D]
+    kv = jnp.stack([key, value], axis=1).astype(cache.dtype)  # [T, 2, H, D]
     if kv.shape[-1] < dim:
         kv = jnp.pad(kv, ((0, 0), (0, 0), (0, 0), (0, dim - kv.shape[-1])))
-    kv = kv.transpose(0, 2, 1, 3)  # [2, H, T, D]
     # JAX wraps negative indices; send padding out of range and let mode="drop" discard it
     slots = jnp.where(slots < 0, total, slots).astype(jnp.int32)
-    flat = cache.reshape(2, heads, total, dim)
-    flat = flat.at[:, :, slots].set(kv, mode="drop")
+    flat = cache.reshape(*lead, heads, total, dim)
+    # advanced indices split by slices put the token axis first: the update is [T, 2, H, D]
+    index = (slice(None), slice(None), slots) if layer is None else (layer, slice(None), slice(None), slots)
+    flat = flat.at[index].set(kv, mode="drop")
     return flat.reshape(cache.shape)
 
 
@@ -101,25 +106,29 @@ def paged_attention(
     causal: bool = True,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    layer: Any = None,
 ) -> jax.Array:
     """Attend every query token over its sequence's cached keys (the new tokens already written).
 
     Args:
         query: ``[num_tokens, num_heads, padded_dim]`` (zero-padded like the cache).
-        cache: one layer's cache.
+        cache: one layer's cache, or every layer's ``[layers, 2, ...]`` with ``layer`` set.
         batch: the per-token block tables, positions and context lengths; the table width must be a
             multiple of :func:`chunk_blocks`.
         scale: softmax scale.
         causal: a token sees keys at positions up to its own.
         sliding_window: if set, only the last ``sliding_window`` positions up to the token's own.
         soft_cap: if set, scores become ``cap * tanh(scores / cap)``.
+        layer: index into a stacked cache (may be traced); gathering through it directly avoids
+            slicing a whole layer out of the pool first.
 
     Returns:
         ``[num_tokens, num_heads, padded_dim]`` in the query's dtype.
     """
     num_tokens, num_heads, dim = query.shape
-    _, kv_heads, _, block_size, _ = cache.shape
+    *_, kv_heads, _, block_size, _ = cache.shape
     group = num_heads // kv_heads
+    lead = () if layer is None else (layer,)
     per_chunk = chunk_blocks(block_size)
     width = batch.tables.shape[1]
     if width % per_chunk:
@@ -133,8 +142,11 @@ def paged_attention(
     def step(c: int, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, denom, acc = carry
         cols = jax.lax.dynamic_slice_in_dim(batch.tables, c * per_chunk, per_chunk, axis=1)  # [T, C]
-        keys = cache[0][:, cols].reshape(kv_heads, num_tokens, chunk_keys, dim)
-        values = cache[1][:, cols].reshape(kv_heads, num_tokens, chunk_keys, dim)
+        # one gather each; the advanced indices come first: [T, C, kv_heads, block_size, dim]
+        keys = cache[(*lead, 0, slice(None), cols)]
+        values = cache[(*lead, 1, slice(None), cols)]
+        keys = keys.transpose(2, 0, 1, 3, 4).reshape(kv_heads, num_tokens, chunk_keys, dim)
+        values = values.transpose(2, 0, 1, 3, 4).reshape(kv_heads, num_tokens, chunk_keys, dim)
         scores = jnp.einsum(
             "tkgd,ktnd->tkgn", q, keys.astype(q.dtype), precision=precision, preferred_element_type=jnp.float32
         )

@@ -23,6 +23,7 @@ from engine_plugin_tpu.paged_attention import TokenBatch
 
 
 def _kernel(
+    layer_ref: Any,
     tables_ref: Any,
     positions_ref: Any,
     context_ref: Any,
@@ -38,6 +39,7 @@ def _kernel(
 ) -> None:
     t = pl.program_id(0)
     h = pl.program_id(1)
+    layer = layer_ref[0]
     pos = positions_ref[t]
     context = context_ref[t]
     limit = jnp.minimum(context, pos + 1) if causal else context
@@ -51,8 +53,8 @@ def _kernel(
     def body(b: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
         m, denom, acc = carry
         block = tables_ref[t, b]
-        keys = cache_ref[0, h, block].astype(jnp.float32)  # [block_size, dim]
-        values = cache_ref[1, h, block].astype(jnp.float32)
+        keys = cache_ref[layer, 0, h, block].astype(jnp.float32)  # [block_size, dim]
+        values = cache_ref[layer, 1, h, block].astype(jnp.float32)
         scores = jax.lax.dot_general(
             q, keys, (((1,), (1,)), ((), ())), precision=jax.lax.Precision.HIGHEST
         ) * scale  # [group, block_size]
@@ -89,6 +91,7 @@ def paged_attention_pallas(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     interpret: bool = False,
+    layer: Any = None,
 ) -> jax.Array:
     """The same contract as :func:`engine_plugin_tpu.paged_attention.paged_attention`, as a Pallas kernel.
 
@@ -101,12 +104,15 @@ def paged_attention_pallas(
         sliding_window: attention window, or None.
         soft_cap: logit soft-cap, or None.
         interpret: run Pallas in interpret mode (any backend; how the CPU tests run it).
+        layer: index into a stacked ``[layers, 2, ...]`` cache, or None for one layer.
 
     Returns:
         ``[num_tokens, num_heads, padded_dim]`` in the query's dtype.
     """
     num_tokens, num_heads, dim = query.shape
-    _, kv_heads, _, block_size, _ = cache.shape
+    if layer is None:
+        cache, layer = cache[None], 0
+    _, _, kv_heads, _, block_size, _ = cache.shape
     group = num_heads // kv_heads
     q = query.reshape(num_tokens, kv_heads, group, dim)
     kernel = functools.partial(
@@ -124,10 +130,12 @@ def paged_attention_pallas(
     tables = batch.tables.astype(jnp.int32)
     positions = batch.positions.astype(jnp.int32)
     context = batch.context_lens.astype(jnp.int32)
+    layer_index = jnp.asarray(layer, jnp.int32).reshape(1)
     out = pl.pallas_call(
         kernel,
         grid=(num_tokens, kv_heads),
         in_specs=[
+            whole((1,)),
             whole(tables.shape),
             whole(positions.shape),
             whole(context.shape),
@@ -137,5 +145,5 @@ def paged_attention_pallas(
         out_specs=pl.BlockSpec((1, 1, group, dim), lambda t, h: (t, h, 0, 0)),
         out_shape=jax.ShapeDtypeStruct(q.shape, query.dtype),
         interpret=interpret,
-    )(tables, positions, context, q, cache)
+    )(layer_index, tables, positions, context, q, cache)
     return out.reshape(num_tokens, num_heads, dim)

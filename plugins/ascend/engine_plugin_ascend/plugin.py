@@ -1,0 +1,14 @@
+"""Pluggy hooks of the Ascend plugin; importing this module stays cheap (no torch_npu, no torch)."""
+
+from __future__ import annotations
+
+from engine.plugins.hookspecs import hookimpl
+
+ENGINE_PLUGIN_API = ">=1.0,<2"
+
+
+@hookimpl
+def engine_register_platforms() -> list[type]:
+    from engine_plugin_ascend.platform import AscendPlatform
+
+    return [AscendPlatform]

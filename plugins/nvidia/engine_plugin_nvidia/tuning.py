@@ -1,0 +1,35 @@
+"""The NVIDIA launch-parameter table for the shared Triton kernels."""
+
+from __future__ import annotations
+
+from engine_plugin_nvidia.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
+
+
+def tuning_for_device(interpret: bool) -> KernelTuning:
+    """Launch parameters for GPU 0, or the interpreter's small tiles.
+
+    Hopper and Ampere have room for 64x64 prefill tiles at head size 128 with two pipeline stages;
+    older parts get smaller tiles.
+    """
+    if interpret:
+        return INTERPRETER_TUNING
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    major = props.major
+    if major >= 8:
+        return KernelTuning(
+            num_compute_units=props.multi_processor_count,
+            prefill_small_head=AttentionTiles(64, 64, 4, 3 if major >= 9 else 2),
+            prefill_large_head=AttentionTiles(64, 32, 8, 2),
+            decode_block_n=64,
+            decode_num_warps=4,
+            decode_num_stages=2,
+        )
+    return KernelTuning(
+        num_compute_units=props.multi_processor_count,
+        prefill_small_head=AttentionTiles(32, 32, 4, 1),
+        prefill_large_head=AttentionTiles(16, 32, 4, 1),
+        decode_block_n=32,
+        decode_num_stages=1,
+    )
