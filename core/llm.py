@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from engine.beam_search import BeamSearchOutput, BeamSearchParams
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -109,6 +110,17 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in conversations]
         token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_prompts, sampling_params, use_tqdm)
+
+    def beam_search(self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (strings or token ids); each output lists ``beam_width`` hypotheses,
+        best first."""
+        from engine.beam_search import BeamSearchParams as _Params
+        from engine.beam_search import beam_search
+
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        return beam_search(self.llm_engine, token_prompts, params or _Params())
 
     def _run(
         self, prompts: list[Any], params_list: list[SamplingParams], use_tqdm: bool, priorities: list[int] | None = None

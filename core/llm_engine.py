@@ -10,8 +10,10 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.decode_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.interfaces.block_cache import KVCacheSpec
+from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Platform
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
@@ -103,6 +105,12 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model, self.block_cache, self.block_manager, self.sampler, self.device, self.model_config.sliding_window
         )
+        if not config.enforce_eager and platform.capabilities().graph_capture and not isinstance(self.model, PlatformModelRunner):
+            self.runner.decode_graphs = DecodeGraphs(
+                self.model, self.block_cache.kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
+                self.max_model_len, config.cache.block_size, self.device, self.model_config.sliding_window,
+            )  # fmt: skip
+            self.runner.decode_graphs.capture()
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()

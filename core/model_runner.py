@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.block_manager import BlockManager
+from engine.decode_graphs import DecodeGraphs
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
@@ -55,6 +56,8 @@ class ModelRunner:
         self.sampler = sampler
         self.device = device
         self.sliding_window = sliding_window
+        #: set by the engine when the platform records graphs: pure-decode steps replay through it
+        self.decode_graphs: DecodeGraphs | None = None
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
         bm = self.block_manager
@@ -137,7 +140,11 @@ class ModelRunner:
             if not inputs.sample_targets:
                 return [], None
         else:
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+            hidden = None
+            if self.decode_graphs is not None:
+                hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+            if hidden is None:
+                hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
             if not inputs.sample_targets:
                 return [], None
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()

@@ -52,7 +52,8 @@ def measure(config: Any, num_prompts: int, input_len: int, output_len: int, seed
     extra = {**config.cache.model_dump(exclude_unset=True), **config.scheduler.model_dump(exclude_unset=True)}
     try:
         llm = LLM(model=config.model, device=config.device, dtype=config.dtype, seed=config.seed,
-                  max_model_len=config.max_model_len, **extra)
+                  max_model_len=config.max_model_len, enforce_eager=config.enforce_eager,
+                  load_format=config.load_format, **extra)
     except (DeviceNotAvailableError, ValueError, OSError) as exc:
         raise CliError(one_line(str(exc))) from None
     rng = random.Random(seed)

@@ -83,6 +83,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV block")
     parser.add_argument("--enable-prefix-caching", action="store_true", help="reuse KV blocks of shared prompt prefixes")
     parser.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
+    parser.add_argument("--enforce-eager", action="store_true", help="never replay captured graphs (CUDA graphs) for decode steps")
+    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                        help="'dummy': random weights of the model's config.json shapes, for benchmarks")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -109,6 +112,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             seed=args.seed,
+            enforce_eager=getattr(args, "enforce_eager", False),
+            load_format=getattr(args, "load_format", "auto"),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
         )

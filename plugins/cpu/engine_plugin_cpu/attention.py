@@ -66,6 +66,7 @@ class CpuAttentionBackend(AttentionBackend):
         if slots.numel() != key.shape[0]:
             raise ValueError(f"slot_mapping has {slots.numel()} entries for {key.shape[0]} tokens")
         keep = slots >= 0
+        check_slots(int(slots.max()) if slots.numel() else -1, kv_cache)
         if bool(keep.all()):
             self._store(key, value, kv_cache, None, slots)
         else:
@@ -77,6 +78,7 @@ class CpuAttentionBackend(AttentionBackend):
         num_kv_heads = key.shape[1]
         check_shapes(query, key, value, kv_cache, metadata.block_size)
         plan = self._step_plan(metadata, num_tokens, num_heads, num_kv_heads, head_dim)
+        check_slots(plan.max_slot, kv_cache)
         threads = torch.get_num_threads()
         # a small batch costs less than waking the thread pool, and on a busy machine a pool barrier
         # waits for a descheduled worker (measured: 15 ms instead of 40 us per call)
@@ -127,7 +129,15 @@ class CpuAttentionBackend(AttentionBackend):
     ) -> StepPlan:
         # the same metadata object serves every layer of a step; build its plan once
         plan = metadata.extras.get(PLAN_KEY)
-        geometry = (metadata.block_size, num_heads, num_kv_heads, head_dim)
+        geometry = (
+            metadata.block_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            metadata.causal,
+            metadata.sliding_window,
+            metadata.logits_soft_cap,
+        )
         if (
             isinstance(plan, StepPlan)
             and plan.geometry == geometry
@@ -275,6 +285,13 @@ class GatherWorkspace:
         if k.dtype != dtype:
             k, v = k.to(dtype), v.to(dtype)
         return k, v
+
+
+def check_slots(max_slot: int, kv_cache: torch.Tensor) -> None:
+    """Raise ValueError when a slot lies beyond the cache (index_copy_ would fail less clearly)."""
+    capacity = kv_cache.shape[1] * kv_cache.shape[2]
+    if max_slot >= capacity:
+        raise ValueError(f"slot {max_slot} is outside the KV cache of {capacity} slots")
 
 
 def check_shapes(query: Any, key: Any, value: Any, kv_cache: Any, block_size: int) -> None:

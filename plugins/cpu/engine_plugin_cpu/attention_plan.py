@@ -113,18 +113,21 @@ class StepPlan:
 
     Attributes:
         sources: the metadata tensors the plan was built from (identity-checked on reuse).
-        geometry: ``(block_size, num_heads, num_kv_heads, head_dim)`` it was built for.
+        geometry: ``(block_size, num_heads, num_kv_heads, head_dim, causal, sliding_window,
+            logits_soft_cap)`` it was built for.
         write_rows: rows of key/value to store, or None for all rows.
         write_slots: int64 cache slots of those rows.
+        max_slot: the largest of them (-1 when none), to check against the cache size.
         decode: groups of sequences with one new token, bucketed by context length.
         prefills: the other sequences.
         work: multiply-adds of the score matmul, ``sum(query_len * context_len) * heads * head_dim``.
     """
 
     sources: tuple[object, ...]
-    geometry: tuple[int, int, int, int]
+    geometry: tuple[object, ...]
     write_rows: torch.Tensor | None
     write_slots: torch.Tensor
+    max_slot: int
     decode: list[DecodeGroup]
     prefills: list[PrefillSeq]
     work: int
@@ -186,9 +189,10 @@ def build_step_plan(
             )
     return StepPlan(
         sources=(metadata.block_tables, metadata.seq_lens, metadata.slot_mapping),
-        geometry=(bs, num_heads, num_kv_heads, head_dim),
+        geometry=(bs, num_heads, num_kv_heads, head_dim, metadata.causal, window, metadata.logits_soft_cap),
         write_rows=write_rows,
         write_slots=write_slots,
+        max_slot=int(write_slots.max()) if write_slots.numel() else -1,
         decode=decode,
         prefills=prefills,
         work=sum(q * n for q, n in zip(query_lens, seq_lens, strict=True)) * num_heads * head_dim,

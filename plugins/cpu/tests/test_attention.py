@@ -366,3 +366,14 @@ def test_workspace_survives_inference_mode_and_growth() -> None:
     # larger gathers than before (the buffer grows), now outside inference mode
     check(backend, make_batch(backend, [(300, 1), (0, 5), (90, 4), (250, 1)], seed=41))
     check(backend, make_batch(backend, [(10, 1)], seed=42))
+
+
+def test_rejects_slot_outside_cache() -> None:
+    backend = CpuAttentionBackend()
+    batch = make_batch(backend, [(3, 2)], spare_blocks=0)
+    capacity = batch.kv_cache.shape[1] * batch.kv_cache.shape[2]
+    batch.metadata.slot_mapping = torch.tensor([0, capacity])
+    with pytest.raises(ValueError, match=f"slot {capacity} is outside the KV cache"):
+        backend.forward(batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata)
+    with pytest.raises(ValueError, match="outside the KV cache"):
+        backend.write_kv(batch.key, batch.value, batch.kv_cache, batch.metadata.slot_mapping)

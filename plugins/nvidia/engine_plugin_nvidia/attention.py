@@ -71,7 +71,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _decode_splits(self, metadata: AttentionMetadata, num_kv_heads: int) -> int:
         # a captured graph replays with other context lengths: its split count may depend on the batch only
-        capturing = query_capture_in_progress()
+        capturing = bool(metadata.extras.get("graph_capture")) or query_capture_in_progress()
         max_len = None if capturing else metadata.max_seq_len
         return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
 

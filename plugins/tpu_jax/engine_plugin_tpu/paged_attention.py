@@ -84,17 +84,18 @@ def write_kv(
         slots: int ``[num_tokens]``; negative slots (padding) are dropped.
         layer: index into a stacked cache (may be traced), or None for a single layer.
     """
-    *lead, heads, num_blocks, block_size, dim = cache.shape
+    if layer is None:
+        return write_kv(cache[None], key, value, slots, 0)[0]
+    _, _, heads, num_blocks, block_size, dim = cache.shape
     total = num_blocks * block_size
     kv = jnp.stack([key, value], axis=1).astype(cache.dtype)  # [T, 2, H, D]
     if kv.shape[-1] < dim:
         kv = jnp.pad(kv, ((0, 0), (0, 0), (0, 0), (0, dim - kv.shape[-1])))
     # JAX wraps negative indices; send padding out of range and let mode="drop" discard it
     slots = jnp.where(slots < 0, total, slots).astype(jnp.int32)
-    flat = cache.reshape(*lead, heads, total, dim)
+    flat = cache.reshape(-1, 2, heads, total, dim)
     # advanced indices split by slices put the token axis first: the update is [T, 2, H, D]
-    index = (slice(None), slice(None), slots) if layer is None else (layer, slice(None), slice(None), slots)
-    flat = flat.at[index].set(kv, mode="drop")
+    flat = flat.at[layer, :, :, slots].set(kv, mode="drop")
     return flat.reshape(cache.shape)
 
 

@@ -233,11 +233,11 @@ def decode_merge_kernel(
     offs_d = tl.arange(0, D_PAD)
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
     m = tl.load(part_ml_ptr + part * 2)
-    l = tl.load(part_ml_ptr + part * 2 + 1)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
-    denom = tl.sum(w * l, 0)
+    denom = tl.sum(w * l_s, 0)
     acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :])
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
     tl.store(

@@ -1,0 +1,133 @@
+"""Pure-decode steps replayed through the platform's :class:`GraphCapture`, padded to batch-size buckets.
+
+A decode step (one new token per sequence) has the same shapes for every batch of the same size, so a
+platform that records graphs (CUDA/HIP graphs) can capture it once per bucket and replay it without
+launch overhead. The step's inputs become fixed-shape tensors: a batch is padded up to the next bucket
+with rows that write nowhere (slot -1) and attend over nothing (context length 0), and the block table
+is padded to the widest table the context limit allows. Prefill steps and batches larger than the
+largest bucket run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.graph_capture import GraphCapture
+
+logger = logging.getLogger(__name__)
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to ``max_batch`` (which is always included)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
+    sizes += list(range(16, max_batch, 16))
+    return sorted(set(sizes) | {max_batch})
+
+
+class DecodeGraphs:
+    """Captures ``model.forward`` for decode batches and replays it.
+
+    Args:
+        model: the core's torch model (``forward(input_ids, positions, kv_caches, metadata)``, ``scale``).
+        kv_caches: the per-layer caches (fixed for the engine's life, so graphs may hold them).
+        capture: the platform's graph capture.
+        max_batch: the largest bucket (the scheduler's ``max_num_seqs``).
+        max_model_len: the context limit; fixes the padded block-table width.
+        block_size: tokens per KV block.
+        device: where the static inputs live.
+        sliding_window: the model's attention window, if any.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[Any],
+        capture: GraphCapture,
+        max_batch: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+        sliding_window: int | None = None,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.graphs = capture
+        self.buckets = decode_buckets(max_batch)
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.device = device
+        self.sliding_window = sliding_window
+        self._query_start = torch.arange(self.buckets[-1] + 1, dtype=torch.int32, device=device)
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Record every bucket; returns the seconds it took."""
+        start = time.perf_counter()
+        self.graphs.capture(self._step, self.buckets, self._make_inputs)
+        seconds = time.perf_counter() - start
+        logger.info("decode graphs: %d buckets up to batch %d captured in %.1f s", len(self.buckets), self.buckets[-1], seconds)
+        return seconds
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor | None:
+        """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
+        step is not a pure decode or does not fit a bucket (the caller then runs it eagerly)."""
+        n = metadata.num_seqs
+        if not metadata.is_pure_decode or input_ids.shape[0] != n or n > self.buckets[-1]:
+            return None
+        width = metadata.block_tables.shape[1]
+        if width > self.max_blocks:
+            return None
+        bucket = next(b for b in self.buckets if b >= n)
+        pad = bucket - n
+        inputs = (
+            F.pad(input_ids, (0, pad)),
+            F.pad(positions, (0, pad)),
+            F.pad(metadata.slot_mapping, (0, pad), value=-1),
+            F.pad(metadata.seq_lens, (0, pad)),
+            F.pad(metadata.block_tables, (0, self.max_blocks - width, 0, pad)),
+        )
+        return self.graphs.run(bucket, *inputs)[:n]
+
+    def _make_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        dev = self.device
+        return (
+            torch.zeros(batch, dtype=torch.int64, device=dev),
+            torch.zeros(batch, dtype=torch.int64, device=dev),
+            torch.full((batch,), -1, dtype=torch.int64, device=dev),
+            torch.zeros(batch, dtype=torch.int32, device=dev),
+            torch.zeros((batch, self.max_blocks), dtype=torch.int32, device=dev),
+        )
+
+    def _step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+    ) -> torch.Tensor:
+        batch = input_ids.shape[0]
+        # host-side fields describe the bucket, not the data: the graph must not depend on context lengths
+        metadata = AttentionMetadata(
+            query_start_loc=self._query_start[: batch + 1],
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
+            query_lens_cpu=[1] * batch,
+            seq_lens_cpu=[self.max_model_len] * batch,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            block_size=self.block_size,
+            scale=self.model.scale,
+            sliding_window=self.sliding_window,
+            # tells backends to pick launch shapes from the bucket alone (the warm-up runs too)
+            extras={"graph_capture": True},
+        )
+        return self.model.forward(input_ids, positions, self.kv_caches, metadata)

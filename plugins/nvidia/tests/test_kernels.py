@@ -1,0 +1,137 @@
+"""The shared Triton kernels against float64 references, on small shapes (interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_plugin_nvidia.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
+from engine_plugin_sdk.problems import make_attention_problem
+from engine_plugin_sdk.reference_ops import (
+    make_cos_sin_cache,
+    ref_fused_add_rms_norm,
+    ref_rms_norm,
+    ref_rotary_embedding,
+    ref_silu_and_mul,
+)
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+DECODE_LENS = ([1, 1, 1, 1], [1, 15, 40, 97])
+MIXED_LENS = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
+
+
+def tuning() -> KernelTuning:
+    return INTERPRETER_TUNING if not torch.cuda.is_available() else KernelTuning()
+
+
+def filled_problem(device, dtype, lens, block_size=16, head_dim=64, heads=8, kv_heads=2, seed=0, **kw):
+    problem = make_attention_problem(
+        len(lens[0]), lens[0], lens[1], heads, kv_heads, head_dim, block_size, 64,
+        dtype=dtype, device=device, seed=seed, **kw,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed + 100)
+    cache = torch.randn((2, 64, block_size, kv_heads, head_dim), generator=gen).to(dtype).to(device)
+    launchers.write_kv(problem.prefix_key, problem.prefix_value, cache, problem.prefix_slot_mapping)
+    launchers.write_kv(problem.key, problem.value, cache, problem.metadata.slot_mapping)
+    return problem, cache
+
+
+def check(out, problem, what):
+    problem_text = compare(out, problem.reference_output(), problem.tolerance(), what)
+    assert not problem_text, problem_text
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("feature", ["plain", "window", "soft_cap"])
+def test_decode_split_context(device, splits, feature):
+    kw = {"sliding_window": 12} if feature == "window" else {"soft_cap": 2.0} if feature == "soft_cap" else {}
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, seed=splits, **kw)
+    md = problem.metadata
+    out = torch.full_like(problem.query, float("nan"))
+    launchers.paged_decode(
+        out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, tuning(),
+        window=md.sliding_window, soft_cap=md.logits_soft_cap,
+    )  # fmt: skip
+    check(out, problem, f"decode splits={splits} {feature}")
+
+
+@pytest.mark.parametrize("head_dim,block_size,kv_heads", [(80, 8, 1), (128, 32, 4), (256, 16, 2), (96, 64, 8)])
+def test_prefill_and_decode_geometries(device, head_dim, block_size, kv_heads):
+    for lens, seed in ((MIXED_LENS, 1), (DECODE_LENS, 2)):
+        problem, cache = filled_problem(
+            device, torch.float32, lens, block_size=block_size, head_dim=head_dim, kv_heads=kv_heads, seed=seed
+        )
+        md = problem.metadata
+        out = torch.full_like(problem.query, float("nan"))
+        launchers.paged_prefill(
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.query_start_loc, md.max_query_len,
+            md.scale, tuning(),
+        )  # fmt: skip
+        check(out, problem, f"prefill head {head_dim} block {block_size}")
+
+
+def test_decode_padding_rows_give_zeros_and_write_nothing(device):
+    """Graph padding rows: slot -1 (no cache write) and context length 0 (zeros out, no NaN)."""
+    problem, cache = filled_problem(device, torch.float32, DECODE_LENS, seed=5)
+    md = problem.metadata
+    before = cache.clone()
+    pad = 3
+    query = torch.cat([problem.query, torch.randn(pad, *problem.query.shape[1:]).to(device)])
+    key = torch.randn(pad, *problem.key.shape[1:]).to(device)
+    launchers.write_kv(key, key, cache, torch.full((pad,), -1, dtype=torch.int64, device=device))
+    assert torch.equal(cache, before), "a slot of -1 must not write"
+    seq_lens = torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=device)])
+    tables = torch.cat([md.block_tables, torch.zeros(pad, md.block_tables.shape[1], dtype=torch.int32, device=device)])
+    out = torch.full_like(query, float("nan"))
+    launchers.paged_decode(out, query, cache, tables, seq_lens, md.scale, 2, tuning())
+    check(out[: len(DECODE_LENS[0])], problem, "decode with padding rows")
+    assert torch.equal(out[-pad:], torch.zeros_like(out[-pad:]))
+
+
+def test_write_kv_from_strided_views(device):
+    """Keys and values arrive as column slices of the fused qkv projection."""
+    tokens, kv_heads, head_dim = 7, 2, 64
+    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * head_dim).to(device)
+    _, k, v = qkv.split([4 * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    k, v = k.reshape(tokens, kv_heads, head_dim), v.reshape(tokens, kv_heads, head_dim)
+    cache = torch.randn(2, 4, 16, kv_heads, head_dim).to(device)
+    slots = torch.tensor([3, 17, 0, 63, 40, 41, 5], device=device)
+    expected = cache.clone().view(2, 64, kv_heads, head_dim)
+    expected[0, slots], expected[1, slots] = k, v
+    launchers.write_kv(k, v, cache, slots)
+    assert torch.equal(cache.view(2, 64, kv_heads, head_dim), expected)
+
+
+def test_fused_ops(device, kernel_dtypes):
+    gen = torch.Generator().manual_seed(7)
+    for dtype in kernel_dtypes:
+        tol = get_tolerance(dtype)
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+        x, residual, w = rand(5, 200), rand(5, 200), rand(200)
+        assert not compare(launchers.rms_norm(x, w, 1e-6), ref_rms_norm(x, w, 1e-6), tol, "rms_norm")
+        out, summed = launchers.fused_add_rms_norm(x, residual, w, 1e-6)
+        ref_out, ref_sum = ref_fused_add_rms_norm(x, residual, w, 1e-6)
+        assert not compare(out, ref_out, tol, "fused_add_rms_norm")
+        assert torch.equal(summed, x + residual)
+        gate_up = rand(3, 2, 2 * 96)
+        assert not compare(launchers.silu_and_mul(gate_up), ref_silu_and_mul(gate_up), tol, "silu_and_mul")
+        # rotary on strided views of a fused qkv, in place
+        qkv = rand(6, (6 + 2 * 2) * 64)
+        q = qkv[:, : 6 * 64].view(6, 6, 64)
+        k = qkv[:, 6 * 64 : 8 * 64].view(6, 2, 64)
+        positions = torch.randint(0, 300, (6,), generator=gen).to(device)
+        cache = make_cos_sin_cache(300, 64).to(device)
+        ref_q, ref_k = ref_rotary_embedding(positions, q.clone(), k.clone(), cache)
+        got_q, got_k = launchers.rotary_embedding(positions, q, k, cache)
+        assert not compare(got_q, ref_q, tol, "rotary q") and not compare(got_k, ref_k, tol, "rotary k")
+
+
+def test_decode_split_choice():
+    t = KernelTuning(num_compute_units=132, max_decode_splits=32, min_keys_per_split=256)
+    assert t.decode_splits(1, 8, None) == 32  # batch 1: fill the GPU
+    assert t.decode_splits(1, 8, 1000) == 2  # short context: no split under 256 keys
+    assert t.decode_splits(256, 8, 8192) == 1  # big batch fills the GPU by itself
+    assert all(t.decode_splits(b, 8, None) & (t.decode_splits(b, 8, None) - 1) == 0 for b in range(1, 300))
