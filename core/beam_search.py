@@ -5,16 +5,20 @@ Each step every live beam offers its ``2 * beam_width`` most likely next tokens;
 becoming finished hypotheses and the others becoming the next beams (at most ``beam_width``). A new beam
 shares every block of its parent by reference; the parent's partly filled last block is copied only when
 the beam writes into it. Hypotheses are ranked by ``sum of logprobs / generated_length ** length_penalty``.
+Beam requests run in the engine's ordinary steps, batched with every other request.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.block_manager import BlockManager
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling.params import SamplingParams
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -37,21 +41,9 @@ class BeamSearchParams(BaseModel):
     early_stopping: bool = False
     ignore_eos: bool = False
 
-
-@dataclass(slots=True)
-class BeamHypothesis:
-    token_ids: list[int]
-    cumulative_logprob: float
-    score: float
-    text: str = ""
-
-
-@dataclass(slots=True)
-class BeamSearchOutput:
-    """The hypotheses of one prompt, best first."""
-
-    prompt_token_ids: list[int]
-    sequences: list[BeamHypothesis]
+    def step_params(self) -> SamplingParams:
+        """What each beam asks of the sampler: its top ``2 * beam_width`` next tokens."""
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, logprobs=2 * self.beam_width, ignore_eos=True)
 
 
 @dataclass(slots=True)
@@ -62,116 +54,151 @@ class _Beam:
 
 
 @dataclass(slots=True)
-class _Group:
+class _Hypothesis:
+    token_ids: list[int]
+    cumulative_logprob: float
+    score: float
+
+
+@dataclass(slots=True)
+class BeamGroup:
+    """The live beams and finished hypotheses of one prompt."""
+
+    request_id: str
+    prompt: str | None
     prompt_token_ids: list[int]
+    params: BeamSearchParams
     beams: list[_Beam]
-    finished: list[BeamHypothesis] = field(default_factory=list)
+    finished: list[_Hypothesis] = field(default_factory=list)
     done: bool = False
 
 
-def beam_search(engine: object, prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
-    """Run beam search for token-id prompts on an idle :class:`~engine.llm_engine.LLMEngine`.
+class BeamSearcher:
+    """Runs the beam requests of one engine.
 
-    Raises:
-        InvalidRequestError: a prompt does not fit the context with ``max_tokens``.
-        RuntimeError: if the engine has other requests in flight.
+    Args:
+        scheduler: the engine's scheduler (beams are ordinary sequences in it).
+        block_manager: for forking a parent's blocks into its children.
+        eos_token_ids: tokens that finish a hypothesis.
+        next_seq_id: the engine's sequence-id source.
+        next_arrival: the engine's arrival counter.
     """
-    if engine.has_unfinished_requests():
-        raise RuntimeError("beam search needs an idle engine")
-    width = params.beam_width
-    step_params = SamplingParams(temperature=0.0, max_tokens=params.max_tokens, logprobs=2 * width, ignore_eos=True)
-    for p in prompts:
-        engine.validate_request(p, step_params)
-    scheduler, bm, runner = engine.scheduler, engine.block_manager, engine.runner
-    eos = set() if params.ignore_eos else set(engine.eos_token_ids)
-    ids = itertools.count(10**12)  # clear of the engine's own sequence ids
 
-    def new_seq(prompt: list[int], output: list[int]) -> Sequence:
-        return Sequence(seq_id=next(ids), request_id="beam", index=0, prompt_token_ids=prompt,
-                        params=step_params, arrival=next(ids), output_token_ids=output)
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        eos_token_ids: list[int],
+        next_seq_id: Callable[[], int],
+        next_arrival: Callable[[], int],
+    ) -> None:
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.eos = set(eos_token_ids)
+        self.next_seq_id = next_seq_id
+        self.next_arrival = next_arrival
+        self.groups: dict[str, BeamGroup] = {}
+        self._beam_of: dict[int, tuple[BeamGroup, _Beam]] = {}
 
-    groups = []
-    for p in prompts:
-        root = new_seq(p, [])
-        scheduler.add(root)
-        groups.append(_Group(p, [_Beam(root)]))
-    owner = {b.seq.seq_id: (g, b) for g in groups for b in g.beams}
-    try:
-        while any(not g.done for g in groups):
-            plan = scheduler.schedule()
-            if plan.is_empty:
-                raise RuntimeError("beam search cannot make progress: the KV cache is too small for its beams")
-            targets, result = runner.execute(plan, None)
-            scheduler.advance(plan)
-            for i, seq in enumerate(targets):
-                group, beam = owner[seq.seq_id]
-                beam.top = result.top_logprobs[i]
-                scheduler.running.remove(seq)  # parked (blocks kept) until its whole group has sampled
-            for group in groups:
-                if not group.done and all(b.top is not None for b in group.beams):
-                    _expand(group, params, eos, new_seq, scheduler, bm, owner)
-    finally:
-        for g in groups:
-            for b in g.beams:
-                scheduler.remove(b.seq)
-                owner.pop(b.seq.seq_id, None)
-    tok = engine.tokenizer
-    outputs = []
-    for g in groups:
-        best = sorted(g.finished, key=lambda h: h.score, reverse=True)[:width]
-        for h in best:
-            h.text = tok.decode(h.token_ids)
-        outputs.append(BeamSearchOutput(g.prompt_token_ids, best))
-    return outputs
+    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: BeamSearchParams) -> None:
+        root = self._new_seq(request_id, prompt_token_ids, [], params)
+        group = BeamGroup(request_id, prompt, prompt_token_ids, params, [_Beam(root)])
+        self.groups[request_id] = group
+        self._beam_of[root.seq_id] = (group, group.beams[0])
+        self.scheduler.add(root)
 
+    def owns(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._beam_of
 
-def _expand(group: _Group, params: BeamSearchParams, eos: set[int], new_seq, scheduler, bm, owner) -> None:
-    width = params.beam_width
-    candidates = [
-        (beam.cumulative_logprob + lp, beam, tok) for beam in group.beams for tok, lp in (beam.top or [])
-    ]
-    candidates.sort(key=lambda c: c[0], reverse=True)
-    next_beams: list[_Beam] = []
-    for rank, (score, parent, tok) in enumerate(candidates[: 2 * width]):
-        tokens = parent.seq.output_token_ids + [tok]
-        if tok in eos:
-            if rank < width:
-                group.finished.append(BeamHypothesis(tokens, score, score / len(tokens) ** params.length_penalty))
-            continue
-        child = new_seq(group.prompt_token_ids, tokens)
-        bm.fork(parent.seq.seq_id, child.seq_id)
-        child.num_computed_tokens = parent.seq.num_computed_tokens
-        scheduler.add_running(child)
-        beam = _Beam(child, score)
-        owner[child.seq_id] = (group, beam)
-        next_beams.append(beam)
-        if len(next_beams) == width:
-            break
-    for beam in group.beams:
-        beam.seq.status = SequenceStatus.FINISHED
-        scheduler.remove(beam.seq)
-        owner.pop(beam.seq.seq_id, None)
-    group.beams = next_beams
-    length = len(next_beams[0].seq.output_token_ids) if next_beams else 0
-    finished_enough = len(group.finished) >= width
-    if finished_enough and params.early_stopping:
-        stop = True
-    elif finished_enough and next_beams:
-        # No running beam can still beat the worst kept hypothesis (scores only fall as beams grow when
-        # length_penalty > 0, so this compares against the best it could reach now).
-        worst = sorted(h.score for h in group.finished)[-width]
-        stop = next_beams[0].cumulative_logprob / length**params.length_penalty < worst
-    else:
-        stop = False
-    if length >= params.max_tokens or not next_beams or stop:
-        if not stop:
-            for beam in next_beams:
-                toks = beam.seq.output_token_ids
-                group.finished.append(
-                    BeamHypothesis(list(toks), beam.cumulative_logprob, beam.cumulative_logprob / len(toks) ** params.length_penalty)
-                )
-        for beam in next_beams:
-            scheduler.remove(beam.seq)
-            owner.pop(beam.seq.seq_id, None)
+    def on_sampled(self, seq: Sequence, top: list[tuple[int, float]] | None) -> None:
+        """Record a beam's candidates and park it (blocks kept) until its whole group has sampled."""
+        _, beam = self._beam_of[seq.seq_id]
+        beam.top = top or []
+        self.scheduler.running.remove(seq)
+
+    def expand_ready(self) -> list[RequestOutput]:
+        """Advance every group whose beams all sampled; returns the outputs of groups that finished."""
+        outputs = []
+        for group in list(self.groups.values()):
+            if group.beams and all(b.top is not None for b in group.beams):
+                self._expand(group)
+                if group.done:
+                    del self.groups[group.request_id]
+                    outputs.append(self._output(group))
+        return outputs
+
+    def abort(self, request_id: str) -> bool:
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return False
+        self._release(group.beams)
         group.beams = []
-        group.done = True
+        return True
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _new_seq(self, request_id: str, prompt: list[int], output: list[int], params: BeamSearchParams) -> Sequence:
+        return Sequence(
+            seq_id=self.next_seq_id(), request_id=request_id, index=0, prompt_token_ids=prompt,
+            params=params.step_params(), arrival=self.next_arrival(), output_token_ids=output,
+        )
+
+    def _release(self, beams: list[_Beam]) -> None:
+        for beam in beams:
+            beam.seq.status = SequenceStatus.FINISHED
+            self.scheduler.remove(beam.seq)
+            self._beam_of.pop(beam.seq.seq_id, None)
+
+    def _expand(self, group: BeamGroup) -> None:
+        params = group.params
+        width = params.beam_width
+        eos = set() if params.ignore_eos else self.eos
+        candidates = [(b.cumulative_logprob + lp, b, tok) for b in group.beams for tok, lp in (b.top or [])]
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        next_beams: list[_Beam] = []
+        for rank, (score, parent, tok) in enumerate(candidates[: 2 * width]):
+            tokens = parent.seq.output_token_ids + [tok]
+            if tok in eos:
+                if rank < width:
+                    group.finished.append(_Hypothesis(tokens, score, score / len(tokens) ** params.length_penalty))
+                continue
+            child = self._new_seq(group.request_id, group.prompt_token_ids, tokens, params)
+            self.block_manager.fork(parent.seq.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.seq.num_computed_tokens
+            self.scheduler.add_running(child)
+            beam = _Beam(child, score)
+            self._beam_of[child.seq_id] = (group, beam)
+            next_beams.append(beam)
+            if len(next_beams) == width:
+                break
+        self._release(group.beams)
+        group.beams = next_beams
+        length = len(next_beams[0].seq.output_token_ids) if next_beams else 0
+        enough = len(group.finished) >= width
+        stop = enough and (
+            params.early_stopping
+            # Otherwise stop once the best live beam, scored now, cannot beat the worst kept hypothesis.
+            or (bool(next_beams) and next_beams[0].cumulative_logprob / length**params.length_penalty
+                < sorted(h.score for h in group.finished)[-width])
+        )
+        if length >= params.max_tokens or not next_beams or stop:
+            if not stop:
+                for b in next_beams:
+                    toks = list(b.seq.output_token_ids)
+                    group.finished.append(
+                        _Hypothesis(toks, b.cumulative_logprob, b.cumulative_logprob / len(toks) ** params.length_penalty)
+                    )
+            self._release(next_beams)
+            group.beams = []
+            group.done = True
+
+    def _output(self, group: BeamGroup) -> RequestOutput:
+        best = sorted(group.finished, key=lambda h: h.score, reverse=True)[: group.params.beam_width]
+        completions = [
+            CompletionOutput(
+                index=i, text="", token_ids=h.token_ids, cumulative_logprob=h.cumulative_logprob,
+                finish_reason="stop" if h.token_ids and h.token_ids[-1] in self.eos and not group.params.ignore_eos else "length",
+            )
+            for i, h in enumerate(best)
+        ]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, finished=True)

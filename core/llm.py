@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from engine.beam_search import BeamSearchOutput, BeamSearchParams
+from engine.beam_search import BeamSearchParams
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -111,23 +111,23 @@ class LLM:
         token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_prompts, sampling_params, use_tqdm)
 
-    def beam_search(self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None) -> list[BeamSearchOutput]:
-        """Beam search for each prompt (strings or token ids); each output lists ``beam_width`` hypotheses,
-        best first."""
-        from engine.beam_search import BeamSearchParams as _Params
-        from engine.beam_search import beam_search
-
+    def beam_search(
+        self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Beam search for each prompt (strings or token ids); each output's completions are the
+        ``beam_width`` best hypotheses, best first."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        return beam_search(self.llm_engine, token_prompts, params or _Params())
+        prompts = list(prompts)
+        return self._run(prompts, [params or BeamSearchParams()] * len(prompts), use_tqdm)
 
     def _run(
-        self, prompts: list[Any], params_list: list[SamplingParams], use_tqdm: bool, priorities: list[int] | None = None
+        self, prompts: list[Any], params_list: list[SamplingParams] | list[BeamSearchParams], use_tqdm: bool, priorities: list[int] | None = None
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
-            engine.validate_request(prompt, params)
+            engine.validate_request(prompt, params.step_params() if isinstance(params, BeamSearchParams) else params)
         ids = []
         try:
             for prompt, params, prio in zip(prompts, params_list, priorities or [0] * len(prompts)):

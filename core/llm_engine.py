@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
+from engine.beam_search import BeamSearcher, BeamSearchParams
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs
@@ -114,6 +115,10 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
+        self.beams = BeamSearcher(
+            self.scheduler, self.block_manager, self.eos_token_ids,
+            lambda: next(self._seq_ids), lambda: next(self._arrivals),
+        )
         name = self.model_path.rstrip("/").split("/")[-1]
         self.model_name = name[: -len(".gguf")] if name.endswith(".gguf") else name
         logger.info("engine ready: %s on %s, %s, %d KV blocks of %d tokens", self.model_name, platform.name, dtype_name, num_blocks, config.cache.block_size)
@@ -153,7 +158,7 @@ class LLMEngine:
         return self.block_manager.num_total_blocks
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self.beams.groups)
 
     def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Tokenize and check a request without queueing it.
@@ -197,18 +202,26 @@ class LLMEngine:
         check_params_against_vocab(params, vocab)
         return token_ids
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int = 0) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams, priority: int = 0
+    ) -> None:
         """Queue a request; it runs from the next :meth:`step`.
 
         Args:
+            params: sampling settings, or beam search settings (the output then holds ``beam_width``
+                hypotheses, best first).
             priority: lower runs first; equal priorities run in arrival order (FCFS).
 
         Raises:
             InvalidRequestError: see :meth:`validate_request`, or a duplicate request id.
             QueueFullError: the waiting queue is at ``max_waiting_requests``.
         """
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if isinstance(params, BeamSearchParams):
+            token_ids = self.validate_request(prompt, params.step_params())
+            self.beams.add(request_id, prompt if isinstance(prompt, str) else None, token_ids, params)
+            return
         token_ids = self.validate_request(prompt, params)
         limit = self.config.scheduler.max_waiting_requests
         if limit is not None and self.scheduler.num_waiting + params.n > limit:
@@ -243,6 +256,8 @@ class LLMEngine:
         """Stop requests now and free their blocks; unknown ids are ignored."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
+            if self.beams.abort(rid):
+                continue
             request = self.requests.pop(rid, None)
             if request is None:
                 continue
@@ -264,6 +279,9 @@ class LLMEngine:
         touched: dict[str, Request] = {}
         if result is not None:
             for i, seq in enumerate(targets):
+                if self.beams.owns(seq):
+                    self.beams.on_sampled(seq, result.top_logprobs[i])
+                    continue
                 if seq.pending_forks:
                     self._fork_siblings(seq)
                 self._append_token(seq, result, i)
@@ -274,6 +292,10 @@ class LLMEngine:
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
+        for out in self.beams.expand_ready():
+            for c in out.outputs:
+                c.text = self.tokenizer.decode(c.token_ids)
+            outputs.append(out)
         return outputs
 
     def _fork_siblings(self, parent: Sequence) -> None:

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Iterator
 
 import torch
+from tqdm import tqdm
+
 from engine.loader.architectures import (
     check_architecture,
     check_weight_stream,
@@ -20,7 +22,6 @@ from engine.loader.hf_folder import check_hf_weights, iter_hf_weights, load_hf_c
 from engine.loader.paths import default_model_path, is_gguf_file, resolve_model_path
 from engine.loader.tokenizer import Tokenizer, load_tokenizer
 from engine.models.config import ModelConfig
-from tqdm import tqdm
 
 __all__ = [
     "ModelLoadError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+
 from engine.loader.errors import ModelLoadError
 from engine.models.config import ModelConfig
 

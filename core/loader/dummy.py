@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+
 from engine.loader.architectures import expected_weight_shapes, is_norm_weight
 from engine.models.config import ModelConfig
 

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
+from gguf.quants import dequantize
+
 from engine.loader.architectures import SUPPORTED_ARCHITECTURES
 from engine.loader.errors import ModelLoadError
 from engine.models.config import ModelConfig
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
-from gguf.quants import dequantize
 
 # GGUF `general.architecture` -> HF architecture name. Mistral GGUFs say "llama".
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+
 from engine.loader.architectures import IGNORED_SUFFIXES, SUPPORTED_ARCHITECTURES
 from engine.loader.errors import ModelLoadError
 from engine.models.config import ModelConfig
-from safetensors import SafetensorError, safe_open
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_test_utils import assert_all_blocks_free
 
 from engine import LLM
 from engine.beam_search import BeamSearchParams
+from engine_test_utils import assert_all_blocks_free
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,10 @@ def test_beams_equal_hf(models, width, length_penalty):
                 output_scores=True, return_dict_in_generate=True,
             )
         ref_tokens = [row[len(ids) :].tolist() for row in ref.sequences]
-        assert [h.token_ids for h in out.sequences] == ref_tokens
+        assert [h.token_ids for h in out.outputs] == ref_tokens
         torch.testing.assert_close(
-            torch.tensor([h.score for h in out.sequences]), ref.sequences_scores.float(), rtol=1e-4, atol=1e-4
+            torch.tensor([h.cumulative_logprob / len(h.token_ids) ** length_penalty for h in out.outputs]),
+            ref.sequences_scores.float(), rtol=1e-4, atol=1e-4,
         )
     assert_all_blocks_free(llm)
 
@@ -60,4 +61,29 @@ def test_beams_share_blocks(models):
         engine.runner.execute = original
     # Four unshared beams would need 4 * 9 blocks; sharing keeps it near one prompt's worth.
     assert peak <= 8 + 4 + 4
+    assert_all_blocks_free(llm)
+
+
+def test_beam_requests_batch_with_sampling_requests_and_abort_cleanly(models):
+    from engine import SamplingParams
+
+    _, llm = models
+    engine = llm.llm_engine
+    params = BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True)
+    alone = llm.beam_search("The history of the", params)[0]
+    engine.add_request("greedy", "Numbers: 1, 2,", SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    engine.add_request("beam", "The history of the", params)
+    engine.add_request("beam-aborted", "Once upon", params)
+    done = {}
+    for _ in range(3):
+        for out in engine.step():
+            done[out.request_id] = out
+    engine.abort_request("beam-aborted")
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert [c.token_ids for c in done["beam"].outputs] == [c.token_ids for c in alone.outputs]
+    assert len(done["greedy"].outputs[0].token_ids) == 6
+    assert "beam-aborted" not in done or not done["beam-aborted"].finished
     assert_all_blocks_free(llm)

@@ -10,6 +10,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
 from engine.loader import (
     ModelLoadError,
     dummy_weights,
@@ -20,9 +24,6 @@ from engine.loader import (
     supported_architectures,
 )
 from engine.models.config import ModelConfig
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 TINY = dict(
     vocab_size=256,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, GGUFReader
+
 from engine.loader import (
     ModelLoadError,
     Tokenizer,
@@ -17,7 +19,6 @@ from engine.loader import (
     resolve_model_path,
 )
 from engine.models.config import ModelConfig
-from gguf import GGMLQuantizationType, GGUFReader
 
 SMOLLM2_CONFIG = ModelConfig(
     architecture="LlamaForCausalLM",

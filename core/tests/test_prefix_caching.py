@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from engine_test_utils import assert_all_blocks_free
 
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
+from engine_test_utils import assert_all_blocks_free
 
 
 def tokens(n: int, start: int = 100) -> list[int]:

@@ -269,3 +269,28 @@ def test_sigint_finishes_in_flight_request_and_exits_0(server, model):
     thread.join(30)
     assert received and received[-1] == "data: [DONE]"
     assert sum('"finish_reason":"length"' in line for line in received) == 1
+
+
+def test_beam_search_extension_returns_n_beams_best_first(client, model, server):
+    resp = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=8, n=3,
+        extra_body={"use_beam_search": True, "ignore_eos": True},
+    )
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    texts = [c.text for c in resp.choices]
+    assert len(set(texts)) == 3
+    assert resp.usage.completion_tokens == 24
+    # The best beam is at least as likely as greedy: with width 1 it is greedy.
+    one = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=8, n=1,
+        extra_body={"use_beam_search": True, "ignore_eos": True},
+    )
+    greedy = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert one.choices[0].text == greedy.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(
+            model=model, prompt="x", max_tokens=4, n=2, stream=True, extra_body={"use_beam_search": True}
+        )
+    wait_all_blocks_free(server)

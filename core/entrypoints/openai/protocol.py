@@ -68,6 +68,10 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # beam search (an extension): `n` beams are kept and returned, best first
+    use_beam_search: bool = False
+    length_penalty: float = Field(1.0, ge=-10.0, le=10.0)
+    early_stopping: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -14,6 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from engine.beam_search import BeamSearchParams
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import InvalidRequestError, QueueFullError
@@ -86,8 +87,10 @@ async def parse_body(request: Request, model: type[RequestT], max_bytes: int) ->
 
 def sampling_params(
     req: SamplingFields, ctx: ServingContext, max_tokens: int | None, logprobs: int | None
-) -> SamplingParams:
+) -> SamplingParams | BeamSearchParams:
     """Translate the OpenAI fields into the engine's settings; refusals name the field."""
+    if req.use_beam_search:
+        return beam_search_params(req, max_tokens, logprobs)
     bias: dict[int, float] | None = None
     if req.logit_bias:
         bias = {}
@@ -122,6 +125,22 @@ def sampling_params(
         return SamplingParams(**fields)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def beam_search_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> BeamSearchParams:
+    """Beam search takes ``n`` as its width; sampling-only fields are refused rather than ignored."""
+    if req.stream:
+        raise bad_request("streaming is not supported with use_beam_search", param="stream")
+    if logprobs is not None:
+        raise bad_request("logprobs are not supported with use_beam_search", param="logprobs")
+    if req.stop or req.stop_token_ids:
+        raise bad_request("stop conditions are not supported with use_beam_search", param="stop")
+    if req.n > 10:
+        raise bad_request(f"with use_beam_search, n (the beam width) must be at most 10, got {req.n}", param="n")
+    return BeamSearchParams(
+        beam_width=req.n, max_tokens=max_tokens or 16, length_penalty=req.length_penalty,
+        early_stopping=req.early_stopping, ignore_eos=req.ignore_eos,
+    )
 
 
 def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:

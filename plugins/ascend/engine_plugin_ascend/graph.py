@@ -5,6 +5,10 @@ copies each new input into the captured input tensors before replaying and retur
 tensor (overwritten by the next replay of that bucket: clone it to keep it). A batch size without a
 graph runs eagerly, the documented fallback. A caller that wants every decode step replayed pads its
 batch to :func:`bucket_for`'s size.
+
+The platform does not claim graph capture for the engine's decode steps yet (see
+:meth:`engine_plugin_ascend.platform.AscendPlatform.capabilities`): the fused attention's sequence
+lengths are host arguments a graph would freeze.
 """
 
 from __future__ import annotations

@@ -81,7 +81,10 @@ class AscendPlatform(Platform):
             block_sizes=SUPPORTED_BLOCK_SIZES,
             head_sizes=SUPPORTED_HEAD_SIZES,
             quant_schemes=(),
-            graph_capture=True,
+            # AscendGraphCapture records NPU graphs, but a captured decode step would bake the fused
+            # attention's host-side sequence lengths into the graph; until they are refreshed through
+            # torch_npu's graph-update mechanism, the engine must not replay decode steps here
+            graph_capture=False,
             sliding_window=False,
             logits_soft_cap=False,
             swap=True,

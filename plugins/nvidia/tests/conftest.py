@@ -27,4 +27,4 @@ def kernel_dtypes() -> list[torch.dtype]:
     return [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_GPU else [])
 
 
-requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (CUDA graphs, FP8 units, NCCL)")
+

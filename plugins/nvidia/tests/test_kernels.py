@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_plugin_nvidia.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
+
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
@@ -107,7 +107,7 @@ def test_fused_ops(device, kernel_dtypes):
     for dtype in kernel_dtypes:
         tol = get_tolerance(dtype)
 
-        def rand(*shape):
+        def rand(*shape, dtype=dtype):
             return torch.randn(*shape, generator=gen).to(dtype).to(device)
 
         x, residual, w = rand(5, 200), rand(5, 200), rand(200)

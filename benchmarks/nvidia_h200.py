@@ -1,0 +1,189 @@
+"""H200 benchmarks of the NVIDIA plugin on a Llama-3-8B-shaped dummy model (see BENCHMARKS.md).
+
+Subcommands (each prints a short table and writes JSON):
+  decode      (a) batch-1 decode tokens/s against the copy-bandwidth roofline, (d) CUDA graphs on vs off
+  throughput  (b) 1000 requests of 512 random input tokens / 256 output tokens, and HF generate
+
+Usage: python benchmarks/nvidia_h200.py {decode,throughput} --model DIR [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from typing import Any
+
+import torch
+
+
+def copy_bandwidth(gib: float = 4.0, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n / sorted(times)[len(times) // 2]
+
+
+def make_llm(model: str, **kwargs: Any) -> Any:
+    from engine.llm import LLM
+
+    return LLM(model=model, device="cuda", dtype="bfloat16", load_format="dummy", **kwargs)
+
+
+def weight_bytes(llm: Any) -> tuple[int, int]:
+    """(all parameter bytes, bytes one decode step reads: everything but the embedding table)."""
+    model = llm.llm_engine.model
+    total = model.embed_tokens.numel() * model.embed_tokens.element_size()
+    read = 0
+    for layer in model.layers:
+        for t in (layer.input_norm, layer.qkv, layer.o_proj, layer.post_norm, layer.gate_up, layer.down):
+            read += t.numel() * t.element_size()
+    read += model.lm_head.numel() * model.lm_head.element_size() + model.final_norm.numel() * 2
+    return total + read, read
+
+
+def decode_rate(llm: Any, prompt_len: int = 128, new_tokens: int = 256, repeats: int = 3) -> float:
+    """Batch-1 decode tokens/s: (time to generate new_tokens - time to generate 1) over new_tokens - 1."""
+    from engine.sampling.params import SamplingParams
+
+    rng = random.Random(0)
+    prompt = [rng.randint(1000, 40000) for _ in range(prompt_len)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    many = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate([prompt], many, use_tqdm=False)  # warm-up
+    rates = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate([prompt], one, use_tqdm=False)
+        t1 = time.perf_counter()
+        llm.generate([prompt], many, use_tqdm=False)
+        t2 = time.perf_counter()
+        rates.append((new_tokens - 1) / ((t2 - t1) - (t1 - t0)))
+    return sorted(rates)[len(rates) // 2]
+
+
+def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
+    bandwidth = copy_bandwidth()
+    t0 = time.perf_counter()
+    llm = make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
+    load_s = time.perf_counter() - t0
+    graphs = llm.llm_engine.runner.decode_graphs
+    report = getattr(getattr(graphs, "graphs", None), "report", None)
+    all_bytes, read_bytes = weight_bytes(llm)
+    with_graphs = decode_rate(llm)
+    llm.llm_engine.runner.decode_graphs = None
+    eager = decode_rate(llm)
+    result = {
+        "copy_bandwidth_TBps": bandwidth / 1e12,
+        "weight_GB_all": all_bytes / 1e9,
+        "weight_GB_read_per_step": read_bytes / 1e9,
+        "roofline_tok_s_all_weights": bandwidth / all_bytes,
+        "roofline_tok_s_bytes_read": bandwidth / read_bytes,
+        "decode_tok_s_graphs": with_graphs,
+        "decode_tok_s_eager": eager,
+        "graph_speedup": with_graphs / eager,
+        "ratio_to_roofline_all_weights": with_graphs / (bandwidth / all_bytes),
+        "ratio_to_roofline_bytes_read": with_graphs / (bandwidth / read_bytes),
+        "engine_start_s": load_s,
+        "graph_capture_s": report.seconds if report else None,
+        "graph_capture_MiB": report.memory_bytes / 2**20 if report else None,
+    }
+    return result
+
+
+def hf_generate_rate(model_dir: str, batch: int, input_len: int, output_len: int) -> float:
+    """Output tokens/s of HF transformers ``generate`` (eager, bf16, random weights) at one batch size."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).eval()
+    ids = torch.randint(1000, 40000, (batch, input_len), device="cuda")
+    kwargs = {"max_new_tokens": output_len, "min_new_tokens": output_len, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        model.generate(ids[:2, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    produced = (out.shape[1] - input_len) * batch
+    del model
+    return produced / seconds
+
+
+def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.sampling.params import SamplingParams
+
+    llm = make_llm(
+        args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        memory_fraction=0.85, max_model_len=1024,
+    )  # fmt: skip
+    rng = random.Random(0)
+    prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
+    params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+    llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result: dict[str, Any] = {
+        "num_prompts": args.num_prompts,
+        "engine_seconds": seconds,
+        "engine_output_tok_s": out_tokens / seconds,
+        "engine_total_tok_s": (out_tokens + 512 * args.num_prompts) / seconds,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
+    del llm, outputs
+    gc.collect()
+    torch.cuda.empty_cache()
+    for batch in args.hf_batch:
+        result[f"hf_output_tok_s_batch{batch}"] = hf_generate_rate(args.model, batch, 512, 256)
+        gc.collect()
+        torch.cuda.empty_cache()
+    best = max(v for k, v in result.items() if k.startswith("hf_output_tok_s"))
+    result["hf_best_output_tok_s"] = best
+    result["engine_over_hf"] = result["engine_output_tok_s"] / best
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("decode", "throughput"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", required=True)
+        p.add_argument("--json", default=None)
+        if name == "throughput":
+            p.add_argument("--num-prompts", type=int, default=1000)
+            p.add_argument("--max-num-seqs", type=int, default=512)
+            p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+            p.add_argument("--hf-batch", type=int, nargs="*", default=[256])
+    args = parser.parse_args()
+    result = cmd_decode(args) if args.command == "decode" else cmd_throughput(args)
+    for key, value in result.items():
+        print(f"{key:36s} {value:.4g}" if isinstance(value, float) else f"{key:36s} {value}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The conformance suite for device ``cuda`` with the kernels in Triton's interpreter (CPU CI).
+
+It runs in a child process because the interpreter must be switched on before Triton defines kernels.
+On a machine with a GPU this is the real suite (``engine conformance --device cuda``) instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine_conformance.runner import suite_dir
+
+OP_LEVEL = ["attention", "kv_write", "block_cache", "ops", "gemm", "graph_capture", "contract"]
+
+HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
+
+
+
+def run_suite(capabilities: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ENGINE_NVIDIA_INTERPRET="1", TRITON_INTERPRET="1")
+    args = [sys.executable, "-m", "pytest", str(suite_dir()), "-q", "--no-header", "-p", "no:cacheprovider", "--device", "cuda"]
+    for cap in capabilities:
+        args += ["--capability", cap]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU, run `engine conformance --device cuda` instead")
+def test_op_level_suite_in_interpreter() -> None:
+    proc = run_suite(OP_LEVEL)
+    tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+    assert proc.returncode == 0, f"conformance (interpreter) failed:\n{tail}"
+    assert " passed" in tail and "failed" not in tail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU, run `engine conformance --device cuda` instead")
+def test_tiny_llama_in_interpreter_matches_transformers() -> None:
+    proc = run_suite(["e2e"])
+    tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+    assert proc.returncode == 0 and "1 passed" in tail, f"e2e (interpreter) failed:\n{tail}"

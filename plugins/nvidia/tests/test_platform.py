@@ -1,0 +1,116 @@
+"""The platform's contract pieces: detection, claims, validate(), GEMM, block cache, graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
+
+from engine.config import CacheConfig, EngineConfig
+from engine.interfaces.block_cache import KVCacheSpec
+from engine_plugin_sdk.quant import make_quantized_weight
+from engine_plugin_sdk.reference_ops import ref_linear, ref_quantized_linear
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (CUDA graphs, FP8 units, NCCL)")
+
+
+
+@pytest.fixture
+def platform(monkeypatch: pytest.MonkeyPatch) -> CudaPlatform:
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    return CudaPlatform()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the message on a machine without a GPU")
+def test_detect_without_gpu_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    result = CudaPlatform.detect()
+    assert not result.available and ("CUDA" in result.reason or "GPU" in result.reason)
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    assert CudaPlatform.detect().available
+
+
+def test_claims_and_validate(platform: CudaPlatform) -> None:
+    caps = platform.capabilities()
+    assert {16, 32} <= set(caps.block_sizes) and {64, 128} <= set(caps.head_sizes)
+    assert platform.validate(EngineConfig(dtype=caps.dtypes[0])) == []
+    reasons = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(block_size=24)))
+    assert len(reasons) == 1 and "block size 24" in reasons[0]
+    assert platform.validate(EngineConfig(cache=CacheConfig(kv_cache_dtype="float8_e5m2")))
+    assert platform.validate_head_size(72) and not platform.validate_head_size(128)
+    if platform.interpret:
+        assert "bfloat16" not in caps.dtypes and not caps.graph_capture and not caps.quant_schemes
+        assert any("bfloat16" in r for r in platform.validate(EngineConfig(dtype="bfloat16")))
+
+
+def test_dense_and_fp8_gemm(device: torch.device) -> None:
+    from engine_plugin_nvidia.gemm import CudaGemmBackend, Fp8Weight
+
+    gemm = CudaGemmBackend(device, fp8=True)
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(3, 4, 256, generator=gen).to(dtype).to(device)
+        bias = torch.randn(96, generator=gen).to(dtype).to(device)
+        w = (torch.randn(96, 256, generator=gen) / 16).to(dtype).to(device)
+        assert not compare(gemm.linear(x, gemm.prepare_weight(w, dtype), bias), ref_linear(x, w, bias), get_tolerance(dtype), "dense")
+        for per_tensor in (False, True):
+            qw = make_quantized_weight("fp8_e4m3", 96, 256, seed=4, device=device)
+            if per_tensor:
+                qw.extra["scale"] = qw.extra["scale"].max()
+                data = qw.data
+                qw.dequantize = lambda d=data, s=qw.extra["scale"]: d.float() * s
+            prepared = gemm.prepare_weight(qw, dtype)
+            assert isinstance(prepared, Fp8Weight)
+            got = gemm.linear(x, prepared, bias)
+            assert got.dtype == dtype
+            want = ref_quantized_linear(x, qw, bias)
+            assert not compare(got, want, get_tolerance(dtype, quantized=True), f"fp8 per_tensor={per_tensor}")
+
+
+def test_fp8_refused_without_units_falls_back_to_dense(device: torch.device) -> None:
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+
+    gemm = CudaGemmBackend(device, fp8=False)
+    assert not gemm.supported_quant_schemes
+    prepared = gemm.prepare_weight(make_quantized_weight("fp8_e4m3", 32, 64, device=device), torch.float32)
+    assert isinstance(prepared, torch.Tensor) and prepared.dtype == torch.float32
+    with pytest.raises(ValueError, match="expected a float tensor"):
+        gemm.prepare_weight(torch.ones(4, 4, dtype=torch.int32), torch.float32)
+
+
+def test_block_cache_copy_and_swap(platform: CudaPlatform) -> None:
+    backend = platform.make_attention_backend()
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16)
+    pool = platform.make_block_cache(spec, 12, backend)
+    for cache in pool.kv_caches:
+        cache.copy_(torch.randn(cache.shape).to(cache.dtype))
+    original = pool.pool.clone()
+    pool.copy_blocks([(1, 2), (3, 1)])  # reads happen before writes
+    assert torch.equal(pool.pool[:, :, 2], original[:, :, 1]) and torch.equal(pool.pool[:, :, 1], original[:, :, 3])
+    pool.swap_out([(4, 0)])
+    pool.pool[:, :, 4].zero_()
+    pool.swap_in([(0, 5)])
+    assert torch.equal(pool.pool[:, :, 5], original[:, :, 4])
+    with pytest.raises(ValueError, match="destination block ids"):
+        pool.copy_blocks([(0, 99)])
+
+
+@requires_gpu
+def test_cuda_graph_replay_reads_new_inputs() -> None:
+    from engine_plugin_nvidia.graph_capture import CudaGraphCapture
+
+    capture = CudaGraphCapture()
+
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w) + 1
+
+    def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 32, device="cuda"), torch.randn(32, 32, device="cuda")
+
+    capture.capture(step, [1, 4], make)
+    assert capture.captured_batch_sizes() == [1, 4] and capture.report is not None
+    for n in (4, 1, 4, 3):
+        x, w = make(n)
+        torch.testing.assert_close(capture.run(n, x, w).clone(), step(x, w))
