@@ -76,10 +76,14 @@ def test_causal_mask_masks_strictly_above_the_diagonal() -> None:
     assert not mask[5, 5] and mask[5, 6] and not mask[2047, 0]
 
 
-def metadata_for(query_lens: list[int], seq_lens: list[int], block_size: int = 128, **kw: Any) -> AttentionMetadata:
+def metadata_for(
+    query_lens: list[int], seq_lens: list[int], block_size: int = 128, **kw: Any
+) -> AttentionMetadata:
     blocks = [-(-s // block_size) for s in seq_lens]
     width = max(blocks)
-    tables = torch.tensor([[7 * i + j for j in range(width)] for i in range(len(seq_lens))], dtype=torch.int32)
+    tables = torch.tensor(
+        [[7 * i + j for j in range(width)] for i in range(len(seq_lens))], dtype=torch.int32
+    )
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
@@ -171,13 +175,21 @@ def test_kernel_arguments_follow_the_documented_layout() -> None:
     (q_decode, k_flat, _), kw_decode = attends[0]
     assert q_decode.shape == (2, 1, 8, 64) and kw_decode["atten_mask"] is None
     assert k_flat.shape == (40, 128, 2 * 64) and kw_decode["input_layout"] == "BSND"
-    assert kw_decode["num_heads"] == 8 and kw_decode["num_key_value_heads"] == 2 and kw_decode["block_size"] == 128
+    assert (
+        kw_decode["num_heads"] == 8
+        and kw_decode["num_key_value_heads"] == 2
+        and kw_decode["block_size"] == 128
+    )
     (q_prefill, _, _), kw_prefill = attends[1]
     assert q_prefill.shape == (3, 130, 8, 64)
     # sequence 1 (5 new tokens) is batch 0: rows 1..5 of the flat query, then zero padding
     assert torch.equal(q_prefill[0, :5], problem.query[1:6]) and not q_prefill[0, 5:].any()
     assert torch.equal(q_prefill[2, :9], problem.query[137:146])
-    assert kw_prefill["actual_seq_lengths"] == [5, 130, 9] and kw_prefill["actual_seq_lengths_kv"] == [5, 200, 9]
+    assert kw_prefill["actual_seq_lengths"] == [5, 130, 9] and kw_prefill["actual_seq_lengths_kv"] == [
+        5,
+        200,
+        9,
+    ]
     assert kw_prefill["atten_mask"].shape == (2048, 2048)
 
 
@@ -203,9 +215,17 @@ def test_forward_refuses_what_the_kernels_cannot_run() -> None:
         problem.run(backend, torch.zeros(backend.kv_cache_shape(2, 128, 2, 64)))
     half = make_attention_problem(1, [2], [2], 4, 2, 64, 128, 2, dtype=torch.float16, seed=1)
     with pytest.raises(ValueError, match="KV cache dtype"):
-        backend.forward(half.query, half.key, half.value, torch.zeros(2, 2, 128, 2, 64, dtype=torch.bfloat16), half.metadata)
+        backend.forward(
+            half.query,
+            half.key,
+            half.value,
+            torch.zeros(2, 2, 128, 2, 64, dtype=torch.bfloat16),
+            half.metadata,
+        )
     with pytest.raises(ValueError, match="slot_mapping has 1 entries for 2 tokens"):
-        backend.write_kv(half.key, half.value, torch.zeros(2, 2, 128, 2, 64, dtype=torch.float16), torch.tensor([3]))
+        backend.write_kv(
+            half.key, half.value, torch.zeros(2, 2, 128, 2, 64, dtype=torch.float16), torch.tensor([3])
+        )
 
 
 def test_the_substitute_enforces_the_kernel_contract() -> None:
@@ -236,7 +256,9 @@ def test_the_substitute_enforces_the_kernel_contract() -> None:
     with pytest.raises(ValueError, match="int32"):
         reference_kernels.reshape_and_cache(q[0], q[0], cache, cache, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match="beyond"):
-        reference_kernels.reshape_and_cache(q[0], q[0], cache, cache, torch.tensor([0, 1, 2, 256], dtype=torch.int32))
+        reference_kernels.reshape_and_cache(
+            q[0], q[0], cache, cache, torch.tensor([0, 1, 2, 256], dtype=torch.int32)
+        )
 
 
 def test_negative_slots_are_not_written() -> None:

@@ -39,7 +39,11 @@ def test_conformance_suite_passes_on_the_glue(monkeypatch: pytest.MonkeyPatch, t
     args = [arg for prefix in SUITE_PREFIXES for arg in ("--capability", prefix)]
     code = run_conformance("npu", report_json=str(report), extra_pytest_args=args)
     rows = json.loads(report.read_text())["capabilities"]
-    bad = [f"{r['name']}: {r['status']} {r['detail']}" for r in rows if r["status"] not in ("pass", "not claimed")]
+    bad = [
+        f"{r['name']}: {r['status']} {r['detail']}"
+        for r in rows
+        if r["status"] not in ("pass", "not claimed")
+    ]
     assert not bad, bad
     assert code == 0
     passed = {r["name"] for r in rows if r["status"] == "pass"}
@@ -50,7 +54,9 @@ def test_conformance_suite_passes_on_the_glue(monkeypatch: pytest.MonkeyPatch, t
 
 
 @pytest.mark.slow
-def test_tiny_llama_generates_transformers_greedy_tokens(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_tiny_llama_generates_transformers_greedy_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The engine on this platform (fp16, block 128) against HF transformers in fp32.
 
     Greedy tokens must be identical. Logprobs are held to the suite's bfloat16 logits tolerance: the
@@ -65,7 +71,9 @@ def test_tiny_llama_generates_transformers_greedy_tokens(monkeypatch: pytest.Mon
 
     monkeypatch.setenv(KERNELS_ENV, REFERENCE_KERNELS)
     model = build_tiny_llama(tmp_path, head_dim=64)
-    config = EngineConfig(model=str(tmp_path), device="npu", dtype="float16", cache=CacheConfig(block_size=128))
+    config = EngineConfig(
+        model=str(tmp_path), device="npu", dtype="float16", cache=CacheConfig(block_size=128)
+    )
     engine = LLMEngine.from_config(config, PluginManager(allow=["ascend"]))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
     for i, prompt in enumerate(PROMPTS):
@@ -83,4 +91,10 @@ def test_tiny_llama_generates_transformers_greedy_tokens(monkeypatch: pytest.Mon
         for step, (reported, reference) in enumerate(zip(got.logprobs, logprobs, strict=True)):
             for token_id, logprob in reported.items():
                 want = float(reference[token_id])
-                assert math.isclose(logprob.logprob, want, abs_tol=atol), (prompt, step, token_id, logprob, want)
+                assert math.isclose(logprob.logprob, want, abs_tol=atol), (
+                    prompt,
+                    step,
+                    token_id,
+                    logprob,
+                    want,
+                )

@@ -90,7 +90,13 @@ def test_silu_and_mul_is_swiglu_on_the_last_dim() -> None:
 
 @pytest.mark.parametrize(
     ("max_num_seqs", "expected"),
-    [(1, [1]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8]), (40, [1, 2, 4, 8, 16, 32, 40]), (64, [1, 2, 4, 8, 16, 32, 48, 64])],
+    [
+        (1, [1]),
+        (6, [1, 2, 4, 6]),
+        (8, [1, 2, 4, 8]),
+        (40, [1, 2, 4, 8, 16, 32, 40]),
+        (64, [1, 2, 4, 8, 16, 32, 48, 64]),
+    ],
 )
 def test_decode_buckets(max_num_seqs: int, expected: list[int]) -> None:
     assert decode_buckets(max_num_seqs) == expected

@@ -86,7 +86,9 @@ def test_both_kernel_modules_offer_the_same_api() -> None:
     for name in kernel_switch.KERNEL_API:
         real, substitute = getattr(npu_kernels, name), getattr(reference_kernels, name)
         if callable(real):
-            assert inspect.signature(real).parameters.keys() == inspect.signature(substitute).parameters.keys(), name
+            assert (
+                inspect.signature(real).parameters.keys() == inspect.signature(substitute).parameters.keys()
+            ), name
     assert npu_kernels.DEVICE_TYPE == "npu" and npu_kernels.COMMUNICATOR_BACKEND == "hccl"
     assert kernel_switch.load_kernels("reference") is reference_kernels
     with pytest.raises(ValueError, match="unknown Ascend kernel implementation"):
