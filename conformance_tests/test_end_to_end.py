@@ -112,7 +112,8 @@ def test_tiny_llama_matches_transformers(
     request: pytest.FixtureRequest,
 ) -> None:
     geo = default_geometry(caps)
-    dtype_name = "float32" if "float32" in caps.dtypes else caps.dtypes[0]
+    # The most precise dtype the plugin claims; fp16 before bf16 (10 mantissa bits against 7).
+    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
     model = build_tiny_llama(tmp_path, geo.head_size)
     outputs = engine_generate(
         platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size
@@ -124,13 +125,24 @@ def test_tiny_llama_matches_transformers(
         assert list(out.prompt_token_ids) == prompt, (
             f"e2e.greedy: prompt ids changed to {out.prompt_token_ids}"
         )
-        assert list(got.token_ids) == expected_tokens, (
-            f"e2e.greedy: prompt {prompt[:4]}... generated {list(got.token_ids)}, transformers {expected_tokens}"
-        )
         assert got.logprobs is not None and len(got.logprobs) == MAX_TOKENS, (
             "e2e.logprobs: missing per-step logprobs"
         )
-        for step, (reported, reference) in enumerate(zip(got.logprobs, expected_logprobs, strict=True)):
+        # Tokens must equal transformers' except where transformers' own top two are within the dtype's
+        # tolerance of each other (a near-tie that rounding may legitimately flip); after such a flip the
+        # continuations differ, so comparison stops there.
+        compared = MAX_TOKENS
+        for step, (token, reference) in enumerate(zip(got.token_ids, expected_logprobs, strict=True)):
+            if token != expected_tokens[step]:
+                top2 = torch.topk(reference, 2).values
+                margin = float(top2[0] - top2[1])
+                assert margin < 2 * atol, (
+                    f"e2e.greedy: prompt {prompt[:4]}... generated {list(got.token_ids)}, transformers "
+                    f"{expected_tokens} (first difference at step {step}, top-2 margin {margin:.4f})"
+                )
+                compared = step + 1
+                break
+        for step, (reported, reference) in enumerate(zip(got.logprobs[:compared], expected_logprobs, strict=False)):
             for token_id, logprob in reported.items():
                 want = float(reference[token_id])
                 assert math.isclose(logprob.logprob, want, abs_tol=atol), (

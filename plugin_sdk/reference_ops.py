@@ -64,11 +64,12 @@ def ref_attention(
         if num_heads % kv_heads:
             raise ValueError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads")
         group = num_heads // kv_heads
-        q = query[start : start + q_len].to(F64)
+        # the reference runs on the host: a plugin's query may live on its device
+        q = query[start : start + q_len].to("cpu", F64)
         start += q_len
         # expand KV heads so that query head h reads KV head h // group (GQA / MQA)
-        k = keys.to(F64).repeat_interleave(group, dim=1)
-        v = values.to(F64).repeat_interleave(group, dim=1)
+        k = keys.to("cpu", F64).repeat_interleave(group, dim=1)
+        v = values.to("cpu", F64).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         if logits_soft_cap is not None:
             scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)

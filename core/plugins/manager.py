@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -46,8 +47,9 @@ class PluginManager:
     """Loads plugins and answers which platforms exist.
 
     Args:
-        allow: if given, only plugins with these entry-point names are loaded.
-        deny: plugins with these names are skipped.
+        allow: if given, only plugins with these entry-point names are loaded (default: the
+            comma-separated ``ENGINE_PLUGINS_ALLOW`` environment variable, if set).
+        deny: plugins with these names are skipped (default: ``ENGINE_PLUGINS_DENY``).
         load_entry_points: read the ``engine.plugins`` group (tests turn this off and register by hand).
     """
 
@@ -59,6 +61,10 @@ class PluginManager:
     ) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
+        if allow is None and os.environ.get("ENGINE_PLUGINS_ALLOW"):
+            allow = [n.strip() for n in os.environ["ENGINE_PLUGINS_ALLOW"].split(",") if n.strip()]
+        if deny is None:
+            deny = [n.strip() for n in os.environ.get("ENGINE_PLUGINS_DENY", "").split(",") if n.strip()]
         self._allow = set(allow) if allow is not None else None
         self._deny = set(deny or ())
         self.records: list[PluginRecord] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import os
 import subprocess
 import sys
 import types
@@ -16,9 +17,12 @@ from engine.entrypoints import cli
 from engine.entrypoints.cli import main, parse_memory
 
 
-def run_cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, stdin: str | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **(env or {})},
     )
 
 
@@ -67,7 +71,8 @@ def test_bad_sampling_value_is_one_line(capsys):
 
 
 def test_missing_device_plugin_names_the_install_command():
-    result = run_cli("serve", "--device", "rocm", timeout=120)
+    # As if the AMD plugin were not installed (it may be, in this environment).
+    result = run_cli("serve", "--device", "rocm", timeout=120, env={"ENGINE_PLUGINS_DENY": "amd,rocm,amd_rocm"})
     assert result.returncode == 1
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1, err

@@ -1,0 +1,14 @@
+"""Pluggy hooks of the AMD ROCm plugin; importing this module must stay cheap (no torch, no triton)."""
+
+from __future__ import annotations
+
+from engine.plugins.hookspecs import hookimpl
+
+ENGINE_PLUGIN_API = ">=1.0,<2"
+
+
+@hookimpl
+def engine_register_platforms() -> list[type]:
+    from engine_plugin_amd.platform import RocmPlatform
+
+    return [RocmPlatform]

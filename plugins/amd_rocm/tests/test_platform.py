@@ -1,0 +1,105 @@
+"""Platform logic without AMD hardware: the HIP build and the device count are simulated at that
+boundary only (``torch.version.hip``, ``torch.cuda.device_count`` and the device properties)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from engine_plugin_amd import platform as rocm
+from engine_plugin_amd.platform import INTERPRET_ENV, RocmPlatform
+
+from engine.config import CacheConfig, EngineConfig
+
+REAL_ROCM = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
+simulated_only = pytest.mark.skipif(REAL_ROCM, reason="simulates a ROCm host; this one is real")
+
+
+def fake_rocm(monkeypatch: pytest.MonkeyPatch, devices: int, arch: str = "gfx942:sramecc+:xnack-") -> None:
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    props = types.SimpleNamespace(gcnArchName=arch, multi_processor_count=304, total_memory=192 * 1024**3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+
+
+@simulated_only
+def test_cpu_build_is_unavailable_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    result = RocmPlatform.detect()
+    assert not result.available and "torch.version.hip is None" in result.reason
+
+
+@simulated_only
+def test_cuda_build_with_gpus_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.cuda.is_available() is True on both builds: only torch.version.hip tells them apart
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    result = RocmPlatform.detect()
+    assert not result.available and "a CUDA build" in result.reason
+
+
+@simulated_only
+def test_hip_build_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    fake_rocm(monkeypatch, devices=0)
+    result = RocmPlatform.detect()
+    assert not result.available and "no AMD GPU" in result.reason and "HIP_VISIBLE_DEVICES" in result.reason
+    fake_rocm(monkeypatch, devices=2)
+    assert RocmPlatform.detect().available
+
+
+@simulated_only
+def test_detect_does_not_initialise_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    fake_rocm(monkeypatch, devices=1)
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("detect() initialised the device")
+
+    monkeypatch.setattr(torch.cuda, "init", forbidden)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", forbidden)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", forbidden)
+    assert RocmPlatform.detect().available
+
+
+@simulated_only
+@pytest.mark.parametrize(
+    ("arch", "fp8", "wave"),
+    [("gfx942:sramecc+:xnack-", "float8_e4m3fnuz", 64), ("gfx950", "float8_e4m3fn", 64), ("gfx90a", None, 64),
+     ("gfx1100", None, 32)],
+)  # fmt: skip
+def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: str, fp8: str | None, wave: int) -> None:
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
+    fake_rocm(monkeypatch, devices=1, arch=arch)
+    plat = RocmPlatform()
+    assert not plat.interpret and plat.torch_device() == torch.device("cuda", 0)
+    caps = plat.capabilities()
+    assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap
+    assert caps.extra["gcn_arch"] == arch.split(":")[0] and caps.extra["wavefront_size"] == wave
+    assert caps.extra["fp8_dtype"] == fp8 and (caps.quant_schemes == ("fp8_e4m3",)) == (fp8 is not None)
+    assert plat.validate(EngineConfig(dtype="bfloat16")) == []
+    assert plat.total_memory_bytes() == 192 * 1024**3
+    tuning = plat.kernel_tuning()
+    assert tuning.num_compute_units == 304
+    if arch.startswith("gfx94"):
+        assert tuning.prefill_tiles(128).block_m == 128 and tuning.decode_num_stages == 1
+
+
+def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    monkeypatch.setattr(rocm, "has_rocm_gpu", lambda: False)
+    plat = RocmPlatform()
+    assert plat.interpret and RocmPlatform.detect().available
+    caps = plat.capabilities()
+    assert "bfloat16" not in caps.dtypes and not caps.graph_capture and not caps.quant_schemes
+    assert plat.validate(EngineConfig(dtype="float32")) == []
+    assert plat.validate(EngineConfig(dtype="auto")) == []
+    reasons = plat.validate(EngineConfig(dtype="float32", cache=CacheConfig(block_size=24)))
+    assert len(reasons) == 1 and "block size 24" in reasons[0]
+    assert any("bfloat16" in r for r in plat.validate(EngineConfig(dtype="bfloat16")))
+    assert plat.validate_head_size(72) and not plat.validate_head_size(128)
