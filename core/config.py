@@ -65,6 +65,9 @@ class EngineConfig(BaseModel):
         load_format: ``auto`` or ``dummy`` (random weights of the model's config, for benchmarks).
         tokenizer: tokenizer folder when it differs from the model's.
         enforce_eager: never use graph capture.
+        quantization: ``auto`` keeps a checkpoint's quantized matrices (GGUF) quantized where the platform's
+            GEMM runs their scheme (``GemmBackend.supported_quant_schemes``); ``none`` dequantises every
+            weight to the model dtype at load time.
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -77,6 +80,7 @@ class EngineConfig(BaseModel):
     load_format: str = "auto"
     tokenizer: str | None = None
     enforce_eager: bool = False
+    quantization: Literal["auto", "none"] = "auto"
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
 

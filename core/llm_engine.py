@@ -80,10 +80,12 @@ class LLMEngine:
         self.model = platform.make_model_runner(self.model_config, dtype_name) or registry[arch](
             self.model_config, ops, attention, gemm, self.dtype, self.device
         )
+        # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself
+        keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
         weights = (
-            dummy_weights(self.model_config, seed=config.seed)
+            dummy_weights(self.model_config, seed=config.seed, dtype=self.dtype, device=self.device)
             if config.load_format == "dummy"
-            else iter_weights(self.model_path, self.model_config)
+            else iter_weights(self.model_path, self.model_config, keep_quantized=keep_quantized)
         )
         self.model.load_weights(weights)
 

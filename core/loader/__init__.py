@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 from tqdm import tqdm
 
+from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.architectures import (
     check_architecture,
     check_weight_stream,
@@ -71,7 +72,9 @@ def load_model_config(path: str, *, check_weights: bool = True) -> ModelConfig:
     return config
 
 
-def iter_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(
+    path: str, config: ModelConfig, keep_quantized: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield every parameter of the model at ``path`` by HF name, as CPU tensors in HF orientation.
 
     HF folders keep the checkpoint dtype; GGUF tensors are dequantised to float32 with the Q/K rows put
@@ -80,6 +83,8 @@ def iter_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Te
     Args:
         path: the same path given to :func:`load_model_config`.
         config: the config it returned.
+        keep_quantized: quantization schemes (a GEMM backend's ``supported_quant_schemes``) whose
+            matrices are yielded as :class:`QuantizedWeight` rather than dequantised (GGUF only).
 
     Returns:
         An iterator of (name, tensor) pairs, with a progress bar on a terminal.
@@ -89,7 +94,7 @@ def iter_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Te
             wrongly shaped, or missing once the iterator is exhausted).
     """
     if is_gguf_file(path):
-        weights = iter_gguf_weights(path, config)
+        weights = iter_gguf_weights(path, config, keep_quantized)
     elif os.path.isdir(path):
         weights = iter_hf_weights(path, config)
     else:

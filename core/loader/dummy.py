@@ -13,7 +13,7 @@ DUMMY_WEIGHT_STD = 0.02
 
 
 def dummy_weights(
-    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield random weights for every parameter of ``config``, deterministically for a given seed.
 
@@ -24,13 +24,15 @@ def dummy_weights(
         config: the model config (names and shapes follow its architecture).
         seed: seed of the private random generator (global torch RNG state is untouched).
         dtype: dtype of the yielded tensors.
+        device: where to draw them; drawing an 8B model on its accelerator takes seconds, on the host
+            minutes (the values differ between devices, each deterministic by seed).
 
     Returns:
-        An iterator of (HF name, CPU tensor) pairs, in the same order as a HF checkpoint.
+        An iterator of (HF name, tensor) pairs, in the same order as a HF checkpoint.
     """
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     for name, shape in expected_weight_shapes(config).items():
-        values = torch.randn(shape, generator=generator, dtype=torch.float32) * DUMMY_WEIGHT_STD
+        values = torch.randn(shape, generator=generator, dtype=dtype, device=device) * DUMMY_WEIGHT_STD
         if is_norm_weight(name):
             values += 1.0
-        yield name, values.to(dtype)
+        yield name, values

@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 from gguf.quants import dequantize
 
+from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.architectures import SUPPORTED_ARCHITECTURES
 from engine.loader.errors import ModelLoadError
+from engine.loader.quantized import gguf_quantized_weight, gguf_scheme, map_rows
 from engine.models.config import ModelConfig
 
 # GGUF `general.architecture` -> HF architecture name. Mistral GGUFs say "llama".
@@ -220,8 +222,16 @@ def dequantize_tensor(tensor: ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).reshape(rows)
 
 
-def iter_gguf_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(
+    path: str, config: ModelConfig, keep_quantized: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield a GGUF file's tensors by HF name as float32, Q/K rows in HF order.
+
+    Args:
+        path: the ``.gguf`` file.
+        config: its model config.
+        keep_quantized: scheme names (``"gguf_q4_1"``, ...) whose matrices are yielded as
+            :class:`QuantizedWeight` (GGUF block bytes, see :mod:`engine.loader.quantized`) instead.
 
     Raises:
         ModelLoadError: a truncated file, an unknown tensor name or an unsupported tensor type.
@@ -236,10 +246,20 @@ def iter_gguf_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, tor
             raise ModelLoadError(
                 f"tensor '{tensor.name}' in {path} has unsupported GGUF type {tensor.tensor_type.name}"
             )
-        weight = dequantize_tensor(tensor)
+        weight: torch.Tensor | QuantizedWeight
+        if gguf_scheme(tensor.tensor_type) in keep_quantized and len(tensor.shape) == 2:
+            weight = gguf_quantized_weight(tensor)
+        else:
+            weight = dequantize_tensor(tensor)
         if gguf_arch in PERMUTED_QK_ARCHITECTURES:
-            if ".q_proj." in name:
-                weight = unpermute_rotary_rows(weight, config.num_heads)
-            elif ".k_proj." in name:
-                weight = unpermute_rotary_rows(weight, config.num_kv_heads)
+            heads = config.num_heads if ".q_proj." in name else config.num_kv_heads if ".k_proj." in name else 0
+            if heads:
+                weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
         yield name, weight
+
+
+def reorder_rows(
+    weight: torch.Tensor | QuantizedWeight, rows_fn: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor | QuantizedWeight:
+    """Apply a function of the rows to a dense or a quantized weight (rows are independent in both)."""
+    return map_rows(weight, rows_fn) if isinstance(weight, QuantizedWeight) else rows_fn(weight)

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
-from engine.interfaces.gemm import GemmBackend
+from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.ops import OpTable
+from engine.loader.quantized import concat_weights
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
 
@@ -78,13 +79,13 @@ class LlamaForCausalLM:
             ValueError: if a tensor the architecture needs is missing or has the wrong shape.
         """
         cfg = self.config
-        tensors: dict[str, torch.Tensor] = {}
+        tensors: dict[str, Any] = {}
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
             tensors[name] = tensor
 
-        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        def take(name: str, shape: tuple[int, ...]) -> Any:
             if name not in tensors:
                 raise ValueError(f"checkpoint is missing tensor {name!r}")
             t = tensors.pop(name)
@@ -95,12 +96,17 @@ class LlamaForCausalLM:
         def vec(name: str, size: int) -> torch.Tensor:
             return take(name, (size,)).to(device=self.device, dtype=self.dtype)
 
-        def mat(t: torch.Tensor) -> Any:
+        def mat(t: torch.Tensor | QuantizedWeight) -> Any:
+            # a quantized weight goes to the GEMM backend as the loader found it: packing is the backend's job
+            if isinstance(t, QuantizedWeight):
+                return self.gemm.prepare_weight(t, self.dtype)
             return self.gemm.prepare_weight(t.to(self.device), self.dtype)
 
         h, hd = cfg.hidden_size, cfg.head_dim
         embed = take("model.embed_tokens.weight", (cfg.vocab_size, h))
-        self.embed_tokens = embed.to(device=self.device, dtype=self.dtype)
+        dense_embed = embed.dequantize() if isinstance(embed, QuantizedWeight) else embed
+        self.embed_tokens = dense_embed.to(device=self.device, dtype=self.dtype)
+        del dense_embed
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             q = take(p + "self_attn.q_proj.weight", (self.q_size, h))
@@ -120,13 +126,13 @@ class LlamaForCausalLM:
             self.layers.append(
                 _Layer(
                     input_norm=vec(p + "input_layernorm.weight", h),
-                    qkv=mat(torch.cat([q, k, v], dim=0)),
+                    qkv=mat(concat_weights([q, k, v])),
                     qkv_bias=bias,
                     o_proj=mat(take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * hd))),
                     # Llama/Mistral checkpoints with attention_bias also bias o_proj; Qwen2's has none.
                     o_bias=vec(p + "self_attn.o_proj.bias", h) if p + "self_attn.o_proj.bias" in tensors else None,
                     post_norm=vec(p + "post_attention_layernorm.weight", h),
-                    gate_up=mat(torch.cat([gate, up], dim=0)),
+                    gate_up=mat(concat_weights([gate, up])),
                     down=mat(take(p + "mlp.down_proj.weight", (h, cfg.intermediate_size))),
                 )
             )

@@ -17,9 +17,12 @@ MEMINFO_PATH = "/proc/meminfo"
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
 CGROUP_MEMORY_CURRENT = "/sys/fs/cgroup/memory.current"
 
-#: the dtype ``--dtype auto`` resolves to here: fp32 is exact and the CPU GEMMs are fast in it
-PREFERRED_DTYPE = "float32"
 SUPPORTED_DTYPES = ("float32", "bfloat16")
+#: GGUF schemes the GEMM keeps quantized (packed int4 / int8 kernels, in bfloat16)
+QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
+#: /proc/cpuinfo flags of a native bf16 dot product (AVX-512 BF16, AMX)
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+CPUINFO_PATH = "/proc/cpuinfo"
 SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 #: the KV budget when the user sets none: host RAM is shared with everything else on the machine
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
@@ -41,23 +44,26 @@ class CpuPlatform(Platform):
         return DetectResult(True)
 
     def capabilities(self) -> Capabilities:
+        preferred = preferred_dtype()
+        # the core resolves ``--dtype auto`` to the first listed dtype
+        dtypes = (preferred, *(d for d in SUPPORTED_DTYPES if d != preferred))
         return Capabilities(
-            dtypes=SUPPORTED_DTYPES,
+            dtypes=dtypes,
             kv_cache_dtypes=SUPPORTED_DTYPES,
             block_sizes=SUPPORTED_BLOCK_SIZES,
             head_sizes=SUPPORTED_HEAD_SIZES,
-            quant_schemes=(),
+            quant_schemes=QUANT_SCHEMES,
             graph_capture=False,
             sliding_window=True,
             logits_soft_cap=True,
             swap=True,
-            extra={"preferred_dtype": PREFERRED_DTYPE},
+            extra={"preferred_dtype": preferred},
         )
 
     def validate(self, config: EngineConfig) -> list[str]:
         if config.dtype == "auto":
             # "auto" means "the platform's choice"; judge the dtype we would actually pick
-            config = config.model_copy(update={"dtype": PREFERRED_DTYPE})
+            config = config.model_copy(update={"dtype": preferred_dtype()})
         return super().validate(config)
 
     def total_memory_bytes(self) -> int:
@@ -96,6 +102,28 @@ class CpuPlatform(Platform):
         from engine_plugin_cpu.block_cache import CpuBlockCache
 
         return CpuBlockCache(spec, num_blocks, attention)
+
+
+def preferred_dtype(cpuinfo_path: str = CPUINFO_PATH) -> str:
+    """What ``--dtype auto`` means here: bfloat16 on a CPU with a native bf16 dot product, else float32.
+
+    bf16 halves the bytes read per decoded token and runs the GEMMs at about twice the fp32 rate there;
+    without native support torch emulates it and float32 is faster.
+    """
+    return "bfloat16" if cpu_flags(cpuinfo_path) & BF16_CPU_FLAGS else "float32"
+
+
+def cpu_flags(path: str = CPUINFO_PATH) -> frozenset[str]:
+    """The first processor's feature flags from ``/proc/cpuinfo``; empty where the file is absent."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(rest.split())
+    except OSError:
+        return frozenset()
+    return frozenset()
 
 
 def read_meminfo_bytes(field: str, path: str = MEMINFO_PATH) -> int | None:

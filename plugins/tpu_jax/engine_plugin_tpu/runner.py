@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from engine.interfaces.block_cache import BlockCache
+from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
@@ -87,6 +88,9 @@ class JaxModelRunner(PlatformModelRunner):
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
+            if isinstance(tensor, QuantizedWeight):
+                # no packed kernels yet: quantized matrices are dequantized once, here
+                tensor = tensor.dequantize()
             if isinstance(tensor, torch.Tensor):
                 tensors[name] = tensor.detach().to(torch.float32).cpu().numpy()
             else:

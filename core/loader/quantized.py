@@ -1,0 +1,126 @@
+"""Quantized GGUF tensors kept in their storage format, and row-wise edits of any :class:`QuantizedWeight`.
+
+Rows (output features) of a quantized weight are independent in every scheme the plugin API names: a
+GGUF row is a run of whole blocks, and per-channel scales belong to their row. So reordering rows (the
+Q/K rotary un-permutation) and stacking weights along the output dimension (fused q/k/v, gate/up) can be
+done on the storage itself, without dequantising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, ReaderTensor
+from gguf.quants import dequantize
+
+from engine.interfaces.gemm import QuantizedWeight
+
+GGUF_SCHEME_PREFIX = "gguf_"
+
+
+def gguf_scheme(qtype: GGMLQuantizationType) -> str:
+    """The plugin-API scheme name of a GGUF tensor type (``Q4_1`` -> ``"gguf_q4_1"``)."""
+    return GGUF_SCHEME_PREFIX + qtype.name.lower()
+
+
+def gguf_quantized_weight(tensor: ReaderTensor) -> QuantizedWeight:
+    """A 2-D GGUF tensor as a :class:`QuantizedWeight` in the layout ``engine_plugin_sdk.quant`` documents.
+
+    ``data`` is ``torch.uint8 [out_features, bytes_per_row]`` (GGUF blocks row by row, a private copy of
+    the file's bytes), ``extra["ggml_type"]`` the ``GGMLQuantizationType`` value.
+
+    Raises:
+        ValueError: for a tensor that is not 2-D.
+    """
+    if len(tensor.shape) != 2:
+        raise ValueError(
+            f"GGUF tensor '{tensor.name}' has {len(tensor.shape)} dimensions; only matrices stay quantized"
+        )
+    # ggml lists dimensions innermost first: [in, out]
+    in_features, out_features = (int(d) for d in tensor.shape.tolist())
+    raw = np.array(tensor.data, dtype=np.uint8, copy=True)
+    data = torch.from_numpy(raw).reshape(out_features, -1)
+    return make_gguf_weight(data, tensor.tensor_type, (out_features, in_features))
+
+
+def make_gguf_weight(
+    data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]
+) -> QuantizedWeight:
+    """Wrap GGUF block bytes ``[out, bytes_per_row]`` with a float32 ``dequantize``."""
+
+    def dequantize_gguf() -> torch.Tensor:
+        dense = dequantize(data.numpy(), qtype)
+        return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).reshape(shape)
+
+    return QuantizedWeight(
+        GGUF_SCHEME_PREFIX + qtype.name.lower(), data, shape, dequantize_gguf, {"ggml_type": int(qtype)}
+    )
+
+
+def map_rows(weight: QuantizedWeight, rows_fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
+    """Apply a row reordering ``rows_fn`` (a function of dim 0 only) to a quantized weight.
+
+    ``rows_fn`` is applied to ``data`` and to every tensor in ``extra`` with one entry per row (scales),
+    and composed onto ``dequantize``.
+    """
+    rows = weight.shape[0]
+    extra = {k: rows_fn(v) if _is_per_row(v, rows) else v for k, v in weight.extra.items()}
+    old = weight.dequantize
+
+    def dequantize_mapped() -> torch.Tensor:
+        return rows_fn(old())
+
+    if weight.scheme.startswith(GGUF_SCHEME_PREFIX):
+        return make_gguf_weight(
+            rows_fn(weight.data), GGMLQuantizationType(weight.extra["ggml_type"]), weight.shape
+        )
+    return QuantizedWeight(weight.scheme, rows_fn(weight.data), weight.shape, dequantize_mapped, extra)
+
+
+def concat_rows(weights: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """Stack quantized weights of one scheme and input width along the output dimension.
+
+    Raises:
+        ValueError: if the weights differ in scheme, input width or a non-per-row ``extra`` field.
+    """
+    first = weights[0]
+    for w in weights[1:]:
+        if w.scheme != first.scheme or w.shape[1] != first.shape[1]:
+            raise ValueError(
+                f"cannot stack quantized weights {first.scheme} {first.shape} and {w.scheme} {w.shape} by rows"
+            )
+    shape = (sum(w.shape[0] for w in weights), first.shape[1])
+    data = torch.cat([w.data for w in weights], dim=0)
+    if first.scheme.startswith(GGUF_SCHEME_PREFIX):
+        return make_gguf_weight(data, GGMLQuantizationType(first.extra["ggml_type"]), shape)
+    extra: dict[str, object] = {}
+    for key, value in first.extra.items():
+        if _is_per_row(value, first.shape[0]):
+            extra[key] = torch.cat([w.extra[key] for w in weights], dim=0)
+        elif all(w.extra.get(key) is value or w.extra.get(key) == value for w in weights):
+            extra[key] = value
+        else:
+            raise ValueError(f"cannot stack quantized weights whose extra[{key!r}] differ")
+    parts = list(weights)
+
+    def dequantize_stacked() -> torch.Tensor:
+        return torch.cat([w.dequantize() for w in parts], dim=0)
+
+    return QuantizedWeight(first.scheme, data, shape, dequantize_stacked, extra)
+
+
+def concat_weights(weights: Sequence[torch.Tensor | QuantizedWeight]) -> torch.Tensor | QuantizedWeight:
+    """Stack weights along the output dimension: quantized ones stay quantized when all share a scheme,
+    a mix is dequantised to float32 first."""
+    if all(isinstance(w, QuantizedWeight) for w in weights):
+        quantized = [w for w in weights if isinstance(w, QuantizedWeight)]
+        if len({(w.scheme, w.shape[1]) for w in quantized}) == 1:
+            return concat_rows(quantized)
+    dense = [w.dequantize() if isinstance(w, QuantizedWeight) else w for w in weights]
+    return torch.cat(dense, dim=0)
+
+
+def _is_per_row(value: object, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows
