@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.interfaces.attention import AttentionBackend
@@ -97,6 +98,11 @@ class CpuPlatform(Platform):
         from engine_plugin_cpu.gemm import CpuGemmBackend
 
         return CpuGemmBackend()
+
+    def op_overrides(self) -> dict[str, Callable[..., Any]]:
+        from engine_plugin_cpu.fast_ops import cpu_op_overrides
+
+        return cpu_op_overrides()
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_cpu.block_cache import CpuBlockCache

@@ -14,7 +14,7 @@ from engine.interfaces.graph_capture import EagerGraphCapture
 from engine.plugins import PluginManager, select_platform
 from engine_plugin_cpu import plugin
 from engine_plugin_cpu.gemm import CpuGemmBackend
-from engine_plugin_cpu.platform import CpuPlatform, read_meminfo_bytes
+from engine_plugin_cpu.platform import CpuPlatform, preferred_dtype, read_meminfo_bytes
 
 
 def test_entry_point_discovery() -> None:
@@ -56,7 +56,10 @@ def test_capabilities() -> None:
     assert caps.block_sizes == (8, 16, 32, 64)
     assert {64, 80, 96, 128, 256} <= set(caps.head_sizes)
     assert caps.swap and caps.sliding_window and caps.logits_soft_cap and not caps.graph_capture
-    assert caps.quant_schemes == ()
+    assert set(caps.quant_schemes) == {"gguf_q4_0", "gguf_q4_1", "gguf_q8_0"}
+    assert set(caps.quant_schemes) == set(CpuGemmBackend.supported_quant_schemes)
+    # "auto" is the first listed dtype: bf16 only where the CPU has a native bf16 dot product
+    assert caps.dtypes[0] == preferred_dtype() == caps.extra["preferred_dtype"]
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16"])
@@ -154,7 +157,7 @@ def test_gemm_dequantizes_quantized_weights() -> None:
     gemm = CpuGemmBackend()
     prepared = gemm.prepare_weight(qw, "bfloat16")
     assert prepared.dtype == torch.bfloat16 and torch.equal(prepared, dense.to(torch.bfloat16))
-    assert gemm.supported_quant_schemes == frozenset()
+    assert "test_q8" not in gemm.supported_quant_schemes
 
 
 def test_gemm_rejects_bad_weights() -> None:
