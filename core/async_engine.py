@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.outputs import RequestOutput
@@ -63,6 +63,8 @@ class EngineStats:
         num_requests_total: requests accepted since start.
         num_steps: engine steps run since start.
         peak_batch_size: the most requests that got tokens in one step (continuous batching at work).
+        scheduler: the engine's scheduler counters (running, waiting and swapped sequences, KV usage,
+            prefix-cache hit rate, preemptions), when the engine reports them.
     """
 
     num_free_blocks: int
@@ -71,6 +73,7 @@ class EngineStats:
     num_requests_total: int
     num_steps: int
     peak_batch_size: int
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
 
 class RequestStream:
@@ -277,6 +280,7 @@ class AsyncLLMEngine:
             num_requests_total=self._num_requests_total,
             num_steps=self._num_steps,
             peak_batch_size=self._peak_batch,
+            scheduler=dict(self.engine.stats()) if hasattr(self.engine, "stats") else {},
         )
 
     def _run(self) -> None:

@@ -294,3 +294,13 @@ def test_beam_search_extension_returns_n_beams_best_first(client, model, server)
             model=model, prompt="x", max_tokens=4, n=2, stream=True, extra_body={"use_beam_search": True}
         )
     wait_all_blocks_free(server)
+
+
+def test_engine_stats_expose_scheduler_counters(client, model, server):
+    prompt = "A shared system prompt that is long enough to fill a couple of KV blocks for the cache. " * 3
+    for q in ("one", "two"):
+        client.completions.create(model=model, prompt=prompt + q, max_tokens=2, temperature=0)
+    stats = httpx.get(f"{server.base_url}/v1/engine/stats", timeout=10).json()["scheduler"]
+    for key in ("num_running", "num_waiting", "num_swapped", "kv_cache_usage", "prefix_cache_hit_rate", "num_preemptions"):
+        assert key in stats
+    assert stats["prefix_cache_hit_tokens"] > 0

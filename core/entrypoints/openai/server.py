@@ -56,6 +56,7 @@ def _stats(engine: AsyncLLMEngine) -> dict[str, Any]:
         "num_requests_total": s.num_requests_total,
         "num_steps": s.num_steps,
         "peak_batch_size": s.peak_batch_size,
+        "scheduler": s.scheduler,
     }
 
 
