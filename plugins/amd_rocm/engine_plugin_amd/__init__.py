@@ -2,8 +2,10 @@
 
 The entry point is :mod:`engine_plugin_amd.plugin`; everything else is imported lazily so that
 discovering the plugin never imports Triton nor initialises a GPU. The Triton kernels come from
-``engine_plugin_nvidia.triton_kernels`` (vendor-neutral code; only that subpackage is imported), with
-this plugin's own launch parameters from :mod:`engine_plugin_amd.tuning`.
+``engine_plugin_nvidia.triton_kernels`` and the torch-GPU glue (platform base, attention, GEMM, graphs,
+communicator) from ``engine_plugin_nvidia.gpu_common``: vendor-neutral code, and only those subpackages
+are imported. This plugin adds its own detection, launch parameters (:mod:`engine_plugin_amd.tuning`)
+and FP8 dtype.
 """
 
 from __future__ import annotations

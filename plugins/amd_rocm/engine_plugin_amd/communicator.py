@@ -1,71 +1,30 @@
 """RCCL communicator for tensor parallelism (one process per AMD GPU).
 
 ROCm builds of torch register RCCL under the backend name ``"nccl"``, so the process group is created
-exactly as on NVIDIA; what differs is the check that this really is a ROCm build.
+exactly as on NVIDIA (:mod:`engine_plugin_nvidia.gpu_common.communicator`); what differs is the check
+that this really is a ROCm build.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from engine_plugin_nvidia.gpu_common.communicator import TorchDistCommunicator
 
-class RcclCommunicator:
-    """All-reduce and all-gather over RCCL through ``torch.distributed``.
+__all__ = ["RcclCommunicator"]
 
-    Args:
-        world_size: processes (one GPU each).
-        rank: this process's rank; it uses GPU ``rank``.
-        init_method: rendezvous address, e.g. ``"tcp://127.0.0.1:29500"``.
 
-    Raises:
-        RuntimeError: on a torch build without ROCm or RCCL, or when the GPU is missing.
+class RcclCommunicator(TorchDistCommunicator):
+    """All-reduce and all-gather over RCCL through ``torch.distributed``, one process per GPU.
+
+    Takes ``(world_size, rank, init_method)`` like :class:`TorchDistCommunicator`; raises RuntimeError
+    on a torch build without ROCm or RCCL, or when the GPU is missing.
     """
 
-    def __init__(self, world_size: int, rank: int, init_method: str) -> None:
-        import torch.distributed as dist
+    library = "RCCL"
 
+    @classmethod
+    def check_torch_build(cls) -> None:
+        """Raise RuntimeError on a CUDA or CPU build: its ``"nccl"`` backend cannot drive AMD GPUs."""
         if getattr(torch.version, "hip", None) is None:
             raise RuntimeError(f"RCCL needs a ROCm build of torch; this one ({torch.__version__}) has no HIP")
-        if not dist.is_available() or not dist.is_nccl_available():
-            raise RuntimeError("this ROCm torch build has no RCCL backend")
-        if rank >= torch.cuda.device_count():
-            raise RuntimeError(f"rank {rank} has no GPU (only {torch.cuda.device_count()} visible)")
-        self.world_size = world_size
-        self.rank = rank
-        self.device = torch.device("cuda", rank)
-        torch.cuda.set_device(self.device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", init_method=init_method, world_size=world_size, rank=rank)
-        self._dist = dist
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over all ranks, in place; returns it."""
-        if self.world_size > 1:
-            self._dist.all_reduce(tensor)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Concatenate every rank's ``tensor`` along ``dim``."""
-        if self.world_size == 1:
-            return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts, dim=dim)
-
-    def barrier(self) -> None:
-        """Wait for every rank."""
-        if self.world_size > 1:
-            self._dist.barrier()
-
-    def close(self) -> None:
-        """Tear the process group down."""
-        if self._dist.is_initialized():
-            self._dist.destroy_process_group()
-
-    def __enter__(self) -> RcclCommunicator:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -1,65 +1,26 @@
 """GEMM on ROCm: bf16 / fp16 / fp32 through torch (hipBLASLt), FP8 e4m3 weights through scaled matmul.
 
-MI300-class GPUs (gfx942) multiply ``float8_e4m3fnuz``, not the OCP ``float8_e4m3fn`` that checkpoints
-store. The two formats share their bit layout except for the exponent bias (8 instead of 7) and the
-pattern ``0x80`` (negative zero in e4m3fn, NaN in fnuz), so a weight converts exactly by reinterpreting
-its bits, clearing ``0x80`` and doubling the scale. Activations are quantized per row on the fly in two
-terms, ``x = hi + lo``, stacked along the rows of one scaled matmul: the weight is read once while the
-activation rounding error becomes second order (one FP8 term misses the conformance tolerance).
+The implementation is :mod:`engine_plugin_nvidia.gpu_common.gemm`, vendor-neutral code of the NVIDIA
+distribution: it already handles what is AMD's own, the ``float8_e4m3fnuz`` that MI300-class GPUs
+(gfx94x) multiply, by converting checkpoint e4m3fn weights exactly (:func:`e4m3fn_to_fnuz`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from engine_plugin_nvidia.gpu_common.gemm import (
+    FP8_MAX,
+    FP8_SCHEME,
+    Fp8Weight,
+    TorchGemmBackend,
+    e4m3fn_to_fnuz,
+    to_torch_dtype,
+)
 
-import torch
-
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
-
-FP8_SCHEME = "fp8_e4m3"
-#: largest finite value of each e4m3 flavour
-FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NEGATIVE_ZERO_BITS = -128  # 0x80 as int8
-
-
-@dataclass(slots=True)
-class Fp8Weight:
-    """An FP8 weight ready for ``torch._scaled_mm``.
-
-    Attributes:
-        data: ``[out, in]`` in the GPU's FP8 dtype, row-major (its transpose is the column-major operand).
-        scale: float32 ``[1, out]`` per-channel scales.
-        shape: ``(out_features, in_features)``.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    shape: tuple[int, int]
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_nvidia.gpu_common.gemm
+__all__ = ["FP8_MAX", "FP8_SCHEME", "Fp8Weight", "RocmGemmBackend", "e4m3fn_to_fnuz", "to_torch_dtype"]
 
 
-def to_torch_dtype(dtype: Any) -> torch.dtype:
-    """A torch dtype from a torch dtype or a dtype name.
-
-    Raises:
-        ValueError: for a dtype this backend does not run.
-    """
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if str(dtype) not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; the ROCm GEMM runs {sorted(_DTYPES)}")
-    return _DTYPES[str(dtype)]
-
-
-def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same values as ``data * scale`` in e4m3fnuz: bits reinterpreted, ``0x80`` cleared, scale doubled."""
-    bits = data.contiguous().view(torch.int8).clone()
-    bits[bits == _NEGATIVE_ZERO_BITS] = 0
-    return bits.view(torch.float8_e4m3fnuz), scale * 2.0
-
-
-class RocmGemmBackend(GemmBackend):
+class RocmGemmBackend(TorchGemmBackend):
     """``torch.nn.functional.linear`` on the GPU; FP8 e4m3 weights stay FP8 on GPUs with FP8 matrix cores.
 
     Args:
@@ -70,91 +31,3 @@ class RocmGemmBackend(GemmBackend):
     Raises:
         ValueError: for an FP8 dtype name that is not an e4m3 flavour.
     """
-
-    def __init__(self, device: Any, fp8_dtype: str | None = None) -> None:
-        if fp8_dtype is not None and fp8_dtype not in FP8_MAX:
-            raise ValueError(f"fp8_dtype must be one of {sorted(FP8_MAX)} or None, got {fp8_dtype!r}")
-        self.device = torch.device(device)
-        self.fp8_dtype = fp8_dtype
-        self.supported_quant_schemes = frozenset({FP8_SCHEME}) if fp8_dtype else frozenset()
-
-    def prepare_weight(self, weight: Any, dtype: Any) -> Any:
-        target = to_torch_dtype(dtype)
-        if isinstance(weight, QuantizedWeight):
-            if weight.scheme == FP8_SCHEME and self.fp8_dtype and fp8_shape_ok(weight.shape):
-                return self._prepare_fp8(weight)
-            weight = dequantize_checked(weight)
-        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-            raise ValueError(f"cannot prepare a weight of type {type(weight).__name__}; expected a float tensor")
-        return weight.to(device=self.device, dtype=target).contiguous()
-
-    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        if isinstance(weight, Fp8Weight):
-            return fp8_linear(x, weight, bias)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
-        out_features, _ = weight.shape
-        data = torch.as_tensor(weight.data)
-        if data.dtype != torch.float8_e4m3fn or tuple(data.shape) != tuple(weight.shape):
-            raise ValueError(
-                f"fp8_e4m3 weight data must be float8_e4m3fn {tuple(weight.shape)}, got {data.dtype} {tuple(data.shape)}"
-            )
-        scale = torch.as_tensor(weight.extra.get("scale", 1.0), dtype=torch.float32).reshape(-1)
-        if scale.numel() == 1:
-            scale = scale.expand(out_features)
-        if scale.numel() != out_features:
-            raise ValueError(f"fp8_e4m3 scale must hold 1 or {out_features} values, got {scale.numel()}")
-        if self.fp8_dtype == "float8_e4m3fnuz":
-            data, scale = e4m3fn_to_fnuz(data, scale)
-        return Fp8Weight(
-            data=data.to(self.device).contiguous(),
-            scale=scale.to(self.device).reshape(1, out_features).contiguous(),
-            shape=tuple(weight.shape),
-        )
-
-
-def fp8_shape_ok(shape: tuple[int, int]) -> bool:
-    """Scaled matmul needs both dimensions to be multiples of 16."""
-    return shape[0] % 16 == 0 and shape[1] % 16 == 0
-
-
-def dequantize_checked(weight: QuantizedWeight) -> torch.Tensor:
-    """The dense float32 weight of a quantized one, checked.
-
-    Raises:
-        ValueError: when the scheme has no working ``dequantize``.
-    """
-    if weight.dequantize is None:
-        raise ValueError(f"quantized weight of scheme {weight.scheme!r} has no dequantize() to fall back to")
-    dense = weight.dequantize()
-    if not isinstance(dense, torch.Tensor) or tuple(dense.shape) != tuple(weight.shape):
-        raise ValueError(f"dequantize() of scheme {weight.scheme!r} did not return a {tuple(weight.shape)} tensor")
-    return dense
-
-
-def split_quantize_rows(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[2M, K]`` FP8 rows (``hi`` then ``lo``) and their float32 ``[2M, 1]`` scales for ``x [M, K]``."""
-    limit = FP8_MAX[str(fp8).removeprefix("torch.")]
-    xf = x.float()
-    hi_scale = (xf.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
-    hi = (xf / hi_scale).to(fp8)
-    rest = xf - hi.float() * hi_scale
-    lo_scale = (rest.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
-    lo = (rest / lo_scale).to(fp8)
-    return torch.cat([hi, lo]), torch.cat([hi_scale, lo_scale])
-
-
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T + bias`` with an FP8 weight (see the module docstring for the two-term activations)."""
-    out_features, in_features = weight.shape
-    rows = x.reshape(-1, in_features)
-    m = rows.shape[0]
-    quantized, scales = split_quantize_rows(rows, weight.data.dtype)
-    # hipBLASLt's row-wise scaled matmul writes bf16; the CPU path (tests) keeps fp32
-    out_dtype = torch.float32 if rows.device.type == "cpu" else torch.bfloat16
-    both = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
-    y = both[:m].float() + both[m:].float()
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], out_features)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from engine_plugin_amd.gemm import Fp8Weight, RocmGemmBackend, e4m3fn_to_fnuz
 from engine_plugin_amd.tuning import base_arch, fp8_dtype_name, tuning_for_arch, wavefront_size
-
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_linear, ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance

@@ -7,10 +7,10 @@ import types
 
 import pytest
 import torch
-from engine_plugin_amd import platform as rocm
-from engine_plugin_amd.platform import INTERPRET_ENV, RocmPlatform
 
 from engine.config import CacheConfig, EngineConfig
+from engine_plugin_amd import platform as rocm
+from engine_plugin_amd.platform import INTERPRET_ENV, RocmPlatform
 
 REAL_ROCM = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
 simulated_only = pytest.mark.skipif(REAL_ROCM, reason="simulates a ROCm host; this one is real")

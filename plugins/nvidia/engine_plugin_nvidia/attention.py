@@ -1,103 +1,29 @@
-"""Paged attention through the shared Triton kernels.
+"""Paged attention on NVIDIA GPUs: the shared Triton backend with NVIDIA's launch table.
 
-Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys at 0, values at 1),
-the same as the CPU plugin's, so block copies and swaps are one indexed copy on the block axis.
-
-``forward`` writes the new keys and values first and then reads every key from the cache, so one
-kernel serves prefill, chunked prefill over a cached prefix, and decode rows in the same batch. A batch
-of decode rows only (one new token per sequence) takes the split-context decode kernel instead.
+The implementation (cache layout, prefill / decode dispatch, input checks) is
+:mod:`engine_plugin_nvidia.gpu_common.attention`, shared with the ROCm plugin; the tuning comes from
+:mod:`engine_plugin_nvidia.tuning` through the platform.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from engine_plugin_nvidia.gpu_common.attention import (
+    TritonPagedAttentionBackend,
+    check_inputs,
+    stream_capturing,
+)
 
-import torch
+__all__ = ["TritonAttentionBackend", "check_inputs", "query_capture_in_progress"]
 
-from engine.interfaces.attention import AttentionBackend, AttentionMetadata
-from engine_plugin_nvidia.platform import BLOCK_SIZES, HEAD_SIZES
-from engine_plugin_nvidia.triton_kernels import launchers
-from engine_plugin_nvidia.triton_kernels.launch import KernelTuning
+#: the earlier name of :func:`~engine_plugin_nvidia.gpu_common.attention.stream_capturing`
+query_capture_in_progress = stream_capturing
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(TritonPagedAttentionBackend):
     """Triton paged attention (online softmax, GQA, sliding window, soft-cap) for fp32 / fp16 / bf16.
 
     Args:
         tuning: the target's launch parameters.
     """
 
-    supported_block_sizes = BLOCK_SIZES
-    supported_head_sizes = HEAD_SIZES
-
-    def __init__(self, tuning: KernelTuning) -> None:
-        self.tuning = tuning
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
-
-    def write_kv(self, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
-        launchers.write_kv(key, value, kv_cache, slot_mapping)
-
-    def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
-        check_inputs(query, key, kv_cache, metadata)
-        launchers.write_kv(key, value, kv_cache, metadata.slot_mapping)
-        if query.stride(-1) != 1:
-            query = query.contiguous()
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if metadata.num_seqs == 0:
-            return out
-        common = {
-            "window": metadata.sliding_window,
-            "soft_cap": metadata.logits_soft_cap,
-        }
-        if metadata.is_pure_decode and query.shape[0] == metadata.num_seqs:
-            launchers.paged_decode(
-                out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.scale,
-                self._decode_splits(metadata, kv_cache.shape[3]), self.tuning, **common,
-            )  # fmt: skip
-        else:
-            launchers.paged_prefill(
-                out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc,
-                metadata.max_query_len, metadata.scale, self.tuning, causal=metadata.causal, **common,
-            )  # fmt: skip
-        return out
-
-    def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
-        ids = torch.as_tensor(block_ids, dtype=torch.int64, device=kv_cache.device)
-        kv = kv_cache.index_select(1, ids)
-        _, n, bs, heads, dim = kv.shape
-        return kv[0].reshape(n * bs, heads, dim), kv[1].reshape(n * bs, heads, dim)
-
-    def _decode_splits(self, metadata: AttentionMetadata, num_kv_heads: int) -> int:
-        # a captured graph replays with other context lengths: its split count may depend on the batch only
-        capturing = bool(metadata.extras.get("graph_capture")) or query_capture_in_progress()
-        max_len = None if capturing else metadata.max_seq_len
-        return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
-
-
-def query_capture_in_progress() -> bool:
-    """Whether the current CUDA stream is being captured into a graph (False on the CPU)."""
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
-def check_inputs(query: Any, key: Any, kv_cache: Any, metadata: AttentionMetadata) -> None:
-    """Raise ValueError, in one line, for tensors and metadata that do not fit together."""
-    if query.dim() != 3 or key.dim() != 3:
-        raise ValueError("query, key and value must be [num_tokens, heads, head_dim]")
-    num_tokens, num_heads, head_dim = query.shape
-    if key.shape[0] != num_tokens or key.shape[2] != head_dim:
-        raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} disagree on tokens or head_dim")
-    if num_heads % key.shape[1]:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {key.shape[1]}")
-    if head_dim not in HEAD_SIZES:
-        raise ValueError(f"head size {head_dim} is not supported (supported: {list(HEAD_SIZES)})")
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(kv_cache.shape)}")
-    if kv_cache.shape[2] != metadata.block_size or tuple(kv_cache.shape[3:]) != (key.shape[1], head_dim):
-        raise ValueError(
-            f"kv_cache {tuple(kv_cache.shape)} does not match block_size {metadata.block_size}, "
-            f"{key.shape[1]} kv heads, head_dim {head_dim}"
-        )
-    if metadata.block_size not in BLOCK_SIZES:
-        raise ValueError(f"block size {metadata.block_size} is not supported (supported: {list(BLOCK_SIZES)})")
+    platform_name = "cuda"

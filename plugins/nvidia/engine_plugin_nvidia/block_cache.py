@@ -8,7 +8,7 @@ import torch
 
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine_plugin_nvidia.gemm import to_torch_dtype
+from engine_plugin_nvidia.gpu_common.gemm import to_torch_dtype
 
 #: the swap pool never pins more host memory than this by default (pinning is slow and scarce)
 DEFAULT_MAX_HOST_BYTES = 4 * 1024**3

@@ -1,141 +1,41 @@
-"""GEMM: bf16 / fp16 / fp32 through torch (cuBLAS), FP8 e4m3 weights through torch's scaled matmul.
+"""GEMM on NVIDIA GPUs: bf16 / fp16 / fp32 through torch (cuBLAS), FP8 e4m3 weights through torch's scaled matmul.
 
-FP8 activations are quantized per row on the fly in two terms, ``x = hi + lo`` with ``hi = fp8(x)`` and
-``lo = fp8(x - hi)``, stacked along the rows of one scaled matmul, so the weight is read once (half the
-bytes of bf16) while the activation rounding error becomes second order: a single FP8 term misses the
-conformance tolerance by a wide margin on its own.
+The implementation, including the two-term FP8 activations, is :mod:`engine_plugin_nvidia.gpu_common.gemm`
+(shared with the ROCm plugin). NVIDIA's FP8 tensor cores (Ada / Hopper and later) multiply the OCP
+``float8_e4m3fn`` that checkpoints store, so weights load without conversion.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import torch
+from engine_plugin_nvidia.gpu_common import gemm as _common
+from engine_plugin_nvidia.gpu_common.gemm import FP8_SCHEME, Fp8Weight, TorchGemmBackend, to_torch_dtype
 
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_nvidia.gpu_common.gemm
+__all__ = ["FP8_MAX", "FP8_SCHEME", "CudaGemmBackend", "Fp8Weight", "to_torch_dtype"]
 
-FP8_SCHEME = "fp8_e4m3"
-FP8_MAX = 448.0
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class Fp8Weight:
-    """An e4m3 weight ready for ``torch._scaled_mm``.
-
-    Attributes:
-        data: ``float8_e4m3fn [out, in]``, row-major (its transpose is the column-major operand).
-        scale: float32 ``[1, out]`` per-channel scales (a per-tensor scale is broadcast to every channel).
-        shape: ``(out_features, in_features)``.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    shape: tuple[int, int]
+#: the FP8 dtype NVIDIA's tensor cores take
+FP8_DTYPE = "float8_e4m3fn"
+#: largest finite e4m3fn value
+FP8_MAX = _common.FP8_MAX[FP8_DTYPE]
 
 
-def to_torch_dtype(dtype: Any) -> torch.dtype:
-    """A torch dtype from a torch dtype or a dtype name.
-
-    Raises:
-        ValueError: for a dtype this backend does not run.
-    """
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if str(dtype) not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; the CUDA GEMM runs {sorted(_DTYPES)}")
-    return _DTYPES[str(dtype)]
-
-
-class CudaGemmBackend(GemmBackend):
+class CudaGemmBackend(TorchGemmBackend):
     """``torch.nn.functional.linear`` on the GPU; FP8 e4m3 weights stay FP8 where the GPU has FP8 units.
 
     Args:
         device: where weights go.
         fp8: keep ``fp8_e4m3`` weights in FP8 (True on Ada / Hopper and later); otherwise they are
             dequantized at load like every other scheme.
-    """
-
-    def __init__(self, device: Any, fp8: bool = False) -> None:
-        self.device = torch.device(device)
-        self.fp8 = fp8
-        self.supported_quant_schemes = frozenset({FP8_SCHEME}) if fp8 else frozenset()
-
-    def prepare_weight(self, weight: Any, dtype: Any) -> Any:
-        target = to_torch_dtype(dtype)
-        if isinstance(weight, QuantizedWeight):
-            if weight.scheme == FP8_SCHEME and self.fp8 and fp8_shape_ok(weight.shape):
-                return self._prepare_fp8(weight)
-            weight = dequantize_checked(weight)
-        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-            raise ValueError(f"cannot prepare a weight of type {type(weight).__name__}; expected a float tensor")
-        return weight.to(device=self.device, dtype=target).contiguous()
-
-    def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        if isinstance(weight, Fp8Weight):
-            return fp8_linear(x, weight, bias)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
-        out_features, _ = weight.shape
-        data = torch.as_tensor(weight.data)
-        if data.dtype != torch.float8_e4m3fn or tuple(data.shape) != tuple(weight.shape):
-            raise ValueError(
-                f"fp8_e4m3 weight data must be float8_e4m3fn {tuple(weight.shape)}, got {data.dtype} {tuple(data.shape)}"
-            )
-        scale = torch.as_tensor(weight.extra.get("scale", 1.0), dtype=torch.float32).reshape(-1)
-        if scale.numel() == 1:
-            scale = scale.expand(out_features)
-        if scale.numel() != out_features:
-            raise ValueError(f"fp8_e4m3 scale must hold 1 or {out_features} values, got {scale.numel()}")
-        return Fp8Weight(
-            data=data.to(self.device).contiguous(),
-            scale=scale.to(self.device).reshape(1, out_features).contiguous(),
-            shape=tuple(weight.shape),
-        )
-
-
-def fp8_shape_ok(shape: tuple[int, int]) -> bool:
-    """Scaled matmul needs both dimensions to be multiples of 16."""
-    return shape[0] % 16 == 0 and shape[1] % 16 == 0
-
-
-def dequantize_checked(weight: QuantizedWeight) -> torch.Tensor:
-    """The dense float32 weight of a quantized one, checked.
+        fp8_dtype: the shared backends' spelling of ``fp8=True`` (what the platform passes); only
+            ``"float8_e4m3fn"`` runs on NVIDIA.
 
     Raises:
-        ValueError: when the scheme has no working ``dequantize``.
+        ValueError: for an ``fp8_dtype`` other than ``"float8_e4m3fn"``.
     """
-    if weight.dequantize is None:
-        raise ValueError(f"quantized weight of scheme {weight.scheme!r} has no dequantize() to fall back to")
-    dense = weight.dequantize()
-    if not isinstance(dense, torch.Tensor) or tuple(dense.shape) != tuple(weight.shape):
-        raise ValueError(f"dequantize() of scheme {weight.scheme!r} did not return a {tuple(weight.shape)} tensor")
-    return dense
 
-
-def split_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[2M, K]`` e4m3 rows (``hi`` then ``lo``) and their float32 ``[2M, 1]`` scales for ``x [M, K]``."""
-    xf = x.float()
-    hi_scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
-    hi = (xf / hi_scale).to(torch.float8_e4m3fn)
-    rest = xf - hi.float() * hi_scale
-    lo_scale = (rest.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
-    lo = (rest / lo_scale).to(torch.float8_e4m3fn)
-    return torch.cat([hi, lo]), torch.cat([hi_scale, lo_scale])
-
-
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T + bias`` with an FP8 weight (see the module docstring for the two-term activations)."""
-    out_features, in_features = weight.shape
-    rows = x.reshape(-1, in_features)
-    m = rows.shape[0]
-    quantized, scales = split_quantize_rows(rows)
-    # cuBLAS's row-wise scaled matmul writes bf16 only; the two halves are summed in fp32
-    out_dtype = torch.bfloat16 if rows.is_cuda else torch.float32
-    both = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
-    y = both[:m].float() + both[m:].float()
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+    def __init__(self, device: Any, fp8: bool = False, fp8_dtype: str | None = None) -> None:
+        if fp8_dtype not in (None, FP8_DTYPE):
+            raise ValueError(f"fp8_dtype must be {FP8_DTYPE!r} or None on NVIDIA, got {fp8_dtype!r}")
+        super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 
 from engine.config import CacheConfig, EngineConfig
 from engine.interfaces.block_cache import KVCacheSpec
+from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_linear, ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance

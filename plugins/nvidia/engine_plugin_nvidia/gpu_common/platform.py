@@ -1,0 +1,256 @@
+"""The platform logic every torch-driven GPU shares: interpreter mode, claims, memory, factories.
+
+A vendor subclass supplies detection (:meth:`TorchGpuPlatform.gpu_visible`,
+:meth:`TorchGpuPlatform.unavailable_reason`), what the device claims (:meth:`~TorchGpuPlatform.device_dtypes`,
+:meth:`~TorchGpuPlatform.device_fp8_dtype`, :meth:`~TorchGpuPlatform.device_extra`), its block cache, and
+a :class:`GpuComponents` table naming its tuning function and backend classes.
+
+``<VENDOR>_INTERPRET=1`` on a machine without the vendor's GPU makes the platform available in
+*interpreter mode*: the shared Triton kernels run on CPU tensors through Triton's interpreter
+(``TRITON_INTERPRET=1``, set by the platform before the kernels are imported). It claims only float16 /
+float32 (``tl.dot`` on bfloat16 is wrong in the interpreter) and no graphs or FP8.
+
+Importing this module must stay cheap: no torch, no Triton (both are imported inside methods).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from engine.interfaces.attention import AttentionBackend
+from engine.interfaces.gemm import GemmBackend
+from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
+from engine.interfaces.platform import Capabilities, DetectResult, Platform
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine_plugin_nvidia.triton_kernels.launch import KernelTuning
+
+GPU_DTYPES = ("bfloat16", "float16", "float32")
+#: interpreter: float32 first, so ``--dtype auto`` picks the exact one
+INTERPRETER_DTYPES = ("float32", "float16")
+BLOCK_SIZES = (8, 16, 32, 64)
+HEAD_SIZES = (64, 80, 96, 128, 256)
+FP8_SCHEME = "fp8_e4m3"
+INTERPRETER_KV_CACHE_BYTES = 256 * 1024**2
+
+
+def interpreter_requested(env_var: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``env_var`` is ``"1"`` in ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    return env.get(env_var, "").strip() == "1"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuComponents:
+    """``"module:attribute"`` paths of a vendor's pieces, imported on first use.
+
+    Paths rather than objects because the modules import torch and Triton: naming them here keeps
+    importing (and detecting) the platform cheap, as the plugin contract requires.
+
+    Attributes:
+        tuning: ``(interpret: bool) -> KernelTuning``, the launch parameters of GPU 0.
+        attention: a :class:`~engine_plugin_nvidia.gpu_common.attention.TritonPagedAttentionBackend`
+            subclass, built with the tuning.
+        gemm: a :class:`~engine_plugin_nvidia.gpu_common.gemm.TorchGemmBackend` subclass, built with
+            ``(device, fp8_dtype=...)``.
+        graph_capture: a :class:`~engine_plugin_nvidia.gpu_common.graph_capture.TorchGraphCapture` subclass.
+        communicator: a :class:`~engine_plugin_nvidia.gpu_common.communicator.TorchDistCommunicator`
+            subclass, built with ``(world_size, rank, init_method)``.
+    """
+
+    tuning: str
+    attention: str
+    gemm: str
+    graph_capture: str
+    communicator: str
+
+
+def load(path: str) -> Any:
+    """The attribute a ``"module:attribute"`` path names (imports the module)."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class TorchGpuPlatform(Platform):
+    """GPU 0 (``torch.device("cuda", 0)``; HIP under ROCm) driven through torch and the shared Triton kernels.
+
+    Class attributes a subclass sets, besides ``name`` / ``aliases`` / ``priority``:
+        vendor: ``"NVIDIA"``, ``"AMD"``: used in messages.
+        interpret_env: the environment variable that asks for interpreter mode.
+        triton_missing_reason: what :meth:`detect` says without the triton package.
+        components: where the vendor's tuning and backend classes live.
+    """
+
+    torch_device_type = "cuda"
+    vendor: ClassVar[str] = "GPU"
+    interpret_env: ClassVar[str] = ""
+    triton_missing_reason: ClassVar[str] = "the triton package is not installed (pip install triton)"
+    components: ClassVar[GpuComponents]
+
+    def __init__(self) -> None:
+        self.interpret = self.interpreter_requested() and not self.gpu_visible()
+        if self.interpret:
+            # Triton decides interpreted or compiled when a kernel is defined: set it before the kernels load
+            os.environ["TRITON_INTERPRET"] = "1"
+            self.torch_device_type = "cpu"
+        self._tuning: KernelTuning | None = None
+
+    # --- vendor hooks -----------------------------------------------------------------------------
+
+    @classmethod
+    def gpu_visible(cls) -> bool:
+        """Whether one of this vendor's GPUs is visible, asked without initialising the device."""
+        raise NotImplementedError
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """Why :meth:`detect` says no when triton is installed but no GPU is visible (imports torch)."""
+        raise NotImplementedError
+
+    def device_dtypes(self) -> tuple[str, ...]:
+        """The model and KV-cache dtypes GPU 0 runs (not called in interpreter mode)."""
+        return GPU_DTYPES
+
+    def device_fp8_dtype(self) -> str | None:
+        """The torch FP8 e4m3 dtype name GPU 0's matrix units take, or None (not called in interpreter mode)."""
+        return None
+
+    def device_extra(self) -> dict[str, Any]:
+        """``Capabilities.extra`` on a real GPU: what identifies the part."""
+        return {}
+
+    def interpreter_extra(self) -> dict[str, Any]:
+        """``Capabilities.extra`` in interpreter mode."""
+        return {"mode": "triton-interpreter"}
+
+    # --- detection and claims ---------------------------------------------------------------------
+
+    @classmethod
+    def interpreter_requested(cls, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether the user asked for interpreter mode (:attr:`interpret_env` is ``1``)."""
+        return interpreter_requested(cls.interpret_env, environ)
+
+    @classmethod
+    def detect(cls) -> DetectResult:
+        if importlib.util.find_spec("triton") is None:
+            return DetectResult(False, cls.triton_missing_reason)
+        if cls.gpu_visible():
+            return DetectResult(True)
+        if cls.interpreter_requested():
+            return DetectResult(True, f"no {cls.vendor} GPU: Triton interpreter on the CPU ({cls.interpret_env}=1)")
+        return DetectResult(False, cls.unavailable_reason())
+
+    def fp8_dtype(self) -> str | None:
+        """The FP8 dtype weights are kept in, or None (always None in interpreter mode)."""
+        return None if self.interpret else self.device_fp8_dtype()
+
+    def capabilities(self) -> Capabilities:
+        if self.interpret:
+            return Capabilities(
+                dtypes=INTERPRETER_DTYPES,
+                kv_cache_dtypes=INTERPRETER_DTYPES,
+                block_sizes=BLOCK_SIZES,
+                head_sizes=HEAD_SIZES,
+                sliding_window=True,
+                logits_soft_cap=True,
+                swap=True,
+                extra=self.interpreter_extra(),
+            )
+        dtypes = self.device_dtypes()
+        return Capabilities(
+            dtypes=dtypes,
+            kv_cache_dtypes=dtypes,
+            block_sizes=BLOCK_SIZES,
+            head_sizes=HEAD_SIZES,
+            quant_schemes=(FP8_SCHEME,) if self.fp8_dtype() else (),
+            graph_capture=True,
+            sliding_window=True,
+            logits_soft_cap=True,
+            swap=True,
+            extra=self.device_extra(),
+        )
+
+    def validate(self, config: EngineConfig) -> list[str]:
+        if config.dtype == "auto":
+            config = config.model_copy(update={"dtype": self.capabilities().dtypes[0]})
+        reasons = super().validate(config)
+        if self.interpret and config.dtype == "bfloat16":
+            reasons.append("bfloat16 does not run in the Triton interpreter (tl.dot on bfloat16 is wrong there)")
+        return reasons
+
+    def validate_head_size(self, head_dim: int) -> list[str]:
+        """Reasons a model with this head size cannot run here (the engine checks this too)."""
+        if head_dim in HEAD_SIZES:
+            return []
+        return [f"head size {head_dim} is not supported on {self.name} (supported: {list(HEAD_SIZES)})"]
+
+    # --- memory -----------------------------------------------------------------------------------
+
+    def total_memory_bytes(self) -> int:
+        if self.interpret:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+
+    def free_memory_bytes(self) -> int:
+        if self.interpret:
+            return min(self.total_memory_bytes(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(0)
+        return int(free)
+
+    def default_kv_cache_bytes(self) -> int | None:
+        return INTERPRETER_KV_CACHE_BYTES if self.interpret else None
+
+    def synchronize(self) -> None:
+        if not self.interpret:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cpu") if self.interpret else torch.device("cuda", 0)
+
+    # --- factories --------------------------------------------------------------------------------
+
+    def kernel_tuning(self) -> KernelTuning:
+        """This GPU's launch parameters (built once), or the interpreter's."""
+        if self._tuning is None:
+            self._tuning = load(self.components.tuning)(self.interpret)
+        return self._tuning
+
+    def make_attention_backend(self) -> AttentionBackend:
+        return load(self.components.attention)(self.kernel_tuning())
+
+    def make_gemm_backend(self) -> GemmBackend:
+        return load(self.components.gemm)(self.torch_device(), fp8_dtype=self.fp8_dtype())
+
+    def make_graph_capture(self) -> GraphCapture:
+        if self.interpret:
+            return EagerGraphCapture()
+        return load(self.components.graph_capture)()
+
+    def op_overrides(self) -> dict[str, Callable[..., Any]]:
+        self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
+        from engine_plugin_nvidia.triton_kernels import launchers
+
+        return {
+            "rms_norm": launchers.rms_norm,
+            "fused_add_rms_norm": launchers.fused_add_rms_norm,
+            "rotary_embedding": launchers.rotary_embedding,
+            "silu_and_mul": launchers.silu_and_mul,
+        }
+
+    def make_communicator(self, world_size: int, rank: int, init_method: str) -> Any:
+        """A communicator for tensor parallelism, one process per GPU (:attr:`GpuComponents.communicator`)."""
+        return load(self.components.communicator)(world_size, rank, init_method)
