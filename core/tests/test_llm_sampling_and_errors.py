@@ -137,8 +137,19 @@ def test_truncated_gguf(tmp_path, smollm_gguf_path):
         LLM(model=str(cut), device="cpu")
 
 
-def test_unknown_device_lists_available(tiny_llama_dir):
+def test_unknown_device_lists_available(tiny_llama_dir, monkeypatch):
     from engine.plugins import DeviceNotAvailableError
 
+    monkeypatch.setenv("ENGINE_PLUGINS_DENY", "rocm")  # as if the AMD plugin were not installed
+
     with pytest.raises(DeviceNotAvailableError, match="pip install engine-plugin-amd.*Available devices: .*cpu"):
+        LLM(model=tiny_llama_dir, device="rocm")
+
+
+def test_installed_but_unavailable_device_says_why(tiny_llama_dir):
+    from engine.plugins import DeviceNotAvailableError, PluginManager
+
+    if not any(r.name == "rocm" for r in PluginManager().records):
+        pytest.skip("the AMD plugin is not installed here")
+    with pytest.raises(DeviceNotAvailableError, match="device 'rocm' .* is not available: .*Available devices: .*cpu"):
         LLM(model=tiny_llama_dir, device="rocm")

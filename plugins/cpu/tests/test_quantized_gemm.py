@@ -1,0 +1,85 @@
+"""Packed GGUF weights (Q4_0, Q4_1, Q8_0) against the float64 product with the dequantised weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.loader.quantized import concat_rows, map_rows
+from engine_plugin_cpu.gemm import INT4_MAX_PACKED_ROWS, INT8_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
+from engine_plugin_cpu.quant_pack import unpack_q4, unpack_q8_0
+from engine_plugin_sdk.quant import make_quantized_weight
+
+SCHEMES = ["gguf_q4_0", "gguf_q4_1", "gguf_q8_0"]
+# bf16 activations and bf16 scales: about 3 significant digits; relative to the output's largest entry
+BF16_REL_TOL = 2e-2
+# row counts on both sides of each kernel's packed/dense switch
+ROW_COUNTS = sorted(
+    {1, INT8_MAX_PACKED_ROWS, INT8_MAX_PACKED_ROWS + 1, INT4_MAX_PACKED_ROWS, INT4_MAX_PACKED_ROWS + 1, 40}
+)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", [(96, 256), (100, 64), (7, 32)])
+def test_unpack_matches_gguf_dequantize(scheme: str, shape: tuple[int, int]) -> None:
+    weight = make_quantized_weight(scheme, *shape, seed=5)
+    if scheme == "gguf_q8_0":
+        dense = unpack_q8_0(weight.data, shape)
+    else:
+        dense = unpack_q4(weight.data, scheme[len("gguf_") :].upper(), shape).dense()
+    torch.testing.assert_close(dense, weight.dequantize(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dense_copy", [True, False])
+@pytest.mark.parametrize("rows", ROW_COUNTS)
+def test_packed_linear_against_float64(scheme: str, dense_copy: bool, rows: int) -> None:
+    out_features = 100  # not a multiple of 16: the int4 kernel's padded rows must be sliced off
+    weight = make_quantized_weight(scheme, out_features, 256, seed=rows)
+    gemm = CpuGemmBackend(dense_copy=dense_copy)
+    prepared = gemm.prepare_weight(weight, torch.bfloat16)
+    assert isinstance(prepared, PackedWeight) and (prepared.dense is not None) == dense_copy
+    gen = torch.Generator().manual_seed(100 + rows)
+    x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=gen).to(torch.bfloat16)
+    expected = x.double() @ weight.dequantize().double().T + bias.double()
+    for inputs in (x, x.reshape(1, rows, 256)):
+        out = gemm.linear(inputs, prepared, bias)
+        assert out.dtype == torch.bfloat16 and out.shape == (*inputs.shape[:-1], out_features)
+        err = (out.double().reshape(rows, -1) - expected).abs().max().item()
+        assert err <= BF16_REL_TOL * expected.abs().max().item(), f"{scheme} rows={rows}: error {err}"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_float32_model_dequantizes_exactly(scheme: str) -> None:
+    weight = make_quantized_weight(scheme, 32, 64, seed=9)
+    prepared = CpuGemmBackend().prepare_weight(weight, torch.float32)
+    assert isinstance(prepared, torch.Tensor) and prepared.dtype == torch.float32
+    assert torch.equal(prepared, weight.dequantize())
+
+
+def test_packed_weight_refuses_float32_activations() -> None:
+    gemm = CpuGemmBackend()
+    prepared = gemm.prepare_weight(make_quantized_weight("gguf_q4_0", 32, 64), torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 activations"):
+        gemm.linear(torch.randn(1, 64), prepared)
+
+
+def test_row_edits_stay_quantized_and_match_dense() -> None:
+    a = make_quantized_weight("gguf_q4_1", 48, 64, seed=1)
+    b = make_quantized_weight("gguf_q4_1", 16, 64, seed=2)
+    stacked = concat_rows([a, b])
+    assert stacked.shape == (64, 64) and stacked.scheme == "gguf_q4_1"
+    torch.testing.assert_close(
+        stacked.dequantize(), torch.cat([a.dequantize(), b.dequantize()]), atol=0, rtol=0
+    )
+    flip = map_rows(stacked, lambda t: t.flip(0))
+    torch.testing.assert_close(flip.dequantize(), stacked.dequantize().flip(0), atol=0, rtol=0)
+    packed = CpuGemmBackend(dense_copy=False).prepare_weight(flip, torch.bfloat16)
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    expected = x.double() @ flip.dequantize().double().T
+    assert (
+        CpuGemmBackend().linear(x, packed).double() - expected
+    ).abs().max() <= BF16_REL_TOL * expected.abs().max()
+    with pytest.raises(ValueError, match="cannot stack"):
+        concat_rows([a, make_quantized_weight("gguf_q8_0", 16, 64)])
