@@ -7,6 +7,7 @@ Heavy imports (torch, transformers, the server) happen inside the subcommands, s
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -81,7 +82,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting-requests", type=_positive_int, default=None,
                         help="queued requests beyond which new ones get 503 (default: unbounded)")
     parser.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV block")
-    parser.add_argument("--enable-prefix-caching", action="store_true", help="reuse KV blocks of shared prompt prefixes")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="do not reuse the KV blocks of shared prompt prefixes (on by default)")
+    parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                        help="when KV blocks run out: swap a request to host memory, or recompute it later")
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none"],
+                        help="'auto' keeps GGUF matrices quantized where the device's GEMM runs them; "
+                             "'none' dequantizes (with --dtype float32: exactly Hugging Face's numbers)")
     parser.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     parser.add_argument("--enforce-eager", action="store_true", help="never replay captured graphs (CUDA graphs) for decode steps")
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
@@ -94,13 +101,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
-    cache: dict[str, object] = {"enable_prefix_caching": args.enable_prefix_caching}
+    cache: dict[str, object] = {"enable_prefix_caching": not args.no_prefix_caching}
     if args.kv_cache_memory is not None:
         size, fraction = args.kv_cache_memory
         cache["kv_cache_memory_bytes" if size is not None else "memory_fraction"] = size if size is not None else fraction
     if args.block_size is not None:
         cache["block_size"] = args.block_size
-    scheduler: dict[str, object] = {"max_waiting_requests": args.max_waiting_requests}
+    scheduler: dict[str, object] = {"max_waiting_requests": args.max_waiting_requests, "preemption_mode": args.preemption_mode}
     if args.max_num_seqs is not None:
         scheduler["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens is not None:
@@ -114,6 +121,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             seed=args.seed,
             enforce_eager=getattr(args, "enforce_eager", False),
             load_format=getattr(args, "load_format", "auto"),
+            quantization=args.quantization,
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
         )
@@ -178,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``engine`` command; returns the exit status."""
+    # OpenMP workers that spin while idle steal the cores the HTTP thread and other processes need (on a
+    # busy 2-core machine matmuls ran up to 100x slower); it must be set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
