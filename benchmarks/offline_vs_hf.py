@@ -27,10 +27,10 @@ def make_prompts(tokenizer, n: int, length: int, seed: int) -> list[list[int]]:
     return prompts
 
 
-def run_engine(prompts: list[list[int]], output_len: int, dtype: str) -> float:
+def run_engine(prompts: list[list[int]], output_len: int, dtype: str, quantization: str) -> float:
     from engine import LLM, SamplingParams
 
-    llm = LLM(device="cpu", dtype=dtype, kv_cache_memory_bytes=2 << 30)
+    llm = LLM(device="cpu", dtype=dtype, quantization=quantization, kv_cache_memory_bytes=2 << 30)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)  # warm-up
     start = time.perf_counter()
@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--hf-batch", type=int, default=32)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--settings", nargs="*", default=["float32:none", "auto:auto"],
+                    help="engine settings to measure, each DTYPE:QUANTIZATION")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
@@ -79,11 +80,15 @@ def main() -> None:
     gguf = default_model_path()
     tok = load_tokenizer(gguf)
     prompts = make_prompts(tok, args.num_prompts, args.prompt_len, seed=0)
-    engine_tps = run_engine(prompts, args.output_len, args.dtype)
-    result = {"engine_output_tok_s": round(engine_tps, 1), "threads": torch.get_num_threads()}
+    result: dict[str, float] = {"threads": torch.get_num_threads(), "load_average_1m": os.getloadavg()[0]}
+    for setting in args.settings:
+        dtype, quantization = setting.split(":")
+        result[f"engine_{setting}_output_tok_s"] = round(run_engine(prompts, args.output_len, dtype, quantization), 1)
     if not args.skip_hf:
         hf_tps = run_hf(prompts, args.output_len, args.hf_batch, gguf)
-        result.update(hf_output_tok_s=round(hf_tps, 1), ratio=round(engine_tps / hf_tps, 2))
+        result["hf_output_tok_s"] = round(hf_tps, 1)
+        for setting in args.settings:
+            result[f"ratio_{setting}"] = round(result[f"engine_{setting}_output_tok_s"] / hf_tps, 2)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
