@@ -29,6 +29,8 @@ from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZ
 
 #: where the step plan is cached inside ``AttentionMetadata.extras``
 PLAN_KEY = "cpu_attention_plan"
+#: where the grouping of equal-length prefills is cached, next to the plan
+PREFILL_BATCHES_KEY = "cpu_prefill_batches"
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -90,7 +92,10 @@ class CpuAttentionBackend(AttentionBackend):
             out = torch.empty_like(query)
             for group in plan.decode:
                 self._decode(query, kv_cache, group, metadata, out)
-            for seq in plan.prefills:
+            batches, others = self._prefill_batches(plan, metadata)
+            for rows, count, length in batches:
+                self._prefill_batch(query, key, value, rows, count, length, metadata, out)
+            for seq in others:
                 self._prefill(query, key, value, kv_cache, seq, metadata, out)
         finally:
             if single:
@@ -178,6 +183,56 @@ class CpuAttentionBackend(AttentionBackend):
             out[:count] = result
         else:
             out.index_copy_(0, group.rows, result)
+
+    @staticmethod
+    def _prefill_batches(
+        plan: StepPlan, metadata: AttentionMetadata
+    ) -> tuple[list[tuple[torch.Tensor, int, int]], list[PrefillSeq]]:
+        """Group plain causal prefills of equal length, so each group is one SDPA call, not one per prompt.
+
+        Small per-prompt calls cost mostly their dispatch and thread wake-up (measured: 64 prompts of 100
+        tokens spent a quarter of a bf16 step in attention). Cached per step, like the plan.
+        """
+        cached = metadata.extras.get(PREFILL_BATCHES_KEY)
+        if cached is not None and cached[0] is plan:
+            return cached[1], cached[2]
+        by_length: dict[int, list[PrefillSeq]] = {}
+        others: list[PrefillSeq] = []
+        for seq in plan.prefills:
+            if seq.plain_causal:
+                by_length.setdefault(seq.end - seq.start, []).append(seq)
+            else:
+                others.append(seq)
+        batches = []
+        for length, seqs in by_length.items():
+            if len(seqs) == 1:
+                others.append(seqs[0])
+                continue
+            rows = torch.cat([torch.arange(q.start, q.end) for q in seqs])
+            batches.append((rows, len(seqs), length))
+        metadata.extras[PREFILL_BATCHES_KEY] = (plan, batches, others)
+        return batches, others
+
+    @staticmethod
+    def _prefill_batch(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        rows: torch.Tensor,
+        count: int,
+        length: int,
+        metadata: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> None:
+        _, num_heads, head_dim = query.shape
+        kv_heads = key.shape[1]
+        q = query.index_select(0, rows).view(count, length, num_heads, head_dim).transpose(1, 2)
+        k = key.index_select(0, rows).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        v = value.index_select(0, rows).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        result = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=metadata.causal, scale=metadata.scale, enable_gqa=num_heads != kv_heads
+        )
+        out.index_copy_(0, rows, result.transpose(1, 2).reshape(count * length, num_heads, head_dim))
 
     def _prefill(
         self,

@@ -377,3 +377,43 @@ def test_rejects_slot_outside_cache() -> None:
         backend.forward(batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata)
     with pytest.raises(ValueError, match="outside the KV cache"):
         backend.write_kv(batch.key, batch.value, batch.kv_cache, batch.metadata.slot_mapping)
+
+
+def test_equal_length_prefills_batched_into_one_call_match_the_reference():
+    """Several plain prompts of the same length (one SDPA call) next to one of another length."""
+    import random
+
+    from engine.interfaces.attention import AttentionMetadata
+    from engine_plugin_cpu.attention import CpuAttentionBackend
+
+    torch.manual_seed(5)
+    rng = random.Random(5)
+    heads, kv_heads, dim, bs, num_blocks = 4, 2, 64, 16, 64
+    lengths = [7, 7, 7, 12]
+    backend = CpuAttentionBackend()
+    cache = torch.zeros(backend.kv_cache_shape(num_blocks, bs, kv_heads, dim))
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables, slots = [], []
+    for n in lengths:
+        table = [free.pop() for _ in range(-(-n // bs))]
+        tables.append(table + [0] * (2 - len(table)))
+        slots += [table[p // bs] * bs + p % bs for p in range(n)]
+    total = sum(lengths)
+    q, k, v = torch.randn(total, heads, dim), torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(lengths, dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32), slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_lens_cpu=lengths, seq_lens_cpu=lengths, max_query_len=12, max_seq_len=12, block_size=bs, scale=dim**-0.5,
+    )
+    out = backend.forward(q, k, v, cache, meta)
+    for s, n in zip(starts, lengths):
+        qd, kd, vd = (t[s : s + n].double() for t in (q, k, v))
+        kd, vd = kd.repeat_interleave(heads // kv_heads, 1), vd.repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("qhd,khd->hqk", qd, kd) * dim**-0.5
+        scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+        ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vd)
+        torch.testing.assert_close(out[s : s + n].double(), ref, rtol=1e-5, atol=1e-5)
