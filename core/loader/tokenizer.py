@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 from engine.loader.errors import ModelLoadError
 from engine.loader.hf_folder import GENERATION_CONFIG_FILE, read_json
 from engine.loader.paths import is_gguf_file
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -123,7 +126,7 @@ def load_tokenizer(path: str) -> Tokenizer:
     extra_eos: list[int] = []
     try:
         if is_gguf_file(path):
-            hf = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+            hf = _load_gguf_tokenizer(path)
         elif os.path.isdir(path):
             hf = AutoTokenizer.from_pretrained(path)
             gen_path = os.path.join(path, GENERATION_CONFIG_FILE)
@@ -140,3 +143,44 @@ def load_tokenizer(path: str) -> Tokenizer:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {first_line}") from None
     return Tokenizer(hf, extra_eos)
+
+
+def tokenizer_cache_dir(gguf_path: str) -> str:
+    """Where the HF form of a GGUF file's tokenizer is kept between runs.
+
+    Converting the tokenizer a GGUF file embeds takes seconds (transformers parses the whole file and
+    rebuilds the BPE); the saved HF form loads in a fraction of that. The key covers the file's path, size
+    and modification time and the transformers version, so a changed file or library is converted anew.
+    The root is ``$ENGINE_CACHE_DIR``, else ``~/.cache/engine``.
+    """
+    import hashlib
+
+    import transformers
+
+    st = os.stat(gguf_path)
+    key = f"{os.path.abspath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    root = os.environ.get("ENGINE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "engine")
+    return os.path.join(root, "gguf-tokenizers", hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
+def _load_gguf_tokenizer(path: str) -> Any:
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    cache = tokenizer_cache_dir(path)
+    if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(cache)
+    hf = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(cache))
+        hf.save_pretrained(staging)
+        try:
+            os.replace(staging, cache)  # atomic: a concurrent loader sees all of it or none
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process stored it first
+    except OSError as err:  # an unwritable cache only costs the next start its conversion time
+        logger.info("not caching the GGUF tokenizer of %s: %s", path, err)
+    return hf

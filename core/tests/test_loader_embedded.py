@@ -135,3 +135,23 @@ def test_folder_tokenizer_and_missing_template(tokenizer: Tokenizer, tmp_path: P
     empty.mkdir()
     with pytest.raises(ModelLoadError, match="cannot load a tokenizer"):
         load_tokenizer(str(empty))
+
+
+def test_gguf_tokenizer_is_cached_between_loads_and_behaves_the_same(smollm_gguf_path, tmp_path, monkeypatch):
+    import os
+
+    from engine.loader.tokenizer import load_tokenizer, tokenizer_cache_dir
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
+    cache = tokenizer_cache_dir(smollm_gguf_path)
+    assert not os.path.exists(cache)
+    converted = load_tokenizer(smollm_gguf_path)
+    assert os.path.isfile(os.path.join(cache, "tokenizer_config.json"))
+    cached = load_tokenizer(smollm_gguf_path)
+    text = "Héllo wörld, 你好 🙂 <|im_end|> def f(x): return x"
+    assert cached.encode(text) == converted.encode(text)
+    assert cached.decode(converted.encode(text)) == converted.decode(converted.encode(text))
+    assert cached.eos_token_ids == converted.eos_token_ids
+    chat = [{"role": "user", "content": "Hi"}]
+    assert cached.apply_chat_template(chat) == converted.apply_chat_template(chat)
+    assert cached.vocab_size == converted.vocab_size
