@@ -147,8 +147,11 @@ class ModelRunner:
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
             if not inputs.sample_targets:
                 return [], None
-            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in inputs.sample_targets]
+        if not self.sampler.runs_on_any_device(rows):
+            # seeded and processed rows sample with host generators and host-side bookkeeping
+            logits = logits.cpu()
         return inputs.sample_targets, self.sampler(logits, rows, generator)
 
     @torch.inference_mode()

@@ -138,7 +138,7 @@ class Sampler:
             return SampleResult([], [], [], [])
         logits = logits[:, : self.vocab_size].float()
 
-        if all(r.params.greedy for r in rows) and not any(_needs_processing(r) for r in rows):
+        if self.runs_on_any_device(rows):
             return self._greedy_fast_path(logits, rows)
 
         raw_logprobs = torch.log_softmax(logits, dim=-1)
@@ -152,6 +152,15 @@ class Sampler:
             ranks=ranks.tolist(),
             top_logprobs=self._top_logprobs(raw_logprobs, rows),
         )
+
+    @staticmethod
+    def runs_on_any_device(rows: list[SamplingRow]) -> bool:
+        """Whether these rows take the greedy fast path, which uses only device-neutral tensor ops.
+
+        Then the logits can stay where the model computed them and only the chosen ids and logprobs
+        travel to the host, instead of ``[rows, vocab]`` float32 every step.
+        """
+        return all(r.params.greedy for r in rows) and not any(_needs_processing(r) for r in rows)
 
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         # The hot path: two vectorised passes over the logits and no per-row work. (log_softmax beats
