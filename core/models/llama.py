@@ -18,6 +18,7 @@ from engine.interfaces.ops import OpTable
 from engine.loader.quantized import concat_weights
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
+from engine.models.weights import take_tensor
 
 
 @dataclass(slots=True)
@@ -86,12 +87,7 @@ class LlamaForCausalLM:
             tensors[name] = tensor
 
         def take(name: str, shape: tuple[int, ...]) -> Any:
-            if name not in tensors:
-                raise ValueError(f"checkpoint is missing tensor {name!r}")
-            t = tensors.pop(name)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
-            return t
+            return take_tensor(tensors, name, shape)
 
         def vec(name: str, size: int) -> torch.Tensor:
             return take(name, (size,)).to(device=self.device, dtype=self.dtype)

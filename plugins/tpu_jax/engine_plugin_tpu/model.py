@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.models.config import ModelConfig
+from engine.models.weights import take_tensor
 from engine_plugin_tpu.gemm import matmul
 from engine_plugin_tpu.paged_attention import TokenBatch, write_kv
 
@@ -168,12 +169,7 @@ def build_params(
     q_size, kv_size = config.num_heads * d, config.num_kv_heads * d
 
     def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors:
-            raise ValueError(f"checkpoint is missing tensor {name!r}")
-        t = tensors.pop(name)
-        if tuple(t.shape) != shape:
-            raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
-        return t
+        return take_tensor(tensors, name, shape)
 
     def optional(name: str, size: int) -> np.ndarray:
         return take(name, (size,)) if name in tensors else np.zeros((size,), np.float32)
