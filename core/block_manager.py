@@ -169,6 +169,13 @@ class BlockManager:
         table.extend(new)
         return new
 
+    def has_private_slot(self, seq_id: int, position: int) -> bool:
+        """Whether token ``position`` of ``seq_id`` can be written now: its block is allocated and not
+        shared (the common decode step, which then needs neither a new block nor a copy)."""
+        table = self.block_tables.get(seq_id)
+        index = position // self.block_size
+        return table is not None and index < len(table) and self.allocator.ref_count(table[index]) == 1
+
     def _shared_block_at(self, seq_id: int, position: int) -> int | None:
         table = self.block_tables.get(seq_id)
         index = position // self.block_size

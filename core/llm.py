@@ -132,7 +132,7 @@ class LLM:
         try:
             for prompt, params, prio in zip(prompts, params_list, priorities or [0] * len(prompts)):
                 rid = f"offline-{next(self._counter)}"
-                engine.add_request(rid, prompt, params, priority=prio)
+                engine.add_request(rid, prompt, params, priority=prio, final_only=True)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)

@@ -205,7 +205,12 @@ class LLMEngine:
         return token_ids
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | BeamSearchParams,
+        priority: int = 0,
+        final_only: bool = False,
     ) -> None:
         """Queue a request; it runs from the next :meth:`step`.
 
@@ -213,6 +218,8 @@ class LLMEngine:
             params: sampling settings, or beam search settings (the output then holds ``beam_width``
                 hypotheses, best first).
             priority: lower runs first; equal priorities run in arrival order (FCFS).
+            final_only: :meth:`step` returns this request's output only once it finished (what offline
+                callers read); saves building an output and decoding text per token.
 
         Raises:
             InvalidRequestError: see :meth:`validate_request`, or a duplicate request id.
@@ -228,7 +235,7 @@ class LLMEngine:
         limit = self.config.scheduler.max_waiting_requests
         if limit is not None and self.scheduler.num_waiting + params.n > limit:
             raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
-        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, params)
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, final_only=final_only)
         arrival = next(self._arrivals)
         for index in range(params.n):
             seq = Sequence(
@@ -244,6 +251,7 @@ class LLMEngine:
                 seq.generator = make_generator(params.seed + index)
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer.hf, token_ids, params.skip_special_tokens)
             seq.stop_checker = StopChecker(params, self.eos_token_ids, self.max_model_len)
+            seq.defer_text = final_only and not params.stop
             if params.logprobs is not None:
                 seq.logprobs = []
             request.sequences.append(seq)
@@ -290,7 +298,7 @@ class LLMEngine:
                 request = self.requests.get(seq.request_id)
                 if request is not None:
                     touched[seq.request_id] = request
-        outputs = [self._make_output(r) for r in touched.values()]
+        outputs = [self._make_output(r) for r in touched.values() if not r.final_only or r.is_finished]
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
@@ -317,6 +325,9 @@ class LLMEngine:
                 if tid not in entry:
                     entry[tid] = Logprob(lp, rank, self.tokenizer.decode([tid], skip_special_tokens=False))
             seq.logprobs.append(entry)
+        if seq.defer_text:
+            self._check_stop_deferred(seq)
+            return
         new_text = seq.detokenizer.step(token)
         seq.text += new_text
         decision = seq.stop_checker.check(seq.output_token_ids, seq.num_tokens, seq.text, len(new_text))
@@ -326,6 +337,20 @@ class LLMEngine:
             seq.text = seq.text[: decision.text_end]
         else:
             seq.text += seq.detokenizer.flush()
+        seq.finish_reason = decision.finish_reason
+        seq.stop_reason = decision.stop_reason
+        seq.status = SequenceStatus.FINISHED
+        self.scheduler.remove(seq)
+
+    def _check_stop_deferred(self, seq: Sequence) -> None:
+        """The stop check of a sequence whose text is decoded only when it finishes (no stop strings)."""
+        decision = seq.stop_checker.check(seq.output_token_ids, seq.num_tokens, "", 0)
+        if decision is None:
+            return
+        ids = seq.output_token_ids
+        # an EOS or stop token ends the text before its own text, as the per-token path cuts it
+        cut = decision.finish_reason == "stop" and not seq.params.include_stop_str_in_output
+        seq.text = seq.detokenizer.decode_all(ids[:-1] if cut else ids)
         seq.finish_reason = decision.finish_reason
         seq.stop_reason = decision.stop_reason
         seq.status = SequenceStatus.FINISHED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
@@ -60,8 +61,11 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
+        # Host work here is per sequence and per step, so at a few hundred sequences it competes with the
+        # GPU's step time: one-token rows (decodes) take a short path, and tensors cross in two copies.
         bm = self.block_manager
         bs = bm.block_size
+        block_tables = bm.block_tables
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -74,37 +78,54 @@ class ModelRunner:
         for item in step.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
-            end = start + n
-            table = bm.block_tables[seq.seq_id]
-            input_ids.extend(seq.token_slice(start, end))
-            positions.extend(range(start, end))
-            # Slots block by block rather than token by token: a long prefill is a few list extends.
-            pos = start
-            while pos < end:
-                block_idx, within = divmod(pos, bs)
-                run = min(bs - within, end - pos)
-                base = table[block_idx] * bs + within
-                slots.extend(range(base, base + run))
-                pos += run
-            query_lens.append(n)
-            seq_lens.append(end)
+            table = block_tables[seq.seq_id]
             tables.append(table)
+            query_lens.append(n)
+            if n == 1:
+                prompt_len = len(seq.prompt_token_ids)
+                input_ids.append(
+                    seq.prompt_token_ids[start] if start < prompt_len else seq.output_token_ids[start - prompt_len]
+                )
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+                seq_lens.append(start + 1)
+            else:
+                end = start + n
+                input_ids.extend(seq.token_slice(start, end))
+                positions.extend(range(start, end))
+                # slots block by block rather than token by token: a long prefill is a few list extends
+                pos = start
+                while pos < end:
+                    block_idx, within = divmod(pos, bs)
+                    run = min(bs - within, end - pos)
+                    base = table[block_idx] * bs + within
+                    slots.extend(range(base, base + run))
+                    pos += run
+                seq_lens.append(end)
             offset += n
             if item.samples:
-                for target in (seq, *seq.pending_forks):
+                logits_indices.append(offset - 1)
+                targets.append(seq)
+                for sibling in seq.pending_forks:
                     logits_indices.append(offset - 1)
-                    targets.append(target)
-        max_blocks = max(len(t) for t in tables)
-        table_tensor = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
+                    targets.append(sibling)
         qsl = [0]
         for q in query_lens:
             qsl.append(qsl[-1] + q)
-        dev = self.device
+        width = max(len(t) for t in tables)
+        padded_tables = chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in tables)
+        # Everything crosses in one int64 transfer (each copy is a fixed cost that batch-1 decode pays
+        # every token); the int32 fields are cast on the device.
+        parts = (input_ids, positions, slots, logits_indices, qsl, seq_lens)
+        sizes = [len(p) for p in parts] + [len(tables) * width]
+        packed = torch.tensor(list(chain(*parts, padded_tables)), dtype=torch.int64).to(self.device, non_blocking=True)
+        ids_t, pos_t, slots_t, logits_t, qsl_t, seq_lens_t, tables_t = packed.split(sizes)
+        table_tensor = tables_t.view(len(tables), width).to(torch.int32)
         metadata = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=table_tensor.to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc=qsl_t.to(torch.int32),
+            seq_lens=seq_lens_t.to(torch.int32),
+            block_tables=table_tensor,
+            slot_mapping=slots_t,
             query_lens_cpu=query_lens,
             seq_lens_cpu=seq_lens,
             max_query_len=max(query_lens),
@@ -114,10 +135,10 @@ class ModelRunner:
             sliding_window=self.sliding_window,
         )
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            input_ids=ids_t,
+            positions=pos_t,
             metadata=metadata,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            logits_indices=logits_t,
             sample_targets=targets,
         )
 

@@ -128,6 +128,12 @@ class Scheduler:
                 continue  # preempted earlier in this step
             n = min(seq.num_uncomputed_tokens, budget)
             start = seq.num_computed_tokens
+            if n == 1 and bm.has_private_slot(seq.seq_id, start):
+                # a decode into a block it owns: nothing to allocate or copy (most rows of a big batch)
+                out.scheduled.append(ScheduledSequence(seq, 1, start + 1 == seq.num_tokens))
+                scheduled.add(seq.seq_id)
+                budget -= 1
+                continue
             while not bm.can_allocate(seq.seq_id, start + n, num_computed=start):
                 candidates = [s for s in self.running if s.seq_id not in scheduled]
                 victim = max(candidates, key=lambda s: (s.priority, s.arrival))

@@ -49,6 +49,8 @@ class Sequence:
     generator: Any = None
     detokenizer: Any = None
     stop_checker: Any = None
+    #: text is decoded once when the sequence finishes, not per token (final-only request, no stop strings)
+    defer_text: bool = False
     text: str = ""
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, Any]] | None = None
@@ -86,6 +88,9 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     sequences: list[Sequence] = field(default_factory=list)
+    #: the caller reads only the finished output (offline ``LLM``): no per-step outputs are built, and
+    #: text is decoded once at the end when no stop string needs it earlier
+    final_only: bool = False
 
     @property
     def is_finished(self) -> bool:

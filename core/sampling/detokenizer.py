@@ -120,6 +120,19 @@ class IncrementalDetokenizer:
             self._text_parts.append(new_text)
         return new_text
 
+    def decode_all(self, output_ids: list[int]) -> str:
+        """The text of ``output_ids`` in one decode, for a sequence that never called :meth:`step`.
+
+        Equals the concatenation of :meth:`step` over ``output_ids`` and :meth:`flush` (same left context),
+        at the cost of one decode instead of one per token.
+
+        Raises:
+            RuntimeError: if :meth:`step` was already called.
+        """
+        if self._pending or self._text_parts or self._start:
+            raise RuntimeError("decode_all() is for a detokenizer that has not stepped yet")
+        return self._decode(self._ids + list(output_ids))[self._emitted :]
+
     @property
     def text(self) -> str:
         """All text returned so far by ``step`` and ``flush``."""

@@ -169,9 +169,11 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         token_ids = logits.argmax(dim=-1)
         logprobs = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        # one device-to-host transfer (one sync) for both: float64 holds every token id and float32 exactly
+        ids, values = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))).tolist()
         return SampleResult(
-            token_ids=token_ids.tolist(),
-            logprobs=logprobs.tolist(),
+            token_ids=[int(t) for t in ids],
+            logprobs=values,
             ranks=[1] * len(rows),
             top_logprobs=self._top_logprobs(raw_logprobs, rows),
         )

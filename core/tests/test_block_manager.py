@@ -76,3 +76,16 @@ def test_reserve_is_honoured():
     bm = BlockManager(num_blocks=3, block_size=4)
     assert bm.can_allocate(0, 8, reserve=1)
     assert not bm.can_allocate(0, 12, reserve=1)
+
+
+def test_private_slot_means_allocated_and_unshared():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    assert not bm.has_private_slot(1, 0)  # no table yet
+    assert bm.allocate(1, 6) == [0, 1]
+    assert bm.has_private_slot(1, 5) and bm.has_private_slot(1, 7)
+    assert not bm.has_private_slot(1, 8)  # past the table: needs a new block
+    bm.fork(1, 2)
+    assert not bm.has_private_slot(1, 5) and not bm.has_private_slot(2, 5)  # shared: copy-on-write first
+    assert bm.copy_on_write(2, 5) == (1, 2)
+    assert bm.has_private_slot(1, 5) and bm.has_private_slot(2, 5)
+    assert not bm.has_private_slot(2, 1)  # block 0 is still shared

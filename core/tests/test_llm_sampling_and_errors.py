@@ -153,3 +153,39 @@ def test_installed_but_unavailable_device_says_why(tiny_llama_dir):
         pytest.skip("the AMD plugin is not installed here")
     with pytest.raises(DeviceNotAvailableError, match="device 'rocm' .* is not available: .*Available devices: .*cpu"):
         LLM(model=tiny_llama_dir, device="rocm")
+
+
+def _stepped_outputs(llm, prompts, params):
+    """Run requests through the engine with per-step outputs (the server's path): text decoded per token."""
+    engine = llm.llm_engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"stepped-{i}", prompt, params)
+    final = {}
+    num_partial = 0
+    while len(final) < len(prompts):
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+            else:
+                num_partial += 1
+    assert num_partial > 0  # per-step outputs did arrive
+    return [final[f"stepped-{i}"].outputs[0] for i in range(len(prompts))]
+
+
+def test_offline_text_decoded_once_equals_per_token_text(llm):
+    # LLM.generate asks for final outputs only, so text is decoded once at the end; it must equal the
+    # per-token incremental text, including where a stop token cuts its own text.
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    offline = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    stepped = _stepped_outputs(llm, PROMPTS, params)
+    assert [c.text for c in offline] == [c.text for c in stepped]
+    assert all(c.text for c in offline)
+    stop_tok = offline[2].token_ids[5]
+    cut_params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_tok])
+    cut_offline = llm.generate(PROMPTS[2], cut_params, use_tqdm=False)[0].outputs[0]
+    cut_stepped = _stepped_outputs(llm, [PROMPTS[2]], cut_params)[0]
+    assert cut_offline.stop_reason == cut_stepped.stop_reason == stop_tok
+    assert cut_offline.token_ids == cut_stepped.token_ids
+    assert cut_offline.text == cut_stepped.text
+    assert len(cut_offline.text) < len(offline[2].text)
+    assert_all_blocks_free(llm)

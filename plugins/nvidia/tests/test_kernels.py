@@ -135,3 +135,27 @@ def test_decode_split_choice():
     assert t.decode_splits(1, 8, 1000) == 2  # short context: no split under 256 keys
     assert t.decode_splits(256, 8, 8192) == 1  # big batch fills the GPU by itself
     assert all(t.decode_splits(b, 8, None) & (t.decode_splits(b, 8, None) - 1) == 0 for b in range(1, 300))
+
+
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "tile", "dtype"),
+    [(40, 64, (16, 32), torch.float16), (37, 100, (8, 32), torch.float32), (24, 2048, (4, 1024), torch.float16)],
+)
+def test_gemv_matches_float64(device, out_features, in_features, tile, dtype):
+    gen = torch.Generator().manual_seed(out_features * in_features)
+    x = torch.randn(1, in_features, generator=gen).to(dtype).to(device)
+    weight = torch.randn(out_features, in_features, generator=gen).to(dtype).to(device)
+    bias = torch.randn(out_features, generator=gen).to(dtype).to(device)
+    ref = x.double() @ weight.double().T + bias.double()
+    out = launchers.gemv(x, weight, bias, block_n=tile[0], block_k=tile[1])
+    assert out.shape == (1, out_features) and out.dtype == dtype
+    # fp32 accumulation; the only rounding beyond it is the store in the output dtype
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    no_bias = launchers.gemv(x[0], weight, block_n=tile[0], block_k=tile[1])
+    torch.testing.assert_close(no_bias.double(), ref[0] - bias.double(), rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_gemv_refuses_more_than_one_row(device):
+    with pytest.raises(ValueError, match="one row"):
+        launchers.gemv(torch.randn(2, 8).to(device), torch.randn(4, 8).to(device))

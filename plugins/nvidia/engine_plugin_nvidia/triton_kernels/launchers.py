@@ -10,6 +10,7 @@ import torch
 
 from engine_plugin_nvidia.triton_kernels import attention_kernels as ak
 from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
+from engine_plugin_nvidia.triton_kernels import gemv_kernels as gk
 from engine_plugin_nvidia.triton_kernels.launch import KernelTuning, next_power_of_2
 
 
@@ -235,3 +236,31 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def triton_cdiv(a: int, b: int) -> int:
     """Ceiling division for grid sizes."""
     return -(-a // b)
+
+
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    block_n: int = 16, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
+) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``.
+
+    Raises:
+        ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
+    """
+    n, k = weight.shape
+    if x.numel() != k:
+        raise ValueError(f"gemv takes one row of {k} values, got x of shape {tuple(x.shape)}")
+    if weight.stride(1) != 1:
+        raise ValueError("gemv needs a weight with contiguous rows")
+    if bias is not None and bias.numel() != n:
+        raise ValueError(f"bias has {bias.numel()} values for {n} outputs")
+    flat = x.reshape(k)
+    if flat.stride(0) != 1:
+        flat = flat.contiguous()
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    gk.gemv_kernel[(-(-n // block_n),)](
+        flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return y.reshape(*x.shape[:-1], n)
