@@ -42,6 +42,9 @@ class SchedulerConfig(BaseModel):
             frees them and recomputes later, ``auto`` swaps where the platform's block cache can.
         priority_aging_steps: a waiting request gains one priority level per this many steps, so a
             stream of important requests cannot starve a less important one forever.
+        async_scheduling: overlap the host's work (taking the last step's tokens, scheduling and building
+            the next step) with the device running the current step, for steps whose rows all sample
+            greedily on the device; the tokens are the same either way.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -51,6 +54,7 @@ class SchedulerConfig(BaseModel):
     max_waiting_requests: int | None = Field(None, ge=1)
     priority_aging_steps: int = Field(100, ge=1)
     preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
+    async_scheduling: bool = True
 
 
 class EngineConfig(BaseModel):

@@ -19,7 +19,7 @@ from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Platform
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.errors import ModelLoadError
-from engine.model_runner import ModelRunner
+from engine.model_runner import LaunchedStep, ModelRunner
 from engine.models.registry import model_registry, supported_architectures
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.plugins.manager import PluginManager
@@ -29,7 +29,7 @@ from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import Sampler, SampleResult, check_params_against_vocab, make_generator
 from engine.sampling.stop import StopChecker
 from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,8 @@ class LLMEngine:
             )  # fmt: skip
             self.runner.decode_graphs.capture()
         self.requests: dict[str, Request] = {}
+        #: the overlapped step whose tokens are still on the device (see :meth:`step`)
+        self._in_flight: LaunchedStep | None = None
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.beams = BeamSearcher(
@@ -280,25 +282,33 @@ class LLMEngine:
     # --- stepping ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns an output for each request that produced tokens."""
+        """Run one scheduler step; returns an output for each request that produced tokens.
+
+        With async scheduling a step whose rows all sample greedily on the device is left in flight:
+        the next call issues the following step first (its rows read those tokens on the device) and
+        only then reads them back, so the host's work overlaps the device's. Outputs then arrive one
+        call later; the tokens are the same.
+        """
         plan = self.scheduler.schedule()
-        if plan.is_empty:
-            return []
-        targets, result = self.runner.execute(plan, self.generator)
-        self.scheduler.advance(plan)
+        previous, self._in_flight = self._in_flight, None
+        launched = None
+        if not plan.is_empty:
+            overlap = self.config.scheduler.async_scheduling and not self.beams.groups
+            launched = self.runner.launch(plan, self.generator, previous, overlap=overlap)
         touched: dict[str, Request] = {}
-        if result is not None:
-            for i, seq in enumerate(targets):
-                if self.beams.owns(seq):
-                    self.beams.on_sampled(seq, result.top_logprobs[i])
-                    continue
-                if seq.pending_forks:
-                    self._fork_siblings(seq)
-                self._append_token(seq, result, i)
-                request = self.requests.get(seq.request_id)
-                if request is not None:
-                    touched[seq.request_id] = request
+        if previous is not None:
+            self._take_samples(previous, touched)
+        if launched is not None:
+            self.scheduler.advance(plan)
+            if not launched.overlapped:
+                self._take_samples(launched, touched)
         outputs = [self._make_output(r) for r in touched.values() if not r.final_only or r.is_finished]
+        if launched is not None and launched.overlapped:
+            for seq in launched.targets:
+                # a sequence the previous step's tokens finished has its extra row dropped
+                if not seq.is_finished:
+                    seq.output_token_ids.append(PENDING_TOKEN)
+            self._in_flight = launched
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
@@ -307,6 +317,26 @@ class LLMEngine:
                 c.text = self.tokenizer.decode(c.token_ids)
             outputs.append(out)
         return outputs
+
+    def _take_samples(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:
+        """Append a step's sampled tokens to their sequences (replacing the placeholders of an overlapped step)."""
+        result = launched.resolve()
+        if result is None:
+            return
+        for i, seq in enumerate(launched.targets):
+            if launched.overlapped:
+                if seq.is_finished or not seq.output_token_ids or seq.output_token_ids[-1] != PENDING_TOKEN:
+                    continue  # finished or aborted while the step was in flight
+                seq.output_token_ids.pop()
+            if self.beams.owns(seq):
+                self.beams.on_sampled(seq, result.top_logprobs[i])
+                continue
+            if seq.pending_forks:
+                self._fork_siblings(seq)
+            self._append_token(seq, result, i)
+            request = self.requests.get(seq.request_id)
+            if request is not None:
+                touched[seq.request_id] = request
 
     def _fork_siblings(self, parent: Sequence) -> None:
         for child in parent.pending_forks:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import torch
 
@@ -12,9 +13,9 @@ from engine.decode_graphs import DecodeGraphs
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
-from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
+from engine.sampling.sampler import Sampler, SampleResult, SamplingRow, greedy_result
 from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from engine.sequence import PENDING_TOKEN, Sequence
 
 
 @dataclass(slots=True)
@@ -28,6 +29,39 @@ class StepInputs:
     #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
     #: siblings waiting to fork from it (they sample their first token from the same logits)
     sample_targets: list[Sequence]
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step issued to the device. A synchronous step carries its result; an overlapped one carries its
+    sampled tokens on the device (the next step reads them there) and a host copy in flight.
+
+    Attributes:
+        targets: the sequence of each sampled row.
+        result: the sampled tokens, once read (always set for a synchronous step).
+        token_ids: the overlapped step's int64 token ids ``[rows]`` on the device, else None.
+        row_of: seq_id -> row of ``token_ids``.
+    """
+
+    targets: list[Sequence]
+    result: SampleResult | None = None
+    token_ids: torch.Tensor | None = None
+    row_of: dict[int, int] = field(default_factory=dict)
+    _host: torch.Tensor | None = None
+    _ready: Any = None
+
+    @property
+    def overlapped(self) -> bool:
+        return self.token_ids is not None
+
+    def resolve(self) -> SampleResult | None:
+        """The sampled tokens (None if no row sampled); waits only for this step's copy to land."""
+        if self.result is None and self._host is not None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self.result = greedy_result(self._host)
+            self._host = self._ready = None
+        return self.result
 
 
 class ModelRunner:
@@ -60,7 +94,7 @@ class ModelRunner:
         #: set by the engine when the platform records graphs: pure-decode steps replay through it
         self.decode_graphs: DecodeGraphs | None = None
 
-    def prepare(self, step: SchedulerOutput) -> StepInputs:
+    def prepare(self, step: SchedulerOutput, previous: LaunchedStep | None = None) -> StepInputs:
         # Host work here is per sequence and per step, so at a few hundred sequences it competes with the
         # GPU's step time: one-token rows (decodes) take a short path, and tensors cross in two copies.
         bm = self.block_manager
@@ -74,6 +108,9 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_indices: list[int] = []
         targets: list[Sequence] = []
+        # rows whose input is the previous (overlapped) step's sample, still only on the device
+        fill_rows: list[int] = []
+        fill_from: list[int] = []
         offset = 0
         for item in step.scheduled:
             seq, n = item.seq, item.num_new_tokens
@@ -83,9 +120,14 @@ class ModelRunner:
             query_lens.append(n)
             if n == 1:
                 prompt_len = len(seq.prompt_token_ids)
-                input_ids.append(
-                    seq.prompt_token_ids[start] if start < prompt_len else seq.output_token_ids[start - prompt_len]
-                )
+                token = seq.prompt_token_ids[start] if start < prompt_len else seq.output_token_ids[start - prompt_len]
+                if token == PENDING_TOKEN:
+                    if previous is None or seq.seq_id not in previous.row_of:
+                        raise RuntimeError(f"sequence {seq.seq_id} waits for a token no step in flight samples")
+                    fill_rows.append(len(input_ids))
+                    fill_from.append(previous.row_of[seq.seq_id])
+                    token = 0
+                input_ids.append(token)
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
                 seq_lens.append(start + 1)
@@ -116,10 +158,17 @@ class ModelRunner:
         padded_tables = chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in tables)
         # Everything crosses in one int64 transfer (each copy is a fixed cost that batch-1 decode pays
         # every token); the int32 fields are cast on the device.
-        parts = (input_ids, positions, slots, logits_indices, qsl, seq_lens)
+        parts = (input_ids, positions, slots, logits_indices, qsl, seq_lens, fill_rows, fill_from)
         sizes = [len(p) for p in parts] + [len(tables) * width]
-        packed = torch.tensor(list(chain(*parts, padded_tables)), dtype=torch.int64).to(self.device, non_blocking=True)
-        ids_t, pos_t, slots_t, logits_t, qsl_t, seq_lens_t, tables_t = packed.split(sizes)
+        packed = torch.tensor(list(chain(*parts, padded_tables)), dtype=torch.int64)
+        if self.device.type != "cpu":
+            # from pageable memory the copy would wait for the step in flight; pinned, it queues behind it
+            packed = packed.pin_memory()
+        packed = packed.to(self.device, non_blocking=True)
+        ids_t, pos_t, slots_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, tables_t = packed.split(sizes)
+        if fill_rows:
+            assert previous is not None and previous.token_ids is not None
+            ids_t[fill_rows_t] = previous.token_ids[fill_from_t]
         table_tensor = tables_t.view(len(tables), width).to(torch.int32)
         metadata = AttentionMetadata(
             query_start_loc=qsl_t.to(torch.int32),
@@ -143,10 +192,25 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(
-        self, step: SchedulerOutput, generator: torch.Generator | None
-    ) -> tuple[list[Sequence], SampleResult | None]:
-        """Run the step; returns the sequences that sampled and their tokens (None if none sampled)."""
+    def launch(
+        self,
+        step: SchedulerOutput,
+        generator: torch.Generator | None,
+        previous: LaunchedStep | None = None,
+        overlap: bool = False,
+    ) -> LaunchedStep:
+        """Issue the step to the device.
+
+        Args:
+            step: what the scheduler picked.
+            generator: the engine's generator for unseeded random rows.
+            previous: the overlapped step still in flight, whose device tokens feed this step's rows.
+            overlap: allow leaving the sampled tokens on the device (when every row samples greedily
+                without host-side processing); otherwise the step is read back before returning.
+
+        Returns:
+            The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
+        """
         # Order matters: a block freed by a swap-out or a copy-on-write may be reused in this same step.
         if step.swap_out:
             self.block_cache.swap_out(step.swap_out)
@@ -154,12 +218,12 @@ class ModelRunner:
             self.block_cache.copy_blocks(step.copies)
         if step.swap_in:
             self.block_cache.swap_in(step.swap_in)
-        inputs = self.prepare(step)
+        inputs = self.prepare(step, previous)
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
             if not inputs.sample_targets:
-                return [], None
+                return LaunchedStep([])
         else:
             hidden = None
             if self.decode_graphs is not None:
@@ -167,13 +231,41 @@ class ModelRunner:
             if hidden is None:
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
             if not inputs.sample_targets:
-                return [], None
+                return LaunchedStep([])
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
-        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in inputs.sample_targets]
+        targets = inputs.sample_targets
+        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in targets]
+        if overlap and self._can_overlap(targets, rows):
+            token_ids, logprobs = self.sampler.greedy_on_device(logits)
+            both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
+            # a non-blocking copy to (pinned) host memory plus an event: reading it later waits for
+            # this step only, not for the next step issued behind it
+            host = both.to("cpu", non_blocking=True)
+            ready = None
+            if both.device.type != "cpu":
+                ready = torch.Event(device=both.device)
+                ready.record()
+            row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
+            return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
         if not self.sampler.runs_on_any_device(rows):
             # seeded and processed rows sample with host generators and host-side bookkeeping
             logits = logits.cpu()
-        return inputs.sample_targets, self.sampler(logits, rows, generator)
+        return LaunchedStep(targets, result=self.sampler(logits, rows, generator))
+
+    def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow]) -> bool:
+        """Rows that need nothing from the host to sample: greedy, unprocessed, no top logprobs, no forks."""
+        return (
+            self.sampler.runs_on_any_device(rows)
+            and all(r.params.logprobs is None for r in rows)
+            and not any(seq.pending_forks for seq in targets)
+        )
+
+    def execute(
+        self, step: SchedulerOutput, generator: torch.Generator | None
+    ) -> tuple[list[Sequence], SampleResult | None]:
+        """Run the step synchronously; returns the sequences that sampled and their tokens (None if none)."""
+        launched = self.launch(step, generator)
+        return launched.targets, launched.resolve()
 
     @torch.inference_mode()
     def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:

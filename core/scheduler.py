@@ -226,5 +226,7 @@ class Scheduler:
         bm = self.block_manager
         for item in output.scheduled:
             seq = item.seq
+            if seq.status is SequenceStatus.FINISHED:
+                continue  # finished by the tokens of the step before (overlapped): its blocks are gone
             seq.num_computed_tokens += item.num_new_tokens
             bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens)

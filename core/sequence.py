@@ -8,6 +8,10 @@ from typing import Any
 
 from engine.sampling.params import SamplingParams
 
+#: stands for a token the device sampled but the host has not read yet (overlapped steps): it is the last
+#: output token of a sequence between the step that samples it and the next step, which reads it on the device
+PENDING_TOKEN = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -25,7 +29,7 @@ class Sequence:
         request_id: the owning request.
         index: which of the request's completions this is.
         prompt_token_ids: the prompt.
-        output_token_ids: tokens generated so far.
+        output_token_ids: tokens generated so far (the last may be ``PENDING_TOKEN`` while a step is in flight).
         num_computed_tokens: leading tokens whose KV is in the cache.
         arrival: monotonically increasing admission order (lower is older, scheduled first).
         priority: lower runs first (0 by default); ties go to the older sequence.

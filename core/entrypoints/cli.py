@@ -84,6 +84,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV block")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not reuse the KV blocks of shared prompt prefixes (on by default)")
+    parser.add_argument("--no-async-scheduling", action="store_true",
+                        help="read each step's tokens back before building the next (by default the host "
+                             "prepares the next step while the device runs greedy steps)")
     parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                         help="when KV blocks run out: swap a request to host memory, or recompute it later")
     parser.add_argument("--quantization", default="auto", choices=["auto", "none"],
@@ -107,7 +110,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cache["kv_cache_memory_bytes" if size is not None else "memory_fraction"] = size if size is not None else fraction
     if args.block_size is not None:
         cache["block_size"] = args.block_size
-    scheduler: dict[str, object] = {"max_waiting_requests": args.max_waiting_requests, "preemption_mode": args.preemption_mode}
+    scheduler: dict[str, object] = {
+        "max_waiting_requests": args.max_waiting_requests,
+        "preemption_mode": args.preemption_mode,
+        "async_scheduling": not getattr(args, "no_async_scheduling", False),
+    }
     if args.max_num_seqs is not None:
         scheduler["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens is not None:

@@ -85,6 +85,13 @@ def check_params_against_vocab(params: SamplingParams, vocab_size: int) -> None:
             )
 
 
+def greedy_result(ids_and_logprobs: torch.Tensor, top_logprobs: list | None = None) -> SampleResult:
+    """A :class:`SampleResult` from ``[2, rows]`` float64 (token ids, then their logprobs), copied to the
+    host in one transfer (float64 holds every token id and float32 logprob exactly); ranks are 1."""
+    ids, values = ids_and_logprobs.tolist()
+    return SampleResult([int(t) for t in ids], values, [1] * len(ids), top_logprobs or [None] * len(ids))
+
+
 def _needs_processing(row: SamplingRow) -> bool:
     """Whether the row changes the logits before the pick (anything beyond a plain argmax or draw)."""
     p = row.params
@@ -162,21 +169,29 @@ class Sampler:
         """
         return all(r.params.greedy for r in rows) and not any(_needs_processing(r) for r in rows)
 
+    def greedy_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Argmax token ids and their raw logprobs, left on the logits' device (nothing waits for it).
+
+        Args:
+            logits: ``[rows, width]`` with ``width >= vocab_size``.
+
+        Returns:
+            int64 token ids ``[rows]`` and float32 logprobs ``[rows]``.
+        """
+        # log_softmax beats logsumexp on CPU by ~4x; argmax takes the first maximum, so the rank is 1
+        raw_logprobs = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
+        token_ids = raw_logprobs.argmax(dim=-1)
+        return token_ids, raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-        # The hot path: two vectorised passes over the logits and no per-row work. (log_softmax beats
-        # logsumexp on CPU by ~4x.) argmax takes the first maximum, so no token scores strictly
-        # higher and the rank is 1.
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        token_ids = logits.argmax(dim=-1)
-        logprobs = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-        # one device-to-host transfer (one sync) for both: float64 holds every token id and float32 exactly
-        ids, values = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))).tolist()
-        return SampleResult(
-            token_ids=[int(t) for t in ids],
-            logprobs=values,
-            ranks=[1] * len(rows),
-            top_logprobs=self._top_logprobs(raw_logprobs, rows),
-        )
+        # The hot path: vectorised passes over the logits and no per-row work.
+        if any(r.params.logprobs for r in rows):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+            top = self._top_logprobs(raw_logprobs, rows)
+        else:
+            top = [None if r.params.logprobs is None else [] for r in rows]
+        token_ids, logprobs = self.greedy_on_device(logits)
+        return greedy_result(torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))), top)
 
     def _process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Logit bias, min_tokens and penalties, applied to the rows that ask for them."""

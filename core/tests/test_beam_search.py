@@ -46,19 +46,19 @@ def test_beams_share_blocks(models):
     _, llm = models
     engine = llm.llm_engine
     peak = 0
-    original = engine.runner.execute
+    original = engine.runner.launch
 
-    def spying_execute(plan, gen):
+    def spying_launch(plan, gen, *args, **kwargs):
         nonlocal peak
         peak = max(peak, engine.num_total_blocks - engine.num_free_blocks)
-        return original(plan, gen)
+        return original(plan, gen, *args, **kwargs)
 
-    engine.runner.execute = spying_execute
+    engine.runner.launch = spying_launch
     try:
         prompt = "word " * 60  # 61 tokens: 8 blocks of 8 before any generated token
         llm.beam_search(prompt, BeamSearchParams(beam_width=4, max_tokens=4, ignore_eos=True))
     finally:
-        engine.runner.execute = original
+        engine.runner.launch = original
     # Four unshared beams would need 4 * 9 blocks; sharing keeps it near one prompt's worth.
     assert peak <= 8 + 4 + 4
     assert_all_blocks_free(llm)

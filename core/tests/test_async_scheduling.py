@@ -1,0 +1,127 @@
+"""Overlapped (async) scheduling: the next step is issued before the last one's tokens are read back,
+and every output equals the synchronous engine's, through preemption, stops, mixed sampling and aborts."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.model_runner import LaunchedStep
+from engine_test_utils import assert_all_blocks_free
+
+PROMPTS = [
+    "Hello there",
+    "The weather today is",
+    "Numbers: 4, 8, 15,",
+    "Once upon a time in a land far away, there lived",
+    "A",
+    "def fibonacci(n):",
+]
+
+
+def _llm(path: str, async_scheduling: bool, **kwargs) -> LLM:
+    return LLM(model=path, device="cpu", dtype="float32", async_scheduling=async_scheduling, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama_dir):
+    return _llm(tiny_llama_dir, True, kv_cache_memory_bytes=32 << 20), _llm(tiny_llama_dir, False, kv_cache_memory_bytes=32 << 20)
+
+
+def _tokens(outs):
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs]
+
+
+def test_next_step_is_issued_before_the_last_is_read(pair):
+    overlapped, _ = pair
+    engine = overlapped.llm_engine
+    events: list[tuple[str, int]] = []
+    original_launch, original_resolve = engine.runner.launch, LaunchedStep.resolve
+
+    def spying_launch(*args, **kwargs):
+        launched = original_launch(*args, **kwargs)
+        events.append(("launch", id(launched)))
+        return launched
+
+    def spying_resolve(self):
+        events.append(("resolve", id(self)))
+        return original_resolve(self)
+
+    engine.runner.launch = spying_launch
+    LaunchedStep.resolve = spying_resolve
+    try:
+        overlapped.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    finally:
+        engine.runner.launch = original_launch
+        LaunchedStep.resolve = original_resolve
+    launches = [key for kind, key in events if kind == "launch"]
+    first_resolve = {key: events.index(("resolve", key)) for kind, key in events if kind == "resolve"}
+    overlaps = sum(
+        1 for a, b in zip(launches, launches[1:]) if a in first_resolve and events.index(("launch", b)) < first_resolve[a]
+    )
+    # 12 tokens each: after the prefill step, nearly every step's tokens are read after the next is issued
+    assert overlaps >= 9
+    assert_all_blocks_free(overlapped)
+
+
+def test_outputs_equal_the_synchronous_engine(pair):
+    overlapped, synchronous = pair
+    eos_free = SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True)
+    reference = synchronous.generate(PROMPTS, eos_free, use_tqdm=False)
+    stop_token = reference[2].outputs[0].token_ids[6]
+    params = [
+        eos_free,
+        SamplingParams(max_tokens=9, temperature=0.0),  # EOS may end it
+        SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_token]),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=17, temperature=0.9, seed=11, ignore_eos=True),  # host-sampled rows: sync steps
+        SamplingParams(max_tokens=13, temperature=0.0, ignore_eos=True, logprobs=2),  # top logprobs: sync steps
+    ]
+    got = overlapped.generate(PROMPTS, params, use_tqdm=False)
+    want = synchronous.generate(PROMPTS, params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    assert got[2].outputs[0].stop_reason == stop_token
+    assert [len(o.outputs[0].token_ids) for o in got][3] == 5
+    assert got[5].outputs[0].logprobs == want[5].outputs[0].logprobs
+    assert_all_blocks_free(overlapped)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_with_steps_in_flight(tiny_llama_dir, pair, mode):
+    _, synchronous = pair
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in synchronous.generate(PROMPTS, params, use_tqdm=False)]
+    # 12 blocks of 8 tokens cannot hold six sequences of up to ~60 tokens: preemption must happen
+    small = _llm(tiny_llama_dir, True, block_size=8, num_blocks_override=12, max_num_batched_tokens=64, preemption_mode=mode)
+    outs = small.generate(PROMPTS, params, use_tqdm=False)
+    assert small.llm_engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert_all_blocks_free(small)
+
+
+def test_streamed_steps_and_abort_in_flight(pair):
+    overlapped, synchronous = pair
+    engine = overlapped.llm_engine
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    want = synchronous.generate(PROMPTS[1], params, use_tqdm=False)[0].outputs[0].token_ids
+    engine.add_request("keep", PROMPTS[1], params)
+    engine.add_request("drop", PROMPTS[3], params)
+    seen: list[list[int]] = []
+    for _ in range(6):
+        for out in engine.step():
+            if out.request_id == "keep":
+                seen.append(out.outputs[0].token_ids)
+    assert engine._in_flight is not None  # a step is in flight as the request is aborted
+    engine.abort_request("drop")
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id == "keep"
+            seen.append(out.outputs[0].token_ids)
+            final = out
+    assert final is not None and final.finished
+    assert final.outputs[0].token_ids == want
+    # per-step outputs grow one real token at a time and never show a placeholder
+    assert all(-1 not in ids for ids in seen)
+    assert [len(ids) for ids in seen] == list(range(len(seen[0]), len(seen[0]) + len(seen)))
+    assert_all_blocks_free(overlapped)
