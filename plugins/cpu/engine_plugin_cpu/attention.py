@@ -24,6 +24,7 @@ from engine_plugin_cpu.attention_plan import (
     StepPlan,
     build_step_plan,
 )
+from engine_plugin_cpu.captured_attention import CapturedStepCache, call_decode_op, register_decode_op
 from engine_plugin_cpu.chunked_softmax import attend, attend_with_lse, flash_with_lse_available, merge_chunk
 from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 
@@ -31,6 +32,8 @@ from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZ
 PLAN_KEY = "cpu_attention_plan"
 #: where the grouping of equal-length prefills is cached, next to the plan
 PREFILL_BATCHES_KEY = "cpu_prefill_batches"
+#: set by the core's decode graphs: the step is a padded bucket being compiled or replayed
+GRAPH_CAPTURE_KEY = "graph_capture"
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -57,6 +60,10 @@ class CpuAttentionBackend(AttentionBackend):
         self.use_flash = flash_with_lse_available() if use_flash is None else use_flash
         self.single_thread_max_work = single_thread_max_work
         self.workspace = GatherWorkspace()
+        # registered up front: a compiler tracing the first captured step cannot register an op
+        self._decode_op = register_decode_op(self)
+        #: the real rows of the padded decode step being run, shared by its layers' op calls
+        self.captured_steps = CapturedStepCache()
 
     def kv_cache_shape(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
@@ -76,6 +83,8 @@ class CpuAttentionBackend(AttentionBackend):
             self._store(key, value, kv_cache, rows, slots.index_select(0, rows))
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        if metadata.extras.get(GRAPH_CAPTURE_KEY):
+            return call_decode_op(self._decode_op, query, key, value, kv_cache, metadata)
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key.shape[1]
         check_shapes(query, key, value, kv_cache, metadata.block_size)

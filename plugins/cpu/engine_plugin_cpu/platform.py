@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend
+from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 from engine.interfaces.platform import Capabilities, DetectResult, Platform
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 # torch's CPU SDPA and the fallback matmul path have no head-size limits; these are the tested ones
 SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 256)
+#: set to 1 to compile decode steps with torch.compile (graph_capture claimed); off by default because
+#: on 2 cores it bought ~12% at batch 1, nothing at 32, for 2+ minutes of start-up (BENCHMARKS.md)
+COMPILE_ENV = "ENGINE_CPU_COMPILE"
 
 
 class CpuPlatform(Platform):
@@ -54,7 +58,7 @@ class CpuPlatform(Platform):
             block_sizes=SUPPORTED_BLOCK_SIZES,
             head_sizes=SUPPORTED_HEAD_SIZES,
             quant_schemes=QUANT_SCHEMES,
-            graph_capture=False,
+            graph_capture=compile_enabled(),
             sliding_window=True,
             logits_soft_cap=True,
             swap=True,
@@ -97,7 +101,14 @@ class CpuPlatform(Platform):
     def make_gemm_backend(self) -> GemmBackend:
         from engine_plugin_cpu.gemm import CpuGemmBackend
 
-        return CpuGemmBackend()
+        return CpuGemmBackend(prepack=not compile_enabled())
+
+    def make_graph_capture(self) -> GraphCapture:
+        if not compile_enabled():
+            return EagerGraphCapture()
+        from engine_plugin_cpu.graph_capture import CompiledGraphCapture
+
+        return CompiledGraphCapture()
 
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         from engine_plugin_cpu.fast_ops import cpu_op_overrides
@@ -108,6 +119,12 @@ class CpuPlatform(Platform):
         from engine_plugin_cpu.block_cache import CpuBlockCache
 
         return CpuBlockCache(spec, num_blocks, attention)
+
+
+def compile_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether decode steps are compiled (``ENGINE_CPU_COMPILE=1``); ``enforce_eager`` still wins."""
+    value = (os.environ if environ is None else environ).get(COMPILE_ENV, "0")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def preferred_dtype(cpuinfo_path: str = CPUINFO_PATH) -> str:

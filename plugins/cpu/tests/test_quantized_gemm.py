@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from engine.loader.quantized import concat_rows, map_rows
-from engine_plugin_cpu.gemm import INT4_MAX_PACKED_ROWS, INT8_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
+from engine_plugin_cpu.gemm import (
+    INT4_MAX_PACKED_ROWS,
+    INT8_MAX_PACKED_ROWS,
+    SINGLE_THREAD_MAX_ROWS,
+    CpuGemmBackend,
+    PackedWeight,
+    dense_linear,
+    prepack_dense,
+)
 from engine_plugin_cpu.quant_pack import unpack_q4, unpack_q8_0
 from engine_plugin_sdk.quant import make_quantized_weight
 
@@ -83,3 +91,36 @@ def test_row_edits_stay_quantized_and_match_dense() -> None:
     ).abs().max() <= BF16_REL_TOL * expected.abs().max()
     with pytest.raises(ValueError, match="cannot stack"):
         concat_rows([a, make_quantized_weight("gguf_q8_0", 16, 64)])
+
+
+def test_prepacked_dense_copy_is_bit_identical_to_linear() -> None:
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    weight = torch.randn(100, 256, generator=gen).to(torch.bfloat16)
+    packed = prepack_dense(weight)
+    for rows in (1, 13, 40):
+        x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
+        assert torch.equal(dense_linear(x, packed, None), torch.nn.functional.linear(x, weight))
+
+
+def test_small_batches_run_single_threaded_and_restore_the_pool() -> None:
+    original = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gemm = CpuGemmBackend()
+        prepared = gemm.prepare_weight(make_quantized_weight("gguf_q4_1", 64, 128, seed=3), torch.bfloat16)
+        seen: list[int] = []
+        real = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+        def spy(*args: object) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return real(*args)
+
+        torch.ops.aten._weight_int4pack_mm_for_cpu = spy  # type: ignore[assignment]
+        try:
+            for rows in (1, SINGLE_THREAD_MAX_ROWS + 1):
+                gemm.linear(torch.randn(rows, 128).to(torch.bfloat16), prepared)
+        finally:
+            torch.ops.aten._weight_int4pack_mm_for_cpu = real  # type: ignore[assignment]
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(original)
