@@ -36,6 +36,9 @@ DENSE_COPY_ENV = "ENGINE_CPU_DENSE_COPY"
 #: most activation rows a packed kernel runs on one thread; measured on 2 cores at batch 1: 46 tok/s
 #: with 2 threads, 51 with 1 (the int4 and int8 kernels do not speed up with a second thread there)
 SINGLE_THREAD_MAX_ROWS = 4
+#: ... unless the weight is large: the tied 49152x576 int8 lm_head takes 3.3 ms on one thread and 1.6 ms
+#: on two; the layer matrices (up to 3072x576) are as fast or faster on one
+SINGLE_THREAD_MAX_ELEMENTS = 8 * 2**20
 
 
 @dataclass(slots=True)
@@ -126,7 +129,8 @@ class CpuGemmBackend(GemmBackend):
         if torch.compiler.is_compiling():
             return self._packed_linear(x, weight, bias, rows)
         threads = torch.get_num_threads()
-        if rows > SINGLE_THREAD_MAX_ROWS or threads == 1:
+        large = weight.out_features * weight.in_features > SINGLE_THREAD_MAX_ELEMENTS
+        if rows > SINGLE_THREAD_MAX_ROWS or threads == 1 or large:
             return self._packed_linear(x, weight, bias, rows)
         torch.set_num_threads(1)
         try:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.loader.quantized import concat_rows, map_rows
+from engine_plugin_cpu import gemm as gemm_module
 from engine_plugin_cpu.gemm import (
     INT4_MAX_PACKED_ROWS,
     INT8_MAX_PACKED_ROWS,
@@ -119,8 +120,12 @@ def test_small_batches_run_single_threaded_and_restore_the_pool() -> None:
         try:
             for rows in (1, SINGLE_THREAD_MAX_ROWS + 1):
                 gemm.linear(torch.randn(rows, 128).to(torch.bfloat16), prepared)
+            # a weight above the size limit (the lm_head's case) keeps every thread even for one row
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(gemm_module, "SINGLE_THREAD_MAX_ELEMENTS", 64 * 128 - 1)
+                gemm.linear(torch.randn(1, 128).to(torch.bfloat16), prepared)
         finally:
             torch.ops.aten._weight_int4pack_mm_for_cpu = real  # type: ignore[assignment]
-        assert seen == [1, 2] and torch.get_num_threads() == 2
+        assert seen == [1, 2, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(original)
