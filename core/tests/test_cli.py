@@ -112,6 +112,9 @@ def test_engine_config_from_args():
     assert config.cache.kv_cache_memory_bytes == 2**30
     assert config.scheduler.max_num_seqs == 4 and config.scheduler.max_waiting_requests == 9
     assert config.max_model_len == 128 and config.model is None and config.device == "auto"
+    assert config.scheduler.async_scheduling
+    sync = cli.engine_config_from_args(cli.build_parser().parse_args(["serve", "--no-async-scheduling"]))
+    assert not sync.scheduler.async_scheduling
 
 
 def test_conformance_is_wired_to_the_runner(monkeypatch, tmp_path):
