@@ -240,11 +240,7 @@ class ModelRunner:
             both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
             # a non-blocking copy to (pinned) host memory plus an event: reading it later waits for
             # this step only, not for the next step issued behind it
-            host = both.to("cpu", non_blocking=True)
-            ready = None
-            if both.device.type != "cpu":
-                ready = torch.Event(device=both.device)
-                ready.record()
+            host, ready = _copy_to_host_async(both)
             row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
             return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
         if not self.sampler.runs_on_any_device(rows):
@@ -279,3 +275,18 @@ class ModelRunner:
     def _platform_logits(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
         step = FlatStep.from_step_tensors(inputs.input_ids, inputs.positions, inputs.metadata, logits_indices)
         return self.model.compute_logits(step, self.block_cache)
+
+
+def _copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """A non-blocking copy to (pinned) host memory and an event marking its end; a device whose torch
+    backend has no generic events gets a blocking copy instead (correct, just not overlapped)."""
+    if tensor.device.type == "cpu":
+        return tensor, None
+    try:
+        ready = torch.Event(device=tensor.device)
+    except (RuntimeError, ValueError, TypeError):
+        return tensor.cpu(), None
+    host = tensor.to("cpu", non_blocking=True)
+    ready.record()
+    return host, ready
+
