@@ -355,32 +355,21 @@ class LLMEngine:
                 if tid not in entry:
                     entry[tid] = Logprob(lp, rank, self.tokenizer.decode([tid], skip_special_tokens=False))
             seq.logprobs.append(entry)
-        if seq.defer_text:
-            self._check_stop_deferred(seq)
-            return
-        new_text = seq.detokenizer.step(token)
+        new_text = "" if seq.defer_text else seq.detokenizer.step(token)
         seq.text += new_text
         decision = seq.stop_checker.check(seq.output_token_ids, seq.num_tokens, seq.text, len(new_text))
         if decision is None:
             return
-        if decision.text_end is not None:
+        if seq.defer_text:
+            # decoded only now (no stop strings needed it earlier); an EOS or stop token ends the text
+            # before its own text, as the per-token path cuts it
+            ids = seq.output_token_ids
+            cut = decision.finish_reason == "stop" and not seq.params.include_stop_str_in_output
+            seq.text = seq.detokenizer.decode_all(ids[:-1] if cut else ids)
+        elif decision.text_end is not None:
             seq.text = seq.text[: decision.text_end]
         else:
             seq.text += seq.detokenizer.flush()
-        seq.finish_reason = decision.finish_reason
-        seq.stop_reason = decision.stop_reason
-        seq.status = SequenceStatus.FINISHED
-        self.scheduler.remove(seq)
-
-    def _check_stop_deferred(self, seq: Sequence) -> None:
-        """The stop check of a sequence whose text is decoded only when it finishes (no stop strings)."""
-        decision = seq.stop_checker.check(seq.output_token_ids, seq.num_tokens, "", 0)
-        if decision is None:
-            return
-        ids = seq.output_token_ids
-        # an EOS or stop token ends the text before its own text, as the per-token path cuts it
-        cut = decision.finish_reason == "stop" and not seq.params.include_stop_str_in_output
-        seq.text = seq.detokenizer.decode_all(ids[:-1] if cut else ids)
         seq.finish_reason = decision.finish_reason
         seq.stop_reason = decision.stop_reason
         seq.status = SequenceStatus.FINISHED

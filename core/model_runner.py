@@ -256,13 +256,6 @@ class ModelRunner:
             and not any(seq.pending_forks for seq in targets)
         )
 
-    def execute(
-        self, step: SchedulerOutput, generator: torch.Generator | None
-    ) -> tuple[list[Sequence], SampleResult | None]:
-        """Run the step synchronously; returns the sequences that sampled and their tokens (None if none)."""
-        launched = self.launch(step, generator)
-        return launched.targets, launched.resolve()
-
     @torch.inference_mode()
     def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:
         """Logits of every scheduled token (tests compare these with Hugging Face)."""

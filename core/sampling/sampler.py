@@ -92,6 +92,13 @@ def greedy_result(ids_and_logprobs: torch.Tensor, top_logprobs: list | None = No
     return SampleResult([int(t) for t in ids], values, [1] * len(ids), top_logprobs or [None] * len(ids))
 
 
+def _argmax_with_logprob(raw_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax and its logprob. (log_softmax beats logsumexp on CPU by ~4x; argmax takes the
+    first maximum, so the rank is 1.)"""
+    token_ids = raw_logprobs.argmax(dim=-1)
+    return token_ids, raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+
+
 def _needs_processing(row: SamplingRow) -> bool:
     """Whether the row changes the logits before the pick (anything beyond a plain argmax or draw)."""
     p = row.params
@@ -178,20 +185,14 @@ class Sampler:
         Returns:
             int64 token ids ``[rows]`` and float32 logprobs ``[rows]``.
         """
-        # log_softmax beats logsumexp on CPU by ~4x; argmax takes the first maximum, so the rank is 1
-        raw_logprobs = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
-        token_ids = raw_logprobs.argmax(dim=-1)
-        return token_ids, raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        return _argmax_with_logprob(torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1))
 
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         # The hot path: vectorised passes over the logits and no per-row work.
-        if any(r.params.logprobs for r in rows):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
-            top = self._top_logprobs(raw_logprobs, rows)
-        else:
-            top = [None if r.params.logprobs is None else [] for r in rows]
-        token_ids, logprobs = self.greedy_on_device(logits)
-        return greedy_result(torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))), top)
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        token_ids, logprobs = _argmax_with_logprob(raw_logprobs)
+        both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
+        return greedy_result(both, self._top_logprobs(raw_logprobs, rows))
 
     def _process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Logit bias, min_tokens and penalties, applied to the rows that ask for them."""

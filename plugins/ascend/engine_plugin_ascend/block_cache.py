@@ -7,6 +7,7 @@ import torch
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine_plugin_ascend.gemm import torch_dtype
+from engine_plugin_sdk.block_ids import block_id_pairs
 
 #: the block axis of one layer's ``[2, num_blocks, block_size, kv_heads, head_dim]`` cache
 LAYER_BLOCK_AXIS = 1
@@ -98,12 +99,5 @@ class AscendBlockCache(BlockCache):
     def _pairs(
         pairs: list[tuple[int, int]], src_limit: int, dst_limit: int, what: str, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
-        src, dst = index[:, 0], index[:, 1]
-        if int(src.min()) < 0 or int(src.max()) >= src_limit:
-            raise ValueError(f"{what}: source block ids must be in [0, {src_limit}), got {src.tolist()}")
-        if int(dst.min()) < 0 or int(dst.max()) >= dst_limit:
-            raise ValueError(f"{what}: destination block ids must be in [0, {dst_limit}), got {dst.tolist()}")
-        if dst.unique().numel() != dst.numel():
-            raise ValueError(f"{what}: a destination block appears more than once: {dst.tolist()}")
+        src, dst = block_id_pairs(pairs, src_limit, dst_limit, what)
         return src.to(device), dst.to(device)

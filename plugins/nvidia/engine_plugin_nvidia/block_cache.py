@@ -9,6 +9,7 @@ import torch
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine_plugin_nvidia.gpu_common.gemm import to_torch_dtype
+from engine_plugin_sdk.block_ids import block_id_pairs
 
 #: the swap pool never pins more host memory than this by default (pinning is slow and scarce)
 DEFAULT_MAX_HOST_BYTES = 4 * 1024**3
@@ -66,37 +67,20 @@ class CudaBlockCache(BlockCache):
     def copy_blocks(self, src_to_dst: list[tuple[int, int]]) -> None:
         if not src_to_dst:
             return
-        src, dst = index_pairs(src_to_dst, self.num_blocks, self.num_blocks, "copy_blocks")
+        src, dst = block_id_pairs(src_to_dst, self.num_blocks, self.num_blocks, "copy_blocks")
         # gather first: every source is read before any destination is written
         self.pool.index_copy_(2, dst.to(self.device), self.pool.index_select(2, src.to(self.device)))
 
     def swap_out(self, device_to_host: list[tuple[int, int]]) -> None:
         if not device_to_host:
             return
-        src, dst = index_pairs(device_to_host, self.num_blocks, self.num_host_blocks, "swap_out")
+        src, dst = block_id_pairs(device_to_host, self.num_blocks, self.num_host_blocks, "swap_out")
         blocks = self.pool.index_select(2, src.to(self.device)).cpu()
         self.host_pool.index_copy_(2, dst, blocks)
 
     def swap_in(self, host_to_device: list[tuple[int, int]]) -> None:
         if not host_to_device:
             return
-        src, dst = index_pairs(host_to_device, self.num_host_blocks, self.num_blocks, "swap_in")
+        src, dst = block_id_pairs(host_to_device, self.num_host_blocks, self.num_blocks, "swap_in")
         blocks = self.host_pool.index_select(2, src).to(self.device)
         self.pool.index_copy_(2, dst.to(self.device), blocks)
-
-
-def index_pairs(pairs: list[tuple[int, int]], src_limit: int, dst_limit: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source and destination block ids as int64 CPU tensors, range-checked.
-
-    Raises:
-        ValueError: for an id out of range or a destination named twice.
-    """
-    index = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
-    src, dst = index[:, 0], index[:, 1]
-    if int(src.min()) < 0 or int(src.max()) >= src_limit:
-        raise ValueError(f"{what}: source block ids must be in [0, {src_limit}), got {src.tolist()}")
-    if int(dst.min()) < 0 or int(dst.max()) >= dst_limit:
-        raise ValueError(f"{what}: destination block ids must be in [0, {dst_limit}), got {dst.tolist()}")
-    if dst.unique().numel() != dst.numel():
-        raise ValueError(f"{what}: a destination block appears more than once: {dst.tolist()}")
-    return src.contiguous(), dst.contiguous()

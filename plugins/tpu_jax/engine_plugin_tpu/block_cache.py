@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine_plugin_sdk.block_ids import block_id_pairs
 from engine_plugin_tpu.arrays import jax_dtype
 
 #: the block axis of the pool ``[layers, 2, kv_heads, blocks, block_size, head_dim]``
@@ -125,12 +126,5 @@ class JaxBlockCache(BlockCache):
 
 
 def _index_pairs(pairs: list[tuple[int, int]], src_limit: int, dst_limit: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    index = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    src, dst = index[:, 0], index[:, 1]
-    if src.min() < 0 or src.max() >= src_limit:
-        raise ValueError(f"{what}: source block ids must be in [0, {src_limit}), got {src.tolist()}")
-    if dst.min() < 0 or dst.max() >= dst_limit:
-        raise ValueError(f"{what}: destination block ids must be in [0, {dst_limit}), got {dst.tolist()}")
-    if len(np.unique(dst)) != len(dst):
-        raise ValueError(f"{what}: a destination block appears more than once: {dst.tolist()}")
-    return src.astype(np.int32), dst.astype(np.int32)
+    src, dst = block_id_pairs(pairs, src_limit, dst_limit, what)
+    return src.numpy().astype(np.int32), dst.numpy().astype(np.int32)
