@@ -11,11 +11,12 @@ with a causal mask offset by the prefix length.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine_plugin_cpu.attention_checks import check_shapes, check_slots
 from engine_plugin_cpu.attention_plan import (
     ChunkBudget,
     DecodeGroup,
@@ -26,7 +27,11 @@ from engine_plugin_cpu.attention_plan import (
 )
 from engine_plugin_cpu.captured_attention import CapturedStepCache, call_decode_op, register_decode_op
 from engine_plugin_cpu.chunked_softmax import attend, attend_with_lse, flash_with_lse_available, merge_chunk
+from engine_plugin_cpu.native_decode import native_decode_context
 from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+
+if TYPE_CHECKING:
+    from engine_plugin_cpu.native_kernels import NativeKernels
 
 #: where the step plan is cached inside ``AttentionMetadata.extras``
 PLAN_KEY = "cpu_attention_plan"
@@ -45,6 +50,7 @@ class CpuAttentionBackend(AttentionBackend):
             Tests pass False to exercise the portable matmul path.
         single_thread_max_work: a step whose attention needs fewer multiply-adds than this
             (``sum(query_len * context_len) * num_heads * head_dim``) runs on one thread.
+        native: the plugin's C kernels; bf16 steps of decode rows only then run in one C call a layer.
     """
 
     supported_block_sizes = SUPPORTED_BLOCK_SIZES
@@ -55,7 +61,9 @@ class CpuAttentionBackend(AttentionBackend):
         budget: ChunkBudget | None = None,
         use_flash: bool | None = None,
         single_thread_max_work: int = 1 << 20,
+        native: NativeKernels | None = None,
     ) -> None:
+        self.native = native
         self.budget = budget or ChunkBudget()
         self.use_flash = flash_with_lse_available() if use_flash is None else use_flash
         self.single_thread_max_work = single_thread_max_work
@@ -85,6 +93,13 @@ class CpuAttentionBackend(AttentionBackend):
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
         if metadata.extras.get(GRAPH_CAPTURE_KEY):
             return call_decode_op(self._decode_op, query, key, value, kv_cache, metadata)
+        if self.native is not None and metadata.is_pure_decode:
+            total_context = native_decode_context(query, key, value, kv_cache, metadata)
+            if total_context is not None:
+                return self.native.paged_decode(
+                    query, key, value, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.slot_mapping,
+                    metadata.scale, metadata.logits_soft_cap, metadata.sliding_window, total_context,
+                )  # fmt: skip
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key.shape[1]
         check_shapes(query, key, value, kv_cache, metadata.block_size)
@@ -349,37 +364,3 @@ class GatherWorkspace:
         if k.dtype != dtype:
             k, v = k.to(dtype), v.to(dtype)
         return k, v
-
-
-def check_slots(max_slot: int, kv_cache: torch.Tensor) -> None:
-    """Raise ValueError when a slot lies beyond the cache (index_copy_ would fail less clearly)."""
-    capacity = kv_cache.shape[1] * kv_cache.shape[2]
-    if max_slot >= capacity:
-        raise ValueError(f"slot {max_slot} is outside the KV cache of {capacity} slots")
-
-
-def check_shapes(query: Any, key: Any, value: Any, kv_cache: Any, block_size: int) -> None:
-    """Raise ValueError, in one line, for tensors that do not fit together."""
-    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
-        raise ValueError("query, key and value must be [num_tokens, heads, head_dim]")
-    if key.shape != value.shape:
-        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} shapes differ")
-    if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
-        raise ValueError(
-            f"query {tuple(query.shape)} and key {tuple(key.shape)} disagree on tokens or head_dim"
-        )
-    if query.shape[1] % key.shape[1] != 0:
-        raise ValueError(f"num_heads {query.shape[1]} is not a multiple of num_kv_heads {key.shape[1]}")
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(
-            f"kv_cache must be [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(kv_cache.shape)}"
-        )
-    if (
-        kv_cache.shape[2] != block_size
-        or kv_cache.shape[3] != key.shape[1]
-        or kv_cache.shape[4] != key.shape[2]
-    ):
-        raise ValueError(
-            f"kv_cache {tuple(kv_cache.shape)} does not match block_size {block_size}, "
-            f"{key.shape[1]} kv heads, head_dim {key.shape[2]}"
-        )

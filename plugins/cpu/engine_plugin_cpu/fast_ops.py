@@ -4,14 +4,23 @@ At batch 1 a decode step is a few hundred tiny ops, each costing mostly its disp
 count: RMSNorm through torch's fused ``rms_norm``, and the rotary embedding of query and key in one pass
 over both (they are neighbouring column ranges of the fused q/k/v projection). Both compute in float32
 like the references and return the input dtype.
+
+Where the plugin's C kernels are loaded (:class:`NativeOps`), bf16 calls take one C call each instead:
+RMSNorm with or without the residual add, SiLU-and-mul, and the rotary embedding of query and key
+together when they are neighbouring heads of one fused q/k/v row (as the core's Llama passes them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from engine.interfaces.ops import silu_and_mul
+
+if TYPE_CHECKING:
+    from engine_plugin_cpu.native_kernels import NativeKernels
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,8 +59,77 @@ def rotary_embedding(
     return rotated[:, :num_heads].to(query.dtype), rotated[:, num_heads:].to(key.dtype)
 
 
-def cpu_op_overrides() -> dict[str, Callable[..., Any]]:
+class NativeOps:
+    """The ops above through the C kernels for contiguous bf16 inputs; the torch versions otherwise.
+
+    Args:
+        native: the loaded kernels.
+    """
+
+    def __init__(self, native: NativeKernels) -> None:
+        self.native = native
+        #: the last positions tensor checked against the rotary table (every layer of a step passes it)
+        self._checked_positions: torch.Tensor | None = None
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if self.native.accepts(x, weight) and weight.numel() == x.shape[-1]:
+            return self.native.rms_norm(x, weight, eps)
+        return rms_norm(x, weight, eps)
+
+    def fused_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native.accepts(x, residual, weight) and x.shape == residual.shape and weight.numel() == x.shape[-1]:
+            return self.native.add_rms_norm(x, residual, weight, eps)
+        return fused_add_rms_norm(x, residual, weight, eps)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native.accepts(x) and x.shape[-1] % 2 == 0:
+            return self.native.silu_and_mul(x)
+        return silu_and_mul(x)
+
+    def rotary_embedding(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._adjacent_heads(query, key) or cos_sin_cache.dtype != torch.float32:
+            return rotary_embedding(positions, query, key, cos_sin_cache)
+        if positions.dtype != torch.int64 or not positions.is_contiguous() or not cos_sin_cache.is_contiguous():
+            return rotary_embedding(positions, query, key, cos_sin_cache)
+        num_heads = query.shape[1]
+        if positions is not self._checked_positions:
+            # the C kernel reads cos_sin_cache[position] unchecked
+            if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < cos_sin_cache.shape[0]:
+                raise ValueError(f"positions outside the rotary table of {cos_sin_cache.shape[0]} rows")
+            self._checked_positions = positions
+        rotated = self.native.rotary(query, num_heads + key.shape[1], positions, cos_sin_cache)
+        return rotated[:, :num_heads], rotated[:, num_heads:]
+
+    @staticmethod
+    def _adjacent_heads(query: torch.Tensor, key: torch.Tensor) -> bool:
+        """Query ``[T, H, D]`` and key ``[T, KVH, D]`` are bf16 views of one row with the key heads next."""
+        if query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or query.device.type != "cpu":
+            return False
+        if query.dim() != 3 or key.dim() != 3 or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+            return False
+        t, h, d = query.shape
+        if query.stride()[1:] != (d, 1) or key.stride()[1:] != (d, 1):
+            return False
+        # a single row's stride is arbitrary (and never read)
+        if t > 1 and (query.stride(0) != key.stride(0) or query.stride(0) < (h + key.shape[1]) * d):
+            return False
+        return key.data_ptr() == query.data_ptr() + h * d * query.element_size()
+
+
+def cpu_op_overrides(native: NativeKernels | None = None) -> dict[str, Callable[..., Any]]:
     """The op table entries this platform replaces, by name."""
+    if native is not None:
+        ops = NativeOps(native)
+        return {
+            "rms_norm": ops.rms_norm,
+            "fused_add_rms_norm": ops.fused_add_rms_norm,
+            "rotary_embedding": ops.rotary_embedding,
+            "silu_and_mul": ops.silu_and_mul,
+        }
     return {
         "rms_norm": rms_norm,
         "fused_add_rms_norm": fused_add_rms_norm,

@@ -1,7 +1,8 @@
-"""GEMM on the CPU: dense weights through ``F.linear``, GGUF Q4_0/Q4_1/Q8_0 through torch's packed kernels.
+"""GEMM on the CPU: dense weights through ``F.linear``, GGUF Q4_0/Q4_1/Q8_0 through packed kernels.
 
-Small batches (decode) are bound by reading the weights, so they run on the packed int4 / int8 weights
-(4.5 / 8.5 bits a weight instead of 16). Large batches are bound by arithmetic, where torch's bf16 GEMM
+Small batches (decode) are bound by reading the weights, so they run on the packed weights (4.5 / 8.5
+bits a weight instead of 16): the plugin's own VNNI kernels (``native_kernels``, every GGUF block scale
+kept) where the CPU and a C compiler allow, else torch's int4 / int8 kernels. Large batches are bound by arithmetic, where torch's bf16 GEMM
 beats its weight-only kernels on CPUs without AMX, so a packed weight also keeps a bf16 copy and rows
 above a per-kind threshold go to it (``ENGINE_CPU_DENSE_COPY=0`` drops the copies to save memory).
 The copy is prepacked in oneDNN's blocked layout where torch has oneDNN (measured 15-30% faster than
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q8
 from engine_plugin_cpu.platform import torch_dtype
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
 
@@ -39,6 +41,10 @@ SINGLE_THREAD_MAX_ROWS = 4
 #: ... unless the weight is large: the tied 49152x576 int8 lm_head takes 3.3 ms on one thread and 1.6 ms
 #: on two; the layer matrices (up to 3072x576) are as fast or faster on one
 SINGLE_THREAD_MAX_ELEMENTS = 8 * 2**20
+#: most rows the C kernels run before the bf16 dense copy takes over (measured crossovers on the same
+#: 2-core machine, both kernels on two threads: 4-bit ~24 rows, 8-bit ~16)
+TILED4_MAX_PACKED_ROWS = 24
+TILED8_MAX_PACKED_ROWS = 16
 
 
 @dataclass(slots=True)
@@ -46,23 +52,27 @@ class PackedWeight:
     """A weight prepared for one of torch's weight-only quantized CPU kernels.
 
     Attributes:
-        kind: ``"int4"`` (``_weight_int4pack_mm_for_cpu``, group 32) or ``"int8"`` (``_weight_int8pack_mm``).
-        packed: the kernel's weight tensor.
-        scales: int4: scales and zeros ``[in/32, out, 2]``; int8: per-row scales ``[out]``; in bf16.
+        kind: ``"tiled"`` (the plugin's C kernels, weight in ``tiled``), ``"int4"``
+            (``_weight_int4pack_mm_for_cpu``, group 32) or ``"int8"`` (``_weight_int8pack_mm``).
+        packed: torch's kernel's weight tensor (None for ``"tiled"``).
+        scales: int4: scales and zeros ``[in/32, out, 2]``; int8: per-row scales ``[out]``; in bf16;
+            None for ``"tiled"``.
         out_features: rows of the logical weight.
         in_features: columns of the logical weight.
         dense: a bf16 ``[out, in]`` copy for batches above ``max_packed_rows`` (an oneDNN-prepacked
             tensor where available, see :func:`prepack_dense`), or None.
         max_packed_rows: most activation rows sent to the packed kernel when ``dense`` exists.
+        tiled: the C kernels' weight, for ``"tiled"``.
     """
 
     kind: str
-    packed: torch.Tensor
-    scales: torch.Tensor
+    packed: torch.Tensor | None
+    scales: torch.Tensor | None
     out_features: int
     in_features: int
     dense: torch.Tensor | None
     max_packed_rows: int
+    tiled: TiledWeight | None = None
 
 
 class CpuGemmBackend(GemmBackend):
@@ -73,15 +83,19 @@ class CpuGemmBackend(GemmBackend):
             ``ENGINE_CPU_DENSE_COPY`` (default on).
         prepack: reorder those copies for oneDNN (:func:`prepack_dense`); off for compiled steps,
             since ``torch.compile`` cannot trace oneDNN's opaque tensors.
+        native: the plugin's C kernels, or None to use torch's packed kernels.
     """
 
     supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES)
 
-    def __init__(self, dense_copy: bool | None = None, prepack: bool = True) -> None:
+    def __init__(
+        self, dense_copy: bool | None = None, prepack: bool = True, native: NativeKernels | None = None
+    ) -> None:
         if dense_copy is None:
             dense_copy = os.environ.get(DENSE_COPY_ENV, "1").strip() not in ("0", "false", "no", "off")
         self.dense_copy = dense_copy
         self.prepack = prepack
+        self.native = native
 
     def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
         target = torch_dtype(dtype)
@@ -102,6 +116,8 @@ class CpuGemmBackend(GemmBackend):
         type_name = PACKED_SCHEMES[weight.scheme]
         out, width = (int(d) for d in weight.shape)
         data = weight.data.to("cpu")
+        if self.native is not None:
+            return self._tile(data, type_name, out, width)
         if type_name == "Q8_0":
             dense32 = unpack_q8_0(data, (out, width))
             packed, scales = requantize_int8_rows(dense32, PACKED_DTYPE)
@@ -117,6 +133,19 @@ class CpuGemmBackend(GemmBackend):
             dense = prepack_dense(dense) if self.prepack else dense
         return PackedWeight(kind, packed, scales, out, width, dense, max_rows)
 
+    def _tile(self, data: torch.Tensor, type_name: str, out: int, width: int) -> PackedWeight:
+        if type_name == "Q8_0":
+            tiled, max_rows = tile_q8(data, (out, width)), TILED8_MAX_PACKED_ROWS
+            dense32 = unpack_q8_0(data, (out, width)) if self.dense_copy else None
+        else:
+            tiled, max_rows = tile_q4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
+            dense32 = unpack_q4(data, type_name, (out, width)).dense() if self.dense_copy else None
+        dense = None
+        if dense32 is not None:
+            dense = dense32.to(PACKED_DTYPE).contiguous()
+            dense = prepack_dense(dense) if self.prepack else dense
+        return PackedWeight("tiled", None, None, out, width, dense, max_rows, tiled)
+
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> torch.Tensor:
         if not isinstance(weight, PackedWeight):
             return torch.nn.functional.linear(x, weight, bias)
@@ -125,6 +154,9 @@ class CpuGemmBackend(GemmBackend):
             return dense_linear(x, weight.dense, bias)
         if x.dtype != PACKED_DTYPE:
             raise ValueError(f"packed weights run with {PACKED_DTYPE} activations, got {x.dtype}")
+        if weight.tiled is not None and self.native is not None:
+            out = self.native.linear(x.contiguous(), weight.tiled)
+            return out + bias if bias is not None else out
         # a compiled step sets the thread count around the whole step instead (graph_capture.py)
         if torch.compiler.is_compiling():
             return self._packed_linear(x, weight, bias, rows)

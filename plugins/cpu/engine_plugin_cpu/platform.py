@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,9 @@ from engine.interfaces.platform import Capabilities, DetectResult, Platform
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine_plugin_cpu.native_kernels import NativeKernels
+
+logger = logging.getLogger(__name__)
 
 MEMINFO_PATH = "/proc/meminfo"
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
@@ -42,6 +46,10 @@ class CpuPlatform(Platform):
     aliases = ("host",)
     priority = 0
     torch_device_type = "cpu"
+
+    def __init__(self) -> None:
+        self._native: NativeKernels | None = None
+        self._native_checked = False
 
     @classmethod
     def detect(cls) -> DetectResult:
@@ -93,15 +101,35 @@ class CpuPlatform(Platform):
         # own weights and activations live in the same RAM
         return min(DEFAULT_KV_CACHE_BYTES, self.free_memory_bytes() // 4)
 
+    def native_kernels(self) -> NativeKernels | None:
+        """The plugin's C kernels (built on first use, shared by the backends), or None where they cannot run.
+
+        They are off for compiled steps (``torch.compile`` cannot trace a ctypes call) and wherever
+        :func:`~engine_plugin_cpu.native_build.load_native` gives a reason, which is logged once.
+        """
+        if not self._native_checked:
+            self._native_checked = True
+            if compile_enabled():
+                return None
+            from engine_plugin_cpu.native_build import load_native
+            from engine_plugin_cpu.native_kernels import NativeKernels
+
+            loaded = load_native()
+            if loaded.lib is None:
+                logger.info("CPU C kernels not used (%s); running torch's kernels", loaded.reason)
+            else:
+                self._native = NativeKernels(loaded.lib)
+        return self._native
+
     def make_attention_backend(self) -> AttentionBackend:
         from engine_plugin_cpu.attention import CpuAttentionBackend
 
-        return CpuAttentionBackend()
+        return CpuAttentionBackend(native=self.native_kernels())
 
     def make_gemm_backend(self) -> GemmBackend:
         from engine_plugin_cpu.gemm import CpuGemmBackend
 
-        return CpuGemmBackend(prepack=not compile_enabled())
+        return CpuGemmBackend(prepack=not compile_enabled(), native=self.native_kernels())
 
     def make_graph_capture(self) -> GraphCapture:
         if not compile_enabled():
@@ -113,7 +141,7 @@ class CpuPlatform(Platform):
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         from engine_plugin_cpu.fast_ops import cpu_op_overrides
 
-        return cpu_op_overrides()
+        return cpu_op_overrides(self.native_kernels())
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_cpu.block_cache import CpuBlockCache

@@ -56,8 +56,13 @@ def first_tokens() -> tuple[list, list, LLM]:
 def test_fast_path_keeps_weights_packed(first_tokens: tuple[list, list, LLM]) -> None:
     model = first_tokens[2].llm_engine.model
     assert first_tokens[2].llm_engine.config.dtype == "bfloat16"
-    assert all(isinstance(layer.qkv, PackedWeight) and layer.qkv.kind == "int4" for layer in model.layers)
-    assert isinstance(model.lm_head, PackedWeight) and model.lm_head.kind == "int8"
+    if model.gemm.native is not None:
+        # the plugin's C kernels: every GGUF block scale kept, 4-bit layers and the 8-bit tied lm_head
+        assert all(layer.qkv.kind == "tiled" and layer.qkv.tiled.bits == 4 for layer in model.layers)
+        assert model.lm_head.kind == "tiled" and model.lm_head.tiled.bits == 8
+    else:
+        assert all(isinstance(layer.qkv, PackedWeight) and layer.qkv.kind == "int4" for layer in model.layers)
+        assert isinstance(model.lm_head, PackedWeight) and model.lm_head.kind == "int8"
 
 
 def test_first_token_logprobs_within_tolerance(first_tokens: tuple[list, list, LLM]) -> None:
@@ -75,3 +80,35 @@ def test_first_token_logprobs_within_tolerance(first_tokens: tuple[list, list, L
         assert chosen in ref_lp and ref_lp[chosen] >= max(ref_lp.values()) - NEAR_TIE, (
             f"{prompt!r}: fast path picked token {chosen}, not a near tie of the float32 choice"
         )
+
+
+DECODE_STEPS = 12
+
+
+def test_decode_step_logprobs_within_tolerance(first_tokens: tuple[list, list, LLM]) -> None:
+    """The decode path (packed kernels, one row a step) against float32, step by step.
+
+    Each greedy step's top-5 log-probabilities are compared until the two paths pick different tokens
+    (a near tie may flip them; the step that flips must be a near tie of the float32 choice).
+    """
+    fast = first_tokens[2]
+    exact = LLM(device="cpu", kv_cache_memory_bytes=64 << 20, dtype="float32", quantization="none")
+    params = SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, logprobs=5, ignore_eos=True)
+    prompts = [fast.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    compared = 0
+    for ref_out, got_out in zip(
+        exact.generate(prompts, params, use_tqdm=False), fast.generate(prompts, params, use_tqdm=False)
+    ):
+        ref_seq, got_seq = ref_out.outputs[0], got_out.outputs[0]
+        for step, (ref_tok, got_tok) in enumerate(zip(ref_seq.token_ids, got_seq.token_ids)):
+            ref_lp = {t: lp.logprob for t, lp in ref_seq.logprobs[step].items()}
+            got_lp = {t: lp.logprob for t, lp in got_seq.logprobs[step].items()}
+            common = set(ref_lp) & set(got_lp)
+            worst = max(abs(ref_lp[t] - got_lp[t]) for t in common)
+            assert worst <= LOGPROB_TOL, f"step {step}: logprob differs by {worst:.3f}"
+            compared += 1
+            if ref_tok != got_tok:
+                assert got_tok in ref_lp and ref_lp[got_tok] >= max(ref_lp.values()) - NEAR_TIE
+                break
+    # the prompts' first tokens are not all near ties: most steps must have been compared
+    assert compared >= 2 * len(PROMPTS)

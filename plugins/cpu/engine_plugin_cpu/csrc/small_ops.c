@@ -1,0 +1,85 @@
+/* Element-wise and per-row ops on bf16 rows, computed in float32. */
+#include "common.h"
+
+
+static inline float sum_squares_bf16(const bf16_t *x, int64_t h) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= h; i += 16) {
+        __m512 v = load_bf16x16(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    if (i < h) {
+        __m512 v = maskload_bf16x16(x + i, tail_mask(h - i));
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static void scale_row_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out, int64_t h, float rstd) {
+    __m512 s = _mm512_set1_ps(rstd);
+    for (int64_t i = 0; i < h; i += 16) {
+        __mmask16 m = tail_mask(h - i);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(maskload_bf16x16(x + i, m), s), maskload_bf16x16(weight + i, m));
+        maskstore_bf16x16(out + i, m, v);
+    }
+}
+
+/* out = rms_norm(x) * weight; rows of h contiguous bf16 values */
+void rms_norm_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out, int64_t rows, int64_t h, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        float rstd = 1.0f / sqrtf(sum_squares_bf16(x + r * h, h) / (float)h + eps);
+        scale_row_bf16(x + r * h, weight, out + r * h, h, rstd);
+    }
+}
+
+/* summed = bf16(x + residual); out = rms_norm(summed) * weight */
+void add_rms_norm_bf16(const bf16_t *x, const bf16_t *residual, const bf16_t *weight, bf16_t *out, bf16_t *summed,
+                       int64_t rows, int64_t h, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *xr = x + r * h, *rr = residual + r * h;
+        bf16_t *sr = summed + r * h;
+        for (int64_t i = 0; i < h; i += 16) {
+            __mmask16 m = tail_mask(h - i);
+            maskstore_bf16x16(sr + i, m, _mm512_add_ps(maskload_bf16x16(xr + i, m), maskload_bf16x16(rr + i, m)));
+        }
+        float rstd = 1.0f / sqrtf(sum_squares_bf16(sr, h) / (float)h + eps);
+        scale_row_bf16(sr, weight, out + r * h, h, rstd);
+    }
+}
+
+/* out[r, :d] = silu(x[r, :d]) * x[r, d:] */
+void silu_and_mul_bf16(const bf16_t *x, bf16_t *out, int64_t rows, int64_t d) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *g = x + r * 2 * d, *u = g + d;
+        bf16_t *o = out + r * d;
+        for (int64_t i = 0; i < d; i += 16) {
+            __mmask16 m = tail_mask(d - i);
+            __m512 gv = maskload_bf16x16(g + i, m);
+            __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+            maskstore_bf16x16(o + i, m, _mm512_mul_ps(silu, maskload_bf16x16(u + i, m)));
+        }
+    }
+}
+
+/* Rotate-half rotary embedding: dst[t] (contiguous [heads, head_dim]) is the rotation of the heads at
+ * src + t * src_stride; cos_sin is float32 [positions, head_dim] (cos half, then sin half). */
+void rotary_bf16(const bf16_t *src, int64_t src_stride, bf16_t *dst, const int64_t *positions, const float *cos_sin,
+                 int64_t tokens, int64_t heads, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *cs = cos_sin + positions[t] * head_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            const bf16_t *v = src + t * src_stride + h * head_dim;
+            bf16_t *o = dst + (t * heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i += 16) {
+                __mmask16 m = tail_mask(half - i);
+                __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, cs + half + i);
+                __m512 x1 = maskload_bf16x16(v + i, m), x2 = maskload_bf16x16(v + half + i, m);
+                maskstore_bf16x16(o + i, m, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
+                maskstore_bf16x16(o + half + i, m, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
+            }
+        }
+    }
+}

@@ -1,0 +1,170 @@
+"""Builds the plugin's C kernels (``csrc/*.c``) with the system C compiler and loads them.
+
+The library is compiled once per source, compiler and flag set, into a cache directory, on first use
+rather than at ``pip install`` (a build-isolated install would pull a second torch; the kernels do not
+need torch's headers at all, only a C compiler). Where the CPU lacks the instructions, no compiler is
+found, or ``ENGINE_CPU_NATIVE=0`` is set, :func:`load_native` says why and the plugin keeps its torch
+path, so nothing here is required for correctness.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_plugin_cpu.platform import cpu_flags
+
+logger = logging.getLogger(__name__)
+
+#: set to 0 to keep the torch path (no C kernels)
+NATIVE_ENV = "ENGINE_CPU_NATIVE"
+#: where compiled libraries are kept; default ``$XDG_CACHE_HOME/engine/cpu_kernels``
+CACHE_ENV = "ENGINE_CPU_KERNEL_CACHE"
+#: the C compiler to use; default ``cc``
+COMPILER_ENV = "CC"
+SOURCE_DIR = Path(__file__).with_name("csrc")
+#: instructions the kernels use, as /proc/cpuinfo names them
+REQUIRED_CPU_FLAGS = frozenset(
+    {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c", "fma"}
+)
+COMPILE_FLAGS = (
+    "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11",
+    "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c", "-mfma",
+)  # fmt: skip
+COMPILE_TIMEOUT_S = 120
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_F32 = ctypes.c_float
+#: exported function -> (argument types, return type)
+SIGNATURES: dict[str, tuple[list, object]] = {
+    "pool_create": ([_INT], _P),
+    "pool_destroy": ([_P], None),
+    "pool_size": ([_P], _INT),
+    "q4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT], _INT),
+    "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT], _INT),
+    "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
+    "add_rms_norm_bf16": ([_P, _P, _P, _P, _P, _I64, _I64, _F32], None),
+    "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
+    "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64], None),
+    "paged_decode_bf16": (
+        [
+            _P,
+            _P,
+            _P,
+            _P,
+            _I64,
+            _I64,
+            _I64,
+            _P,
+            _I64,
+            _I64,
+            _P,
+            _I64,
+            _P,
+            _P,
+            _P,
+            _I64,
+            _I64,
+            _I64,
+            _I64,
+            _F32,
+            _F32,
+            _I64,
+            _INT,
+        ],
+        None,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NativeLoad:
+    """The outcome of :func:`load_native`: the library, or the reason there is none."""
+
+    lib: ctypes.CDLL | None
+    reason: str
+
+
+def native_enabled(environ: dict[str, str] | os._Environ | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get(NATIVE_ENV, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir(environ: dict[str, str] | os._Environ | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV])
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "engine" / "cpu_kernels"
+
+
+def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
+    """Compile (or reuse) and load the kernels library.
+
+    Args:
+        flags: the CPU's feature flags; None reads /proc/cpuinfo.
+
+    Returns:
+        The loaded library with its signatures set, or None and a one-line reason.
+    """
+    if not native_enabled():
+        return NativeLoad(None, f"{NATIVE_ENV}=0")
+    missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)
+    if missing:
+        return NativeLoad(None, f"this CPU lacks {', '.join(sorted(missing))}")
+    compiler = shutil.which(os.environ.get(COMPILER_ENV, "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return NativeLoad(None, "no C compiler (cc / gcc / $CC) on PATH")
+    digest = hashlib.sha256("\0".join((compiler, *COMPILE_FLAGS)).encode())
+    for path in sorted(SOURCE_DIR.iterdir()):
+        if path.suffix in (".c", ".h"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()[:16]
+    target = cache_dir() / f"cpu_kernels-{key}.so"
+    if not target.exists():
+        error = _compile(compiler, target)
+        if error:
+            return NativeLoad(None, error)
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        return NativeLoad(None, f"cannot load {target}: {exc}")
+    for name, (argtypes, restype) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+    return NativeLoad(lib, "")
+
+
+def _compile(compiler: str, target: Path) -> str:
+    """Compile to a temporary name and rename, so concurrent processes never load a partial file."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {target.parent}: {exc}"
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.c"))]
+    cmd = [compiler, *COMPILE_FLAGS, *sources, "-o", tmp, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
+            return f"compiling the CPU kernels failed: {first}"
+        os.replace(tmp, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"compiling the CPU kernels failed: {exc}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    logger.info("compiled the CPU kernels into %s", target)
+    return ""

@@ -1,0 +1,215 @@
+"""Torch-facing wrappers of the C kernels (``csrc/``): checks, output tensors, threads.
+
+Every wrapper takes and returns CPU tensors and calls one C function through ctypes (about a
+microsecond a call, against several for a torch op), so a decode step costs one call per op. The
+wrappers accept what the model and attention backend pass on the fast path (contiguous bf16 rows);
+callers check :meth:`NativeKernels.accepts` first and keep their torch path for anything else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from engine_plugin_cpu.quant_pack import gguf_blocks
+
+#: output rows per weight tile (one per 32-bit lane of a 512-bit register)
+TILE_ROWS = 16
+#: weights (out * in * rows) from which a quantized product is split over the thread pool; below it one
+#: thread is faster, since the hand-off costs about as much as the work
+PARALLEL_MIN_WEIGHTS = 1 << 18
+#: attention work (context tokens x heads) from which decode attention is split over the pool
+PARALLEL_MIN_ATTENTION = 1 << 12
+
+
+@dataclass(slots=True)
+class TiledWeight:
+    """A GGUF 4- or 8-bit matrix regrouped into the C kernels' 16-row tile records.
+
+    Attributes:
+        bits: 4 (``w = d * q + m``, q in 0..15) or 8 (``w = d * q``, q in -127..127).
+        records: uint8 ``[ceil(out / 16), in / 32, record bytes]`` (layout in ``csrc/quantized_linear.c``).
+        out_features: rows of the logical weight (padding rows of the last tile are zero).
+        in_features: columns, a multiple of 32.
+    """
+
+    bits: int
+    records: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def _tile_rows(t: torch.Tensor, out: int) -> torch.Tensor:
+    """Pad dim 0 of ``t`` with zeros to whole tiles and split it: ``[tiles, 16, ...]``."""
+    pad = -out % TILE_ROWS
+    if pad:
+        t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+    return t.reshape(-1, TILE_ROWS, *t.shape[1:])
+
+
+def _fp16_lanes(values: torch.Tensor, out: int) -> torch.Tensor:
+    """fp16 ``[out, blocks]`` as bytes ``[tiles, blocks, 32]``: a tile's 16 rows side by side."""
+    return _tile_rows(values, out).transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def tile_q4(data: torch.Tensor, type_name: str, shape: tuple[int, int]) -> TiledWeight:
+    """GGUF Q4_0 / Q4_1 bytes as 4-bit tile records (320 bytes per tile and block).
+
+    A Q4_0 block ``w = d * (q - 8)`` becomes ``m = -8 d`` (exact in fp16: a power-of-two multiple).
+
+    Raises:
+        ValueError: for bytes that do not match the shape.
+    """
+    out, width = shape
+    blocks = gguf_blocks(data, type_name, shape)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
+    if type_name == "Q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1)
+        qs = blocks[..., 4:20]
+    else:
+        m = (d.float() * -8.0).to(torch.float16)
+        qs = blocks[..., 2:18]
+    # GGUF: byte j of a block holds weight j (low nibble) and j + 16 (high); q: [out, blocks, 32]
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+    # weight k = 8c + 4h + j -> byte (c, lane, j), nibble h
+    q = _tile_rows(q, out).reshape(-1, TILE_ROWS, width // 32, 4, 2, 4)
+    q = q.permute(0, 2, 3, 1, 5, 4)  # tile, block, chunk, lane, j, h
+    nibbles = (q[..., 0] | (q[..., 1] << 4)).reshape(q.shape[0], q.shape[1], 256)
+    records = torch.cat([nibbles, _fp16_lanes(d, out), _fp16_lanes(m, out)], dim=-1).contiguous()
+    return TiledWeight(4, records, out, width)
+
+
+def tile_q8(data: torch.Tensor, shape: tuple[int, int]) -> TiledWeight:
+    """GGUF Q8_0 bytes as 8-bit tile records (544 bytes per tile and block), keeping every block scale.
+
+    Raises:
+        ValueError: for bytes that do not match the shape.
+    """
+    out, width = shape
+    blocks = gguf_blocks(data, "Q8_0", shape)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
+    # signed q + 128 as unsigned bytes: the kernel removes 128 * sum(x) again
+    q = (blocks[..., 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+    q = _tile_rows(q, out).reshape(-1, TILE_ROWS, width // 32, 8, 4)
+    q = q.permute(0, 2, 3, 1, 4).reshape(q.shape[0], width // 32, 512)
+    records = torch.cat([q, _fp16_lanes(d, out)], dim=-1).contiguous()
+    return TiledWeight(8, records, out, width)
+
+
+class NativeKernels:
+    """The loaded C library, a thread pool sized to torch's intra-op threads, and typed calls.
+
+    Args:
+        lib: the library from :func:`engine_plugin_cpu.native_build.load_native`.
+        threads: pool size; None uses ``torch.get_num_threads()``.
+    """
+
+    def __init__(self, lib: ctypes.CDLL, threads: int | None = None) -> None:
+        self.lib = lib
+        self.threads = max(1, threads or torch.get_num_threads())
+        self._pool = lib.pool_create(self.threads)
+        if not self._pool:
+            raise RuntimeError("the CPU kernels could not create their thread pool")
+
+    def close(self) -> None:
+        if self._pool:
+            self.lib.pool_destroy(self._pool)
+            self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    @staticmethod
+    def accepts(*tensors: torch.Tensor) -> bool:
+        """Whether every tensor is a contiguous CPU bf16 tensor (what the kernels read)."""
+        return all(
+            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+        )
+
+    def linear(self, x: torch.Tensor, weight: TiledWeight) -> torch.Tensor:
+        """``x @ W^T`` for contiguous bf16 ``x`` ``[..., in]``; bf16 out.
+
+        Raises:
+            MemoryError: if the kernel cannot allocate its activation scratch.
+        """
+        rows = x.numel() // weight.in_features
+        out = torch.empty((*x.shape[:-1], weight.out_features), dtype=torch.bfloat16)
+        work = weight.out_features * weight.in_features * rows
+        threads = self.threads if work >= PARALLEL_MIN_WEIGHTS else 1
+        fn = self.lib.q4_linear if weight.bits == 4 else self.lib.q8_linear
+        if fn(
+            self._pool, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows, weight.out_features,
+            weight.in_features, threads,
+        ):  # fmt: skip
+            raise MemoryError("the CPU kernels could not allocate activation scratch")
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        h = x.shape[-1]
+        self.lib.rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // h, h, eps)
+        return out
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty_like(x)
+        summed = torch.empty_like(x)
+        h = x.shape[-1]
+        self.lib.add_rms_norm_bf16(
+            x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
+            x.numel() // h, h, eps,
+        )  # fmt: skip
+        return out, summed
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        out = torch.empty((*x.shape[:-1], d), dtype=x.dtype)
+        self.lib.silu_and_mul_bf16(x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d)
+        return out
+
+    def rotary(
+        self, x: torch.Tensor, heads: int, positions: torch.Tensor, cos_sin: torch.Tensor
+    ) -> torch.Tensor:
+        """The rotary embedding of the first ``heads`` heads of each row of ``x`` (``[tokens, ...]``, heads
+        contiguous within a row); bf16 ``[tokens, heads, head_dim]``. Positions are not bounds-checked."""
+        head_dim = cos_sin.shape[-1]
+        out = torch.empty((x.shape[0], heads, head_dim), dtype=torch.bfloat16)
+        self.lib.rotary_bf16(
+            x.data_ptr(), x.stride(0), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), x.shape[0], heads,
+            head_dim,
+        )  # fmt: skip
+        return out
+
+    def paged_decode(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        slots: torch.Tensor,
+        scale: float,
+        soft_cap: float | None,
+        window: int | None,
+        total_context: int,
+    ) -> torch.Tensor:
+        """Store the new keys/values and attend one query token per sequence; bf16 ``[seqs, heads, dim]``.
+
+        ``query`` ``[seqs, heads, dim]`` and ``key`` / ``value`` ``[seqs, kv_heads, dim]`` may be strided
+        views across tokens (rows of a fused q/k/v output) but each token's heads must be contiguous.
+        """
+        seqs, heads, dim = query.shape
+        kv_heads = key.shape[1]
+        out = torch.empty((seqs, heads, dim), dtype=torch.bfloat16)
+        threads = self.threads if total_context * heads >= PARALLEL_MIN_ATTENTION else 1
+        self.lib.paged_decode_bf16(
+            self._pool, query.data_ptr(), key.data_ptr(), value.data_ptr(), query.stride(0), key.stride(0),
+            value.stride(0), kv_cache.data_ptr(), kv_cache.shape[1], kv_cache.shape[2], block_tables.data_ptr(),
+            block_tables.stride(0), seq_lens.data_ptr(), slots.data_ptr(), out.data_ptr(), seqs, heads,
+            kv_heads, dim, scale, soft_cap or 0.0, window or 0, threads,
+        )  # fmt: skip
+        return out

@@ -1,0 +1,206 @@
+"""The plugin's C kernels (``engine_plugin_cpu/csrc``) against float64 torch references, on fresh random inputs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from engine_plugin_cpu.fast_ops import NativeOps
+from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
+from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native
+from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q8
+from engine_plugin_cpu.platform import cpu_flags
+from engine_plugin_sdk.quant import make_quantized_weight
+
+#: bf16 output rounding (2^-8 relative) plus the two-level int8 activations (~2^-15 of a block's largest
+#: value), relative to the output's largest entry; a wrong layout or scale is off by O(1)
+LINEAR_REL_TOL = 1e-2
+#: bf16 inputs and outputs of the element-wise ops: a few bf16 steps
+ELEMENTWISE_TOL = {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _supported() -> bool:
+    return REQUIRED_CPU_FLAGS <= cpu_flags() and shutil.which("gcc") is not None
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeKernels:
+    loaded = load_native()
+    if loaded.lib is None:
+        pytest.skip(f"C kernels unavailable: {loaded.reason}")
+    kernels = NativeKernels(loaded.lib, threads=2)
+    yield kernels
+    kernels.close()
+
+
+def test_native_loads_where_supported() -> None:
+    loaded = load_native()
+    if _supported():
+        assert loaded.lib is not None, loaded.reason
+    else:
+        assert loaded.lib is None and loaded.reason
+
+
+def test_load_native_gives_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "lacks" in load_native(flags=frozenset({"avx2"})).reason
+    monkeypatch.setenv("ENGINE_CPU_NATIVE", "0")
+    loaded = load_native()
+    assert loaded.lib is None and "ENGINE_CPU_NATIVE" in loaded.reason
+
+
+def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):
+    if scheme == "gguf_q8_0":
+        return tile_q8(data, shape)
+    return tile_q4(data, scheme[len("gguf_") :].upper(), shape)
+
+
+@pytest.mark.parametrize("scheme", ["gguf_q4_0", "gguf_q4_1", "gguf_q8_0"])
+@pytest.mark.parametrize("shape", [(16, 32), (40, 96), (100, 64)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+def test_tiled_linear_against_float64(
+    native: NativeKernels, scheme: str, shape: tuple[int, int], rows: int
+) -> None:
+    weight = make_quantized_weight(scheme, *shape, seed=rows * 7 + shape[0])
+    tiled = _tile(scheme, weight.data, shape)
+    gen = torch.Generator().manual_seed(rows + shape[1])
+    x = (torch.randn(rows, shape[1], generator=gen) * torch.rand(1, shape[1], generator=gen) * 4).to(
+        torch.bfloat16
+    )
+    expected = x.double() @ weight.dequantize().double().T
+    got = native.linear(x, tiled)
+    assert got.shape == (rows, shape[0]) and got.dtype == torch.bfloat16
+    err = (got.double() - expected).abs().max().item()
+    assert err <= LINEAR_REL_TOL * expected.abs().max().item(), f"{scheme} {shape} rows={rows}: error {err}"
+
+
+def test_tiled_linear_is_the_same_on_one_and_two_threads(native: NativeKernels) -> None:
+    weight = make_quantized_weight("gguf_q4_1", 1000, 576, seed=3)
+    tiled = tile_q4(weight.data, "Q4_1", (1000, 576))
+    x = torch.randn(3, 576).to(torch.bfloat16)
+    single = NativeKernels(native.lib, threads=1)
+    try:
+        assert torch.equal(single.linear(x, tiled), native.linear(x, tiled))
+    finally:
+        single.close()
+
+
+def test_gemm_backend_routes_small_batches_to_the_c_kernels(native: NativeKernels) -> None:
+    weight = make_quantized_weight("gguf_q4_1", 48, 128, seed=11)
+    gemm = CpuGemmBackend(native=native)
+    prepared = gemm.prepare_weight(weight, torch.bfloat16)
+    assert isinstance(prepared, PackedWeight) and prepared.kind == "tiled" and prepared.dense is not None
+    bias = torch.randn(48).to(torch.bfloat16)
+    for rows in (1, TILED4_MAX_PACKED_ROWS, TILED4_MAX_PACKED_ROWS + 1):
+        x = torch.randn(rows, 128).to(torch.bfloat16)
+        expected = x.double() @ weight.dequantize().double().T + bias.double()
+        got = gemm.linear(x.reshape(1, rows, 128), prepared, bias)
+        assert got.shape == (1, rows, 48)
+        err = (got.double().reshape(rows, 48) - expected).abs().max().item()
+        assert err <= LINEAR_REL_TOL * expected.abs().max().item()
+
+
+def _ops(native: NativeKernels) -> NativeOps:
+    return NativeOps(native)
+
+
+def test_rms_norms_against_float64(native: NativeKernels) -> None:
+    ops = _ops(native)
+    x = torch.randn(5, 200).to(torch.bfloat16)
+    residual = torch.randn(5, 200).to(torch.bfloat16)
+    weight = torch.randn(200).to(torch.bfloat16)
+
+    def ref(t: torch.Tensor) -> torch.Tensor:
+        t = t.double()
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5).double(), ref(x), **ELEMENTWISE_TOL)
+    out, summed = ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    torch.testing.assert_close(summed.double(), (x.double() + residual.double()), **ELEMENTWISE_TOL)
+    torch.testing.assert_close(out.double(), ref(summed), **ELEMENTWISE_TOL)
+    # a strided input takes the torch path and agrees
+    strided = torch.randn(5, 400).to(torch.bfloat16)[:, ::2]
+    torch.testing.assert_close(ops.rms_norm(strided, weight, 1e-5).double(), ref(strided), **ELEMENTWISE_TOL)
+
+
+def test_silu_and_mul_against_float64(native: NativeKernels) -> None:
+    x = (torch.randn(3, 2 * 72) * 6).to(torch.bfloat16)
+    gate, up = x.double()[:, :72], x.double()[:, 72:]
+    expected = gate * torch.sigmoid(gate) * up
+    torch.testing.assert_close(_ops(native).silu_and_mul(x).double(), expected, **ELEMENTWISE_TOL)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_rotary_against_float64(native: NativeKernels, tokens: int) -> None:
+    heads, kv_heads, dim = 3, 1, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim).to(torch.bfloat16)
+    q = qkv[:, : heads * dim].reshape(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(tokens, kv_heads, dim)
+    cos_sin = torch.randn(50, dim)
+    positions = torch.randint(0, 50, (tokens,))
+    before = qkv.clone()
+    got_q, got_k = _ops(native).rotary_embedding(positions, q, k, cos_sin)
+    assert torch.equal(qkv, before), "the inputs must not be modified"
+
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        cs = cos_sin[positions].double()[:, None]
+        cos, sin = cs[..., : dim // 2], cs[..., dim // 2 :]
+        x1, x2 = x.double()[..., : dim // 2], x.double()[..., dim // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    torch.testing.assert_close(got_q.double(), ref(q), **ELEMENTWISE_TOL)
+    torch.testing.assert_close(got_k.double(), ref(k), **ELEMENTWISE_TOL)
+    with pytest.raises(ValueError, match="rotary table"):
+        _ops(native).rotary_embedding(torch.full((tokens,), 50), q, k, cos_sin)
+
+
+def _reference_decode(q, cache, tables, lens, scale, window, cap):
+    seqs, heads, dim = q.shape
+    kv_heads = cache.shape[3]
+    block = cache.shape[2]
+    out = torch.zeros(seqs, heads, dim, dtype=torch.float64)
+    for s in range(seqs):
+        n = int(lens[s])
+        start = max(0, n - window) if window else 0
+        pos = torch.arange(start, n)
+        ids = tables[s][pos // block].long() * block + pos % block
+        keys = cache[0].reshape(-1, kv_heads, dim)[ids].double()
+        vals = cache[1].reshape(-1, kv_heads, dim)[ids].double()
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            scores = keys[:, g] @ q[s, h].double() * scale
+            if cap:
+                scores = cap * torch.tanh(scores / cap)
+            if n > start:
+                out[s, h] = torch.softmax(scores, 0) @ vals[:, g]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dim", "block", "window", "cap"), [(64, 16, None, None), (128, 8, None, 30.0), (64, 32, 20, None)]
+)
+def test_paged_decode_against_float64(native: NativeKernels, dim: int, block: int, window, cap) -> None:
+    heads, kv_heads, num_blocks = 6, 2, 40
+    lens = torch.tensor([1, 37, 70, 5], dtype=torch.int32)
+    seqs = lens.numel()
+    width = 70 // block + 1
+    perm = torch.randperm(num_blocks)
+    tables = perm[: seqs * width].reshape(seqs, width).to(torch.int32)
+    cache = torch.randn(2, num_blocks, block, kv_heads, dim).to(torch.bfloat16)
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim).to(torch.bfloat16)
+    q = qkv[:, : heads * dim].reshape(seqs, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(seqs, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].reshape(seqs, kv_heads, dim)
+    last = (lens - 1).long()
+    slots = (tables[torch.arange(seqs), last // block].long() * block + last % block).to(torch.int64)
+    slots[2] = -1  # a padding row: its key and value are stored nowhere
+    untouched = cache.clone()
+    got = native.paged_decode(q, k, v, cache, tables, lens, slots, dim**-0.5, cap, window, int(lens.sum()))
+    flat_k, flat_v = cache[0].reshape(-1, kv_heads, dim), cache[1].reshape(-1, kv_heads, dim)
+    for s in (0, 1, 3):
+        assert torch.equal(flat_k[slots[s]], k[s]) and torch.equal(flat_v[slots[s]], v[s])
+    changed = (cache != untouched).reshape(2, -1, kv_heads * dim).any(-1).any(0).nonzero().flatten()
+    assert set(changed.tolist()) <= {int(slots[s]) for s in (0, 1, 3)}
+    expected = _reference_decode(q, cache, tables, lens, dim**-0.5, window, cap)
+    torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
