@@ -102,6 +102,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         "engine_start_s": load_s,
         "graph_capture_s": report.seconds if report else None,
         "graph_capture_MiB": report.memory_bytes / 2**20 if report else None,
+        "graph_pool_MiB": getattr(report, "pool_bytes", 0) / 2**20 if report else None,
     }
     return result
 

@@ -2,7 +2,7 @@
 host/GPU split of the offline throughput run. Prints short tables (diagnostics for BENCHMARKS.md's H200
 section; the figures themselves come from benchmarks/nvidia_h200.py).
 
-Usage: python benchmarks/nvidia_h200_profile.py {gemv,kernels,host} --model DIR
+Usage: python benchmarks/nvidia_h200_profile.py {gemv,variants,kernels,host} --model DIR
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import collections
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,20 +43,22 @@ def _time_rotating(fn: Any, weights: list[torch.Tensor], x: torch.Tensor, repeat
     return sorted(times)[len(times) // 2]
 
 
-def cmd_gemv(args: argparse.Namespace) -> None:
+def cmd_gemv(args: argparse.Namespace) -> dict[str, dict[Any, float]]:
+    """Seconds per call of cuBLAS and each Triton GEMV config, per projection (prints the best six)."""
     from engine_plugin_nvidia.triton_kernels.launchers import gemv
 
     print(f"{'shape':10s} {'method':22s} {'us':>8s} {'TB/s':>6s}")
+    results: dict[str, dict[Any, float]] = {}
     for name, (n, k) in SHAPES.items():
+        if getattr(args, "shapes", None) and name not in args.shapes:
+            continue
         copies = max(2, int(2e9 // (n * k * 2)))
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = torch.nn.functional.linear(x, weights[0])
-        rows = []
-        t = _time_rotating(lambda a, w: torch.nn.functional.linear(a, w), weights, x)
-        rows.append(("F.linear (cuBLAS)", t))
-        t = _time_rotating(lambda a, w: torch.mv(w, a[0]), weights, x)
-        rows.append(("torch.mv", t))
+        rows: dict[Any, float] = {}
+        rows["cublas"] = _time_rotating(lambda a, w: torch.nn.functional.linear(a, w), weights, x)
+        rows["torch.mv"] = _time_rotating(lambda a, w: torch.mv(w, a[0]), weights, x)
         for bn, bk, nw, ns in GEMV_CONFIGS:
             def fn(a: torch.Tensor, w: torch.Tensor, bn: int = bn, bk: int = bk, nw: int = nw, ns: int = ns) -> Any:
                 return gemv(a, w, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns)
@@ -62,11 +66,72 @@ def cmd_gemv(args: argparse.Namespace) -> None:
             if err > 0.05 * ref.float().abs().max().item():
                 print(f"{name:10s} triton {bn}x{bk} w{nw} s{ns}: WRONG (max err {err:.3g})")
                 continue
-            rows.append((f"triton {bn}x{bk} w{nw} s{ns}", _time_rotating(fn, weights, x)))
-        for label, t in sorted(rows, key=lambda r: r[1])[:6]:
-            print(f"{name:10s} {label:22s} {t * 1e6:8.1f} {n * k * 2 / t / 1e12:6.2f}")
+            rows[(bn, bk, nw, ns)] = _time_rotating(fn, weights, x)
+        results[name] = rows
+        for label, t in sorted(rows.items(), key=lambda r: r[1])[:6]:
+            text = label if isinstance(label, str) else "triton {}x{} w{} s{}".format(*label)
+            print(f"{name:10s} {text:22s} {t * 1e6:8.1f} {n * k * 2 / t / 1e12:6.2f}")
         del weights
         torch.cuda.empty_cache()
+    return results
+
+
+def cmd_variants(args: argparse.Namespace) -> None:
+    """Batch-1 decode tok/s of the plugin's options in one process (graphs recaptured per variant): the
+    KV write fused into the decode kernel, programmatic dependent launch, the Triton GEMV for wide shapes."""
+    from engine_plugin_nvidia import gemm
+    from engine_plugin_nvidia.triton_kernels import pdl
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from nvidia_h200 import copy_bandwidth, decode_rate, weight_bytes
+
+    args.shapes = ["qkv", "gate_up", "lm_head"]
+    pdl.configure(False)
+    sweep = cmd_gemv(args)
+    per_token = {"qkv": 32, "gate_up": 32, "lm_head": 1}
+    configs = [c for c in GEMV_CONFIGS if all(c in sweep[s] for s in per_token)]
+    best = min(configs, key=lambda c: sum(sweep[s][c] * w for s, w in per_token.items()))
+    cublas = sum(sweep[s]["cublas"] * w for s, w in per_token.items())
+    triton_us = sum(sweep[s][best] * w for s, w in per_token.items())
+    print(f"wide GEMV per token: cuBLAS {cublas * 1e6:.0f} us, best Triton {best} {triton_us * 1e6:.0f} us")
+    wide = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), best, strict=True))
+    bandwidth = copy_bandwidth()
+    llm = _make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
+    engine = llm.llm_engine
+    report = engine.runner.decode_graphs.graphs.report
+    print(f"capture at start-up: {report.memory_bytes / 2**20:.1f} MiB ({report.pool_bytes / 2**20:.1f} MiB pool), "
+          f"{report.seconds:.2f} s; reserved {torch.cuda.memory_reserved() / 2**30:.2f} GiB")
+    roof = bandwidth / weight_bytes(llm)[0]
+    attention = engine.model.attention
+    variants = [("baseline", False, False, None), ("fused kv", True, False, None), ("fused+pdl", True, True, None),
+                ("fused+pdl+wide", True, True, wide), ("fused+wide", True, False, wide), ("pdl", False, True, None),
+                ("fused+pdl (again)", True, True, None), ("baseline (again)", False, False, None)]
+    results = []
+    for label, fused, use_pdl, tile in variants:
+        attention.fused_decode_write = fused
+        pdl.configure(use_pdl)
+        gemm.GEMV_WIDE_TILE = tile
+        try:
+            engine.runner.decode_graphs.capture()
+            rate = decode_rate(llm, repeats=args.repeats)
+        except Exception as exc:  # noqa: BLE001 - a failing variant is reported, the others still run
+            print(f"{label}: FAILED {type(exc).__name__}: {exc}")
+            continue
+        results.append((label, rate))
+        print(f"{label:20s} {rate:7.1f} tok/s  {rate / roof:.3f} of {roof:.1f}", flush=True)
+    if args.profile:
+        best_label = max(results, key=lambda r: r[1])[0] if results else "fused+pdl"
+        _, fused, use_pdl, tile = next(v for v in variants if v[0] == best_label)
+        attention.fused_decode_write, gemm.GEMV_WIDE_TILE = fused, tile
+        pdl.configure(use_pdl)
+        engine.runner.decode_graphs.capture()
+        from engine.sampling.params import SamplingParams
+
+        prompt = [random.Random(0).randint(1000, 40000) for _ in range(128)]
+        params = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
+        llm.generate([prompt], params, use_tqdm=False)
+        prof, wall = _profiled(lambda: llm.generate([prompt], params, use_tqdm=False))
+        _kernel_table(prof, f"batch 1 {best_label}, 1 prefill + 32 decode steps", wall, top=26)
 
 
 def _make_llm(model: str, **kwargs: Any) -> Any:
@@ -201,6 +266,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("gemv")
+    p = sub.add_parser("variants")
+    p.add_argument("--model", required=True)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile", action="store_true")
     for name in ("kernels", "host"):
         p = sub.add_parser(name)
         p.add_argument("--scenario", choices=["b1", "batch"], default="b1")
@@ -209,7 +278,7 @@ def main() -> None:
         p.add_argument("--max-num-seqs", type=int, default=512)
         p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     args = parser.parse_args()
-    {"gemv": cmd_gemv, "kernels": cmd_kernels, "host": cmd_host}[args.command](args)
+    {"gemv": cmd_gemv, "variants": cmd_variants, "kernels": cmd_kernels, "host": cmd_host}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -41,10 +41,11 @@ SINGLE_THREAD_MAX_ROWS = 4
 #: ... unless the weight is large: the tied 49152x576 int8 lm_head takes 3.3 ms on one thread and 1.6 ms
 #: on two; the layer matrices (up to 3072x576) are as fast or faster on one
 SINGLE_THREAD_MAX_ELEMENTS = 8 * 2**20
-#: most rows the C kernels run before the bf16 dense copy takes over (measured crossovers on the same
-#: 2-core machine, both kernels on two threads: 4-bit ~24 rows, 8-bit ~16)
-TILED4_MAX_PACKED_ROWS = 24
-TILED8_MAX_PACKED_ROWS = 16
+#: most rows the C kernels run before the bf16 dense copy takes over: measured time ratios (C / oneDNN,
+#: both on 2 threads, SmolLM2 shapes) at 24 / 32 / 48 rows: 4-bit 0.68-1.03 / 0.84-1.06 / 0.83-1.03,
+#: 8-bit lm_head 0.83 / 1.04 / 1.02
+TILED4_MAX_PACKED_ROWS = 32
+TILED8_MAX_PACKED_ROWS = 24
 
 
 @dataclass(slots=True)

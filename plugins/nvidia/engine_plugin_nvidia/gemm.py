@@ -23,9 +23,14 @@ FP8_DTYPE = "float8_e4m3fn"
 FP8_MAX = _common.FP8_MAX[FP8_DTYPE]
 #: the Triton GEMV's tile for single-row products whose weight has no more rows than columns (o_proj,
 #: down_proj); measured on an H200 at Llama-3-8B shapes: 10.6 us vs cuBLAS 12.6 us + a split-K reduce
-#: for 4096x4096, 30.6 vs 32.4 + reduce for 4096x14336 (cuBLAS stays ahead on the wide qkv, gate_up
-#: and lm_head shapes; benchmarks/nvidia_h200_profile.py gemv)
+#: for 4096x4096, 30.6 vs 32.4 + reduce for 4096x14336 (benchmarks/nvidia_h200_profile.py gemv)
 GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2}
+#: the tile for single-row products with more rows than columns (qkv, gate_up, lm_head), or None to leave
+#: them to cuBLAS. Chosen on an H200 (2026-11-29, `nvidia_h200_profile.py variants`) as the config with the
+#: least time per token over qkv x32 + gate_up x32 + lm_head: 2456 us vs cuBLAS 2535 (lm_head 238.6 us
+#: = 4.40 TB/s, gate_up 55.1, qkv 14.2); batch-1 decode 239.2 tok/s vs 225.3 with cuBLAS there, since
+#: in a graph the GEMV also starts early under PDL (cuBLAS's kernels cannot)
+GEMV_WIDE_TILE: dict | None = GEMV_TILE
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -49,20 +54,23 @@ class CudaGemmBackend(TorchGemmBackend):
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        if _takes_gemv(x, weight):
+        tile = _gemv_tile(x, weight)
+        if tile is not None:
             from engine_plugin_nvidia.triton_kernels.launchers import gemv
 
-            return gemv(x, weight, bias, **GEMV_TILE)
+            return gemv(x, weight, bias, **tile)
         return super().linear(x, weight, bias)
 
 
-def _takes_gemv(x: Any, weight: Any) -> bool:
-    """Batch-1 decode's narrow projections on a GPU in bf16/fp16 (see ``GEMV_TILE``)."""
-    return (
+def _gemv_tile(x: Any, weight: Any) -> dict | None:
+    """The Triton GEMV's tile for a batch-1 product on a GPU in bf16/fp16, or None for cuBLAS
+    (``GEMV_TILE`` for narrow weights, ``GEMV_WIDE_TILE`` for wide ones)."""
+    if not (
         isinstance(weight, torch.Tensor)
         and weight.is_cuda
         and weight.dtype in _GEMV_DTYPES
         and x.dtype == weight.dtype
-        and weight.shape[0] <= weight.shape[1]
         and x.numel() == weight.shape[1]
-    )
+    ):
+        return None
+    return GEMV_TILE if weight.shape[0] <= weight.shape[1] else GEMV_WIDE_TILE

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from engine_plugin_nvidia.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
 
 
@@ -9,7 +11,8 @@ def tuning_for_device(interpret: bool) -> KernelTuning:
     """Launch parameters for GPU 0, or the interpreter's small tiles.
 
     Hopper and Ampere have room for 64x64 prefill tiles at head size 128 with two pipeline stages;
-    older parts get smaller tiles.
+    older parts get smaller tiles. Hopper and later launch with programmatic dependent launch unless
+    ``ENGINE_NVIDIA_PDL=0``.
     """
     if interpret:
         return INTERPRETER_TUNING
@@ -25,6 +28,7 @@ def tuning_for_device(interpret: bool) -> KernelTuning:
             decode_block_n=64,
             decode_num_warps=4,
             decode_num_stages=2,
+            use_pdl=major >= 9 and os.environ.get("ENGINE_NVIDIA_PDL", "1").strip() != "0",
         )
     return KernelTuning(
         num_compute_units=props.multi_processor_count,

@@ -88,6 +88,46 @@ def test_decode_padding_rows_give_zeros_and_write_nothing(device):
     assert torch.equal(out[-pad:], torch.zeros_like(out[-pad:]))
 
 
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize(
+    ("head_dim", "block_size", "feature", "dtype"),
+    [(64, 16, "plain", torch.float16), (128, 32, "window", torch.float32), (64, 32, "soft_cap", torch.float32),
+     (128, 16, "plain", torch.float32)],
+)
+def test_decode_writes_the_new_kv_itself(device, splits, head_dim, block_size, feature, dtype):
+    """Pure decode with ``new_kv``: the kernel stores each new key/value at its slot and attends to it;
+    graph padding rows (slot -1, length 0) write nothing and give zeros. Contexts of 1 token included."""
+    kw = {"sliding_window": 12} if feature == "window" else {"soft_cap": 2.0} if feature == "soft_cap" else {}
+    seed = 31 * splits + head_dim + block_size
+    problem = make_attention_problem(
+        4, DECODE_LENS[0], DECODE_LENS[1], 8, 2, head_dim, block_size, 64, dtype=dtype, device=device, seed=seed, **kw
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    cache = torch.randn((2, 64, block_size, 2, head_dim), generator=gen).to(dtype).to(device)
+    launchers.write_kv(problem.prefix_key, problem.prefix_value, cache, problem.prefix_slot_mapping)
+    md, pad = problem.metadata, 2
+    expected = cache.clone()
+    launchers.write_kv(problem.key, problem.value, expected, md.slot_mapping)
+
+    def rows(t):  # the new rows plus padding rows, as a view with a row stride wider than the row
+        extra = torch.randn(pad, *t.shape[1:], generator=gen).to(dtype).to(device)
+        wide = torch.cat([torch.cat([t, extra]), torch.randn(len(t) + pad, *t.shape[1:], generator=gen).to(device)], -1)
+        return wide[..., : t.shape[-1]]
+
+    query, key, value = rows(problem.query), rows(problem.key), rows(problem.value)
+    slots = torch.cat([md.slot_mapping, torch.full((pad,), -1, dtype=md.slot_mapping.dtype, device=device)])
+    seq_lens = torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=device)])
+    tables = torch.cat([md.block_tables, torch.zeros(pad, md.block_tables.shape[1], dtype=torch.int32, device=device)])
+    out = torch.full(query.shape, float("nan"), dtype=dtype, device=device)
+    launchers.paged_decode(
+        out, query.contiguous(), cache, tables, seq_lens, md.scale, splits, tuning(),
+        window=md.sliding_window, soft_cap=md.logits_soft_cap, new_kv=(key, value, slots),
+    )  # fmt: skip
+    check(out[:-pad], problem, f"decode writing its kv, splits={splits} head {head_dim} block {block_size} {feature}")
+    assert torch.equal(out[-pad:], torch.zeros_like(out[-pad:]))
+    assert torch.equal(cache, expected), "the new keys/values belong at their slots, and nothing else may change"
+
+
 def test_write_kv_from_strided_views(device):
     """Keys and values arrive as column slices of the fused qkv projection."""
     tokens, kv_heads, head_dim = 7, 2, 64

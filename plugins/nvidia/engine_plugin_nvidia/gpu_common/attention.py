@@ -5,7 +5,8 @@ the same as the CPU plugin's, so block copies and swaps are one indexed copy on 
 
 ``forward`` writes the new keys and values first and then reads every key from the cache, so one
 kernel serves prefill, chunked prefill over a cached prefix, and decode rows in the same batch. A batch
-of decode rows only (one new token per sequence) takes the split-context decode kernel instead.
+of decode rows only (one new token per sequence) takes the split-context decode kernel instead, which
+stores each new key and value itself and attends to them from registers (no separate write launch).
 Vendors differ only in the :class:`KernelTuning` they pass.
 """
 
@@ -35,6 +36,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
 
     def __init__(self, tuning: KernelTuning) -> None:
         self.tuning = tuning
+        #: pure-decode batches write the new keys and values inside the decode kernel (False: a separate
+        #: write_kv launch first, as for every other batch)
+        self.fused_decode_write = True
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -44,19 +48,22 @@ class TritonPagedAttentionBackend(AttentionBackend):
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
         check_inputs(query, key, kv_cache, metadata, self.platform_name)
-        launchers.write_kv(key, value, kv_cache, metadata.slot_mapping)
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if metadata.num_seqs == 0:
-            return out
         common = {"window": metadata.sliding_window, "soft_cap": metadata.logits_soft_cap}
-        if metadata.is_pure_decode and query.shape[0] == metadata.num_seqs:
+        decode = metadata.num_seqs > 0 and metadata.is_pure_decode and query.shape[0] == metadata.num_seqs
+        fused = decode and self.fused_decode_write
+        if not fused:
+            launchers.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        if decode:
+            # fused: the decode kernel writes the new keys and values itself (one launch fewer per layer)
             launchers.paged_decode(
                 out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.scale,
                 self.decode_splits(metadata, kv_cache.shape[3]), self.tuning, **common,
+                new_kv=(key, value, metadata.slot_mapping) if fused else None,
             )  # fmt: skip
-        else:
+        elif metadata.num_seqs:
             launchers.paged_prefill(
                 out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc,
                 metadata.max_query_len, metadata.scale, self.tuning, causal=metadata.causal, **common,

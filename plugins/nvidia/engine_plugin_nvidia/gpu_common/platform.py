@@ -227,6 +227,10 @@ class TorchGpuPlatform(Platform):
         """This GPU's launch parameters (built once), or the interpreter's."""
         if self._tuning is None:
             self._tuning = load(self.components.tuning)(self.interpret)
+            if self._tuning.use_pdl:
+                from engine_plugin_nvidia.triton_kernels import pdl
+
+                pdl.configure(True)
         return self._tuning
 
     def make_attention_backend(self) -> AttentionBackend:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_nvidia.triton_kernels.pdl import pdl_begin
+
 LOG2E = 1.4426950408889634
 
 
@@ -56,12 +58,14 @@ def paged_prefill_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program: ``BLOCK_M`` query rows of one head of one sequence, over its whole cached context.
 
     The query rows are the last ``query_len`` positions of a ``seq_len`` context whose keys and values
     (the new ones included) are already in the cache.
     """
+    pdl_begin(USE_PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     tile = tl.program_id(2)
@@ -133,12 +137,15 @@ def paged_prefill_kernel(
 @triton.jit
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    new_k_ptr, new_v_ptr, slot_ptr,
     scale, soft_cap, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_bt, stride_slot, stride_kv_head,
+    stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head,
     NUM_QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -146,7 +153,13 @@ def paged_decode_kernel(
     With one split the normalised result goes straight to ``out``; otherwise the unnormalised
     accumulator and its running max / sum go to the partial buffers for :func:`decode_merge_kernel`.
     Rows with ``seq_len == 0`` (graph padding) produce zeros.
+
+    ``WRITE_KV``: the new token's key and value (``new_k`` / ``new_v``, row ``seq``) are not in the cache
+    yet. The program whose share holds the last position stores them at ``slot`` (skipped when negative)
+    and attends to them from registers; every program reads the cache only below the last position, so
+    no program reads what another writes.
     """
+    pdl_begin(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -179,16 +192,20 @@ def paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
     bt_ptr = block_tables_ptr + row * stride_bt
     qk_scale = scale * 1.4426950408889634
-    for start_n in range(start, end, BLOCK_N):
+    # with WRITE_KV the last position comes from new_k / new_v, not from the cache
+    cached_end = end
+    if WRITE_KV:
+        cached_end = tl.minimum(end, q_pos)
+    for start_n in range(start, cached_end, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, end, kv_head, offs_d,
+        k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, cached_end, kv_head, offs_d,
                           stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
         qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
         if USE_CAP:
             qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
         else:
             qk = qk * qk_scale
-        visible = offs_n[None, :] < end
+        visible = offs_n[None, :] < cached_end
         if USE_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos - window)
         qk = tl.where(visible, qk, float("-inf"))
@@ -196,9 +213,36 @@ def paged_decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, end, kv_head, offs_d,
+        v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, cached_end, kv_head, offs_d,
                           stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
+        m_i = m_new
+    if WRITE_KV:
+        # scalar conditions broadcast by hand: a scalar boolean in a mask trips Triton's interpreter
+        pos_d = offs_d * 0 + q_pos
+        own_d = (pos_d >= start) & (pos_d < end) & d_ok
+        slot = tl.load(slot_ptr + seq + offs_d * 0).to(tl.int64)
+        k_new = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + offs_d, mask=own_d, other=0.0)
+        v_new = tl.load(new_v_ptr + row * stride_nv_tok + kv_head * stride_nv_head + offs_d, mask=own_d, other=0.0)
+        # what the cache holds, then what the loop would have read from it
+        k_new = k_new.to(k_cache_ptr.dtype.element_ty)
+        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
+        dst = k_cache_ptr + slot * stride_slot + kv_head * stride_kv_head + offs_d
+        tl.store(dst, k_new, mask=own_d & (slot >= 0))
+        tl.store(v_cache_ptr + slot * stride_slot + kv_head * stride_kv_head + offs_d, v_new, mask=own_d & (slot >= 0))
+        kq = k_new.to(q.dtype).to(tl.float32)
+        qk1 = tl.sum(q.to(tl.float32) * kq[None, :], 1)
+        if USE_CAP:
+            qk1 = _soft_cap(qk1 * scale, soft_cap) * 1.4426950408889634
+        else:
+            qk1 = qk1 * qk_scale
+        pos_g = offs_g * 0 + q_pos
+        qk1 = tl.where((pos_g >= start) & (pos_g < end), qk1, float("-inf"))
+        m_new = tl.maximum(m_i, qk1)
+        alpha = tl.exp2(m_i - m_new)
+        p1 = tl.exp2(qk1 - m_new)
+        l_i = l_i * alpha + p1
+        acc = acc * alpha[:, None] + p1[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
         m_i = m_new
 
     if NUM_SPLITS == 1:
@@ -223,9 +267,10 @@ def paged_decode_kernel(
 def decode_merge_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr,
     stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Join the splits of one head of one sequence: rescale each by exp(m_s - max m) and normalise."""
+    pdl_begin(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -252,8 +297,10 @@ def write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head, stride_slot, stride_cache_head,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program per new token: copy its keys and values to its cache slot; a negative slot is skipped."""
+    pdl_begin(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     offs_h = tl.arange(0, H_PAD)

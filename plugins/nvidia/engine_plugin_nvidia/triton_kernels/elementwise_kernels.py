@@ -9,13 +9,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_nvidia.triton_kernels.pdl import pdl_begin
+
 
 @triton.jit
 def rms_norm_kernel(
     out_ptr, x_ptr, weight_ptr, eps,
     stride_x, stride_out,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -29,9 +32,10 @@ def rms_norm_kernel(
 def fused_add_rms_norm_kernel(
     out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, eps,
     stride_x, stride_res, stride_out, stride_res_out,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``s = x + residual`` (rounded to the dtype, as the unfused sum would be), then ``rms_norm(s)``."""
+    pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -61,9 +65,10 @@ def rotary_kernel(
     q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
     stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cs,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    H_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    H_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Rotate-half rotary embedding of one token's query and key heads, in place."""
+    pdl_begin(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + tok).to(tl.int64)
     offs_r = tl.arange(0, HALF_PAD)
@@ -79,9 +84,10 @@ def rotary_kernel(
 @triton.jit
 def silu_and_mul_kernel(
     out_ptr, x_ptr, stride_x, stride_out,
-    D: tl.constexpr, BLOCK: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``silu(x[:, :D]) * x[:, D:]`` for one row and one column tile."""
+    pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D

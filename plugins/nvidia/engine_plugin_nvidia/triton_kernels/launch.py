@@ -41,6 +41,8 @@ class KernelTuning:
         max_decode_splits: most programs one sequence's context is split across (flash-decoding).
         min_keys_per_split: a split never gets fewer keys than this (below it the merge costs more).
         elementwise_num_warps: warps for norm / rotary / activation kernels.
+        use_pdl: launch every kernel with programmatic dependent launch (CUDA compute capability 9.0+;
+            see :mod:`.pdl`), so that each starts while the one before it drains.
     """
 
     num_compute_units: int = 132
@@ -52,6 +54,7 @@ class KernelTuning:
     max_decode_splits: int = 32
     min_keys_per_split: int = 256
     elementwise_num_warps: int = 4
+    use_pdl: bool = False
 
     def prefill_tiles(self, head_dim: int) -> AttentionTiles:
         """The prefill tiles for a head size."""

@@ -11,6 +11,7 @@ import torch
 from engine_plugin_nvidia.triton_kernels import attention_kernels as ak
 from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
 from engine_plugin_nvidia.triton_kernels import gemv_kernels as gk
+from engine_plugin_nvidia.triton_kernels import pdl
 from engine_plugin_nvidia.triton_kernels.launch import KernelTuning, next_power_of_2
 
 
@@ -52,7 +53,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(2), kv_cache.stride(3),
         NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-        H_PAD=next_power_of_2(kv_heads), D_PAD=next_power_of_2(head_dim),
+        H_PAD=next_power_of_2(kv_heads), D_PAD=next_power_of_2(head_dim), **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -108,7 +109,7 @@ def paged_prefill(
         HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), KV_BLOCK=block_size,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **_attention_flags(query, window, soft_cap),
+        **_attention_flags(query, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -123,6 +124,7 @@ def paged_decode(
     tuning: KernelTuning,
     window: int | None = None,
     soft_cap: float | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -134,6 +136,10 @@ def paged_decode(
             a sequence of length 0 (graph padding) gets zeros.
         num_splits: a power of two (see :meth:`KernelTuning.decode_splits`); fixed for a captured graph.
         tuning: launch parameters of the target.
+        new_kv: ``(key, value, slot_mapping)`` of the new tokens (``[seqs, kv_heads, head_dim]`` and
+            ``[seqs]``) when they are not in the cache yet: the decode kernel stores them (negative slots
+            are skipped) and attends to them itself, so no separate :func:`write_kv` launch is needed.
+            Without it the cache must already hold every position.
     """
     num_seqs, num_heads, head_dim = query.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -144,22 +150,42 @@ def paged_decode(
         part_ml = torch.empty((num_seqs, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # unused by the kernel
+    if new_kv is not None:
+        new_k, new_v, slots = _checked_new_kv(new_kv, num_seqs, kv_heads, head_dim)
+    else:
+        new_k = new_v = slots = query  # unused by the kernel
     ak.paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
         out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        new_k, new_v, slots,
         scale, float(soft_cap or 0.0), int(window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, BLOCK_N=tuning.decode_block_n,
-        num_warps=tuning.decode_num_warps, num_stages=tuning.decode_num_stages,
-        **_attention_flags(query, window, soft_cap),
+        num_warps=tuning.decode_num_warps, num_stages=tuning.decode_num_stages, WRITE_KV=new_kv is not None,
+        **_attention_flags(query, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
         ak.decode_merge_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, num_warps=ek_warps,
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, num_warps=ek_warps, **pdl.launch_options(),
         )  # fmt: skip
+
+
+def _checked_new_kv(
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_seqs: int, kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode kernel's new key / value (unit last stride) and slots, checked against the batch."""
+    key, value, slots = new_kv
+    if key.shape != (num_seqs, kv_heads, head_dim) or value.shape != key.shape:
+        raise ValueError(f"new key {tuple(key.shape)} / value {tuple(value.shape)} are not [{num_seqs}, {kv_heads}, {head_dim}]")
+    if slots.numel() != num_seqs:
+        raise ValueError(f"slot_mapping has {slots.numel()} entries for {num_seqs} sequences")
+    key = key if key.stride(-1) == 1 else key.contiguous()
+    value = value if value.stride(-1) == 1 else value.contiguous()
+    return key, value, slots
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -171,7 +197,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         block = next_power_of_2(hidden)
         ek.rms_norm_kernel[(rows.shape[0],)](
             out, rows, weight, eps, rows.stride(0), out.stride(0),
-            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block),
+            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block), **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape)
 
@@ -189,7 +215,7 @@ def fused_add_rms_norm(
         ek.fused_add_rms_norm_kernel[(rows.shape[0],)](
             out, res_out, rows, res, weight, eps,
             rows.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
-            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block),
+            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block), **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape), res_out.view(residual.shape)
 
@@ -215,7 +241,7 @@ def rotary_embedding(
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv, HALF=half,
             H_PAD=next_power_of_2(num_heads), KV_PAD=next_power_of_2(num_kv), HALF_PAD=next_power_of_2(half),
-            num_warps=4,
+            num_warps=4, **pdl.launch_options(),
         )  # fmt: skip
     return query, key
 
@@ -228,7 +254,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0]:
         block = min(1024, next_power_of_2(d))
         ek.silu_and_mul_kernel[(rows.shape[0], triton_cdiv(d, block))](
-            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4,
+            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4, **pdl.launch_options(),
         )  # fmt: skip
     return out.view(*x.shape[:-1], d)
 
@@ -261,6 +287,6 @@ def gemv(
     gk.gemv_kernel[(-(-n // block_n),)](
         flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
