@@ -66,7 +66,9 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
                 f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False
             )
         for i, (got, want) in enumerate(zip(results, expected, strict=True)):
-            if got.dtype != dtype:
+            # the residual sum may be kept in float32 (core/interfaces/ops.py)
+            wider_ok = op_name == "fused_add_rms_norm" and i == 1 and got.dtype == torch.float32
+            if got.dtype != dtype and not wider_ok:
                 pytest.fail(
                     f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False
                 )

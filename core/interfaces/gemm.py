@@ -61,3 +61,18 @@ class GemmBackend(ABC):
         Returns:
             ``[..., out_features]`` in ``x``'s dtype.
         """
+
+    def logits(self, x: Any, weight: Any) -> Any:
+        """float32 ``x @ W.T`` for the output projection (the vocabulary logits).
+
+        The default rounds through :meth:`linear`'s dtype and casts; a backend that can write float32
+        directly overrides this, so that bf16 rounding does not turn near-tied tokens into exact ties.
+
+        Args:
+            x: ``[rows, in_features]`` activations.
+            weight: a weight returned by :meth:`prepare_weight`.
+
+        Returns:
+            float32 ``[rows, out_features]``.
+        """
+        return self.linear(x, weight).float()

@@ -18,7 +18,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(rms_norm(x + residual), x + residual)``; the sum is the next residual."""
+    """Returns ``(rms_norm(x + residual), x + residual)``; the sum is the next residual.
+
+    The normalised output has ``x``'s dtype. The sum may be returned in float32 instead (a platform
+    override may keep the residual stream in float32 to avoid a rounding per layer); the model only
+    passes it back as the next call's ``residual``, so such an override gets its own float32 back.
+    """
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
 

@@ -174,4 +174,4 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` for the selected hidden rows."""
-        return self.gemm.linear(hidden, self.lm_head).float()
+        return self.gemm.logits(hidden, self.lm_head)

@@ -79,9 +79,18 @@ class NativeOps:
     def fused_add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.native.accepts(x, residual, weight) and x.shape == residual.shape and weight.numel() == x.shape[-1]:
-            return self.native.add_rms_norm(x, residual, weight, eps)
-        return fused_add_rms_norm(x, residual, weight, eps)
+        if (
+            self.native.accepts(x, weight)
+            and residual.dtype in (torch.bfloat16, torch.float32)
+            and residual.is_contiguous()
+            and x.shape == residual.shape
+            and weight.numel() == x.shape[-1]
+        ):
+            # the residual stream stays in float32 between layers (the core only passes it back here)
+            return self.native.add_rms_norm_f32(x, residual, weight, eps)
+        out, summed = fused_add_rms_norm(x, residual, weight, eps)
+        # a float32 residual from an earlier layer must not turn the activations into float32
+        return out.to(x.dtype), summed
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         if self.native.accepts(x) and x.shape[-1] % 2 == 0:

@@ -46,6 +46,8 @@ SINGLE_THREAD_MAX_ELEMENTS = 8 * 2**20
 #: 8-bit lm_head 0.83 / 1.04 / 1.02
 TILED4_MAX_PACKED_ROWS = 32
 TILED8_MAX_PACKED_ROWS = 24
+#: most rows whose logits the C kernels write in float32 (about as fast as the bf16 copy up to here)
+TILED_MAX_LOGIT_ROWS = 64
 
 
 @dataclass(slots=True)
@@ -170,6 +172,18 @@ class CpuGemmBackend(GemmBackend):
             return self._packed_linear(x, weight, bias, rows)
         finally:
             torch.set_num_threads(threads)
+
+    def logits(self, x: Any, weight: Any) -> torch.Tensor:
+        """float32 logits; written in float32 by the C kernels, so near-tied tokens keep their order."""
+        if (
+            isinstance(weight, PackedWeight)
+            and weight.tiled is not None
+            and self.native is not None
+            and x.dtype == PACKED_DTYPE
+            and x.numel() // weight.in_features <= TILED_MAX_LOGIT_ROWS
+        ):
+            return self.native.linear(x.contiguous(), weight.tiled, torch.float32)
+        return self.linear(x, weight).float()
 
     @staticmethod
     def _packed_linear(x: torch.Tensor, weight: PackedWeight, bias: Any | None, rows: int) -> torch.Tensor:

@@ -49,10 +49,11 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "pool_create": ([_INT], _P),
     "pool_destroy": ([_P], None),
     "pool_size": ([_P], _INT),
-    "q4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT], _INT),
-    "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT], _INT),
+    "q4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_bf16": ([_P, _P, _P, _P, _P, _I64, _I64, _F32], None),
+    "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
     "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64], None),
     "paged_decode_bf16": (
@@ -129,9 +130,14 @@ def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     key = digest.hexdigest()[:16]
-    target = cache_dir() / f"cpu_kernels-{key}.so"
+    name = f"cpu_kernels-{key}.so"
+    target = cache_dir() / name
     if not target.exists():
         error = _compile(compiler, target)
+        if error.startswith("cannot create"):
+            # a read-only home: build into the temporary directory instead
+            target = Path(tempfile.gettempdir()) / "engine-cpu-kernels" / name
+            error = "" if target.exists() else _compile(compiler, target)
         if error:
             return NativeLoad(None, error)
     try:
@@ -151,7 +157,10 @@ def _compile(compiler: str, target: Path) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"cannot create {target.parent}: {exc}"
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    except OSError as exc:
+        return f"cannot create a file in {target.parent}: {exc}"
     os.close(fd)
     sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.c"))]
     cmd = [compiler, *COMPILE_FLAGS, *sources, "-o", tmp, "-lm"]

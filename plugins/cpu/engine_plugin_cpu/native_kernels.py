@@ -128,20 +128,22 @@ class NativeKernels:
             t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
         )
 
-    def linear(self, x: torch.Tensor, weight: TiledWeight) -> torch.Tensor:
-        """``x @ W^T`` for contiguous bf16 ``x`` ``[..., in]``; bf16 out.
+    def linear(
+        self, x: torch.Tensor, weight: TiledWeight, out_dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
+        """``x @ W^T`` for contiguous bf16 ``x`` ``[..., in]``, in ``out_dtype`` (bf16 or float32).
 
         Raises:
             MemoryError: if the kernel cannot allocate its activation scratch.
         """
         rows = x.numel() // weight.in_features
-        out = torch.empty((*x.shape[:-1], weight.out_features), dtype=torch.bfloat16)
+        out = torch.empty((*x.shape[:-1], weight.out_features), dtype=out_dtype)
         work = weight.out_features * weight.in_features * rows
         threads = self.threads if work >= PARALLEL_MIN_WEIGHTS else 1
         fn = self.lib.q4_linear if weight.bits == 4 else self.lib.q8_linear
         if fn(
             self._pool, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows, weight.out_features,
-            weight.in_features, threads,
+            weight.in_features, int(out_dtype == torch.float32), threads,
         ):  # fmt: skip
             raise MemoryError("the CPU kernels could not allocate activation scratch")
         return out
@@ -161,6 +163,20 @@ class NativeKernels:
         self.lib.add_rms_norm_bf16(
             x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
             x.numel() // h, h, eps,
+        )  # fmt: skip
+        return out, summed
+
+    def add_rms_norm_f32(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(x + residual) * weight`` in bf16, ``x + residual`` in float32); ``residual`` bf16 or
+        float32, contiguous like ``x``."""
+        out = torch.empty_like(x)
+        summed = torch.empty(x.shape, dtype=torch.float32)
+        h = x.shape[-1]
+        self.lib.add_rms_norm_f32(
+            x.data_ptr(), residual.data_ptr(), int(residual.dtype == torch.float32), weight.data_ptr(),
+            out.data_ptr(), summed.data_ptr(), x.numel() // h, h, eps,
         )  # fmt: skip
         return out, summed
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import tempfile
+import time
 
 import pytest
 import torch
@@ -48,6 +52,18 @@ def test_load_native_gives_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENGINE_CPU_NATIVE", "0")
     loaded = load_native()
     assert loaded.lib is None and "ENGINE_CPU_NATIVE" in loaded.reason
+
+
+def test_an_unwritable_cache_falls_back_to_the_temporary_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    if not _supported():
+        pytest.skip("no C kernels on this machine")
+    monkeypatch.setenv("ENGINE_CPU_KERNEL_CACHE", "/proc/engine-cannot-write-here")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    loaded = load_native()
+    assert loaded.lib is not None, loaded.reason
+    assert list((tmp_path / "engine-cpu-kernels").glob("cpu_kernels-*.so"))
 
 
 def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):
@@ -204,3 +220,29 @@ def test_paged_decode_against_float64(native: NativeKernels, dim: int, block: in
     assert set(changed.tolist()) <= {int(slots[s]) for s in (0, 1, 3)}
     expected = _reference_decode(q, cache, tables, lens, dim**-0.5, window, cap)
     torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_a_forked_child_runs_the_kernels_without_the_parents_workers(native: NativeKernels) -> None:
+    weight = make_quantized_weight("gguf_q4_1", 2000, 256, seed=4)
+    tiled = tile_q4(weight.data, "Q4_1", (2000, 256))
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    expected = native.linear(x, tiled)  # the parent's workers are up and running
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its pool has no worker threads; it must not wait for them
+        try:
+            os.write(write_fd, native.linear(x, tiled).view(torch.int16).numpy().tobytes())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in the C kernels")
+        time.sleep(0.05)
+    with os.fdopen(read_fd, "rb") as fh:
+        data = fh.read()
+    got = torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(2, 2000)
+    assert torch.equal(got, expected)

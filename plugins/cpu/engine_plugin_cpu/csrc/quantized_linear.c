@@ -69,8 +69,9 @@ static int prepare_activations(const bf16_t *x, int64_t rows, int64_t k, activat
 typedef struct {
     const activations_t *act;
     const uint8_t *w;
-    bf16_t *out;
+    void *out; /* bf16, or float32 when out_f32 */
     int64_t rows, n, k;
+    int out_f32;
 } qlinear_args_t;
 
 static inline int32_t load_i32(const int8_t *p) {
@@ -80,8 +81,10 @@ static inline int32_t load_i32(const int8_t *p) {
 }
 
 static inline void store_tile(const qlinear_args_t *a, int64_t t, int64_t r, __m512 v) {
-    int64_t left = a->n - t * TILE_ROWS;
-    maskstore_bf16x16(a->out + r * a->n + t * TILE_ROWS, tail_mask(left), v);
+    const __mmask16 m = tail_mask(a->n - t * TILE_ROWS);
+    const int64_t at = r * a->n + t * TILE_ROWS;
+    if (a->out_f32) _mm512_mask_storeu_ps((float *)a->out + at, m, v);
+    else maskstore_bf16x16((bf16_t *)a->out + at, m, v);
 }
 
 /* one 16-row tile of 4-bit weights against R activation rows from r0 */
@@ -184,25 +187,25 @@ static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *
 TILE_DISPATCH(q4_tile)
 TILE_DISPATCH(q8_tile)
 
-static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, bf16_t *out, int64_t rows, int64_t n,
-                   int64_t k, int nthreads) {
+static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n,
+                   int64_t k, int out_f32, int nthreads) {
     activations_t act;
     if (prepare_activations(x, rows, k, &act) != 0) return -1;
-    qlinear_args_t a = {&act, w, out, rows, n, k};
+    qlinear_args_t a = {&act, w, out, rows, n, k, out_f32};
     pool_run(pool, task, &a, nthreads);
     free(act.buffer);
     return 0;
 }
 
-/* out[rows, n] = x[rows, k] @ W^T for W in 4-bit tile records; x, out contiguous bf16; k % 32 == 0.
- * Returns 0, or -1 when out of memory. */
-int q4_linear(void *pool, const bf16_t *x, const uint8_t *w, bf16_t *out, int64_t rows, int64_t n, int64_t k,
-              int nthreads) {
-    return qlinear(pool, q4_tile_task, x, w, out, rows, n, k, nthreads);
+/* out[rows, n] = x[rows, k] @ W^T for W in 4-bit tile records; x contiguous bf16, k % 32 == 0; out
+ * contiguous bf16, or float32 when out_f32. Returns 0, or -1 when out of memory. */
+int q4_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
+              int out_f32, int nthreads) {
+    return qlinear(pool, q4_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
 }
 
 /* The same for W in 8-bit tile records. */
-int q8_linear(void *pool, const bf16_t *x, const uint8_t *w, bf16_t *out, int64_t rows, int64_t n, int64_t k,
-              int nthreads) {
-    return qlinear(pool, q8_tile_task, x, w, out, rows, n, k, nthreads);
+int q8_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
+              int out_f32, int nthreads) {
+    return qlinear(pool, q8_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
 }

@@ -48,6 +48,31 @@ void add_rms_norm_bf16(const bf16_t *x, const bf16_t *residual, const bf16_t *we
     }
 }
 
+/* summed = x + residual in float32 (residual bf16, or float32 when residual_f32); out = rms_norm(summed) *
+ * weight in bf16. Keeping the residual stream in float32 removes a bf16 rounding per layer and norm. */
+void add_rms_norm_f32(const bf16_t *x, const void *residual, int residual_f32, const bf16_t *weight, bf16_t *out,
+                      float *summed, int64_t rows, int64_t h, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *xr = x + r * h;
+        float *sr = summed + r * h;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < h; i += 16) {
+            __mmask16 m = tail_mask(h - i);
+            __m512 res = residual_f32 ? _mm512_maskz_loadu_ps(m, (const float *)residual + r * h + i)
+                                      : maskload_bf16x16((const bf16_t *)residual + r * h + i, m);
+            __m512 v = _mm512_add_ps(maskload_bf16x16(xr + i, m), res);
+            _mm512_mask_storeu_ps(sr + i, m, v);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        __m512 s = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)h + eps));
+        for (int64_t i = 0; i < h; i += 16) {
+            __mmask16 m = tail_mask(h - i);
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, sr + i), s), maskload_bf16x16(weight + i, m));
+            maskstore_bf16x16(out + r * h + i, m, v);
+        }
+    }
+}
+
 /* out[r, :d] = silu(x[r, :d]) * x[r, d:] */
 void silu_and_mul_bf16(const bf16_t *x, bf16_t *out, int64_t rows, int64_t d) {
     const __m512 one = _mm512_set1_ps(1.0f);

@@ -1,5 +1,7 @@
 /* The kernels' thread pool: a task runs on the caller's thread and the pool's workers. Workers spin
  * briefly between tasks (a decode step issues one every few microseconds), then sleep on a condvar. */
+#include <unistd.h>
+
 #include "common.h"
 
 /* pause instructions a worker spins before sleeping: tens of microseconds on current x86 cores */
@@ -17,6 +19,7 @@ typedef struct {
     void *ctx;
     int nthreads;
     int nworkers;
+    pid_t owner; /* a forked child has none of the workers: it runs tasks serially */
     pthread_t threads[MAX_WORKERS];
 } pool_t;
 
@@ -60,6 +63,7 @@ void *pool_create(int nthreads) {
     if (!p) return NULL;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    p->owner = getpid();
     int want = nthreads - 1;
     if (want > MAX_WORKERS) want = MAX_WORKERS;
     for (int i = 0; i < want; i++) {
@@ -79,6 +83,7 @@ void *pool_create(int nthreads) {
 void pool_destroy(void *raw) {
     pool_t *p = raw;
     if (!p) return;
+    if (getpid() != p->owner) return; /* the workers belong to the parent process */
     atomic_store(&p->stop, 1);
     pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->cv);
@@ -93,7 +98,7 @@ int pool_size(void *raw) { return raw ? ((pool_t *)raw)->nworkers + 1 : 1; }
 
 void pool_run(void *raw, task_fn fn, void *ctx, int nthreads) {
     pool_t *p = raw;
-    if (!p || p->nworkers == 0 || nthreads <= 1) {
+    if (!p || p->nworkers == 0 || nthreads <= 1 || getpid() != p->owner) {
         fn(ctx, 0, 1);
         return;
     }
