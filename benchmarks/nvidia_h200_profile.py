@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import random
 import sys
 import time
@@ -85,16 +86,18 @@ def cmd_variants(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from nvidia_h200 import copy_bandwidth, decode_rate, weight_bytes
 
-    args.shapes = ["qkv", "gate_up", "lm_head"]
-    pdl.configure(False)
-    sweep = cmd_gemv(args)
-    per_token = {"qkv": 32, "gate_up": 32, "lm_head": 1}
-    configs = [c for c in GEMV_CONFIGS if all(c in sweep[s] for s in per_token)]
-    best = min(configs, key=lambda c: sum(sweep[s][c] * w for s, w in per_token.items()))
-    cublas = sum(sweep[s]["cublas"] * w for s, w in per_token.items())
-    triton_us = sum(sweep[s][best] * w for s, w in per_token.items())
-    print(f"wide GEMV per token: cuBLAS {cublas * 1e6:.0f} us, best Triton {best} {triton_us * 1e6:.0f} us")
-    wide = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), best, strict=True))
+    wide = gemm.GEMV_TILE
+    if args.sweep:
+        args.shapes = ["qkv", "gate_up", "lm_head"]
+        pdl.configure(False)
+        sweep = cmd_gemv(args)
+        per_token = {"qkv": 32, "gate_up": 32, "lm_head": 1}
+        configs = [c for c in GEMV_CONFIGS if all(c in sweep[s] for s in per_token)]
+        best = min(configs, key=lambda c: sum(sweep[s][c] * w for s, w in per_token.items()))
+        cublas = sum(sweep[s]["cublas"] * w for s, w in per_token.items())
+        triton_us = sum(sweep[s][best] * w for s, w in per_token.items())
+        print(f"wide GEMV per token: cuBLAS {cublas * 1e6:.0f} us, best Triton {best} {triton_us * 1e6:.0f} us")
+        wide = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), best, strict=True))
     bandwidth = copy_bandwidth()
     llm = _make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
     engine = llm.llm_engine
@@ -106,7 +109,17 @@ def cmd_variants(args: argparse.Namespace) -> None:
     variants = [("baseline", False, False, None), ("fused kv", True, False, None), ("fused+pdl", True, True, None),
                 ("fused+pdl+wide", True, True, wide), ("fused+wide", True, False, wide), ("pdl", False, True, None),
                 ("fused+pdl (again)", True, True, None), ("baseline (again)", False, False, None)]
+    if args.only:
+        variants = [v for v in variants if v[0] in args.only]
     results = []
+    if args.eager:  # eager launches with and without the PDL attribute (graph captures use it)
+        graphs, engine.runner.decode_graphs = engine.runner.decode_graphs, None
+        pdl.configure(True)
+        for label, force in (("eager", False), ("eager, PDL launches", True), ("eager (again)", False)):
+            with pdl.for_capture() if force else contextlib.nullcontext():
+                rate = decode_rate(llm, new_tokens=96, repeats=1)
+            print(f"{label:20s} {rate:7.1f} tok/s", flush=True)
+        engine.runner.decode_graphs = graphs
     for label, fused, use_pdl, tile in variants:
         attention.fused_decode_write = fused
         pdl.configure(use_pdl)
@@ -270,6 +283,9 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="choose the wide GEMV tile by a GEMV sweep first")
+    p.add_argument("--eager", action="store_true", help="eager decode with and without PDL launches")
+    p.add_argument("--only", nargs="*", default=None, help="graph variants to run (labels)")
     for name in ("kernels", "host"):
         p = sub.add_parser(name)
         p.add_argument("--scenario", choices=["b1", "batch"], default="b1")

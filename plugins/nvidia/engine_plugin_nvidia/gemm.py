@@ -1,4 +1,5 @@
-"""GEMM on NVIDIA GPUs: bf16 / fp16 / fp32 through torch (cuBLAS), FP8 e4m3 weights through torch's scaled matmul.
+"""GEMM on NVIDIA GPUs: bf16 / fp16 / fp32 through torch (cuBLAS), FP8 e4m3 weights through torch's scaled matmul,
+and single-row bf16 / fp16 products (batch-1 decode) through a Triton GEMV, which streams the weight faster.
 
 The implementation, including the two-term FP8 activations, is :mod:`engine_plugin_nvidia.gpu_common.gemm`
 (shared with the ROCm plugin). NVIDIA's FP8 tensor cores (Ada / Hopper and later) multiply the OCP

@@ -199,3 +199,20 @@ def test_gemv_matches_float64(device, out_features, in_features, tile, dtype):
 def test_gemv_refuses_more_than_one_row(device):
     with pytest.raises(ValueError, match="one row"):
         launchers.gemv(torch.randn(2, 8).to(device), torch.randn(4, 8).to(device))
+
+
+def test_batch1_products_take_the_gemv_on_a_gpu(device):
+    """Single-row bf16/fp16 products, narrow and wide, run the Triton GEMV on a GPU; more rows, or the
+    CPU, go to torch. The backend's result matches float64 either way."""
+    from engine_plugin_nvidia import gemm
+
+    gen = torch.Generator().manual_seed(404)
+    x = torch.randn(1, 96, generator=gen).to(torch.float16).to(device)
+    for out_features in (40, 300):  # narrow (out <= in) and wide
+        weight = torch.randn(out_features, 96, generator=gen).to(torch.float16).to(device)
+        want = gemm.GEMV_TILE if out_features <= 96 else gemm.GEMV_WIDE_TILE
+        assert gemm._gemv_tile(x, weight) is (want if device.type == "cuda" else None)
+        assert gemm._gemv_tile(torch.cat([x, x]), weight) is None
+        out = gemm.CudaGemmBackend(device).linear(x, weight)
+        ref = x.double() @ weight.double().T
+        torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())

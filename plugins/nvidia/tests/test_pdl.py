@@ -1,0 +1,89 @@
+"""Programmatic dependent launch (GPU with compute capability 9.0+ only): chains of dependent kernels,
+eager and replayed from a CUDA graph, give the float64 reference's answer with PDL on. The switch itself
+(graph captures only) is checked everywhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_plugin_nvidia.triton_kernels import launchers, pdl
+from engine_plugin_sdk.reference_ops import ref_fused_add_rms_norm, ref_silu_and_mul
+
+needs_pdl = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and pdl.AVAILABLE),
+    reason="PDL needs an NVIDIA GPU of compute capability 9.0+",
+)
+
+
+@pytest.fixture
+def pdl_on():
+    """PDL launches for the test's eager runs and its capture (normally only graph captures use it)."""
+    before = pdl.enabled()
+    assert pdl.configure(True)
+    with pdl.for_capture():
+        assert pdl.launch_options()["USE_PDL"]
+        yield
+    pdl.configure(before)
+
+
+def _chain(x, residual, norm_w, w_up, w_down):
+    """norm -> wide GEMV -> silu_and_mul -> narrow GEMV -> norm: each kernel reads the one before it."""
+    h, res = launchers.fused_add_rms_norm(x, residual, norm_w, 1e-6)
+    up = launchers.gemv(h, w_up, block_n=8, block_k=512)
+    act = launchers.silu_and_mul(up)
+    down = launchers.gemv(act, w_down, block_n=4, block_k=1024)
+    return launchers.fused_add_rms_norm(down, res, norm_w, 1e-6)
+
+
+def _reference(x, residual, norm_w, w_up, w_down):
+    h, res = ref_fused_add_rms_norm(x.double(), residual.double(), norm_w.double(), 1e-6)
+    act = ref_silu_and_mul(h @ w_up.double().T)
+    return ref_fused_add_rms_norm(act @ w_down.double().T, res, norm_w.double(), 1e-6)
+
+
+@needs_pdl
+def test_dependent_chain_eager_and_in_a_graph(pdl_on):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    hidden, inter = 1024, 3072
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(torch.bfloat16)
+
+    w_up, w_down = rand(2 * inter, hidden, scale=hidden**-0.5), rand(hidden, inter, scale=inter**-0.5)
+    norm_w = rand(hidden)
+    x, residual = rand(1, hidden), rand(1, hidden)
+    static = (x.clone(), residual.clone())
+    for _ in range(2):  # compile outside the capture
+        _chain(*static, norm_w, w_up, w_down)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _chain(*static, norm_w, w_up, w_down)
+    for trial in range(3):
+        x, residual = rand(1, hidden), rand(1, hidden)
+        ref_out, ref_res = _reference(x, residual, norm_w, w_up, w_down)
+        eager_out, eager_res = _chain(x, residual, norm_w, w_up, w_down)
+        static[0].copy_(x)
+        static[1].copy_(residual)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, ref, what in ((eager_out, ref_out, "eager"), (captured[0], ref_out, "graph")):
+            err = ((got.double() - ref).norm() / ref.norm()).item()
+            assert err < 2e-2, f"{what} trial {trial}: relative error {err:.3g}"
+        torch.testing.assert_close(eager_res.double(), ref_res, rtol=1e-2, atol=1e-2)
+        assert torch.equal(captured[0], eager_out), "graph replay and eager launch must agree bit for bit"
+
+
+def test_pdl_is_for_graph_captures_only():
+    before = pdl.enabled()
+    try:
+        pdl.configure(True)
+        assert not pdl.launch_options()["USE_PDL"], "eager launches never use PDL"
+        with pdl.for_capture():
+            assert pdl.launch_options()["USE_PDL"] == pdl.AVAILABLE
+        assert not pdl.launch_options()["USE_PDL"]
+        pdl.configure(False)
+        with pdl.for_capture():
+            assert pdl.launch_options() == {"USE_PDL": False}
+    finally:
+        pdl.configure(before)
