@@ -117,6 +117,19 @@ def test_gemm_backend_routes_small_batches_to_the_c_kernels(native: NativeKernel
         assert err <= LINEAR_REL_TOL * expected.abs().max().item()
 
 
+def test_logits_are_written_in_float32(native: NativeKernels) -> None:
+    weight = make_quantized_weight("gguf_q8_0", 4000, 128, seed=13)
+    gemm = CpuGemmBackend(native=native)
+    prepared = gemm.prepare_weight(weight, torch.bfloat16)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    expected = x.double() @ weight.dequantize().double().T
+    got = gemm.logits(x, prepared)
+    assert got.dtype == torch.float32
+    # bf16 logits would be off by up to 2^-9 of each value; float32 ones only by the activation levels
+    rel = ((got.double() - expected).abs() / expected.abs().clamp_min(1.0)).max().item()
+    assert rel < 5e-4, rel
+
+
 def _ops(native: NativeKernels) -> NativeOps:
     return NativeOps(native)
 
@@ -133,8 +146,17 @@ def test_rms_norms_against_float64(native: NativeKernels) -> None:
 
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5).double(), ref(x), **ELEMENTWISE_TOL)
     out, summed = ops.fused_add_rms_norm(x, residual, weight, 1e-5)
-    torch.testing.assert_close(summed.double(), (x.double() + residual.double()), **ELEMENTWISE_TOL)
+    # the residual stream is kept in float32: the sum is exact there, not rounded to bf16
+    assert summed.dtype == torch.float32 and out.dtype == torch.bfloat16
+    assert torch.equal(summed, x.float() + residual.float())
     torch.testing.assert_close(out.double(), ref(summed), **ELEMENTWISE_TOL)
+    # ... and comes back as the next layer's residual
+    out2, summed2 = ops.fused_add_rms_norm(x, summed, weight, 1e-5)
+    assert torch.equal(summed2, x.float() + summed)
+    torch.testing.assert_close(out2.double(), ref(summed2), **ELEMENTWISE_TOL)
+    # a strided activation falls back to torch and still returns bf16 activations
+    out3, _ = ops.fused_add_rms_norm(torch.randn(5, 400).to(torch.bfloat16)[:, ::2], summed, weight, 1e-5)
+    assert out3.dtype == torch.bfloat16
     # a strided input takes the torch path and agrees
     strided = torch.randn(5, 400).to(torch.bfloat16)[:, ::2]
     torch.testing.assert_close(ops.rms_norm(strided, weight, 1e-5).double(), ref(strided), **ELEMENTWISE_TOL)
