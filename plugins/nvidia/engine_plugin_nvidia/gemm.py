@@ -30,7 +30,9 @@ GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2}
 #: them to cuBLAS. Chosen on an H200 (2026-11-29, `nvidia_h200_profile.py variants`) as the config with the
 #: least time per token over qkv x32 + gate_up x32 + lm_head: 2456 us vs cuBLAS 2535 (lm_head 238.6 us
 #: = 4.40 TB/s, gate_up 55.1, qkv 14.2); batch-1 decode 239.2 tok/s vs 225.3 with cuBLAS there, since
-#: in a graph the GEMV also starts early under PDL (cuBLAS's kernels cannot)
+#: in a graph the GEMV also starts early under PDL (cuBLAS's kernels cannot). Used only while a CUDA graph
+#: is being captured: eagerly, the host launches the step, and a Triton launch costs it more than cuBLAS's
+#: (eager batch-1 decode fell from 86 to 66 tok/s with it)
 GEMV_WIDE_TILE: dict | None = GEMV_TILE
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -65,7 +67,7 @@ class CudaGemmBackend(TorchGemmBackend):
 
 def _gemv_tile(x: Any, weight: Any) -> dict | None:
     """The Triton GEMV's tile for a batch-1 product on a GPU in bf16/fp16, or None for cuBLAS
-    (``GEMV_TILE`` for narrow weights, ``GEMV_WIDE_TILE`` for wide ones)."""
+    (``GEMV_TILE`` for narrow weights, ``GEMV_WIDE_TILE`` for wide ones inside a graph capture)."""
     if not (
         isinstance(weight, torch.Tensor)
         and weight.is_cuda
@@ -74,4 +76,6 @@ def _gemv_tile(x: Any, weight: Any) -> dict | None:
         and x.numel() == weight.shape[1]
     ):
         return None
-    return GEMV_TILE if weight.shape[0] <= weight.shape[1] else GEMV_WIDE_TILE
+    if weight.shape[0] <= weight.shape[1]:
+        return GEMV_TILE
+    return GEMV_WIDE_TILE if torch.cuda.is_current_stream_capturing() else None
