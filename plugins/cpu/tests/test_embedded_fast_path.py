@@ -3,7 +3,9 @@ embedded SmolLM2-135M-Instruct GGUF.
 
 Greedy tokens cannot be required to match: the first reply token to the France prompt is a near tie in
 float32 ("The" -1.88 against "L" -1.97), which any bf16 rounding may flip. So the test bounds the
-first-token log-probabilities instead, with the tolerance below (measured differences: up to 0.3).
+log-probabilities instead, with the tolerance below. Measured on this machine with the C kernels (float32
+logits and residual stream): up to 0.10 on the first token and 0.21 over 12 decode steps, with all four
+prompts' 12 greedy tokens equal to float32's; torch's packed kernels (bf16 logits): up to 0.3.
 """
 
 from __future__ import annotations
