@@ -4,7 +4,8 @@ Scheme names and layouts (``QuantizedWeight.data`` / ``extra``):
 
 - ``gguf_<type>`` (``gguf_q4_0``, ``gguf_q8_0``, ...): ``data`` is a ``torch.uint8`` tensor
   ``[out_features, bytes_per_row]`` holding GGUF blocks row by row; ``extra["ggml_type"]`` is the
-  ``gguf.GGMLQuantizationType`` value.
+  ``gguf.GGMLQuantizationType`` value. ``gguf_q4_k`` and ``gguf_q6_k``, which the gguf package cannot
+  quantize, are random valid blocks; every GGUF type dequantizes through gguf's reference.
 - ``int8``: symmetric per-output-channel; ``data`` is ``torch.int8 [out, in]``, ``extra["scale"]`` float32 ``[out]``;
   the weight is ``data * scale[:, None]``.
 - ``fp8_e4m3``: ``data`` is ``torch.float8_e4m3fn [out, in]``, ``extra["scale"]`` float32 ``[out]``, same formula.
@@ -20,6 +21,9 @@ from engine.interfaces.gemm import QuantizedWeight
 
 SCALED_SCHEMES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 GGUF_PREFIX = "gguf_"
+#: K-quants the gguf package cannot quantize: their test weights are random valid blocks instead
+#: (super-block bytes; scale fields drawn small so that the weights stay O(1 / sqrt(in)))
+RANDOM_BLOCK_SCHEMES = {"gguf_q4_k": 144, "gguf_q6_k": 210}
 
 
 class UnknownSchemeError(ValueError):
@@ -73,11 +77,14 @@ def make_quantized_weight(
         from gguf import quants
 
         qtype = _gguf_type(scheme)
-        try:
-            raw = quants.quantize(dense.numpy(), qtype)
-        except (NotImplementedError, quants.QuantError, ValueError) as exc:
-            raise UnknownSchemeError(f"the gguf package cannot quantize to {scheme!r}: {exc}") from None
-        data = torch.from_numpy(raw.copy()).view(torch.uint8).to(device)
+        if scheme in RANDOM_BLOCK_SCHEMES:
+            data = _random_k_blocks(scheme, out_features, in_features, gen).to(device)
+        else:
+            try:
+                raw = quants.quantize(dense.numpy(), qtype)
+            except (NotImplementedError, quants.QuantError, ValueError) as exc:
+                raise UnknownSchemeError(f"the gguf package cannot quantize to {scheme!r}: {exc}") from None
+            data = torch.from_numpy(raw.copy()).view(torch.uint8).to(device)
         return QuantizedWeight(
             scheme,
             data,
@@ -89,6 +96,30 @@ def make_quantized_weight(
         f"the SDK has no test-weight generator for quantization scheme {scheme!r} "
         f"(known: {sorted(SCALED_SCHEMES)} and gguf_<type>)"
     )
+
+
+def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
+    """Random GGUF Q4_K / Q6_K bytes ``[out, in / 256 * block_bytes]`` with finite, small scales.
+
+    Raises:
+        UnknownSchemeError: if ``in_features`` is not a multiple of 256.
+    """
+    if in_features % 256:
+        raise UnknownSchemeError(f"{scheme} needs a multiple of 256 columns, got {in_features}")
+    count = out_features * (in_features // 256)
+    blocks = torch.randint(0, 256, (count, RANDOM_BLOCK_SCHEMES[scheme]), generator=gen, dtype=torch.uint8)
+
+    def halves(n: int, scale: float) -> torch.Tensor:
+        return (torch.rand(count, n, generator=gen) * scale).to(torch.float16).view(torch.uint8)
+
+    step = in_features**-0.5 / 64
+    if scheme == "gguf_q4_k":  # d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+        blocks[:, 0:2] = halves(1, step)
+        blocks[:, 2:4] = halves(1, step)
+    else:  # 128 + 64 bytes of quants, 16 int8 scales, d
+        blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, dtype=torch.int8).view(torch.uint8)
+        blocks[:, 208:210] = halves(1, step / 2)
+    return blocks.reshape(out_features, -1)
 
 
 def _gguf_dequantizer(data: torch.Tensor, qtype: object, device: torch.device) -> Callable[[], torch.Tensor]:

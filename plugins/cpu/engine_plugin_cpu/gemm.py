@@ -21,12 +21,14 @@ from typing import Any
 import torch
 
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
-from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q8
+from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.platform import torch_dtype
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
 
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
+#: K-quants kept quantized by the C kernels only (torch's kernels cannot express their scales)
+NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q6_k": "Q6_K"}
 #: the activation dtype the packed kernels run in
 PACKED_DTYPE = torch.bfloat16
 #: most rows run on the packed weight (more go to the dense copy); measured crossovers on a 2-core
@@ -89,6 +91,7 @@ class CpuGemmBackend(GemmBackend):
         native: the plugin's C kernels, or None to use torch's packed kernels.
     """
 
+    #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
     supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES)
 
     def __init__(
@@ -99,11 +102,14 @@ class CpuGemmBackend(GemmBackend):
         self.dense_copy = dense_copy
         self.prepack = prepack
         self.native = native
+        schemes = PACKED_SCHEMES if native is None else {**PACKED_SCHEMES, **NATIVE_ONLY_SCHEMES}
+        self.type_names = schemes
+        self.supported_quant_schemes = frozenset(schemes)
 
     def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
         target = torch_dtype(dtype)
         if isinstance(weight, QuantizedWeight):
-            if weight.scheme in PACKED_SCHEMES and target == PACKED_DTYPE:
+            if weight.scheme in self.type_names and target == PACKED_DTYPE:
                 return self._pack(weight)
             weight = _dequantize(weight)
         if not isinstance(weight, torch.Tensor):
@@ -116,11 +122,11 @@ class CpuGemmBackend(GemmBackend):
         return weight.to(device="cpu", dtype=target).contiguous()
 
     def _pack(self, weight: QuantizedWeight) -> PackedWeight:
-        type_name = PACKED_SCHEMES[weight.scheme]
+        type_name = self.type_names[weight.scheme]
         out, width = (int(d) for d in weight.shape)
         data = weight.data.to("cpu")
         if self.native is not None:
-            return self._tile(data, type_name, out, width)
+            return self._tile(weight, data, type_name, out, width)
         if type_name == "Q8_0":
             dense32 = unpack_q8_0(data, (out, width))
             packed, scales = requantize_int8_rows(dense32, PACKED_DTYPE)
@@ -136,13 +142,24 @@ class CpuGemmBackend(GemmBackend):
             dense = prepack_dense(dense) if self.prepack else dense
         return PackedWeight(kind, packed, scales, out, width, dense, max_rows)
 
-    def _tile(self, data: torch.Tensor, type_name: str, out: int, width: int) -> PackedWeight:
+    def _tile(
+        self, weight: QuantizedWeight, data: torch.Tensor, type_name: str, out: int, width: int
+    ) -> PackedWeight:
         if type_name == "Q8_0":
             tiled, max_rows = tile_q8(data, (out, width)), TILED8_MAX_PACKED_ROWS
             dense32 = unpack_q8_0(data, (out, width)) if self.dense_copy else None
+        elif type_name == "Q6_K":
+            tiled, max_rows = tile_q6_k(data, (out, width)), TILED8_MAX_PACKED_ROWS
+            dense32 = _dequantize(weight) if self.dense_copy else None
         else:
             tiled, max_rows = tile_q4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
-            dense32 = unpack_q4(data, type_name, (out, width)).dense() if self.dense_copy else None
+            dense32 = None
+            if self.dense_copy:
+                dense32 = (
+                    _dequantize(weight)
+                    if type_name == "Q4_K"
+                    else unpack_q4(data, type_name, (out, width)).dense()
+                )
         dense = None
         if dense32 is not None:
             dense = dense32.to(PACKED_DTYPE).contiguous()

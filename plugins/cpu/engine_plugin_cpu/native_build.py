@@ -51,6 +51,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "pool_size": ([_P], _INT),
     "q4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "q6_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_bf16": ([_P, _P, _P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
@@ -108,6 +109,22 @@ def cache_dir(environ: dict[str, str] | os._Environ | None = None) -> Path:
     return Path(base) / "engine" / "cpu_kernels"
 
 
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get(COMPILER_ENV, "cc")) or shutil.which("gcc")
+
+
+def native_prerequisites(flags: frozenset[str] | None = None) -> str:
+    """Why the kernels cannot be built here (empty when they can): turned off, CPU flags, compiler."""
+    if not native_enabled():
+        return f"{NATIVE_ENV}=0"
+    missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    if _compiler() is None:
+        return "no C compiler (cc / gcc / $CC) on PATH"
+    return ""
+
+
 def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
     """Compile (or reuse) and load the kernels library.
 
@@ -117,14 +134,11 @@ def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
     Returns:
         The loaded library with its signatures set, or None and a one-line reason.
     """
-    if not native_enabled():
-        return NativeLoad(None, f"{NATIVE_ENV}=0")
-    missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)
-    if missing:
-        return NativeLoad(None, f"this CPU lacks {', '.join(sorted(missing))}")
-    compiler = shutil.which(os.environ.get(COMPILER_ENV, "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return NativeLoad(None, "no C compiler (cc / gcc / $CC) on PATH")
+    reason = native_prerequisites(flags)
+    if reason:
+        return NativeLoad(None, reason)
+    compiler = _compiler()
+    assert compiler is not None  # native_prerequisites checked it
     digest = hashlib.sha256("\0".join((compiler, *COMPILE_FLAGS)).encode())
     for path in sorted(SOURCE_DIR.iterdir()):
         if path.suffix in (".c", ".h"):

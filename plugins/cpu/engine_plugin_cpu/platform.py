@@ -26,6 +26,8 @@ CGROUP_MEMORY_CURRENT = "/sys/fs/cgroup/memory.current"
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 #: GGUF schemes the GEMM keeps quantized (packed int4 / int8 kernels, in bfloat16)
 QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
+#: GGUF K-quants, kept quantized where the plugin's C kernels run (else dequantized at load)
+NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q6_k")
 #: /proc/cpuinfo flags of a native bf16 dot product (AVX-512 BF16, AMX)
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 CPUINFO_PATH = "/proc/cpuinfo"
@@ -65,7 +67,7 @@ class CpuPlatform(Platform):
             kv_cache_dtypes=SUPPORTED_DTYPES,
             block_sizes=SUPPORTED_BLOCK_SIZES,
             head_sizes=SUPPORTED_HEAD_SIZES,
-            quant_schemes=QUANT_SCHEMES,
+            quant_schemes=QUANT_SCHEMES + (NATIVE_QUANT_SCHEMES if self.native_kernels_possible() else ()),
             graph_capture=compile_enabled(),
             sliding_window=True,
             logits_soft_cap=True,
@@ -100,6 +102,14 @@ class CpuPlatform(Platform):
         # a fixed size, but never more than a quarter of what is free: the swap pool and the model's
         # own weights and activations live in the same RAM
         return min(DEFAULT_KV_CACHE_BYTES, self.free_memory_bytes() // 4)
+
+    def native_kernels_possible(self) -> bool:
+        """Whether the C kernels can be built here (CPU flags, a compiler, not turned off), without building."""
+        if compile_enabled():
+            return False
+        from engine_plugin_cpu.native_build import native_prerequisites
+
+        return not native_prerequisites()
 
     def native_kernels(self) -> NativeKernels | None:
         """The plugin's C kernels (built on first use, shared by the backends), or None where they cannot run.

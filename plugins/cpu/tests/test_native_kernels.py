@@ -14,7 +14,7 @@ import torch
 from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
 from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native
-from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q8
+from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.platform import cpu_flags
 from engine_plugin_sdk.quant import make_quantized_weight
 
@@ -69,6 +69,8 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(
 def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):
     if scheme == "gguf_q8_0":
         return tile_q8(data, shape)
+    if scheme == "gguf_q6_k":
+        return tile_q6_k(data, shape)
     return tile_q4(data, scheme[len("gguf_") :].upper(), shape)
 
 
@@ -89,6 +91,34 @@ def test_tiled_linear_against_float64(
     assert got.shape == (rows, shape[0]) and got.dtype == torch.bfloat16
     err = (got.double() - expected).abs().max().item()
     assert err <= LINEAR_REL_TOL * expected.abs().max().item(), f"{scheme} {shape} rows={rows}: error {err}"
+
+
+@pytest.mark.parametrize("scheme", ["gguf_q4_k", "gguf_q6_k"])
+@pytest.mark.parametrize("shape", [(16, 256), (40, 512)])
+@pytest.mark.parametrize("rows", [1, 4, 6])
+def test_k_quant_tiles_against_float64(native: NativeKernels, scheme: str, shape: tuple[int, int], rows: int) -> None:
+    """Q4_K / Q6_K decoded by the plugin (scales rounded to fp16) against gguf's own dequantisation."""
+    weight = make_quantized_weight(scheme, *shape, seed=rows + shape[0])
+    tiled = _tile(scheme, weight.data, shape)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    expected = x.double() @ weight.dequantize().double().T
+    got = native.linear(x, tiled, torch.float32)
+    err = (got.double() - expected).abs().max().item()
+    # float32 output: what is left is the activation levels and the fp16 sub-block scales (2^-11)
+    assert err <= 2e-3 * expected.abs().max().item(), f"{scheme} {shape} rows={rows}: error {err}"
+
+
+def test_k_quants_stay_quantized_only_with_the_c_kernels(native: NativeKernels) -> None:
+    weight = make_quantized_weight("gguf_q4_k", 32, 256, seed=2)
+    with_native = CpuGemmBackend(native=native)
+    assert "gguf_q4_k" in with_native.supported_quant_schemes
+    prepared = with_native.prepare_weight(weight, torch.bfloat16)
+    assert prepared.kind == "tiled" and prepared.tiled.bits == 4
+    torch_only = CpuGemmBackend()
+    assert "gguf_q4_k" not in torch_only.supported_quant_schemes
+    dense = torch_only.prepare_weight(weight, torch.bfloat16)
+    assert isinstance(dense, torch.Tensor) and dense.dtype == torch.bfloat16
+    torch.testing.assert_close(dense.float(), weight.dequantize(), atol=0, rtol=2**-8)
 
 
 def test_tiled_linear_is_the_same_on_one_and_two_threads(native: NativeKernels) -> None:

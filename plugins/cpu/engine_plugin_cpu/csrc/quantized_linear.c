@@ -14,24 +14,28 @@
  * 16 fp16 d and 16 fp16 m, w = d * q + m.
  * 8-bit record (544 bytes): 8 chunks; in chunk c, lane i holds weights k = 4c .. 4c + 3 of row 16t + i as
  * q + 128 (unsigned); then 16 fp16 d, w = d * q.
+ * 6-bit record (576 bytes, GGUF Q6_K, whose scales cover 16 weights): the 8-bit layout with q in -32..31,
+ * then 16 fp16 scales of weights 0-15 and 16 of weights 16-31 (GGUF's d times the sub-block's scale).
  */
 #include "common.h"
 
 #define TILE_ROWS 16
 #define Q4_TILE_RECORD 320
 #define Q8_TILE_RECORD 544
+#define Q6_TILE_RECORD 576
 
 typedef struct {
     int8_t *xh, *xl;           /* [rows][k] */
     float *scale;              /* [rows][blocks]: s / 256 */
     float *xsum;               /* [rows][blocks]: sum of the block's values */
-    int32_t *bias_correction;  /* [rows][blocks]: 128 * (256 * sum(xh) + sum(xl)), for unsigned 8-bit weights */
+    int32_t *bias_correction;  /* [rows][blocks][2]: 128 * (256 * sum(xh) + sum(xl)) over each 16-value half,
+                                  to remove the +128 of unsigned 8-bit weights */
     void *buffer;
 } activations_t;
 
 static int prepare_activations(const bf16_t *x, int64_t rows, int64_t k, activations_t *a) {
     const int64_t nblk = k / Q4_BLOCK;
-    size_t bytes = (size_t)(rows * k * 2) + (size_t)(rows * nblk) * 12 + 64;
+    size_t bytes = (size_t)(rows * k * 2) + (size_t)(rows * nblk) * 16 + 64;
     a->buffer = malloc(bytes);
     if (!a->buffer) return -1;
     a->xh = a->buffer;
@@ -48,19 +52,17 @@ static int prepare_activations(const bf16_t *x, int64_t rows, int64_t k, activat
             const int64_t idx = r * nblk + b;
             a->scale[idx] = amax / 127.0f / 256.0f;
             a->xsum[idx] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
-            int32_t sh = 0, sl = 0;
             for (int half = 0; half < 2; half++) {
                 __m512 y = _mm512_mul_ps(half ? v1 : v0, _mm512_set1_ps(inv));
                 __m512 yh = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 __m512 yl = _mm512_mul_ps(_mm512_sub_ps(y, yh), _mm512_set1_ps(256.0f));
                 yl = _mm512_max_ps(_mm512_min_ps(yl, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-127.0f));
                 __m512i ih = _mm512_cvtps_epi32(yh), il = _mm512_cvtps_epi32(yl);
-                sh += _mm512_reduce_add_epi32(ih);
-                sl += _mm512_reduce_add_epi32(il);
+                a->bias_correction[2 * idx + half] =
+                    128 * (256 * _mm512_reduce_add_epi32(ih) + _mm512_reduce_add_epi32(il));
                 _mm_storeu_si128((__m128i *)(a->xh + r * k + b * Q4_BLOCK + 16 * half), _mm512_cvtepi32_epi8(ih));
                 _mm_storeu_si128((__m128i *)(a->xl + r * k + b * Q4_BLOCK + 16 * half), _mm512_cvtepi32_epi8(il));
             }
-            a->bias_correction[idx] = 128 * (256 * sh + sl);
         }
     }
     return 0;
@@ -160,9 +162,53 @@ static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *
             const int64_t idx = (r0 + r) * nblk + b;
             __m512i both = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(h0[r], h1[r]), 8),
                                             _mm512_add_epi32(l0[r], l1[r]));
-            both = _mm512_sub_epi32(both, _mm512_set1_epi32(act->bias_correction[idx]));
+            both = _mm512_sub_epi32(both, _mm512_set1_epi32(act->bias_correction[2 * idx] +
+                                                             act->bias_correction[2 * idx + 1]));
             total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d, _mm512_set1_ps(act->scale[idx])),
                                        total[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
+}
+
+/* one 16-row tile of 6-bit (Q6_K) weights: 8-bit records whose two 16-weight halves have their own scale */
+static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    const int64_t nblk = a->k / Q4_BLOCK;
+    const activations_t *act = a->act;
+    const uint8_t *rec = a->w + t * nblk * Q6_TILE_RECORD;
+    __m512 total[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++, rec += Q6_TILE_RECORD) {
+        __m512i ha[4], hb[4], la[4], lb[4]; /* a: weights 0-15 (chunks 0-3), b: weights 16-31 */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) ha[r] = hb[r] = la[r] = lb[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m512i va = _mm512_loadu_si512((const void *)(rec + 64 * c));
+            __m512i vb = _mm512_loadu_si512((const void *)(rec + 64 * c + 256));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int64_t off = (r0 + r) * a->k + b * Q4_BLOCK + 4 * c;
+                ha[r] = _mm512_dpbusd_epi32(ha[r], va, _mm512_set1_epi32(load_i32(act->xh + off)));
+                hb[r] = _mm512_dpbusd_epi32(hb[r], vb, _mm512_set1_epi32(load_i32(act->xh + off + 16)));
+                la[r] = _mm512_dpbusd_epi32(la[r], va, _mm512_set1_epi32(load_i32(act->xl + off)));
+                lb[r] = _mm512_dpbusd_epi32(lb[r], vb, _mm512_set1_epi32(load_i32(act->xl + off + 16)));
+            }
+        }
+        __m512 da = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 544)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const int64_t idx = (r0 + r) * nblk + b;
+            __m512 s = _mm512_set1_ps(act->scale[idx]);
+            __m512i sa = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(ha[r], 8), la[r]),
+                                          _mm512_set1_epi32(act->bias_correction[2 * idx]));
+            __m512i sb = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hb[r], 8), lb[r]),
+                                          _mm512_set1_epi32(act->bias_correction[2 * idx + 1]));
+            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(da, s), total[r]);
+            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb), _mm512_mul_ps(db, s), total[r]);
         }
     }
 #pragma GCC unroll 4
@@ -186,6 +232,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *
     }
 TILE_DISPATCH(q4_tile)
 TILE_DISPATCH(q8_tile)
+TILE_DISPATCH(q6_tile)
 
 static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n,
                    int64_t k, int out_f32, int nthreads) {
@@ -208,4 +255,10 @@ int q4_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t 
 int q8_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
               int out_f32, int nthreads) {
     return qlinear(pool, q8_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
+}
+
+/* The same for W in 6-bit (Q6_K) tile records. */
+int q6_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
+              int out_f32, int nthreads) {
+    return qlinear(pool, q6_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
 }
