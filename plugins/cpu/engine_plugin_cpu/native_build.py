@@ -45,6 +45,7 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _F32 = ctypes.c_float
 #: exported function -> (argument types, return type)
+# fmt: off
 SIGNATURES: dict[str, tuple[list, object]] = {
     "pool_create": ([_INT], _P),
     "pool_destroy": ([_P], None),
@@ -53,39 +54,16 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q6_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
-    "add_rms_norm_bf16": ([_P, _P, _P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
     "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64], None),
     "paged_decode_bf16": (
-        [
-            _P,
-            _P,
-            _P,
-            _P,
-            _I64,
-            _I64,
-            _I64,
-            _P,
-            _I64,
-            _I64,
-            _P,
-            _I64,
-            _P,
-            _P,
-            _P,
-            _I64,
-            _I64,
-            _I64,
-            _I64,
-            _F32,
-            _F32,
-            _I64,
-            _INT,
-        ],
+        [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
+         _F32, _F32, _I64, _INT],
         None,
     ),
 }
+# fmt: on
 
 
 @dataclass(frozen=True, slots=True)

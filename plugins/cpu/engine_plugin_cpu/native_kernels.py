@@ -244,18 +244,6 @@ class NativeKernels:
         self.lib.rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // h, h, eps)
         return out
 
-    def add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty_like(x)
-        summed = torch.empty_like(x)
-        h = x.shape[-1]
-        self.lib.add_rms_norm_bf16(
-            x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
-            x.numel() // h, h, eps,
-        )  # fmt: skip
-        return out, summed
-
     def add_rms_norm_f32(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:

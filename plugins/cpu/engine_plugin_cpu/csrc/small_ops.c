@@ -33,21 +33,6 @@ void rms_norm_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out, int64_t r
     }
 }
 
-/* summed = bf16(x + residual); out = rms_norm(summed) * weight */
-void add_rms_norm_bf16(const bf16_t *x, const bf16_t *residual, const bf16_t *weight, bf16_t *out, bf16_t *summed,
-                       int64_t rows, int64_t h, float eps) {
-    for (int64_t r = 0; r < rows; r++) {
-        const bf16_t *xr = x + r * h, *rr = residual + r * h;
-        bf16_t *sr = summed + r * h;
-        for (int64_t i = 0; i < h; i += 16) {
-            __mmask16 m = tail_mask(h - i);
-            maskstore_bf16x16(sr + i, m, _mm512_add_ps(maskload_bf16x16(xr + i, m), maskload_bf16x16(rr + i, m)));
-        }
-        float rstd = 1.0f / sqrtf(sum_squares_bf16(sr, h) / (float)h + eps);
-        scale_row_bf16(sr, weight, out + r * h, h, rstd);
-    }
-}
-
 /* summed = x + residual in float32 (residual bf16, or float32 when residual_f32); out = rms_norm(summed) *
  * weight in bf16. Keeping the residual stream in float32 removes a bf16 rounding per layer and norm. */
 void add_rms_norm_f32(const bf16_t *x, const void *residual, int residual_f32, const bf16_t *weight, bf16_t *out,
