@@ -4,6 +4,7 @@ Figures (the CPU-performance issue's list): batch-1 decode of 128 tokens; 32 con
 tokens each (aggregate output tok/s); HF transformers fp32 eager at batch 32 (and batch 1) on the same
 prompts; time to first token of a 512-token prompt; peak resident memory of `engine serve` with the default
 model. Each engine setting runs in its own subprocess so that memory and thread pools do not mix.
+With ``--llama-cpp`` (and llama-cpp-python installed) llama.cpp's batch-1 decode is measured in the same run.
 
     python benchmarks/cpu_fast_path.py --json benchmarks/results/cpu_fast_path.json
 
@@ -112,6 +113,34 @@ def hf_worker(out_path: str, batch: int, output_len: int) -> None:
         json.dump(result, fh)
 
 
+def llamacpp_worker(out_path: str, output_len: int) -> None:
+    """llama.cpp (llama-cpp-python, if installed) on the same GGUF and prompt: batch-1 greedy decode.
+
+    Same measure as the engine's b1 figure: ``output_len`` tokens over the whole call, prefill included.
+    """
+    import llama_cpp  # no torch in this process: its OpenMP runtime would share llama.cpp's
+
+    threads = len(os.sched_getaffinity(0))
+    model = llama_cpp.Llama(gguf_path(), n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False)
+    # the engine's first 16-token prompt, from llama.cpp's copy of the same GGUF tokenizer
+    base = model.tokenize((PROMPT_TEXT * 6).encode(), add_bos=False, special=False)
+    tokens = base[:15] + [1000]
+
+    def run(count: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        out = model.create_completion(tokens, max_tokens=count, temperature=0.0)
+        return out["usage"]["completion_tokens"], time.perf_counter() - start
+
+    run(8)  # warm-up
+    result = {"setting": "llama.cpp", "dtype": "gguf", "threads": threads, "version": llama_cpp.__version__}
+    # llama.cpp stops at EOS (the prompt here does not reach it in 128 tokens): rate over what it produced
+    produced, seconds = min((run(output_len) for _ in range(2)), key=lambda r: r[1])
+    result["b1_tok_s"] = produced / seconds
+    result["b1_tokens"] = produced
+    with open(out_path, "w") as fh:
+        json.dump(result, fh)
+
+
 def server_peak_rss_mib(server_args: list[str]) -> float:
     """VmHWM of `engine serve` (default model) after a few completions."""
     import httpx
@@ -135,6 +164,9 @@ def server_peak_rss_mib(server_args: list[str]) -> float:
 def run_child(args: list[str]) -> dict:
     out = f"/tmp/cpu_fast_path_{os.getpid()}_{args[0]}.json"
     env = {**os.environ, **SETTING_ENV.get(args[0], {})}
+    if args[0] == "llama.cpp":
+        # llama.cpp's OpenMP threads meet at barriers every op: its own default (spinning) waits
+        env.pop("OMP_WAIT_POLICY", None)
     subprocess.run([sys.executable, __file__, "--child", *args, "--child-out", out], check=True, env=env)
     with open(out) as fh:
         return json.load(fh)
@@ -147,6 +179,7 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=list(ENGINE_SETTINGS), choices=list(ENGINE_SETTINGS))
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--llama-cpp", action="store_true", help="also measure llama-cpp-python at batch 1")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -154,6 +187,8 @@ def main() -> None:
     if args.child is not None:
         if args.child[0] == "hf":
             hf_worker(args.child_out, args.batch, args.output_len)
+        elif args.child[0] == "llama.cpp":
+            llamacpp_worker(args.child_out, args.output_len)
         else:
             engine_worker(args.child[0], args.child_out, args.batch, args.output_len)
         return
@@ -164,6 +199,8 @@ def main() -> None:
     ]
     if not args.skip_hf:
         runs.append(run_child(["hf", "--batch", str(args.batch), "--output-len", str(args.output_len)]))
+    if args.llama_cpp:
+        runs.append(run_child(["llama.cpp", "--batch", str(args.batch), "--output-len", str(args.output_len)]))
     report = {
         "runs": runs,
         "load_average_before": load_before,
@@ -184,10 +221,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in runs:
-        ratio = f"{r[key] / hf[key]:.2f}x" if hf else "-"
+        ratio = f"{r[key] / hf[key]:.2f}x" if hf and key in r else "-"
         print(
             f"| {r['setting']} | {r.get('dtype', 'float32')} | {r.get('load_s', float('nan')):.1f} | "
-            f"{r['b1_tok_s']:.1f} | {r[key]:.1f} | "
+            f"{r['b1_tok_s']:.1f} | {r.get(key, float('nan')):.1f} | "
             f"{r.get('ttft_512_ms', float('nan')):.0f} | {r.get('peak_rss_mib', float('nan')):.0f} | {ratio} |"
         )
     print(f"load average before {load_before}, after {report['load_average_after']}")
@@ -200,5 +237,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # torch's pools wait passively (see the module docstring); llama.cpp keeps its own default
+    if sys.argv[1:3] != ["--child", "llama.cpp"]:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     main()
