@@ -60,7 +60,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "paged_decode_bf16": (
         [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
          _F32, _F32, _I64, _INT],
-        None,
+        _INT,
     ),
 }
 # fmt: on

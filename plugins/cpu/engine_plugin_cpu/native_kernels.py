@@ -295,15 +295,20 @@ class NativeKernels:
 
         ``query`` ``[seqs, heads, dim]`` and ``key`` / ``value`` ``[seqs, kv_heads, dim]`` may be strided
         views across tokens (rows of a fused q/k/v output) but each token's heads must be contiguous.
+
+        Raises:
+            MemoryError: if the kernel cannot allocate its scratch.
         """
         seqs, heads, dim = query.shape
         kv_heads = key.shape[1]
         out = torch.empty((seqs, heads, dim), dtype=torch.bfloat16)
         threads = self.threads if total_context * heads >= PARALLEL_MIN_ATTENTION else 1
-        self.lib.paged_decode_bf16(
+        failed = self.lib.paged_decode_bf16(
             self._pool, query.data_ptr(), key.data_ptr(), value.data_ptr(), query.stride(0), key.stride(0),
             value.stride(0), kv_cache.data_ptr(), kv_cache.shape[1], kv_cache.shape[2], block_tables.data_ptr(),
             block_tables.stride(0), seq_lens.data_ptr(), slots.data_ptr(), out.data_ptr(), seqs, heads,
             kv_heads, dim, scale, soft_cap or 0.0, window or 0, threads,
         )  # fmt: skip
+        if failed:
+            raise MemoryError("the CPU decode attention could not allocate its score buffer")
         return out

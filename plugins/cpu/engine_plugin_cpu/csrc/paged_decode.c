@@ -15,6 +15,7 @@ typedef struct {
     int64_t seqs, heads, kv_heads, head_dim;
     float scale, soft_cap;
     int64_t window;
+    atomic_int failed; /* a thread could not allocate its score buffer */
 } decode_args_t;
 
 static inline float dot_bf16(const bf16_t *a, const bf16_t *b, int64_t n) {
@@ -75,14 +76,17 @@ static void decode_task(void *ctx, int tid, int nthreads) {
     }
     if (lo >= hi) return;
     float *scores = malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1) * (size_t)(a->heads / a->kv_heads));
-    if (!scores) return;
+    if (!scores) {
+        atomic_store(&((decode_args_t *)ctx)->failed, 1);
+        return;
+    }
     for (int64_t i = lo; i < hi; i++) decode_one(a, i / a->kv_heads, i % a->kv_heads, scores);
     free(scores);
 }
 
 /* Store each sequence's new key and value at its slot (slot < 0: a padding row, stored nowhere), then
  * attend its one query token over its whole context. head_dim must be a multiple of 32. */
-void paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
+int paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
                        int64_t k_stride, int64_t v_stride, bf16_t *cache, int64_t num_blocks, int64_t block_size,
                        const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
                        const int64_t *slots, bf16_t *out, int64_t seqs, int64_t heads, int64_t kv_heads,
@@ -99,4 +103,5 @@ void paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_
     decode_args_t a = {q, k, v, q_stride, cache, num_blocks, block_size, block_tables, table_stride,
                        seq_lens, slots, out, seqs, heads, kv_heads, head_dim, scale, soft_cap, window};
     pool_run(pool, decode_task, &a, nthreads);
+    return atomic_load(&a.failed) ? -1 : 0;
 }
