@@ -26,7 +26,7 @@ PARALLEL_MIN_ATTENTION = 1 << 12
 
 @dataclass(slots=True)
 class TiledWeight:
-    """A GGUF 4- or 8-bit matrix regrouped into the C kernels' 16-row tile records.
+    """A GGUF 4-, 6- or 8-bit matrix regrouped into the C kernels' 16-row tile records.
 
     Attributes:
         bits: 4 (``w = d * q + m``, q in 0..15), 8 (``w = d * q``, q in -127..127) or 6 (GGUF Q6_K:
