@@ -68,8 +68,6 @@ class NativeOps:
 
     def __init__(self, native: NativeKernels) -> None:
         self.native = native
-        #: the last positions tensor checked against the rotary table (every layer of a step passes it)
-        self._checked_positions: torch.Tensor | None = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if self.native.accepts(x, weight) and weight.numel() == x.shape[-1]:
@@ -105,11 +103,6 @@ class NativeOps:
         if positions.dtype != torch.int64 or not positions.is_contiguous() or not cos_sin_cache.is_contiguous():
             return rotary_embedding(positions, query, key, cos_sin_cache)
         num_heads = query.shape[1]
-        if positions is not self._checked_positions:
-            # the C kernel reads cos_sin_cache[position] unchecked
-            if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < cos_sin_cache.shape[0]:
-                raise ValueError(f"positions outside the rotary table of {cos_sin_cache.shape[0]} rows")
-            self._checked_positions = positions
         rotated = self.native.rotary(query, num_heads + key.shape[1], positions, cos_sin_cache)
         return rotated[:, :num_heads], rotated[:, num_heads:]
 

@@ -56,7 +56,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
-    "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64], None),
+    "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64], _INT),
     "paged_decode_bf16": (
         [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
          _F32, _F32, _I64, _INT],

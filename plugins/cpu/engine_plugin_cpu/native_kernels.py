@@ -264,17 +264,20 @@ class NativeKernels:
         self.lib.silu_and_mul_bf16(x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d)
         return out
 
-    def rotary(
-        self, x: torch.Tensor, heads: int, positions: torch.Tensor, cos_sin: torch.Tensor
-    ) -> torch.Tensor:
+    def rotary(self, x: torch.Tensor, heads: int, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
         """The rotary embedding of the first ``heads`` heads of each row of ``x`` (``[tokens, ...]``, heads
-        contiguous within a row); bf16 ``[tokens, heads, head_dim]``. Positions are not bounds-checked."""
+        contiguous within a row); bf16 ``[tokens, heads, head_dim]``.
+
+        Raises:
+            ValueError: for a position outside ``cos_sin``'s rows.
+        """
         head_dim = cos_sin.shape[-1]
         out = torch.empty((x.shape[0], heads, head_dim), dtype=torch.bfloat16)
-        self.lib.rotary_bf16(
-            x.data_ptr(), x.stride(0), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), x.shape[0], heads,
-            head_dim,
-        )  # fmt: skip
+        if self.lib.rotary_bf16(
+            x.data_ptr(), x.stride(0), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), cos_sin.shape[0],
+            x.shape[0], heads, head_dim,
+        ):  # fmt: skip
+            raise ValueError(f"a position is outside the rotary table of {cos_sin.shape[0]} rows")
         return out
 
     def paged_decode(

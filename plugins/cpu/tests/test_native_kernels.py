@@ -219,8 +219,9 @@ def test_rotary_against_float64(native: NativeKernels, tokens: int) -> None:
 
     torch.testing.assert_close(got_q.double(), ref(q), **ELEMENTWISE_TOL)
     torch.testing.assert_close(got_k.double(), ref(k), **ELEMENTWISE_TOL)
-    with pytest.raises(ValueError, match="rotary table"):
-        _ops(native).rotary_embedding(torch.full((tokens,), 50), q, k, cos_sin)
+    for bad in (50, -1):  # the kernel checks every position against the table before reading it
+        with pytest.raises(ValueError, match="rotary table"):
+            _ops(native).rotary_embedding(torch.full((tokens,), bad), q, k, cos_sin)
 
 
 def _reference_decode(q, cache, tables, lens, scale, window, cap):

@@ -74,10 +74,13 @@ void silu_and_mul_bf16(const bf16_t *x, bf16_t *out, int64_t rows, int64_t d) {
 }
 
 /* Rotate-half rotary embedding: dst[t] (contiguous [heads, head_dim]) is the rotation of the heads at
- * src + t * src_stride; cos_sin is float32 [positions, head_dim] (cos half, then sin half). */
-void rotary_bf16(const bf16_t *src, int64_t src_stride, bf16_t *dst, const int64_t *positions, const float *cos_sin,
-                 int64_t tokens, int64_t heads, int64_t head_dim) {
+ * src + t * src_stride; cos_sin is float32 [num_positions, head_dim] (cos half, then sin half).
+ * Returns -1, writing nothing, when a position is outside the table. */
+int rotary_bf16(const bf16_t *src, int64_t src_stride, bf16_t *dst, const int64_t *positions, const float *cos_sin,
+                int64_t num_positions, int64_t tokens, int64_t heads, int64_t head_dim) {
     const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= num_positions) return -1;
     for (int64_t t = 0; t < tokens; t++) {
         const float *cs = cos_sin + positions[t] * head_dim;
         for (int64_t h = 0; h < heads; h++) {
@@ -92,4 +95,5 @@ void rotary_bf16(const bf16_t *src, int64_t src_stride, bf16_t *dst, const int64
             }
         }
     }
+    return 0;
 }
