@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_plugin_cpu.quant_pack import gguf_blocks
+from engine_plugin_cpu.quant_pack import gguf_blocks, nibbles
 
 #: output rows per weight tile (one per 32-bit lane of a 512-bit register)
 TILE_ROWS = 16
@@ -122,13 +122,12 @@ def tile_q4(data: torch.Tensor, type_name: str, shape: tuple[int, int]) -> Tiled
         else:
             m = (d.float() * -8.0).to(torch.float16)
             qs = blocks[..., 2:18]
-        # GGUF: byte j of a block holds weight j (low nibble) and j + 16 (high); q: [out, blocks, 32]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+        q = nibbles(qs)  # [out, blocks, 32]
     # weight k = 8c + 4h + j -> byte (c, lane, j), nibble h
     q = _tile_rows(q, out).reshape(-1, TILE_ROWS, width // 32, 4, 2, 4)
     q = q.permute(0, 2, 3, 1, 5, 4)  # tile, block, chunk, lane, j, h
-    nibbles = (q[..., 0] | (q[..., 1] << 4)).reshape(q.shape[0], q.shape[1], 256)
-    records = torch.cat([nibbles, _fp16_lanes(d, out), _fp16_lanes(m, out)], dim=-1).contiguous()
+    packed = (q[..., 0] | (q[..., 1] << 4)).reshape(q.shape[0], q.shape[1], 256)
+    records = torch.cat([packed, _fp16_lanes(d, out), _fp16_lanes(m, out)], dim=-1).contiguous()
     return TiledWeight(4, records, out, width)
 
 

@@ -76,7 +76,7 @@ def _half(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return blocks[..., offset : offset + 2].contiguous().view(torch.float16).squeeze(-1).float()
 
 
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
     """16 bytes per block -> 32 values in 0..15, low nibbles first."""
     return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
 
@@ -92,7 +92,7 @@ def unpack_q4(data: torch.Tensor, type_name: str, shape: tuple[int, int]) -> Int
         # d*q + m == (q - 8)*d + (m + 8d)
         zero = _half(blocks, 2) + 8.0 * d
         qs = blocks[..., 4:20]
-    q = _nibbles(qs).reshape(shape[0], shape[1])
+    q = nibbles(qs).reshape(shape[0], shape[1])
     return Int4Blocks(q.contiguous(), d, zero)
 
 

@@ -101,7 +101,7 @@ int paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t
         }
     }
     decode_args_t a = {q, k, v, q_stride, cache, num_blocks, block_size, block_tables, table_stride,
-                       seq_lens, slots, out, seqs, heads, kv_heads, head_dim, scale, soft_cap, window};
+                       seq_lens, slots, out, seqs, heads, kv_heads, head_dim, scale, soft_cap, window, 0};
     pool_run(pool, decode_task, &a, nthreads);
     return atomic_load(&a.failed) ? -1 : 0;
 }

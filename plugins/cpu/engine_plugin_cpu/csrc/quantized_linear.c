@@ -89,6 +89,13 @@ static inline void store_tile(const qlinear_args_t *a, int64_t t, int64_t r, __m
     else maskstore_bf16x16((bf16_t *)a->out + at, m, v);
 }
 
+/* total + (256 h + l - correction) * d * s: a block's two activation levels' int32 products per lane,
+ * less the unsigned-weight offset, scaled by the weights' d and the activations' s / 256 */
+static inline __m512 add_block(__m512 total, __m512i h, __m512i l, int32_t correction, __m512 d, float s) {
+    __m512i both = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_set1_epi32(correction));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d, _mm512_set1_ps(s)), total);
+}
+
 /* one 16-row tile of 4-bit weights against R activation rows from r0 */
 static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
     const int64_t nblk = a->k / Q4_BLOCK;
@@ -120,10 +127,8 @@ static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int64_t idx = (r0 + r) * nblk + b;
-            __m512i both = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(h0[r], h1[r]), 8),
-                                            _mm512_add_epi32(l0[r], l1[r]));
-            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d, _mm512_set1_ps(act->scale[idx])),
-                                       total[r]);
+            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]), 0, d,
+                                 act->scale[idx]);
             total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
         }
     }
@@ -160,12 +165,9 @@ static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int64_t idx = (r0 + r) * nblk + b;
-            __m512i both = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(h0[r], h1[r]), 8),
-                                            _mm512_add_epi32(l0[r], l1[r]));
-            both = _mm512_sub_epi32(both, _mm512_set1_epi32(act->bias_correction[2 * idx] +
-                                                             act->bias_correction[2 * idx + 1]));
-            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d, _mm512_set1_ps(act->scale[idx])),
-                                       total[r]);
+            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]),
+                                 act->bias_correction[2 * idx] + act->bias_correction[2 * idx + 1], d,
+                                 act->scale[idx]);
         }
     }
 #pragma GCC unroll 4
@@ -202,13 +204,8 @@ static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int64_t idx = (r0 + r) * nblk + b;
-            __m512 s = _mm512_set1_ps(act->scale[idx]);
-            __m512i sa = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(ha[r], 8), la[r]),
-                                          _mm512_set1_epi32(act->bias_correction[2 * idx]));
-            __m512i sb = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hb[r], 8), lb[r]),
-                                          _mm512_set1_epi32(act->bias_correction[2 * idx + 1]));
-            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(da, s), total[r]);
-            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb), _mm512_mul_ps(db, s), total[r]);
+            total[r] = add_block(total[r], ha[r], la[r], act->bias_correction[2 * idx], da, act->scale[idx]);
+            total[r] = add_block(total[r], hb[r], lb[r], act->bias_correction[2 * idx + 1], db, act->scale[idx]);
         }
     }
 #pragma GCC unroll 4
