@@ -134,6 +134,7 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     llm = make_llm(
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         memory_fraction=args.memory_fraction, max_model_len=1024,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     rng = random.Random(0)
     prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
@@ -152,6 +153,9 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "memory_fraction": args.memory_fraction,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_blocks": llm.llm_engine.block_manager.num_total_blocks,
     }
     del llm, outputs
     gc.collect()
@@ -182,6 +186,9 @@ def main() -> None:
             p.add_argument("--max-num-batched-tokens", type=int, default=16384)
             p.add_argument("--memory-fraction", type=float, default=0.9)
             p.add_argument("--hf-batch", type=int, nargs="*", default=[256])
+            # the FP8 options (W8A8 projections, FP8 KV cache); the figure is plain bf16
+            p.add_argument("--quantization", default="auto", choices=["auto", "fp8"])
+            p.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
     result = cmd_decode(args) if args.command == "decode" else cmd_throughput(args)
     for key, value in result.items():

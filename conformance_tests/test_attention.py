@@ -19,6 +19,9 @@ NUM_BLOCKS = 512
 DECODE = ([1, 1, 1, 1, 1], [1, 17, 33, 64, 100])
 PREFILL = ([1, 7, 16, 31], [1, 7, 16, 31])
 MIXED = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
+#: a continuous-batching step as the scheduler orders it: running decodes first, then prompt chunks (one of
+#: them a single token, which is not a decode row of the leading run)
+DECODE_ROWS_FIRST = ([1, 1, 1, 7, 1, 12], [40, 9, 77, 7, 30, 60])
 
 
 def run_problem(platform: Platform, problem: AttentionProblem, capability: str) -> None:
@@ -63,6 +66,12 @@ def test_prefill(platform: Platform, caps: Capabilities, device: Any) -> None:
 @pytest.mark.capability("attention.chunked_prefill")
 def test_chunked_prefill_mixed_with_decode(platform: Platform, caps: Capabilities, device: Any) -> None:
     run_problem(platform, build(caps, device, MIXED, num_kv_heads=8, seed=3), "attention.chunked_prefill")
+
+
+@pytest.mark.capability("attention.decode_rows_first")
+def test_decode_rows_ahead_of_prefill_chunks(platform: Platform, caps: Capabilities, device: Any) -> None:
+    problem = build(caps, device, DECODE_ROWS_FIRST, num_heads=8, num_kv_heads=2, seed=12)
+    run_problem(platform, problem, "attention.decode_rows_first")
 
 
 @pytest.mark.capability("attention.gqa")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -14,11 +14,13 @@ from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.interfaces.block_cache import KVCacheSpec
+from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Platform
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.errors import ModelLoadError
+from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
 from engine.model_runner import LaunchedStep, ModelRunner
 from engine.models.registry import model_registry, supported_architectures
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -34,10 +36,27 @@ from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_DTYPES = {**_DTYPES, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
 
 class EngineConfigError(ValueError):
     """The configuration cannot run on the selected platform; the message lists every reason."""
+
+
+def _fp8_quantizer(platform_name: str, gemm: GemmBackend, model: object) -> Callable[[torch.Tensor], QuantizedWeight]:
+    """The load-time FP8 quantizer for ``quantization="fp8"``, once the platform is known to run it.
+
+    Raises:
+        EngineConfigError: when the platform's GEMM does not run FP8 weights, or the platform runs the
+            model itself.
+    """
+    if FP8_E4M3_SCHEME not in gemm.supported_quant_schemes or not hasattr(model, "linear_quantizer"):
+        runs = ", ".join(sorted(gemm.supported_quant_schemes)) or "none"
+        raise EngineConfigError(
+            f"quantization 'fp8' needs FP8 ({FP8_E4M3_SCHEME}) matmuls, which {platform_name} does not run "
+            f"here (its quantized schemes: {runs})"
+        )
+    return quantize_fp8_per_channel
 
 
 class LLMEngine:
@@ -80,6 +99,8 @@ class LLMEngine:
         self.model = platform.make_model_runner(self.model_config, dtype_name) or registry[arch](
             self.model_config, ops, attention, gemm, self.dtype, self.device
         )
+        if config.quantization == "fp8":
+            self.model.linear_quantizer = _fp8_quantizer(platform.name, gemm, self.model)
         # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself
         keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
         weights = (
@@ -89,7 +110,7 @@ class LLMEngine:
         )
         self.model.load_weights(weights)
 
-        kv_dtype = _DTYPES[config.cache.kv_cache_dtype or dtype_name]
+        kv_dtype = _KV_DTYPES[config.cache.kv_cache_dtype or dtype_name]
         spec = KVCacheSpec(
             num_layers=self.model_config.num_layers,
             num_kv_heads=self.model_config.num_kv_heads,

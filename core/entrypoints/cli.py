@@ -89,9 +89,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "prepares the next step while the device runs greedy steps)")
     parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                         help="when KV blocks run out: swap a request to host memory, or recompute it later")
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none"],
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8"],
                         help="'auto' keeps GGUF matrices quantized where the device's GEMM runs them; "
-                             "'none' dequantizes (with --dtype float32: exactly Hugging Face's numbers)")
+                             "'none' dequantizes (with --dtype float32: exactly Hugging Face's numbers); "
+                             "'fp8' quantizes the layer projections to FP8 at load, activations per token "
+                             "(W8A8, on GPUs with FP8 matmuls)")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="KV cache dtype: auto (the model's), fp8 (float8_e4m3fn, half of bf16's bytes, "
+                             "where the device supports it), bfloat16, float16, float32")
     parser.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     parser.add_argument("--enforce-eager", action="store_true", help="never replay captured graphs (CUDA graphs) for decode steps")
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
@@ -104,7 +109,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
-    cache: dict[str, object] = {"enable_prefix_caching": not args.no_prefix_caching}
+    cache: dict[str, object] = {
+        "enable_prefix_caching": not args.no_prefix_caching,
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
+    }
     if args.kv_cache_memory is not None:
         size, fraction = args.kv_cache_memory
         cache["kv_cache_memory_bytes" if size is not None else "memory_fraction"] = size if size is not None else fraction

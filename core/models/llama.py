@@ -6,7 +6,7 @@ attention through its AttentionBackend, and the small fused ops through its OpTa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,8 @@ class LlamaForCausalLM:
         self.embed_tokens: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         self.lm_head: Any = None
+        #: applied to each dense layer projection at load (``quantization="fp8"``): tensor -> QuantizedWeight
+        self.linear_quantizer: Callable[[torch.Tensor], QuantizedWeight] | None = None
 
     # --- loading -------------------------------------------------------------------------------------
 
@@ -92,11 +94,14 @@ class LlamaForCausalLM:
         def vec(name: str, size: int) -> torch.Tensor:
             return take(name, (size,)).to(device=self.device, dtype=self.dtype)
 
-        def mat(t: torch.Tensor | QuantizedWeight) -> Any:
+        def mat(t: torch.Tensor | QuantizedWeight, projection: bool = True) -> Any:
             # a quantized weight goes to the GEMM backend as the loader found it: packing is the backend's job
             if isinstance(t, QuantizedWeight):
                 return self.gemm.prepare_weight(t, self.dtype)
-            return self.gemm.prepare_weight(t.to(self.device), self.dtype)
+            t = t.to(self.device)
+            if projection and self.linear_quantizer is not None:
+                return self.gemm.prepare_weight(self.linear_quantizer(t), self.dtype)
+            return self.gemm.prepare_weight(t, self.dtype)
 
         h, hd = cfg.hidden_size, cfg.head_dim
         embed = take("model.embed_tokens.weight", (cfg.vocab_size, h))
@@ -133,10 +138,11 @@ class LlamaForCausalLM:
                 )
             )
         self.final_norm = vec("model.norm.weight", h)
+        # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
-            self.lm_head = mat(embed)
+            self.lm_head = mat(embed, projection=False)
         else:
-            self.lm_head = mat(take("lm_head.weight", (cfg.vocab_size, h)))
+            self.lm_head = mat(take("lm_head.weight", (cfg.vocab_size, h)), projection=False)
         tensors.pop("lm_head.weight", None)
 
     # --- forward -------------------------------------------------------------------------------------

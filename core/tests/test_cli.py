@@ -117,6 +117,30 @@ def test_engine_config_from_args():
     assert not sync.scheduler.async_scheduling
 
 
+def test_kv_cache_dtype_and_fp8_quantization_options():
+    parse = cli.build_parser().parse_args
+    assert cli.engine_config_from_args(parse(["serve"])).cache.kv_cache_dtype is None
+    fp8 = cli.engine_config_from_args(parse(["serve", "--kv-cache-dtype", "fp8", "--quantization", "fp8"]))
+    assert fp8.cache.kv_cache_dtype == "float8_e4m3fn" and fp8.quantization == "fp8"
+    assert cli.engine_config_from_args(parse(["serve", "--kv-cache-dtype", "bf16"])).cache.kv_cache_dtype == "bfloat16"
+    with pytest.raises(cli.CliError, match="kv_cache_dtype: .*unknown KV cache dtype"):
+        cli.engine_config_from_args(parse(["serve", "--kv-cache-dtype", "int4"]))
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (["--kv-cache-dtype", "fp8"], "error: KV cache dtype 'float8_e4m3fn' is not supported on cpu"),
+        (["--quantization", "fp8"], "error: quantization 'fp8' needs FP8 (fp8_e4m3) matmuls, which cpu does not run"),
+    ],
+)
+def test_fp8_options_on_a_device_without_them_are_one_line_errors(tiny_llama_dir, options, message):
+    result = run_cli("generate", "hello", "--model", tiny_llama_dir, "--device", "cpu", *options, timeout=300)
+    assert result.returncode == 1
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(message), err
+
+
 def test_conformance_is_wired_to_the_runner(monkeypatch, tmp_path):
     calls = []
     runner = types.ModuleType("engine_conformance.runner")

@@ -11,6 +11,8 @@ from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine_plugin_nvidia.gpu_common.gemm import to_torch_dtype
 from engine_plugin_sdk.block_ids import block_id_pairs
 
+#: FP8 cache dtypes the attention kernels read and write (scale 1)
+KV_FP8_DTYPES = (torch.float8_e4m3fn,)
 #: the swap pool never pins more host memory than this by default (pinning is slow and scarce)
 DEFAULT_MAX_HOST_BYTES = 4 * 1024**3
 
@@ -47,7 +49,7 @@ class CudaBlockCache(BlockCache):
         layer_shape = tuple(attention.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim))
         if len(layer_shape) < 2 or layer_shape[1] != num_blocks:
             raise ValueError(f"CudaBlockCache needs the block axis at position 1 of the layer layout, got {layer_shape}")
-        dtype = to_torch_dtype(spec.dtype)
+        dtype = spec.dtype if spec.dtype in KV_FP8_DTYPES else to_torch_dtype(spec.dtype)
         self.device = torch.device(device)
         if num_host_blocks is None:
             per_block = spec.bytes_per_block(torch.empty((), dtype=dtype).element_size())
@@ -63,24 +65,33 @@ class CudaBlockCache(BlockCache):
         pin = pin_host and self.device.type == "cuda"
         self.host_pool = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.kv_caches = list(self.pool.unbind(0))
+        # block moves copy bytes: torch's indexed copies do not take FP8 tensors, their uint8 views do
+        self._pool_bytes = as_copyable(self.pool)
+        self._host_bytes = as_copyable(self.host_pool)
 
     def copy_blocks(self, src_to_dst: list[tuple[int, int]]) -> None:
         if not src_to_dst:
             return
         src, dst = block_id_pairs(src_to_dst, self.num_blocks, self.num_blocks, "copy_blocks")
         # gather first: every source is read before any destination is written
-        self.pool.index_copy_(2, dst.to(self.device), self.pool.index_select(2, src.to(self.device)))
+        pool = self._pool_bytes
+        pool.index_copy_(2, dst.to(self.device), pool.index_select(2, src.to(self.device)))
 
     def swap_out(self, device_to_host: list[tuple[int, int]]) -> None:
         if not device_to_host:
             return
         src, dst = block_id_pairs(device_to_host, self.num_blocks, self.num_host_blocks, "swap_out")
-        blocks = self.pool.index_select(2, src.to(self.device)).cpu()
-        self.host_pool.index_copy_(2, dst, blocks)
+        blocks = self._pool_bytes.index_select(2, src.to(self.device)).cpu()
+        self._host_bytes.index_copy_(2, dst, blocks)
 
     def swap_in(self, host_to_device: list[tuple[int, int]]) -> None:
         if not host_to_device:
             return
         src, dst = block_id_pairs(host_to_device, self.num_host_blocks, self.num_blocks, "swap_in")
-        blocks = self.host_pool.index_select(2, src).to(self.device)
-        self.pool.index_copy_(2, dst.to(self.device), blocks)
+        blocks = self._host_bytes.index_select(2, src).to(self.device)
+        self._pool_bytes.index_copy_(2, dst.to(self.device), blocks)
+
+
+def as_copyable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, or for an FP8 tensor its uint8 view (same bytes, indexable by torch)."""
+    return tensor.view(torch.uint8) if tensor.dtype in KV_FP8_DTYPES else tensor

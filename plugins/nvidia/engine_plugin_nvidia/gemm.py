@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from engine_plugin_nvidia.gpu_common import gemm as _common
-from engine_plugin_nvidia.gpu_common.gemm import FP8_SCHEME, Fp8Weight, TorchGemmBackend, to_torch_dtype
+from engine_plugin_nvidia.gpu_common.gemm import (
+    FP8_SCHEME,
+    Fp8Weight,
+    TorchGemmBackend,
+    fp8_linear,
+    to_torch_dtype,
+)
 
 # the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_nvidia.gpu_common.gemm
 __all__ = ["FP8_MAX", "FP8_SCHEME", "CudaGemmBackend", "Fp8Weight", "to_torch_dtype"]
@@ -57,6 +63,11 @@ class CudaGemmBackend(TorchGemmBackend):
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        if isinstance(weight, Fp8Weight) and weight.per_token_activations and x.is_cuda:
+            from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
+
+            # one fused pass over the activations instead of torch's five
+            return fp8_linear(x, weight, bias, quantize=quantize_rows_fp8)
         tile = _gemv_tile(x, weight)
         if tile is not None:
             from engine_plugin_nvidia.triton_kernels.launchers import gemv

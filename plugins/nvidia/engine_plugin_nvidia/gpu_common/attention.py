@@ -64,15 +64,29 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 new_kv=(key, value, metadata.slot_mapping) if fused else None,
             )  # fmt: skip
         elif metadata.num_seqs:
-            launchers.paged_prefill(
-                out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc,
-                metadata.max_query_len, metadata.scale, self.tuning, causal=metadata.causal, **common,
-            )  # fmt: skip
+            # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each
+            # KV head once for its whole query group, where the prefill kernel's per-head programs would
+            # read it once per query head
+            lead = leading_decode_rows(metadata)
+            if lead:
+                launchers.paged_decode(
+                    out[:lead], query[:lead], kv_cache, metadata.block_tables[:lead], metadata.seq_lens[:lead],
+                    metadata.scale, self.tuning.decode_splits(lead, kv_cache.shape[3], metadata.max_seq_len),
+                    self.tuning, **common,
+                )  # fmt: skip
+            if lead < metadata.num_seqs:
+                launchers.paged_prefill(
+                    out, query, kv_cache, metadata.block_tables[lead:], metadata.seq_lens[lead:],
+                    metadata.query_start_loc[lead:], metadata.max_query_len, metadata.scale, self.tuning,
+                    causal=metadata.causal, **common,
+                )  # fmt: skip
         return out
 
     def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
         ids = torch.as_tensor(block_ids, dtype=torch.int64, device=kv_cache.device)
-        kv = kv_cache.index_select(1, ids)
+        # FP8 caches are gathered as bytes: torch's index_select does not take FP8 tensors
+        fp8 = kv_cache.element_size() == 1 and kv_cache.is_floating_point()
+        kv = kv_cache.view(torch.uint8).index_select(1, ids).view(kv_cache.dtype) if fp8 else kv_cache.index_select(1, ids)
         _, n, bs, heads, dim = kv.shape
         return kv[0].reshape(n * bs, heads, dim), kv[1].reshape(n * bs, heads, dim)
 
@@ -82,6 +96,15 @@ class TritonPagedAttentionBackend(AttentionBackend):
         capturing = bool(metadata.extras.get("graph_capture")) or stream_capturing()
         max_len = None if capturing else metadata.max_seq_len
         return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
+
+
+def leading_decode_rows(metadata: AttentionMetadata) -> int:
+    """How many sequences at the front of the batch have exactly one new token (once per step)."""
+    lead = metadata.extras.get("leading_decode_rows")
+    if lead is None:
+        lead = next((i for i, n in enumerate(metadata.query_lens_cpu) if n != 1), len(metadata.query_lens_cpu))
+        metadata.extras["leading_decode_rows"] = lead
+    return lead
 
 
 def stream_capturing() -> bool:

@@ -10,10 +10,16 @@ Checkpoints store the OCP ``float8_e4m3fn``. NVIDIA and CDNA4 (gfx950) multiply 
 GPUs (gfx94x) multiply ``float8_e4m3fnuz``. The two share their bit layout except for the exponent
 bias (8 instead of 7) and the pattern ``0x80`` (negative zero in e4m3fn, NaN in fnuz), so a weight
 converts exactly by reinterpreting its bits, clearing ``0x80`` and doubling the scale.
+
+Weights the engine quantized itself at load (``quantization="fp8"``, marked
+``extra["activations"] == "per_token"``) take one FP8 term per activation row instead: that is W8A8, the
+matmul runs at the FP8 rate (about twice bf16's) rather than reading half the weight bytes only, and the
+user asked for that trade of accuracy for speed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +28,9 @@ import torch
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 
 FP8_SCHEME = "fp8_e4m3"
+#: ``QuantizedWeight.extra`` marking a weight whose activations take one FP8 term per row (see above)
+ACTIVATIONS_KEY = "activations"
+PER_TOKEN_ACTIVATIONS = "per_token"
 #: largest finite value of each e4m3 flavour
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,11 +45,14 @@ class Fp8Weight:
         data: ``[out, in]`` in the GPU's FP8 dtype, row-major (its transpose is the column-major operand).
         scale: float32 ``[1, out]`` per-channel scales (a per-tensor scale is broadcast to every channel).
         shape: ``(out_features, in_features)``.
+        per_token_activations: quantize activations to a single FP8 term per row (W8A8) rather than
+            the two-term split.
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     shape: tuple[int, int]
+    per_token_activations: bool = False
 
 
 def to_torch_dtype(dtype: Any) -> torch.dtype:
@@ -120,6 +132,7 @@ class TorchGemmBackend(GemmBackend):
             data=data.to(self.device).contiguous(),
             scale=scale.to(self.device).reshape(1, out_features).contiguous(),
             shape=tuple(weight.shape),
+            per_token_activations=weight.extra.get(ACTIVATIONS_KEY) == PER_TOKEN_ACTIVATIONS,
         )
 
 
@@ -154,18 +167,40 @@ def split_quantize_rows(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn)
     return torch.cat([hi, lo]), torch.cat([hi_scale, lo_scale])
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T + bias`` with an FP8 weight (see the module docstring for the two-term activations)."""
+def quantize_rows(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """One FP8 term per row: ``[M, K]`` FP8 values and float32 ``[M, 1]`` scales (``max |row| / fp8 max``)."""
+    limit = FP8_MAX[str(fp8).removeprefix("torch.")]
+    xf = x.float()
+    scale = (xf.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
+    return (xf / scale).clamp_(-limit, limit).to(fp8), scale
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None,
+    quantize: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """``x @ W.T + bias`` with an FP8 weight (see the module docstring for the activations).
+
+    Args:
+        quantize: the single-term row quantizer for per-token weights (a fused kernel on the GPU);
+            :func:`quantize_rows` when None.
+    """
     out_features, in_features = weight.shape
     rows = x.reshape(-1, in_features)
     m = rows.shape[0]
-    # activations in the weight's flavour: scaled matmul takes one FP8 format for both operands
-    quantized, scales = split_quantize_rows(rows, weight.data.dtype)
-    # cuBLAS's / hipBLASLt's row-wise scaled matmul writes bf16 only; the CPU path (tests) keeps fp32.
-    # Either way the two halves are summed in fp32.
+    # cuBLAS's / hipBLASLt's row-wise scaled matmul writes bf16 only; the CPU path (tests) keeps fp32
     out_dtype = torch.float32 if rows.device.type == "cpu" else torch.bfloat16
-    both = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
-    y = both[:m].float() + both[m:].float()
+    # activations in the weight's flavour: scaled matmul takes one FP8 format for both operands
+    if weight.per_token_activations:
+        quantized, scales = (quantize or quantize_rows)(rows, weight.data.dtype)
+        y = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
+    else:
+        quantized, scales = split_quantize_rows(rows, weight.data.dtype)
+        both = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
+        # the two halves are summed in fp32
+        y = both[:m].float() + both[m:].float()
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(y.dtype)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)

@@ -163,9 +163,11 @@ class TorchGpuPlatform(Platform):
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
+        # an FP8 KV cache is stored unscaled in the OCP e4m3 format the Triton kernels convert natively
+        fp8_kv = ("float8_e4m3fn",) if self.fp8_dtype() == "float8_e4m3fn" else ()
         return Capabilities(
             dtypes=dtypes,
-            kv_cache_dtypes=dtypes,
+            kv_cache_dtypes=dtypes + fp8_kv,
             block_sizes=BLOCK_SIZES,
             head_sizes=HEAD_SIZES,
             quant_schemes=(FP8_SCHEME,) if self.fp8_dtype() else (),

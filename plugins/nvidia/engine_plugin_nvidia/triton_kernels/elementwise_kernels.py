@@ -95,3 +95,21 @@ def silu_and_mul_kernel(
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
     result = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * stride_out + offs, result.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def quantize_rows_fp8_kernel(
+    out_ptr, scale_ptr, x_ptr, stride_x, stride_out,
+    K: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """One row to FP8 with its own scale ``max |x| / FP8_MAX`` (the W8A8 GEMM's activations), one pass."""
+    pdl_begin(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 0) / FP8_MAX, 1.0e-12)
+    # IEEE division, as torch's: Triton's default fp32 division may land an ulp off and flip an FP8 tie
+    q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+    tl.store(out_ptr + row * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)

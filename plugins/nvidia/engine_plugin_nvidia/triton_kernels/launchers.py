@@ -57,11 +57,17 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     )  # fmt: skip
 
 
-def _attention_flags(query: torch.Tensor, window: int | None, soft_cap: float | None) -> dict:
+#: cache dtypes stored as FP8 (keys and values unscaled)
+FP8_CACHE_DTYPES = (torch.float8_e4m3fn,)
+
+
+def _attention_flags(query: torch.Tensor, kv_cache: torch.Tensor, window: int | None, soft_cap: float | None) -> dict:
     return {
         "USE_WINDOW": window is not None,
         "USE_CAP": soft_cap is not None,
         "IS_FP32": query.dtype == torch.float32,
+        # products over an FP8 cache run in fp16 (see attention_kernels._dot_operand)
+        "DOT_F16": kv_cache.dtype in FP8_CACHE_DTYPES and query.dtype != torch.float32,
     }
 
 
@@ -99,7 +105,7 @@ def paged_prefill(
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     tiles = tuning.prefill_tiles(head_dim)
-    grid = (num_seqs, num_heads, triton_cdiv(max_query_len, tiles.block_m))
+    grid = (triton_cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
     ak.paged_prefill_kernel[grid](
         out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
         scale, float(soft_cap or 0.0), int(window or 0),
@@ -109,7 +115,7 @@ def paged_prefill(
         HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), KV_BLOCK=block_size,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **_attention_flags(query, window, soft_cap), **pdl.launch_options(),
+        **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -162,9 +168,9 @@ def paged_decode(
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
-        HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, BLOCK_N=tuning.decode_block_n,
-        num_warps=tuning.decode_num_warps, num_stages=tuning.decode_num_stages, WRITE_KV=new_kv is not None,
-        **_attention_flags(query, window, soft_cap), **pdl.launch_options(),
+        HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
+        **tuning.decode_tiles(kv_cache.dtype in FP8_CACHE_DTYPES),
+        **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
@@ -257,6 +263,28 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4, **pdl.launch_options(),
         )  # fmt: skip
     return out.view(*x.shape[:-1], d)
+
+
+def quantize_rows_fp8(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``x`` ``[M, K]`` as FP8 ``[M, K]`` with float32 scales ``[M, 1]`` (``max |row| / fp8 max``).
+
+    Raises:
+        ValueError: for an FP8 dtype other than the two e4m3 flavours.
+    """
+    limits = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+    if fp8 not in limits:
+        raise ValueError(f"quantize_rows_fp8 writes float8_e4m3fn or float8_e4m3fnuz, not {fp8}")
+    rows = _rows(x)
+    m, k = rows.shape
+    out = torch.empty((m, k), dtype=fp8, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        block = next_power_of_2(k)
+        ek.quantize_rows_fp8_kernel[(m,)](
+            out, scale, rows, rows.stride(0), out.stride(0),
+            K=k, BLOCK=block, FP8_MAX=limits[fp8], num_warps=_row_warps(block), **pdl.launch_options(),
+        )  # fmt: skip
+    return out, scale
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,0 +1,134 @@
+"""The FP8 throughput options: W8A8 weights quantized at load (``quantization="fp8"``) and an FP8 KV cache.
+
+The GEMM runs on the CPU too (torch's scaled matmul), so CI checks it against a float64 reference of the
+same quantization; the fused activation kernel, the FP8 cache and the engine runs need a GPU with FP8
+units (Triton's interpreter converts to FP8 wrongly).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.llm import LLM
+from engine.loader.fp8 import quantize_fp8_per_channel
+from engine.sampling.params import SamplingParams
+from engine_conformance.test_end_to_end import build_tiny_llama
+from engine_plugin_sdk.quant import make_quantized_weight
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
+HAS_FP8 = HAS_GPU and torch.cuda.get_device_capability(0) >= (8, 9)
+requires_fp8 = pytest.mark.skipif(not HAS_FP8, reason="needs an NVIDIA GPU with FP8 units (compute capability 8.9+)")
+
+
+def simulated_w8a8(x: torch.Tensor, qw, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 ``x @ W.T + b`` with ``x`` rounded to FP8 per row exactly as the kernel is specified to."""
+    rows = x.reshape(-1, x.shape[-1]).double().cpu()
+    scale = (rows.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
+    xq = (rows / scale).float().clamp(-448, 448).to(torch.float8_e4m3fn).double() * scale
+    y = xq @ qw.dequantize().double().cpu().T
+    if bias is not None:
+        y = y + bias.double().cpu()
+    return y.reshape(*x.shape[:-1], -1)
+
+
+def test_w8a8_gemm_matches_its_quantization(device: torch.device) -> None:
+    from engine_plugin_nvidia.gemm import CudaGemmBackend, Fp8Weight
+
+    gemm = CudaGemmBackend(device, fp8=True)
+    gen = torch.Generator().manual_seed(21)
+    weight = (torch.randn(96, 256, generator=gen) / 16).to(device)
+    qw = quantize_fp8_per_channel(weight)
+    # a checkpoint's FP8 weight keeps the two-term activations; the load-time one asks for one term
+    assert not gemm.prepare_weight(make_quantized_weight("fp8_e4m3", 96, 256, device=device), torch.float32).per_token_activations
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        prepared = gemm.prepare_weight(qw, dtype)
+        assert isinstance(prepared, Fp8Weight) and prepared.per_token_activations
+        x = (torch.randn(3, 5, 256, generator=gen) * torch.logspace(-2, 1, 5)[None, :, None]).to(dtype).to(device)
+        bias = torch.randn(96, generator=gen).to(dtype).to(device)
+        got = gemm.linear(x, prepared, bias)
+        assert got.dtype == dtype and got.shape == (3, 5, 96)
+        want = simulated_w8a8(x, qw, bias)
+        # the GPU's row-wise scaled matmul writes bf16 whatever the activations' dtype
+        tolerance = get_tolerance(torch.bfloat16 if device.type == "cuda" and dtype == torch.float32 else dtype)
+        assert not compare(got.cpu(), want, tolerance, f"w8a8 {dtype}")
+
+
+@requires_fp8
+def test_fused_activation_quantizer_matches_torch() -> None:
+    from engine_plugin_nvidia.gpu_common.gemm import quantize_rows
+    from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
+
+    gen = torch.Generator().manual_seed(5)
+    for k in (256, 4096, 14336):
+        x = (torch.randn(37, k, generator=gen) * 3).to(torch.bfloat16).cuda()
+        q, s = quantize_rows_fp8(x)
+        q_ref, s_ref = quantize_rows(x)
+        torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+        # the same IEEE division and round-to-nearest-even conversion: bit-identical
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), f"FP8 values differ at K={k}"
+
+
+@requires_fp8
+def test_fp8_kv_cache_block_copies_and_swaps() -> None:
+    from engine.interfaces.block_cache import KVCacheSpec
+    from engine_plugin_nvidia.platform import CudaPlatform
+
+    platform = CudaPlatform()
+    assert "float8_e4m3fn" in platform.capabilities().kv_cache_dtypes
+    backend = platform.make_attention_backend()
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float8_e4m3fn)
+    pool = platform.make_block_cache(spec, 12, backend)
+    assert pool.pool.dtype == torch.float8_e4m3fn
+    for cache in pool.kv_caches:
+        cache.copy_(torch.randn(cache.shape).to(torch.float8_e4m3fn))
+    original = pool.pool.float().clone()
+    pool.copy_blocks([(1, 2)])
+    assert torch.equal(pool.pool[:, :, 2].float(), original[:, :, 1])
+    pool.swap_out([(3, 0)])
+    pool.swap_in([(0, 4)])
+    assert torch.equal(pool.pool[:, :, 4].float(), original[:, :, 3])
+    keys, values = backend.gather_kv(pool.kv_caches[0], [3, 1])
+    assert torch.equal(keys[:16].float(), original[0, 0, 3].reshape(16, 2, 64))
+
+
+def _first_token_logprobs(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[dict[int, float]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    first = [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+    return tokens, first
+
+
+@requires_fp8
+@pytest.mark.parametrize("options", [{"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "kv_cache_dtype": "fp8"}])
+def test_llm_fp8_modes_stay_close_to_bf16(tmp_path: Path, options: dict) -> None:
+    build_tiny_llama(tmp_path, head_dim=128)
+    prompts = [[1, 5, 9, 33, 7, 40, 41, 42], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70], [1, 100, 3, 17]]
+    common = {"model": str(tmp_path), "device": "cuda", "dtype": "bfloat16", "kv_cache_memory_bytes": 32 * 2**20}
+    base = LLM(**common)
+    _, base_first = _first_token_logprobs(base, prompts)
+    base_blocks = base.llm_engine.block_manager.num_total_blocks
+    del base
+    fp8 = LLM(**common, **options)
+    tokens, first = _first_token_logprobs(fp8, prompts)
+    if "kv_cache_dtype" in options:
+        # the same budget holds twice the blocks
+        assert fp8.llm_engine.block_manager.num_total_blocks == 2 * base_blocks
+    if "quantization" in options:
+        layer = fp8.llm_engine.model.layers[0]
+        assert layer.qkv.per_token_activations and layer.down.data.dtype == torch.float8_e4m3fn
+        assert fp8.llm_engine.model.lm_head.dtype == torch.bfloat16
+    assert all(len(t) == 6 for t in tokens)
+    # FP8 rounding moves the first token's log-probabilities a little (greedy choices may flip between
+    # the random model's near-ties, so they are compared as log-probabilities, not as tokens): bf16's
+    # choice stays among FP8's top five, and every token both top fives share moves by less than 0.5
+    diffs = []
+    for want, got in zip(base_first, first, strict=True):
+        best = max(want, key=want.__getitem__)
+        assert best in got, f"bf16's first choice {best} left the FP8 top five {sorted(got)}"
+        diffs += [abs(got[t] - want[t]) for t in want.keys() & got.keys()]
+    assert max(diffs) < 0.5, f"first-token log-probabilities moved by up to {max(diffs):.3f}"
