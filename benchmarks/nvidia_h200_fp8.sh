@@ -11,3 +11,5 @@ for variant in "--quantization fp8 --kv-cache-dtype fp8" "--quantization fp8" "-
         --json "$OUT/throughput_$name.json" 2>&1 | grep -E "engine_|kv_blocks|Error|error"
 done
 timeout 90 python3 benchmarks/nvidia_h200_fp8.py --json "$OUT/fp8_kernels.json" 2>&1 | tail -22
+timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests > "$OUT/plugin_tests.log" 2>&1
+tail -4 "$OUT/plugin_tests.log"; grep -E "^E  " "$OUT/plugin_tests.log" | head -5

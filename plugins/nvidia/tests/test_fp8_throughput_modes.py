@@ -25,10 +25,12 @@ requires_fp8 = pytest.mark.skipif(not HAS_FP8, reason="needs an NVIDIA GPU with 
 
 
 def simulated_w8a8(x: torch.Tensor, qw, bias: torch.Tensor | None) -> torch.Tensor:
-    """float64 ``x @ W.T + b`` with ``x`` rounded to FP8 per row exactly as the kernel is specified to."""
-    rows = x.reshape(-1, x.shape[-1]).double().cpu()
+    """float64 ``x @ W.T + b`` with ``x`` rounded to FP8 per row exactly as the kernel is specified to:
+    a float32 scale and a float32 IEEE quotient (bf16 inputs often sit exactly on an FP8 rounding
+    midpoint, where float64 arithmetic would round the other way)."""
+    rows = x.reshape(-1, x.shape[-1]).float().cpu()
     scale = (rows.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
-    xq = (rows / scale).float().clamp(-448, 448).to(torch.float8_e4m3fn).double() * scale
+    xq = (rows / scale).clamp(-448, 448).to(torch.float8_e4m3fn).double() * scale.double()
     y = xq @ qw.dequantize().double().cpu().T
     if bias is not None:
         y = y + bias.double().cpu()
