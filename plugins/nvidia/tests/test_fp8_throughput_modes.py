@@ -55,7 +55,7 @@ def test_w8a8_gemm_matches_its_quantization(device: torch.device) -> None:
         assert got.dtype == dtype and got.shape == (3, 5, 96)
         want = simulated_w8a8(x, qw, bias)
         # the GPU's row-wise scaled matmul writes bf16 whatever the activations' dtype
-        tolerance = get_tolerance(torch.bfloat16 if device.type == "cuda" and dtype == torch.float32 else dtype)
+        tolerance = get_tolerance(torch.bfloat16 if device.type == "cuda" else dtype)
         assert not compare(got.cpu(), want, tolerance, f"w8a8 {dtype}")
 
 
@@ -69,9 +69,14 @@ def test_fused_activation_quantizer_matches_torch() -> None:
         x = (torch.randn(37, k, generator=gen) * 3).to(torch.bfloat16).cuda()
         q, s = quantize_rows_fp8(x)
         q_ref, s_ref = quantize_rows(x)
-        torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
-        # the same IEEE division and round-to-nearest-even conversion: bit-identical
-        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), f"FP8 values differ at K={k}"
+        # torch divides by a scalar as a multiplication by its reciprocal on the GPU (an ulp apart from
+        # the kernel's IEEE quotient), so values on an FP8 rounding midpoint (0.2% of bf16 inputs) may round
+        # the other way
+        torch.testing.assert_close(s, s_ref, rtol=2e-7, atol=0)
+        same = (q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean().item()
+        assert same > 0.99, f"only {same:.4%} of the FP8 values agree at K={k}"
+        # one FP8 step is at most 1/8 of the value (just above a power of two)
+        torch.testing.assert_close(q.float() * s, q_ref.float() * s_ref, rtol=0.13, atol=1e-6)
 
 
 @requires_fp8
@@ -108,7 +113,15 @@ def _first_token_logprobs(llm: LLM, prompts: list[list[int]]) -> tuple[list[list
 @requires_fp8
 @pytest.mark.parametrize("options", [{"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "kv_cache_dtype": "fp8"}])
 def test_llm_fp8_modes_stay_close_to_bf16(tmp_path: Path, options: dict) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     build_tiny_llama(tmp_path, head_dim=128)
+    # the suite's model has wide weights and logits in the tens, where FP8's relative rounding becomes
+    # whole units of log-probability; HF's usual initialisation keeps them O(1), as a trained model's are
+    config = LlamaConfig.from_pretrained(tmp_path)
+    config.initializer_range = 0.05
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
     prompts = [[1, 5, 9, 33, 7, 40, 41, 42], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70], [1, 100, 3, 17]]
     common = {"model": str(tmp_path), "device": "cuda", "dtype": "bfloat16", "kv_cache_memory_bytes": 32 * 2**20}
     base = LLM(**common)
@@ -127,10 +140,10 @@ def test_llm_fp8_modes_stay_close_to_bf16(tmp_path: Path, options: dict) -> None
     assert all(len(t) == 6 for t in tokens)
     # FP8 rounding moves the first token's log-probabilities a little (greedy choices may flip between
     # the random model's near-ties, so they are compared as log-probabilities, not as tokens): bf16's
-    # choice stays among FP8's top five, and every token both top fives share moves by less than 0.5
+    # choice stays among FP8's top five, and every token both top fives share moves by less than 0.3
     diffs = []
     for want, got in zip(base_first, first, strict=True):
         best = max(want, key=want.__getitem__)
         assert best in got, f"bf16's first choice {best} left the FP8 top five {sorted(got)}"
         diffs += [abs(got[t] - want[t]) for t in want.keys() & got.keys()]
-    assert max(diffs) < 0.5, f"first-token log-probabilities moved by up to {max(diffs):.3f}"
+    assert max(diffs) < 0.3, f"first-token log-probabilities moved by up to {max(diffs):.3f}"

@@ -108,8 +108,9 @@ def quantize_rows_fp8_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < K
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0) / FP8_MAX, 1.0e-12)
-    # IEEE division, as torch's: Triton's default fp32 division may land an ulp off and flip an FP8 tie
+    # IEEE divisions, as torch's: Triton's default fp32 division may land an ulp off, and bf16 inputs
+    # often sit exactly on an FP8 rounding midpoint, where that ulp flips the rounding
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), FP8_MAX), 1.0e-12)
     q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)
     tl.store(out_ptr + row * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
