@@ -121,6 +121,10 @@ class TorchGpuPlatform(Platform):
         """The torch FP8 e4m3 dtype name GPU 0's matrix units take, or None (not called in interpreter mode)."""
         return None
 
+    def device_fp8_kv_cache_dtypes(self) -> tuple[str, ...]:
+        """FP8 KV cache dtypes GPU 0 runs, beyond :meth:`device_dtypes` (none unless a vendor checked them)."""
+        return ()
+
     def device_extra(self) -> dict[str, Any]:
         """``Capabilities.extra`` on a real GPU: what identifies the part."""
         return {}
@@ -163,11 +167,9 @@ class TorchGpuPlatform(Platform):
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
-        # an FP8 KV cache is stored unscaled in the OCP e4m3 format the Triton kernels convert natively
-        fp8_kv = ("float8_e4m3fn",) if self.fp8_dtype() == "float8_e4m3fn" else ()
         return Capabilities(
             dtypes=dtypes,
-            kv_cache_dtypes=dtypes + fp8_kv,
+            kv_cache_dtypes=dtypes + self.device_fp8_kv_cache_dtypes(),
             block_sizes=BLOCK_SIZES,
             head_sizes=HEAD_SIZES,
             quant_schemes=(FP8_SCHEME,) if self.fp8_dtype() else (),
