@@ -9,6 +9,8 @@ Scheme names and layouts (``QuantizedWeight.data`` / ``extra``):
 - ``int8``: symmetric per-output-channel; ``data`` is ``torch.int8 [out, in]``, ``extra["scale"]`` float32 ``[out]``;
   the weight is ``data * scale[:, None]``.
 - ``fp8_e4m3``: ``data`` is ``torch.float8_e4m3fn [out, in]``, ``extra["scale"]`` float32 ``[out]``, same formula.
+  Weights the engine quantizes at load (``quantization="fp8"``) also carry ``extra["activations"] ==
+  "per_token"``: a hint that single-term per-row FP8 activations (W8A8) are acceptable.
 """
 
 from __future__ import annotations

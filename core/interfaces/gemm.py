@@ -16,7 +16,10 @@ class QuantizedWeight:
         data: the raw storage (a tensor or bytes-like array); layout is the scheme's own.
         shape: the logical ``(out_features, in_features)`` shape.
         dequantize: callable returning the float32 ``[out, in]`` weight; every backend may fall back to it.
-        extra: scheme-specific fields (scales, zero points, block sizes).
+        extra: scheme-specific fields (scales, zero points, block sizes). ``extra["activations"] ==
+            "per_token"`` marks a weight the engine quantized itself for speed (``quantization="fp8"``): the
+            backend may then quantize activations to one term per row (W8A8) rather than its more
+            accurate default; ignoring the mark is correct, only slower.
     """
 
     scheme: str
