@@ -21,7 +21,7 @@ PREFILL = ([1, 7, 16, 31], [1, 7, 16, 31])
 MIXED = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
 #: a continuous-batching step as the scheduler orders it: running decodes first, then prompt chunks (one of
 #: them a single token, which is not a decode row of the leading run)
-DECODE_ROWS_FIRST = ([1, 1, 1, 7, 1, 12], [40, 9, 77, 7, 30, 60])
+DECODE_ROWS_FIRST = ([1, 1, 1, 1, 7, 1, 12], [40, 9, 77, 33, 7, 30, 60])
 
 
 def run_problem(platform: Platform, problem: AttentionProblem, capability: str) -> None:

@@ -222,3 +222,30 @@ def test_batch1_products_take_the_gemv_on_a_gpu(device):
         out = gemm.CudaGemmBackend(device).linear(x, weight)
         ref = x.double() @ weight.double().T
         torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("num_decodes", [2, 6])
+def test_mixed_batch_leading_decode_rows_take_the_decode_kernel(device, monkeypatch, num_decodes):
+    """Decode rows ahead of prompt chunks go to the decode kernel once they fill the device without
+    splitting their contexts; fewer stay with the prefill kernel, so a split count never becomes a new
+    kernel variant to compile mid-serving."""
+    from engine_plugin_nvidia.attention import TritonAttentionBackend
+
+    lens = ([1] * num_decodes + [7, 1, 12], [40, 9, 77, 33, 5, 61][:num_decodes] + [7, 30, 60])
+    problem = make_attention_problem(
+        len(lens[0]), lens[0], lens[1], 8, 2, 64, 16, 64, dtype=torch.float32, device=device, seed=13,
+    )  # fmt: skip
+    decoded: list[int] = []
+    real = launchers.paged_decode
+
+    def counting(out, query, *args, **kwargs):
+        decoded.append(query.shape[0])
+        return real(out, query, *args, **kwargs)
+
+    monkeypatch.setattr(launchers, "paged_decode", counting)
+    # small tiles and 4 compute units on every machine: 2 rows x 2 KV heads are 4 programs, which the
+    # decode kernel would split in two to fill the 4 units twice over; 6 rows (12 programs) need no split
+    assert INTERPRETER_TUNING.decode_splits(2, 2, None) == 2 and INTERPRETER_TUNING.decode_splits(6, 2, None) == 1
+    out = problem.run(TritonAttentionBackend(INTERPRETER_TUNING))
+    assert decoded == ([] if num_decodes == 2 else [6])
+    check(out, problem, f"{num_decodes} leading decode rows")

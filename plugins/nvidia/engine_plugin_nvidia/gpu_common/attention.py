@@ -66,14 +66,17 @@ class TritonPagedAttentionBackend(AttentionBackend):
         elif metadata.num_seqs:
             # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each
             # KV head once for its whole query group, where the prefill kernel's per-head programs would
-            # read it once per query head
+            # read it once per query head. Only when those rows fill the device without splitting their
+            # contexts: a split count would be one more kernel variant to compile mid-serving, for rows
+            # too few to matter
             lead = leading_decode_rows(metadata)
-            if lead:
+            if lead and self.tuning.decode_splits(lead, kv_cache.shape[3], None) == 1:
                 launchers.paged_decode(
                     out[:lead], query[:lead], kv_cache, metadata.block_tables[:lead], metadata.seq_lens[:lead],
-                    metadata.scale, self.tuning.decode_splits(lead, kv_cache.shape[3], metadata.max_seq_len),
-                    self.tuning, **common,
+                    metadata.scale, 1, self.tuning, **common,
                 )  # fmt: skip
+            else:
+                lead = 0
             if lead < metadata.num_seqs:
                 launchers.paged_prefill(
                     out, query, kv_cache, metadata.block_tables[lead:], metadata.seq_lens[lead:],
