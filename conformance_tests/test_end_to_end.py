@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -89,16 +88,19 @@ def engine_generate(
     )
     engine = LLMEngine.from_config(config, manager)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP_LOGPROBS)
-    ids = [f"conformance-{i}" for i in range(len(PROMPTS))]
-    for rid, prompt in zip(ids, PROMPTS, strict=True):
+    return run_to_completion(engine, PROMPTS, params)
+
+
+def run_to_completion(engine: Any, prompts: list[list[int]], params: Any) -> list[Any]:
+    """Step ``engine`` until every prompt's request finishes; their final outputs, in prompt order."""
+    ids = [f"conformance-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
         engine.add_request(rid, prompt, params)
     results: dict[str, Any] = {}
-    for _ in itertools.count():
+    while len(results) < len(ids):
         for out in engine.step():
             if out.finished:
                 results[out.request_id] = out
-        if len(results) == len(ids):
-            break
     return [results[rid] for rid in ids]
 
 

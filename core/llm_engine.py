@@ -10,7 +10,7 @@ import torch
 
 from engine.beam_search import BeamSearcher, BeamSearchParams
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
+from engine.config import KV_CACHE_DTYPES, EngineConfig
 from engine.decode_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.interfaces.block_cache import KVCacheSpec
@@ -36,7 +36,7 @@ from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KV_DTYPES = {**_DTYPES, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+_KV_DTYPES = {name: getattr(torch, name) for name in KV_CACHE_DTYPES}
 
 
 class EngineConfigError(ValueError):

@@ -6,6 +6,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+#: ``QuantizedWeight.extra`` key and value marking a weight whose activations may take one FP8 term per row
+ACTIVATIONS_KEY = "activations"
+PER_TOKEN_ACTIVATIONS = "per_token"
+
 
 @dataclass(slots=True)
 class QuantizedWeight:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.interfaces.gemm import QuantizedWeight
+from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, QuantizedWeight
+
+__all__ = ["ACTIVATIONS_KEY", "FP8_E4M3_MAX", "FP8_E4M3_SCHEME", "PER_TOKEN_ACTIVATIONS", "quantize_fp8_per_channel"]
 
 FP8_E4M3_SCHEME = "fp8_e4m3"
-#: ``QuantizedWeight.extra`` key asking the GEMM for single-term per-token FP8 activations
-ACTIVATIONS_KEY = "activations"
-PER_TOKEN_ACTIVATIONS = "per_token"
 #: largest finite float8_e4m3fn
 FP8_E4M3_MAX = 448.0
 

@@ -12,7 +12,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.interfaces.attention import AttentionMetadata
 from engine.llm_engine import LLMEngine
 from engine.sampling.params import SamplingParams
-from engine_conformance.test_end_to_end import build_tiny_llama
+from engine_conformance.test_end_to_end import build_tiny_llama, run_to_completion
 from engine_plugin_cpu.attention import CpuAttentionBackend
 from engine_plugin_cpu.graph_capture import CompiledGraphCapture
 from engine_plugin_cpu.platform import COMPILE_ENV, CpuPlatform, compile_enabled
@@ -94,14 +94,7 @@ def test_compile_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, params)
-    done: dict[str, list[int]] = {}
-    while len(done) < len(prompts):
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    return [list(out.outputs[0].token_ids) for out in run_to_completion(engine, prompts, params)]
 
 
 @pytest.mark.slow

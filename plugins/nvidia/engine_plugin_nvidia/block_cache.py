@@ -8,11 +8,10 @@ import torch
 
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine_plugin_nvidia.gpu_common.fp8_cache import FP8_CACHE_DTYPES, as_copyable
 from engine_plugin_nvidia.gpu_common.gemm import to_torch_dtype
 from engine_plugin_sdk.block_ids import block_id_pairs
 
-#: FP8 cache dtypes the attention kernels read and write (scale 1)
-KV_FP8_DTYPES = (torch.float8_e4m3fn,)
 #: the swap pool never pins more host memory than this by default (pinning is slow and scarce)
 DEFAULT_MAX_HOST_BYTES = 4 * 1024**3
 
@@ -49,7 +48,7 @@ class CudaBlockCache(BlockCache):
         layer_shape = tuple(attention.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim))
         if len(layer_shape) < 2 or layer_shape[1] != num_blocks:
             raise ValueError(f"CudaBlockCache needs the block axis at position 1 of the layer layout, got {layer_shape}")
-        dtype = spec.dtype if spec.dtype in KV_FP8_DTYPES else to_torch_dtype(spec.dtype)
+        dtype = spec.dtype if spec.dtype in FP8_CACHE_DTYPES else to_torch_dtype(spec.dtype)
         self.device = torch.device(device)
         if num_host_blocks is None:
             per_block = spec.bytes_per_block(torch.empty((), dtype=dtype).element_size())
@@ -65,7 +64,7 @@ class CudaBlockCache(BlockCache):
         pin = pin_host and self.device.type == "cuda"
         self.host_pool = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.kv_caches = list(self.pool.unbind(0))
-        # block moves copy bytes: torch's indexed copies do not take FP8 tensors, their uint8 views do
+        # block moves copy bytes, so that FP8 pools move too
         self._pool_bytes = as_copyable(self.pool)
         self._host_bytes = as_copyable(self.host_pool)
 
@@ -90,8 +89,3 @@ class CudaBlockCache(BlockCache):
         src, dst = block_id_pairs(host_to_device, self.num_host_blocks, self.num_blocks, "swap_in")
         blocks = self._host_bytes.index_select(2, src).to(self.device)
         self._pool_bytes.index_copy_(2, dst.to(self.device), blocks)
-
-
-def as_copyable(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself, or for an FP8 tensor its uint8 view (same bytes, indexable by torch)."""
-    return tensor.view(torch.uint8) if tensor.dtype in KV_FP8_DTYPES else tensor

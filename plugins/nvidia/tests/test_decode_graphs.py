@@ -17,21 +17,14 @@ from engine.decode_graphs import DecodeGraphs, decode_buckets
 from engine.interfaces.graph_capture import EagerGraphCapture
 from engine.llm_engine import LLMEngine
 from engine.sampling.params import SamplingParams
-from engine_conformance.test_end_to_end import build_tiny_llama
+from engine_conformance.test_end_to_end import build_tiny_llama, run_to_completion
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 7, 8]]
 
 
 def generate(engine: LLMEngine) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", prompt, params)
-    done: dict[str, list[int]] = {}
-    while len(done) < len(PROMPTS):
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[f"r{i}"] for i in range(len(PROMPTS))]
+    return [list(out.outputs[0].token_ids) for out in run_to_completion(engine, PROMPTS, params)]
 
 
 def test_buckets() -> None:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine_plugin_nvidia.gpu_common.fp8_cache import as_copyable
 from engine_plugin_nvidia.gpu_common.platform import BLOCK_SIZES, HEAD_SIZES
 from engine_plugin_nvidia.triton_kernels import launchers
 from engine_plugin_nvidia.triton_kernels.launch import KernelTuning
@@ -87,9 +88,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
 
     def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
         ids = torch.as_tensor(block_ids, dtype=torch.int64, device=kv_cache.device)
-        # FP8 caches are gathered as bytes: torch's index_select does not take FP8 tensors
-        fp8 = kv_cache.element_size() == 1 and kv_cache.is_floating_point()
-        kv = kv_cache.view(torch.uint8).index_select(1, ids).view(kv_cache.dtype) if fp8 else kv_cache.index_select(1, ids)
+        kv = as_copyable(kv_cache).index_select(1, ids).view(kv_cache.dtype)
         _, n, bs, heads, dim = kv.shape
         return kv[0].reshape(n * bs, heads, dim), kv[1].reshape(n * bs, heads, dim)
 

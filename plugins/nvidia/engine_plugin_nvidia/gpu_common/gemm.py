@@ -25,12 +25,9 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, GemmBackend, QuantizedWeight
 
 FP8_SCHEME = "fp8_e4m3"
-#: ``QuantizedWeight.extra`` marking a weight whose activations take one FP8 term per row (see above)
-ACTIVATIONS_KEY = "activations"
-PER_TOKEN_ACTIVATIONS = "per_token"
 #: largest finite value of each e4m3 flavour
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -157,13 +154,9 @@ def dequantize_checked(weight: QuantizedWeight) -> torch.Tensor:
 
 def split_quantize_rows(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
     """``[2M, K]`` FP8 rows (``hi`` then ``lo``) and their float32 ``[2M, 1]`` scales for ``x [M, K]``."""
-    limit = FP8_MAX[str(fp8).removeprefix("torch.")]
     xf = x.float()
-    hi_scale = (xf.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
-    hi = (xf / hi_scale).to(fp8)
-    rest = xf - hi.float() * hi_scale
-    lo_scale = (rest.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
-    lo = (rest / lo_scale).to(fp8)
+    hi, hi_scale = quantize_rows(xf, fp8)
+    lo, lo_scale = quantize_rows(xf - hi.float() * hi_scale, fp8)
     return torch.cat([hi, lo]), torch.cat([hi_scale, lo_scale])
 
 
@@ -192,15 +185,13 @@ def fp8_linear(
     m = rows.shape[0]
     # cuBLAS's / hipBLASLt's row-wise scaled matmul writes bf16 only; the CPU path (tests) keeps fp32
     out_dtype = torch.float32 if rows.device.type == "cpu" else torch.bfloat16
+    quantizer = (quantize or quantize_rows) if weight.per_token_activations else split_quantize_rows
     # activations in the weight's flavour: scaled matmul takes one FP8 format for both operands
-    if weight.per_token_activations:
-        quantized, scales = (quantize or quantize_rows)(rows, weight.data.dtype)
-        y = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
-    else:
-        quantized, scales = split_quantize_rows(rows, weight.data.dtype)
-        both = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
+    quantized, scales = quantizer(rows, weight.data.dtype)
+    y = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
+    if not weight.per_token_activations:
         # the two halves are summed in fp32
-        y = both[:m].float() + both[m:].float()
+        y = y[:m].float() + y[m:].float()
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from engine_plugin_nvidia.gpu_common.fp8_cache import FP8_CACHE_DTYPES
 from engine_plugin_nvidia.triton_kernels import attention_kernels as ak
 from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
 from engine_plugin_nvidia.triton_kernels import gemv_kernels as gk
@@ -55,10 +56,6 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         H_PAD=next_power_of_2(kv_heads), D_PAD=next_power_of_2(head_dim), **pdl.launch_options(),
     )  # fmt: skip
-
-
-#: cache dtypes stored as FP8 (keys and values unscaled)
-FP8_CACHE_DTYPES = (torch.float8_e4m3fn,)
 
 
 def _attention_flags(query: torch.Tensor, kv_cache: torch.Tensor, window: int | None, soft_cap: float | None) -> dict:
@@ -265,14 +262,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], d)
 
 
+#: largest finite value of each FP8 flavour the row quantizer writes
+_FP8_ROW_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+
+
 def quantize_rows_fp8(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``x`` ``[M, K]`` as FP8 ``[M, K]`` with float32 scales ``[M, 1]`` (``max |row| / fp8 max``).
 
     Raises:
         ValueError: for an FP8 dtype other than the two e4m3 flavours.
     """
-    limits = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
-    if fp8 not in limits:
+    if fp8 not in _FP8_ROW_MAX:
         raise ValueError(f"quantize_rows_fp8 writes float8_e4m3fn or float8_e4m3fnuz, not {fp8}")
     rows = _rows(x)
     m, k = rows.shape
@@ -282,7 +282,7 @@ def quantize_rows_fp8(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -
         block = next_power_of_2(k)
         ek.quantize_rows_fp8_kernel[(m,)](
             out, scale, rows, rows.stride(0), out.stride(0),
-            K=k, BLOCK=block, FP8_MAX=limits[fp8], num_warps=_row_warps(block), **pdl.launch_options(),
+            K=k, BLOCK=block, FP8_MAX=_FP8_ROW_MAX[fp8], num_warps=_row_warps(block), **pdl.launch_options(),
         )  # fmt: skip
     return out, scale
 
