@@ -141,9 +141,13 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     torch.cuda.synchronize()
+    from engine_plugin_nvidia.triton_kernels.variants import compiled_variants, new_variants
+
+    ready = compiled_variants()
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
+    compiled_during_run = new_variants(ready, compiled_variants())
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result: dict[str, Any] = {
         "num_prompts": args.num_prompts,
@@ -156,6 +160,8 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
         "kv_blocks": llm.llm_engine.block_manager.num_total_blocks,
+        # Triton kernels compiled inside the timed run (each a stall of about a second); should be none
+        "kernels_compiled_during_run": compiled_during_run or "none",
     }
     del llm, outputs
     gc.collect()

@@ -12,5 +12,6 @@ timeout 240 python3 benchmarks/nvidia_h200.py throughput --model $MODEL --json "
 tail -12 $LOGS/throughput.log
 timeout 110 benchmarks/nvidia_h200_serve.sh $MODEL $LOGS > $LOGS/serve_bench.log 2>&1
 cp $LOGS/serve_rate_*.json "$OUT/" 2>/dev/null; grep -E "TTFT|TPOT|Request|throughput|Error|error" $LOGS/serve_bench.log | head -40; tail -5 $LOGS/serve.log
-timeout 100 python3 -m pytest -q -x -p no:cacheprovider plugins/nvidia/tests > $LOGS/plugin_tests.log 2>&1
+timeout 160 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests > $LOGS/plugin_tests.log 2>&1
 tail -8 $LOGS/plugin_tests.log
+cp $LOGS/*.log "$OUT/" 2>/dev/null

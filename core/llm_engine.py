@@ -32,6 +32,7 @@ from engine.sampling.sampler import Sampler, SampleResult, check_params_against_
 from engine.sampling.stop import StopChecker
 from engine.scheduler import Scheduler
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
+from engine.warm_up import run_warm_up, warm_up_batches
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ class LLMEngine:
                 self.max_model_len, config.cache.block_size, self.device, self.model_config.sliding_window,
             )  # fmt: skip
             self.runner.decode_graphs.capture()
+        if platform.capabilities().warm_up and not isinstance(self.model, PlatformModelRunner):
+            batches = warm_up_batches(
+                config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, self.max_model_len,
+                config.cache.block_size, eager_decode=self.runner.decode_graphs is None,
+            )  # fmt: skip
+            run_warm_up(self.model, self.block_cache.kv_caches, batches, config.cache.block_size, self.device, self.model_config.sliding_window)
         self.requests: dict[str, Request] = {}
         #: the overlapped step whose tokens are still on the device (see :meth:`step`)
         self._in_flight: LaunchedStep | None = None

@@ -40,6 +40,8 @@ class Capabilities:
         sliding_window: whether attention honours ``sliding_window``.
         logits_soft_cap: whether attention honours ``logits_soft_cap``.
         swap: whether the block cache can swap blocks to host memory.
+        warm_up: whether kernels compile on first use (per batch kind or launch shape), so the engine
+            should run a few dummy steps at start-up to compile them before the first request.
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -51,6 +53,7 @@ class Capabilities:
     sliding_window: bool = False
     logits_soft_cap: bool = False
     swap: bool = False
+    warm_up: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

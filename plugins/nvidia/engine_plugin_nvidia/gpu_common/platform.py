@@ -177,6 +177,8 @@ class TorchGpuPlatform(Platform):
             sliding_window=True,
             logits_soft_cap=True,
             swap=True,
+            # Triton compiles each kernel variant on its first launch
+            warm_up=True,
             extra=self.device_extra(),
         )
 

@@ -17,6 +17,12 @@ from engine_plugin_nvidia.triton_kernels.pdl import pdl_begin
 
 LOG2E = 1.4426950408889634
 
+#: Arguments (of any kernel here) that change with the batch's make-up: the block-table width
+#: (``stride_bt``) and pointers into slices taken at a row offset, whose 16-byte alignment follows the
+#: offset. Triton would compile a variant for each divisibility class of each, a second or so apiece and
+#: mid-serving; the kernels read them as scalars, so specializing on them gains nothing.
+BATCH_VARYING_ARGS = ["block_tables_ptr", "seq_lens_ptr", "query_start_ptr", "slot_ptr", "stride_bt"]
+
 
 @triton.jit
 def _soft_cap(scores, cap):
@@ -63,7 +69,7 @@ def _load_kv_tile(
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
     scale, soft_cap, window,
@@ -152,7 +158,7 @@ def paged_prefill_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     new_k_ptr, new_v_ptr, slot_ptr,
@@ -312,7 +318,7 @@ def decode_merge_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head, stride_slot, stride_cache_head,

@@ -60,7 +60,8 @@ def _rotate_heads(ptr, stride_tok, stride_head, tok, cos, sin, offs_h, offs_r,
     tl.store(base + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# the positions are a slice of the step's packed inputs, aligned or not by the batch's make-up
+@triton.jit(do_not_specialize=["positions_ptr"])
 def rotary_kernel(
     q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
     stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cs,

@@ -1,0 +1,93 @@
+"""The start-up warm-up (engine.warm_up): which dummy steps run, and that they leave no trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+import engine.llm_engine as llm_engine_module
+from engine import LLM, SamplingParams
+from engine.warm_up import WarmUpBatch, warm_up_batches
+from engine_plugin_cpu.platform import CpuPlatform
+from engine_test_utils import assert_all_blocks_free
+
+
+def test_batches_fill_the_step_budget() -> None:
+    assert warm_up_batches(4096, 256, 2048, 16, eager_decode=False) == [
+        WarmUpBatch("prefill", [2048, 2048], [2048, 2048]),
+        WarmUpBatch("mixed", [1] * 255 + [2048], [64] * 255 + [2048]),
+    ]
+    # a budget that is not a whole number of prompts ends with a shorter one
+    batches = warm_up_batches(300, 8, 128, 16, eager_decode=False)
+    assert batches[0] == WarmUpBatch("prefill", [128, 128, 44], [128, 128, 44])
+    assert batches[1] == WarmUpBatch("mixed", [1] * 7 + [128], [64] * 7 + [128])
+
+
+def test_eager_decode_contexts_double_up_to_the_longest() -> None:
+    batches = warm_up_batches(64, 1, 100, 16, eager_decode=True)
+    # one sequence at a time: no mixed step is possible
+    assert [b.name for b in batches] == ["prefill", "decode@16", "decode@32", "decode@64", "decode@100"]
+    assert batches[0] == WarmUpBatch("prefill", [64], [64])
+    assert batches[-1] == WarmUpBatch("decode@100", [1], [100])
+
+
+@pytest.fixture
+def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The CPU platform claiming warm-up; records each warm-up forward's (rows, longest query)."""
+    claims = CpuPlatform.capabilities
+    monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), warm_up=True))
+    calls: list[tuple[int, int]] = []
+    real = llm_engine_module.run_warm_up
+
+    def spy(model, kv_caches, batches, *args):
+        before = [kv.clone() for kv in kv_caches]
+        forward = model.forward
+
+        def counted(input_ids, positions, caches, metadata):
+            calls.append((input_ids.shape[0], metadata.max_query_len))
+            return forward(input_ids, positions, caches, metadata)
+
+        model.forward = counted
+        try:
+            seconds = real(model, kv_caches, batches, *args)
+        finally:
+            del model.forward
+        # every slot was negative: the cache is bit for bit what it was
+        for old, new in zip(before, kv_caches, strict=True):
+            assert torch.equal(old.view(torch.uint8), new.view(torch.uint8))
+        return seconds
+
+    monkeypatch.setattr(llm_engine_module, "run_warm_up", spy)
+    return calls
+
+
+def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog, monkeypatch) -> None:
+    prompts = [[1, 5, 9, 33, 7, 40], [1, 60, 61, 62], [1, 100, 3]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = {"model": tiny_llama_dir, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 8 << 20}
+    with caplog.at_level(logging.INFO, logger="engine.warm_up"):
+        warm = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
+    # prefill: one whole 64-token prompt and a 32-token one; mixed: 3 decodes and a 64-token chunk;
+    # then eager decodes at contexts 16, 32 and 64
+    assert warm_cpu == [(96, 64), (67, 64), (1, 1), (1, 1), (1, 1)]
+    assert any("warm-up: 5 dummy steps" in r.getMessage() for r in caplog.records)
+    assert_all_blocks_free(warm)
+    got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, use_tqdm=False)]
+    assert_all_blocks_free(warm)
+    del warm
+    warm_cpu.clear()
+    monkeypatch.undo()  # the same engine without the warm-up
+    cold = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
+    want = [list(o.outputs[0].token_ids) for o in cold.generate(prompts, params, use_tqdm=False)]
+    assert warm_cpu == []
+    assert got == want
+
+
+def test_platforms_that_do_not_ask_skip_it(tiny_llama_dir, monkeypatch) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr(llm_engine_module, "run_warm_up", lambda *a: calls.append(a))
+    LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20)
+    assert calls == []

@@ -1,0 +1,125 @@
+"""Start-up warm-up: dummy forward passes of each batch kind before the first request.
+
+A platform whose kernels compile on first use (Triton JIT, for example) would otherwise compile them
+in the middle of serving, stalling every request in the step that first needs one: the first prefill,
+the first batch that mixes decodes with a prefill, or the first eager decode at a longer context.
+The largest pass also allocates the step's peak activation memory now rather than mid-serving.
+
+Nothing here touches the KV cache: every slot is negative ("do not write", as for graph padding) and
+every block table points at block 0, whose contents the discarded outputs may read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.interfaces.attention import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmUpBatch:
+    """One dummy step: ``query_lens[i]`` new tokens at the end of a ``seq_lens[i]``-token context."""
+
+    name: str
+    query_lens: list[int]
+    seq_lens: list[int]
+
+
+def warm_up_batches(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int, eager_decode: bool
+) -> list[WarmUpBatch]:
+    """The steps the warm-up runs, sized by the scheduler's limits.
+
+    Args:
+        max_num_batched_tokens: the step token budget; the prefill step fills it.
+        max_num_seqs: most sequences in a step.
+        max_model_len: longest context.
+        block_size: tokens per KV block.
+        eager_decode: whether pure-decode steps run eagerly (no decode graphs); then decode steps at
+            contexts doubling from one block to ``max_model_len`` run too, since backends may pick
+            launch shapes by context length.
+
+    Returns:
+        The batches, in the order they run.
+    """
+    tokens = max(1, min(max_num_batched_tokens, max_num_seqs * max_model_len))
+    # whole prompts of at most max_model_len tokens, as many as the budget fills
+    full, rest = divmod(tokens, max_model_len)
+    prompts = [max_model_len] * min(full, max_num_seqs) + ([rest] if rest and full < max_num_seqs else [])
+    batches = [WarmUpBatch("prefill", prompts, list(prompts))]
+    # decodes first, then one prompt chunk: the scheduler's order for a step that mixes the two
+    decodes = min(max_num_seqs - 1, tokens // 2)
+    chunk = min(tokens - decodes, max_model_len)
+    if decodes >= 1 and chunk >= 2:
+        context = min(max_model_len, 4 * block_size)
+        batches.append(WarmUpBatch("mixed", [1] * decodes + [chunk], [context] * decodes + [chunk]))
+    if eager_decode:
+        context = min(block_size, max_model_len)
+        while True:
+            batches.append(WarmUpBatch(f"decode@{context}", [1], [context]))
+            if context >= max_model_len:
+                break
+            context = min(2 * context, max_model_len)
+    return batches
+
+
+def _metadata(batch: WarmUpBatch, block_size: int, scale: float, sliding_window: int | None, device: torch.device) -> AttentionMetadata:
+    starts = [0]
+    for n in batch.query_lens:
+        starts.append(starts[-1] + n)
+    width = -(-max(batch.seq_lens) // block_size)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.zeros((len(batch.seq_lens), width), dtype=torch.int32, device=device),
+        slot_mapping=torch.full((starts[-1],), -1, dtype=torch.int64, device=device),
+        query_lens_cpu=list(batch.query_lens),
+        seq_lens_cpu=list(batch.seq_lens),
+        max_query_len=max(batch.query_lens),
+        max_seq_len=max(batch.seq_lens),
+        block_size=block_size,
+        scale=scale,
+        sliding_window=sliding_window,
+    )
+
+
+@torch.inference_mode()
+def run_warm_up(
+    model: object,
+    kv_caches: list,
+    batches: list[WarmUpBatch],
+    block_size: int,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> float:
+    """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
+
+    Args:
+        model: the core's torch model (``forward``, ``compute_logits``, ``scale``).
+        kv_caches: the per-layer caches (read, never written).
+        batches: from :func:`warm_up_batches`.
+        block_size: tokens per KV block.
+        device: where the inputs go.
+        sliding_window: the model's attention window, if any.
+    """
+    start = time.perf_counter()
+    for batch in batches:
+        metadata = _metadata(batch, block_size, model.scale, sliding_window, device)
+        positions = torch.cat([
+            torch.arange(s - n, s, dtype=torch.int64) for n, s in zip(batch.query_lens, batch.seq_lens, strict=True)
+        ]).to(device)
+        # token ids cycle through a small range that every vocabulary has
+        input_ids = positions % 97
+        hidden = model.forward(input_ids, positions, kv_caches, metadata)
+        last = metadata.query_start_loc[1:].to(torch.int64) - 1
+        # reading the logits back waits for the step on any device: the time below is the real one
+        model.compute_logits(hidden.index_select(0, last)).cpu()
+    seconds = time.perf_counter() - start
+    logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
+    return seconds
