@@ -92,6 +92,7 @@ class LLMEngine:
         self.device = platform.torch_device()
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
         self.eos_token_ids = list(dict.fromkeys(self.model_config.eos_token_ids + self.tokenizer.eos_token_ids))
+        self._window_decoder = self.tokenizer.window_decoder()
 
         attention = platform.make_attention_backend()
         gemm = platform.make_gemm_backend()
@@ -279,7 +280,7 @@ class LLMEngine:
             )
             if params.seed is not None:
                 seq.generator = make_generator(params.seed + index)
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer.hf, token_ids, params.skip_special_tokens)
+            seq.detokenizer = IncrementalDetokenizer(self._window_decoder, token_ids, params.skip_special_tokens)
             seq.stop_checker = StopChecker(params, self.eos_token_ids, self.max_model_len)
             seq.defer_text = final_only and not params.stop
             if params.logprobs is not None:

@@ -104,6 +104,31 @@ def test_streams_outputs_of_concurrent_requests():
     assert stats.peak_batch_size > 1 and stats.num_free_blocks == stats.num_total_blocks
 
 
+def test_one_hand_over_to_the_loop_per_step():
+    """A step's outputs for many streams cross to the event loop in one call, not one per stream."""
+    fake = FakeEngine(step_delay_s=0.002)
+    engine = AsyncLLMEngine(fake)
+    handed: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        plain = loop.call_soon_threadsafe
+
+        def counting(fn, *args, **kwargs):
+            if getattr(fn, "__name__", "") == "_deliver_all":
+                handed.append(len(args[0]))
+            return plain(fn, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting
+        await asyncio.gather(*(collect(engine, f"r{i}", [i + 1], 20) for i in range(16)))
+
+    asyncio.run(main())
+    engine.shutdown()
+    # every stream's 20 outputs arrived, in at most one hand-over per engine step
+    assert sum(handed) == 16 * 20
+    assert len(handed) <= fake.steps and max(handed) > 1
+
+
 def test_refusals_reach_the_caller():
     engine = AsyncLLMEngine(FakeEngine(max_waiting=1, step_delay_s=0.05))
 
