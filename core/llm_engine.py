@@ -142,7 +142,14 @@ class LLMEngine:
                 config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, self.max_model_len,
                 config.cache.block_size, eager_decode=self.runner.decode_graphs is None,
             )  # fmt: skip
-            run_warm_up(self.model, self.block_cache.kv_caches, batches, config.cache.block_size, self.device, self.model_config.sliding_window)
+            try:
+                run_warm_up(self.model, self.block_cache.kv_caches, batches, config.cache.block_size, self.device, self.model_config.sliding_window)
+            except torch.OutOfMemoryError as exc:
+                # found at start-up rather than by the first long prompt mid-serving
+                raise EngineConfigError(
+                    f"a step of {config.scheduler.max_num_batched_tokens} tokens does not fit in the device memory "
+                    "left beside the KV cache; lower --max-num-batched-tokens or --kv-cache-memory"
+                ) from exc
         self.requests: dict[str, Request] = {}
         #: the overlapped step whose tokens are still on the device (see :meth:`step`)
         self._in_flight: LaunchedStep | None = None

@@ -86,6 +86,17 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
     assert got == want
 
 
+def test_a_step_that_does_not_fit_is_refused_at_start_up(tiny_llama_dir, warm_cpu, monkeypatch) -> None:
+    from engine.llm_engine import EngineConfigError
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(llm_engine_module, "run_warm_up", out_of_memory)
+    with pytest.raises(EngineConfigError, match="a step of 96 tokens does not fit .* lower --max-num-batched-tokens"):
+        LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=96)
+
+
 def test_platforms_that_do_not_ask_skip_it(tiny_llama_dir, monkeypatch) -> None:
     calls: list[object] = []
     monkeypatch.setattr(llm_engine_module, "run_warm_up", lambda *a: calls.append(a))
