@@ -8,7 +8,7 @@ timeout 150 engine conformance --device cuda --report "$OUT/nvidia-h200.md" --js
 tail -45 $LOGS/conformance.log
 timeout 110 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/decode.json" > $LOGS/decode.log 2>&1
 tail -16 $LOGS/decode.log
-timeout 240 python3 benchmarks/nvidia_h200.py throughput --model $MODEL --json "$OUT/throughput.json" > $LOGS/throughput.log 2>&1
+timeout 330 python3 benchmarks/nvidia_h200.py throughput --model $MODEL --json "$OUT/throughput.json" > $LOGS/throughput.log 2>&1
 tail -12 $LOGS/throughput.log
 timeout 110 benchmarks/nvidia_h200_serve.sh $MODEL $LOGS > $LOGS/serve_bench.log 2>&1
 cp $LOGS/serve_rate_*.json "$OUT/" 2>/dev/null; grep -E "TTFT|TPOT|Request|throughput|Error|error" $LOGS/serve_bench.log | head -40; tail -5 $LOGS/serve.log
