@@ -153,6 +153,25 @@ def _make_llm(model: str, **kwargs: Any) -> Any:
     return LLM(model=model, device="cuda", dtype="bfloat16", load_format="dummy", **kwargs)
 
 
+def _fp8_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.quantization != "auto":
+        options["quantization"] = args.quantization
+    if args.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = args.kv_cache_dtype
+    return options
+
+
+#: kernel-name fragments per category, first match wins (Triton kernels keep their function names)
+CATEGORIES = (("attention", ("paged_", "decode_merge", "write_kv")), ("fp8 quantize", ("quantize_rows",)),
+              ("norm", ("rms_norm",)), ("rotary", ("rotary",)), ("silu*mul", ("silu_and_mul",)),
+              ("gemv", ("gemv_kernel",)), ("gemm", ("gemm", "nvjet", "cutlass", "sm90", "xmma", "scaled_mm")))
+
+
+def _category(name: str) -> str:
+    return next((cat for cat, parts in CATEGORIES if any(p in name for p in parts)), "other")
+
+
 def _kernel_table(prof: Any, label: str, wall: float, top: int = 22) -> None:
     kernels: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
     for evt in prof.events():
@@ -164,6 +183,11 @@ def _kernel_table(prof: Any, label: str, wall: float, top: int = 22) -> None:
           f"{sum(v[0] for v in kernels.values())} kernels")
     for name, (count, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"{us / 1e3:8.2f} ms {count:6d}x {us / max(count, 1):8.1f} us  {name}")
+    by_category: dict[str, float] = collections.defaultdict(float)
+    for name, (_, us) in kernels.items():
+        by_category[_category(name)] += us
+    print("    by category: " + ", ".join(f"{cat} {us / 1e3:.1f} ms" for cat, us in
+                                          sorted(by_category.items(), key=lambda kv: -kv[1])))
 
 
 def _profiled(fn: Any) -> tuple[Any, float]:
@@ -196,7 +220,7 @@ def cmd_kernels(args: argparse.Namespace) -> None:
             _kernel_table(prof, f"batch 1 {label}, 1 prefill + 32 decode steps", wall)
         return
     llm = _make_llm(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                    memory_fraction=0.85, max_model_len=1024)
+                    memory_fraction=0.85, max_model_len=1024, **_fp8_options(args))
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     llm.generate([[rng.randint(1000, 40000) for _ in range(512)] for _ in range(4)], params, use_tqdm=False)
@@ -235,7 +259,7 @@ def cmd_host(args: argparse.Namespace) -> None:
     from engine.sampling.params import SamplingParams
 
     llm = _make_llm(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                    memory_fraction=0.85, max_model_len=1024)
+                    memory_fraction=0.85, max_model_len=1024, **_fp8_options(args))
     engine = llm.llm_engine
     timers: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
@@ -293,6 +317,8 @@ def main() -> None:
         p.add_argument("--num-prompts", type=int, default=1000)
         p.add_argument("--max-num-seqs", type=int, default=512)
         p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+        p.add_argument("--quantization", default="auto", choices=["auto", "fp8"])
+        p.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
     {"gemv": cmd_gemv, "variants": cmd_variants, "kernels": cmd_kernels, "host": cmd_host}[args.command](args)
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine.interfaces.gemm import RowQuantizedActivations
 from engine.interfaces.ops import OP_NAMES, reference_ops
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
@@ -17,10 +18,14 @@ from engine_plugin_sdk.reference_ops import (
     ref_rotary_embedding,
     ref_silu_and_mul,
 )
-from engine_plugin_sdk.tolerances import get_tolerance
+from engine_plugin_sdk.tolerances import FP8_ROWS_EXTRA, Tolerance, get_tolerance
 
 HIDDEN = 256
 EPS = 1e-5
+#: the FP8 producer ops write this flavour (the reference quantizes to any e4m3)
+FP8 = torch.float8_e4m3fn
+#: logits width and the real vocabulary inside it (the columns past it are padding, never picked)
+LOGITS_WIDTH, VOCAB = 300, 280
 GRAPH_BUCKETS = [1, 2, 4, 8]
 
 
@@ -45,6 +50,19 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
     if op_name == "silu_and_mul":
         x = rand(9, 2 * HIDDEN)
         return (x,), (ref_silu_and_mul(x),)
+    if op_name == "fused_add_rms_norm_fp8":
+        x, residual, w = rand(9, HIDDEN), rand(9, HIDDEN), rand(HIDDEN)
+        return (x, residual, w, EPS, FP8), ref_fused_add_rms_norm(x, residual, w, EPS)
+    if op_name == "silu_and_mul_fp8":
+        x = rand(9, 2 * HIDDEN)
+        return (x, FP8), (ref_silu_and_mul(x),)
+    if op_name == "greedy_pick":
+        # logits are float32 whatever the model dtype; the padding columns hold the largest values
+        logits = (torch.randn(9, LOGITS_WIDTH, generator=gen) * 4).to(device)
+        logits[:, VOCAB:] = 100.0
+        raw = torch.log_softmax(logits[:, :VOCAB].double(), dim=-1)
+        ids = raw.argmax(dim=-1)
+        return (logits, VOCAB), (ids, raw.gather(1, ids.unsqueeze(1)).squeeze(1))
     raise ValueError(f"no test case for op {op_name!r}")
 
 
@@ -66,13 +84,47 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
                 f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False
             )
         for i, (got, want) in enumerate(zip(results, expected, strict=True)):
+            label = f"ops.{op_name} {dtype_name} output {i}"
+            if isinstance(got, RowQuantizedActivations):
+                assert_close(_dequantized(got, dtype, label), want, _fp8_rows_tolerance(dtype), label)
+                continue
+            if op_name == "greedy_pick":
+                _check_pick(got, want, i, label)
+                continue
             # the residual sum may be kept in float32 (core/interfaces/ops.py)
-            wider_ok = op_name == "fused_add_rms_norm" and i == 1 and got.dtype == torch.float32
+            wider_ok = op_name.startswith("fused_add_rms_norm") and i == 1 and got.dtype == torch.float32
             if got.dtype != dtype and not wider_ok:
                 pytest.fail(
                     f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False
                 )
-            assert_close(got, want, get_tolerance(dtype), f"ops.{op_name} {dtype_name} output {i}")
+            assert_close(got, want, get_tolerance(dtype), label)
+
+
+def _dequantized(got: RowQuantizedActivations, dtype: torch.dtype, label: str) -> torch.Tensor:
+    """The float64 values FP8 rows stand for, after checking their dtypes and shapes."""
+    if got.data.dtype != FP8 or got.dtype != dtype or got.scale.dtype != torch.float32:
+        pytest.fail(f"{label}: FP8 rows of {got.data.dtype} (scale {got.scale.dtype}) for {got.dtype}; "
+                    f"expected {FP8} (scale float32) for {dtype}", pytrace=False)
+    if got.scale.shape != (got.data.shape[0], 1):
+        pytest.fail(f"{label}: scale shape {tuple(got.scale.shape)} for {got.data.shape[0]} rows", pytrace=False)
+    return got.data.double().cpu() * got.scale.double().cpu()
+
+
+def _fp8_rows_tolerance(dtype: torch.dtype) -> Tolerance:
+    base = get_tolerance(dtype)
+    return Tolerance(base.atol + FP8_ROWS_EXTRA.atol, base.rtol + FP8_ROWS_EXTRA.rtol, 0.0)
+
+
+def _check_pick(got: torch.Tensor, want: torch.Tensor, i: int, label: str) -> None:
+    """Token ids exactly (int64), their log-probabilities at float32's tolerance (float32)."""
+    expected_dtype = torch.int64 if i == 0 else torch.float32
+    if got.dtype != expected_dtype or got.shape != want.shape:
+        pytest.fail(f"{label}: {got.dtype} {tuple(got.shape)}, expected {expected_dtype} {tuple(want.shape)}",
+                    pytrace=False)
+    if i == 0 and not torch.equal(got.cpu(), want.cpu()):
+        pytest.fail(f"{label}: picked tokens {got.tolist()}, expected {want.tolist()}", pytrace=False)
+    if i == 1:
+        assert_close(got, want, get_tolerance(torch.float32), label)
 
 
 def graph_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -126,7 +126,7 @@ class LLMEngine:
         capacity = num_blocks * config.cache.block_size
         self.max_model_len = min(config.max_model_len or model_max, capacity)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.block_cache.num_host_blocks)
-        self.sampler = Sampler(self.eos_token_ids, self.model_config.vocab_size)
+        self.sampler = Sampler(self.eos_token_ids, self.model_config.vocab_size, ops.greedy_pick)
         self.generator = make_generator(config.seed)
         self.runner = ModelRunner(
             self.model, self.block_cache, self.block_manager, self.sampler, self.device, self.model_config.sliding_window

@@ -33,6 +33,25 @@ class QuantizedWeight:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RowQuantizedActivations:
+    """Activations already quantized to one FP8 term per row, in the form a W8A8 weight consumes.
+
+    An op that produces a GEMM's input (a norm, the SwiGLU product) can write this directly when the
+    backend asks for it (:meth:`GemmBackend.row_quantized_input`), saving the GEMM a pass over the
+    activations to quantize them.
+
+    Attributes:
+        data: ``[rows, in_features]`` FP8 values.
+        scale: float32 ``[rows, 1]``: row ``i`` stands for ``data[i] * scale[i]``.
+        dtype: the activation dtype the product returns (what the unquantized input's dtype was).
+    """
+
+    data: Any
+    scale: Any
+    dtype: Any
+
+
 class GemmBackend(ABC):
     """Dense and quantized matrix multiplication ``y = x @ W.T + b``."""
 
@@ -68,6 +87,20 @@ class GemmBackend(ABC):
         Returns:
             ``[..., out_features]`` in ``x``'s dtype.
         """
+
+    def row_quantized_input(self, weight: Any) -> Any | None:
+        """The FP8 dtype in which :meth:`linear` takes this weight's activations pre-quantized per row.
+
+        The default, None, means :meth:`linear` takes plain activations only. A backend that returns a
+        dtype must accept a :class:`RowQuantizedActivations` of that dtype as ``x`` for this weight.
+
+        Args:
+            weight: a weight returned by :meth:`prepare_weight`.
+
+        Returns:
+            A torch FP8 dtype, or None.
+        """
+        return None
 
     def logits(self, x: Any, weight: Any) -> Any:
         """float32 ``x @ W.T`` for the output projection (the vocabulary logits).

@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from engine.interfaces.gemm import RowQuantizedActivations
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, computed in float32, returned in x's dtype."""
@@ -61,6 +63,47 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
 
 
+def quantize_rows(x: torch.Tensor, fp8_dtype: torch.dtype) -> RowQuantizedActivations:
+    """One FP8 term per row of ``x [rows, k]``: scale ``max |row| / fp8 max`` (at least 1e-12), values
+    ``x / scale``."""
+    limit = torch.finfo(fp8_dtype).max
+    xf = x.float().reshape(-1, x.shape[-1])
+    scale = (xf.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
+    return RowQuantizedActivations((xf / scale).clamp_(-limit, limit).to(fp8_dtype), scale, x.dtype)
+
+
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, fp8_dtype: torch.dtype
+) -> tuple[RowQuantizedActivations, torch.Tensor]:
+    """:func:`fused_add_rms_norm` whose normalised output comes quantized per row for a W8A8 GEMM.
+
+    Returns:
+        ``(rows of rms_norm(x + residual) in fp8_dtype, x + residual)``.
+    """
+    normed, summed = fused_add_rms_norm(x, residual, weight, eps)
+    return quantize_rows(normed, fp8_dtype), summed
+
+
+def silu_and_mul_fp8(x: torch.Tensor, fp8_dtype: torch.dtype) -> RowQuantizedActivations:
+    """:func:`silu_and_mul` quantized per row for a W8A8 GEMM (``x`` is ``[rows, 2d]``)."""
+    return quantize_rows(silu_and_mul(x), fp8_dtype)
+
+
+def greedy_pick(logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's most likely token and its log-probability, on the logits' device.
+
+    Args:
+        logits: ``[rows, width]`` with ``width >= vocab_size``; columns from ``vocab_size`` on are padding.
+        vocab_size: the real vocabulary.
+
+    Returns:
+        int64 token ids ``[rows]`` (the first maximum) and their float32 log-softmax values ``[rows]``.
+    """
+    raw = torch.log_softmax(logits[:, :vocab_size].float(), dim=-1)
+    token_ids = raw.argmax(dim=-1)
+    return token_ids, raw.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+
+
 @dataclass(frozen=True, slots=True)
 class OpTable:
     """The op implementations a model calls; start from :func:`reference_ops` and override by name."""
@@ -69,6 +112,9 @@ class OpTable:
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
+    fused_add_rms_norm_fp8: Callable[..., tuple[RowQuantizedActivations, torch.Tensor]]
+    silu_and_mul_fp8: Callable[..., RowQuantizedActivations]
+    greedy_pick: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def with_overrides(self, overrides: dict[str, Callable]) -> OpTable:
         """A copy with some ops replaced.
@@ -83,7 +129,11 @@ class OpTable:
         return replace(self, **overrides)
 
 
-OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
+#: the ops every model runs (a platform typically overrides these first)
+CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
+#: ops the engine uses where they pay: FP8 producers for W8A8 GEMMs (only when the GEMM backend asks for
+#: row-quantized inputs) and the greedy pick of an overlapped decode step
+OP_NAMES = (*CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick")
 
 
 def reference_ops() -> OpTable:
@@ -93,4 +143,7 @@ def reference_ops() -> OpTable:
         fused_add_rms_norm=fused_add_rms_norm,
         rotary_embedding=rotary_embedding,
         silu_and_mul=silu_and_mul,
+        fused_add_rms_norm_fp8=fused_add_rms_norm_fp8,
+        silu_and_mul_fp8=silu_and_mul_fp8,
+        greedy_pick=greedy_pick,
     )

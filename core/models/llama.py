@@ -31,6 +31,10 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: Any
     down: Any
+    #: the FP8 dtype each projection takes its input pre-quantized in (GemmBackend.row_quantized_input)
+    qkv_fp8: Any = None
+    gate_up_fp8: Any = None
+    down_fp8: Any = None
 
 
 class LlamaForCausalLM:
@@ -137,6 +141,10 @@ class LlamaForCausalLM:
                     down=mat(take(p + "mlp.down_proj.weight", (h, cfg.intermediate_size))),
                 )
             )
+            layer = self.layers[-1]
+            layer.qkv_fp8 = self.gemm.row_quantized_input(layer.qkv)
+            layer.gate_up_fp8 = self.gemm.row_quantized_input(layer.gate_up)
+            layer.down_fp8 = self.gemm.row_quantized_input(layer.down)
         self.final_norm = vec("model.norm.weight", h)
         # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
@@ -163,6 +171,9 @@ class LlamaForCausalLM:
             if residual is None:
                 residual = hidden
                 x = ops.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            elif layer.qkv_fp8 is not None:
+                # the norm writes the W8A8 GEMM's FP8 input itself: one pass over the activations fewer
+                x, residual = ops.fused_add_rms_norm_fp8(hidden, residual, layer.input_norm, cfg.rms_norm_eps, layer.qkv_fp8)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, cfg.rms_norm_eps)
             qkv = gemm.linear(x, layer.qkv, layer.qkv_bias)
@@ -173,8 +184,15 @@ class LlamaForCausalLM:
             q, k = ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
             attn = self.attention.forward(q, k, v, kv_cache, metadata)
             hidden = gemm.linear(attn.reshape(num_tokens, self.q_size), layer.o_proj, layer.o_bias)
-            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
-            hidden = gemm.linear(ops.silu_and_mul(gemm.linear(x, layer.gate_up)), layer.down)
+            if layer.gate_up_fp8 is not None:
+                x, residual = ops.fused_add_rms_norm_fp8(hidden, residual, layer.post_norm, cfg.rms_norm_eps, layer.gate_up_fp8)
+            else:
+                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
+            gate_up = gemm.linear(x, layer.gate_up)
+            if layer.down_fp8 is not None:
+                hidden = gemm.linear(ops.silu_and_mul_fp8(gate_up, layer.down_fp8), layer.down)
+            else:
+                hidden = gemm.linear(ops.silu_and_mul(gate_up), layer.down)
         out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, cfg.rms_norm_eps)
         return out
 

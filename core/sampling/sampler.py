@@ -11,11 +11,13 @@ top-k, top-p, min-p and a draw.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import InvalidRequestError
+from engine.interfaces.ops import greedy_pick as reference_greedy_pick
 from engine.sampling.params import SamplingParams
 from engine.sampling.truncation import draw, truncated_probs
 
@@ -117,13 +119,21 @@ class Sampler:
     Args:
         eos_token_ids: tokens min_tokens keeps from being sampled too early.
         vocab_size: the real vocabulary; logits columns at or past it (padding) are never sampled.
+        greedy_pick: the op table's ``greedy_pick`` (a platform may fuse it into one kernel); the core's
+            reference when None.
     """
 
-    def __init__(self, eos_token_ids: list[int], vocab_size: int) -> None:
+    def __init__(
+        self,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        greedy_pick: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         self.eos_token_ids = list(eos_token_ids)
         self.vocab_size = vocab_size
+        self._greedy_pick = greedy_pick or reference_greedy_pick
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None = None
@@ -185,7 +195,7 @@ class Sampler:
         Returns:
             int64 token ids ``[rows]`` and float32 logprobs ``[rows]``.
         """
-        return _argmax_with_logprob(torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1))
+        return self._greedy_pick(logits, self.vocab_size)
 
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         # The hot path: vectorised passes over the logits and no per-row work.

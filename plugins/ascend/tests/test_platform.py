@@ -13,7 +13,7 @@ import torch
 from engine.config import CacheConfig, EngineConfig
 from engine.interfaces import AttentionBackend, BlockCache, GemmBackend, GraphCapture, KVCacheSpec
 from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.ops import OP_NAMES
+from engine.interfaces.ops import CORE_OP_NAMES
 from engine_plugin_ascend import kernel_switch, npu_kernels, reference_kernels
 from engine_plugin_ascend.block_cache import AscendBlockCache
 from engine_plugin_ascend.communicator import AscendCommunicator
@@ -76,7 +76,7 @@ def test_factories_and_memory(platform: AscendPlatform) -> None:
     cache = platform.make_block_cache(spec, 6, attention)
     assert isinstance(cache, BlockCache) and len(cache.kv_caches) == 2
     assert cache.kv_caches[0].shape == (2, 6, 128, 2, 64)
-    assert set(platform.op_overrides()) == set(OP_NAMES)
+    assert set(platform.op_overrides()) == set(CORE_OP_NAMES)
     assert 0 < platform.free_memory_bytes() <= platform.total_memory_bytes()
     assert 0 < platform.default_kv_cache_bytes() <= 1024**3
     assert platform.make_communicator().backend == "gloo"

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from engine.interfaces.gemm import RowQuantizedActivations
 from engine_plugin_nvidia.gpu_common import gemm as _common
 from engine_plugin_nvidia.gpu_common.gemm import (
     FP8_SCHEME,
@@ -63,6 +64,8 @@ class CudaGemmBackend(TorchGemmBackend):
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
+        if isinstance(x, RowQuantizedActivations):
+            return super().linear(x, weight, bias)
         if isinstance(weight, Fp8Weight) and weight.per_token_activations and x.is_cuda:
             from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
 

@@ -80,6 +80,46 @@ def test_fused_activation_quantizer_matches_torch() -> None:
 
 
 @requires_fp8
+def test_fused_fp8_producers_match_the_unfused_kernels() -> None:
+    from engine.interfaces.ops import fused_add_rms_norm_fp8 as reference_norm_fp8
+    from engine.interfaces.ops import silu_and_mul_fp8 as reference_silu_fp8
+    from engine_plugin_nvidia.triton_kernels import fp8_launchers, launchers
+
+    gen = torch.Generator().manual_seed(9)
+    fp8 = torch.float8_e4m3fn
+
+    def same_as(rows, data: torch.Tensor, scale: torch.Tensor, what: str) -> None:
+        assert rows.data.dtype == fp8 and rows.dtype == torch.bfloat16 and rows.scale.shape == scale.shape
+        torch.testing.assert_close(rows.scale, scale, rtol=2e-7, atol=0)
+        agree = (rows.data.view(torch.uint8) == data.view(torch.uint8)).float().mean().item()
+        assert agree > 0.99, f"{what}: only {agree:.4%} of the FP8 values agree"
+
+    def close_to_reference(rows, ref) -> None:
+        # the reference norm / product may round an input one bf16 step the other way, which can move
+        # its FP8 value one step: 1/8 of a normal value, or a subnormal step (2^-9 of the row's scale)
+        atol = float(ref.scale.max()) * 2.0**-8
+        torch.testing.assert_close(rows.data.float() * rows.scale, ref.data.float() * ref.scale, rtol=0.13, atol=atol)
+
+    for hidden, inter in ((4096, 14336), (200, 96)):
+        x, residual, w = ((torch.randn(*shape, generator=gen) * 2).to(torch.bfloat16).cuda()
+                          for shape in ((37, hidden), (37, hidden), (hidden,)))
+        rows, summed = fp8_launchers.fused_add_rms_norm_fp8(x, residual, w, 1e-5, fp8)
+        normed, want_sum = launchers.fused_add_rms_norm(x, residual, w, 1e-5)
+        assert torch.equal(summed, want_sum)
+        same_as(rows, *launchers.quantize_rows_fp8(normed), f"norm {hidden}")
+        ref_rows, _ = reference_norm_fp8(x, residual, w, 1e-5, fp8)
+        close_to_reference(rows, ref_rows)
+
+        gate_up = (torch.randn(37, 2 * inter, generator=gen) * 2).to(torch.bfloat16).cuda()
+        act = fp8_launchers.silu_and_mul_fp8(gate_up, fp8)
+        same_as(act, *launchers.quantize_rows_fp8(launchers.silu_and_mul(gate_up)), f"silu {inter}")
+        ref_act = reference_silu_fp8(gate_up, fp8)
+        close_to_reference(act, ref_act)
+    with pytest.raises(ValueError, match="e4m3"):
+        fp8_launchers.silu_and_mul_fp8(gate_up, torch.float8_e5m2)
+
+
+@requires_fp8
 def test_fp8_kv_cache_block_copies_and_swaps() -> None:
     from engine.interfaces.block_cache import KVCacheSpec
     from engine_plugin_nvidia.platform import CudaPlatform
@@ -137,6 +177,9 @@ def test_llm_fp8_modes_stay_close_to_bf16(tmp_path: Path, options: dict) -> None
         layer = fp8.llm_engine.model.layers[0]
         assert layer.qkv.per_token_activations and layer.down.data.dtype == torch.float8_e4m3fn
         assert fp8.llm_engine.model.lm_head.dtype == torch.bfloat16
+        # the norms and the SwiGLU product write the W8A8 products' FP8 inputs themselves
+        assert layer.qkv_fp8 == layer.gate_up_fp8 == layer.down_fp8 == torch.float8_e4m3fn
+        assert fp8.llm_engine.model.ops.silu_and_mul_fp8.__module__.endswith("fp8_launchers")
     assert all(len(t) == 6 for t in tokens)
     # FP8 rounding moves the first token's log-probabilities a little (greedy choices may flip between
     # the random model's near-ties, so they are compared as log-probabilities, not as tokens): bf16's

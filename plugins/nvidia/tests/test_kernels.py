@@ -169,6 +169,24 @@ def test_fused_ops(device, kernel_dtypes):
         assert not compare(got_q, ref_q, tol, "rotary q") and not compare(got_k, ref_k, tol, "rotary k")
 
 
+@pytest.mark.parametrize("vocab,width", [(1000, 1000), (5000, 5120)])
+def test_greedy_pick(device, vocab, width):
+    gen = torch.Generator().manual_seed(vocab)
+    dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
+    for dtype in dtypes:
+        logits = (torch.randn(6, width, generator=gen) * 5).to(dtype)
+        logits[:, vocab:] = 1e4  # padding columns: never picked, never in the sum
+        logits[3, 17] = logits[3, 4000 % vocab] = 60.0  # a tie across chunks: the first position wins
+        ids, logprobs = launchers.greedy_pick(logits.to(device), vocab)
+        raw = torch.log_softmax(logits[:, :vocab].double(), dim=-1)
+        assert ids.tolist() == raw.argmax(dim=-1).tolist() and ids[3] == min(17, 4000 % vocab)
+        want = raw.gather(1, ids.cpu()[:, None]).squeeze(1)
+        assert logprobs.dtype == torch.float32
+        torch.testing.assert_close(logprobs.cpu().double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not \\[rows"):
+        launchers.greedy_pick(torch.zeros(2, 10, device=device), 11)
+
+
 def test_decode_split_choice():
     t = KernelTuning(num_compute_units=132, max_decode_splits=32, min_keys_per_split=256)
     assert t.decode_splits(1, 8, None) == 32  # batch 1: fill the GPU

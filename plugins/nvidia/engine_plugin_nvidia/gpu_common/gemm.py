@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, GemmBackend, QuantizedWeight
+from engine.interfaces.gemm import (
+    ACTIVATIONS_KEY,
+    PER_TOKEN_ACTIVATIONS,
+    GemmBackend,
+    QuantizedWeight,
+    RowQuantizedActivations,
+)
 
 FP8_SCHEME = "fp8_e4m3"
 #: largest finite value of each e4m3 flavour
@@ -109,7 +115,16 @@ class TorchGemmBackend(GemmBackend):
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(weight, Fp8Weight):
             return fp8_linear(x, weight, bias)
+        if isinstance(x, RowQuantizedActivations):
+            x = dequantize_rows(x)
         return torch.nn.functional.linear(x, weight, bias)
+
+    def row_quantized_input(self, weight: Any) -> Any | None:
+        """The weight's FP8 dtype for a W8A8 weight (its activations take one FP8 term per row, which the
+        producing op can write itself), else None."""
+        if isinstance(weight, Fp8Weight) and weight.per_token_activations:
+            return weight.data.dtype
+        return None
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
         out_features, _ = weight.shape
@@ -181,17 +196,37 @@ def fp8_linear(
             :func:`quantize_rows` when None.
     """
     out_features, in_features = weight.shape
+    if isinstance(x, RowQuantizedActivations):
+        if not weight.per_token_activations or x.data.dtype != weight.data.dtype:
+            x = dequantize_rows(x)
+        else:
+            # quantized by the op that produced them: straight to the scaled matmul
+            y = torch._scaled_mm(
+                x.data, weight.data.t(), scale_a=x.scale, scale_b=weight.scale, out_dtype=_scaled_mm_dtype(x.data)
+            )
+            if bias is not None:
+                y = y + bias.to(y.dtype)
+            return y.to(x.dtype)
     rows = x.reshape(-1, in_features)
     m = rows.shape[0]
-    # cuBLAS's / hipBLASLt's row-wise scaled matmul writes bf16 only; the CPU path (tests) keeps fp32
-    out_dtype = torch.float32 if rows.device.type == "cpu" else torch.bfloat16
     quantizer = (quantize or quantize_rows) if weight.per_token_activations else split_quantize_rows
     # activations in the weight's flavour: scaled matmul takes one FP8 format for both operands
     quantized, scales = quantizer(rows, weight.data.dtype)
-    y = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=out_dtype)
+    y = torch._scaled_mm(quantized, weight.data.t(), scale_a=scales, scale_b=weight.scale, out_dtype=_scaled_mm_dtype(rows))
     if not weight.per_token_activations:
         # the two halves are summed in fp32
         y = y[:m].float() + y[m:].float()
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+
+def _scaled_mm_dtype(rows: torch.Tensor) -> torch.dtype:
+    # cuBLAS's / hipBLASLt's row-wise scaled matmul writes bf16 only; the CPU path (tests) keeps fp32
+    return torch.float32 if rows.device.type == "cpu" else torch.bfloat16
+
+
+def dequantize_rows(x: RowQuantizedActivations) -> torch.Tensor:
+    """The plain activations FP8 rows stand for, in their activation dtype (for a weight that cannot
+    take them quantized)."""
+    return (x.data.float() * x.scale).to(x.dtype)
