@@ -14,6 +14,7 @@ in the interpreter) and no graphs or FP8.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine.interfaces.attention import AttentionBackend
@@ -82,6 +83,17 @@ class CudaPlatform(TorchGpuPlatform):
     def device_extra(self) -> dict[str, Any]:
         major, minor = self.compute_capability()
         return {"compute_capability": f"{major}.{minor}"}
+
+    def op_overrides(self) -> dict[str, Callable[..., Any]]:
+        overrides = super().op_overrides()
+        if self.fp8_dtype():
+            # the FP8 producers of W8A8 inputs need FP8 conversions: GPUs with FP8 units only (never the
+            # interpreter, where fp8_dtype() is None); checked on an H200, so NVIDIA's platform offers them
+            from engine_plugin_nvidia.triton_kernels import fp8_launchers
+
+            overrides["fused_add_rms_norm_fp8"] = fp8_launchers.fused_add_rms_norm_fp8
+            overrides["silu_and_mul_fp8"] = fp8_launchers.silu_and_mul_fp8
+        return overrides
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_nvidia.block_cache import CudaBlockCache

@@ -254,20 +254,13 @@ class TorchGpuPlatform(Platform):
         self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
         from engine_plugin_nvidia.triton_kernels import launchers
 
-        overrides = {
+        return {
             "rms_norm": launchers.rms_norm,
             "fused_add_rms_norm": launchers.fused_add_rms_norm,
             "rotary_embedding": launchers.rotary_embedding,
             "silu_and_mul": launchers.silu_and_mul,
             "greedy_pick": launchers.greedy_pick,
         }
-        if self.fp8_dtype():
-            # FP8 conversions need the GPU's FP8 units (never the interpreter: fp8_dtype() is None there)
-            from engine_plugin_nvidia.triton_kernels import fp8_launchers
-
-            overrides["fused_add_rms_norm_fp8"] = fp8_launchers.fused_add_rms_norm_fp8
-            overrides["silu_and_mul_fp8"] = fp8_launchers.silu_and_mul_fp8
-        return overrides
 
     def make_communicator(self, world_size: int, rank: int, init_method: str) -> Any:
         """A communicator for tensor parallelism, one process per GPU (:attr:`GpuComponents.communicator`)."""
