@@ -39,6 +39,17 @@ def fused_add_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
+    y = _add_rms_norm_row(residual_out_ptr, x_ptr, residual_ptr, weight_ptr, eps, row, offs, mask,
+                          stride_x, stride_res, stride_res_out, HIDDEN)
+    tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_row(
+    residual_out_ptr, x_ptr, residual_ptr, weight_ptr, eps, row, offs, mask,
+    stride_x, stride_res, stride_res_out, HIDDEN: tl.constexpr,
+):
+    """Store row ``x + residual`` (rounded to the residual's dtype) and return its RMS norm in float32."""
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(residual_ptr + row * stride_res + offs, mask=mask, other=0.0).to(tl.float32)
     summed = (x + r).to(residual_out_ptr.dtype.element_ty)
@@ -46,7 +57,7 @@ def fused_add_rms_norm_kernel(
     s = summed.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(s * s, 0) / HIDDEN + eps)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + offs, (s * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+    return s * inv * w
 
 
 @triton.jit
@@ -141,14 +152,9 @@ def fused_add_rms_norm_fp8_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(residual_ptr + row * stride_res + offs, mask=mask, other=0.0).to(tl.float32)
-    summed = (x + r).to(residual_out_ptr.dtype.element_ty)
-    tl.store(residual_out_ptr + row * stride_res_out + offs, summed, mask=mask)
-    s = summed.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(s * s, 0) / HIDDEN + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = (s * inv * w).to(x_ptr.dtype.element_ty).to(tl.float32)
+    y = _add_rms_norm_row(residual_out_ptr, x_ptr, residual_ptr, weight_ptr, eps, row, offs, mask,
+                          stride_x, stride_res, stride_res_out, HIDDEN)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
     _store_fp8_row(out_ptr, scale_ptr, row, stride_out, offs, mask, y, FP8_MAX)
 
 
