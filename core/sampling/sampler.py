@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError
+from engine.interfaces.ops import argmax_with_logprob
 from engine.interfaces.ops import greedy_pick as reference_greedy_pick
 from engine.sampling.params import SamplingParams
 from engine.sampling.truncation import draw, truncated_probs
@@ -92,13 +93,6 @@ def greedy_result(ids_and_logprobs: torch.Tensor, top_logprobs: list | None = No
     host in one transfer (float64 holds every token id and float32 logprob exactly); ranks are 1."""
     ids, values = ids_and_logprobs.tolist()
     return SampleResult([int(t) for t in ids], values, [1] * len(ids), top_logprobs or [None] * len(ids))
-
-
-def _argmax_with_logprob(raw_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax and its logprob. (log_softmax beats logsumexp on CPU by ~4x; argmax takes the
-    first maximum, so the rank is 1.)"""
-    token_ids = raw_logprobs.argmax(dim=-1)
-    return token_ids, raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
 
 
 def _needs_processing(row: SamplingRow) -> bool:
@@ -200,7 +194,7 @@ class Sampler:
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         # The hot path: vectorised passes over the logits and no per-row work.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        token_ids, logprobs = _argmax_with_logprob(raw_logprobs)
+        token_ids, logprobs = argmax_with_logprob(raw_logprobs)
         both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
         return greedy_result(both, self._top_logprobs(raw_logprobs, rows))
 

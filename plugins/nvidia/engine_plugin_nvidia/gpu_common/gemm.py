@@ -32,6 +32,7 @@ from engine.interfaces.gemm import (
     QuantizedWeight,
     RowQuantizedActivations,
 )
+from engine.interfaces.ops import quantize_rows as reference_quantize_rows
 
 FP8_SCHEME = "fp8_e4m3"
 #: largest finite value of each e4m3 flavour
@@ -176,11 +177,10 @@ def split_quantize_rows(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn)
 
 
 def quantize_rows(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
-    """One FP8 term per row: ``[M, K]`` FP8 values and float32 ``[M, 1]`` scales (``max |row| / fp8 max``)."""
-    limit = FP8_MAX[str(fp8).removeprefix("torch.")]
-    xf = x.float()
-    scale = (xf.abs().amax(dim=1, keepdim=True) / limit).clamp_min(1e-12)
-    return (xf / scale).clamp_(-limit, limit).to(fp8), scale
+    """One FP8 term per row: ``[M, K]`` FP8 values and float32 ``[M, 1]`` scales (``max |row| / fp8 max``),
+    as the core's reference producers quantize them."""
+    rows = reference_quantize_rows(x, fp8)
+    return rows.data, rows.scale
 
 
 def fp8_linear(

@@ -120,20 +120,16 @@ def quantize_rows_fp8_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < K
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), FP8_MAX), 1.0e-12)
-    # a product by the reciprocal, as torch's GPU kernels do, not an IEEE quotient per value: that
-    # division made the kernel compute-bound at half the bandwidth (H200, 16384 x 14336: 163 against
-    # 313 us); values on an FP8 rounding midpoint (~0.04%) may round the other way
-    q = tl.minimum(tl.maximum(x * tl.div_rn(1.0, scale), -FP8_MAX), FP8_MAX)
-    tl.store(out_ptr + row * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    _store_fp8_row(out_ptr, scale_ptr, row, stride_out, offs, mask, x, FP8_MAX)
 
 
 @triton.jit
 def _store_fp8_row(out_ptr, scale_ptr, row, stride_out, offs, mask, y, FP8_MAX: tl.constexpr):
-    """Row ``y`` (float32, padding lanes zero) as FP8 with its scale ``max |y| / FP8_MAX``, as the
-    quantizer above does it."""
+    """Row ``y`` (float32, padding lanes zero) as FP8 with its scale ``max |y| / FP8_MAX``."""
     scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), FP8_MAX), 1.0e-12)
+    # a product by the reciprocal, as torch's GPU kernels do, not an IEEE quotient per value: that
+    # division made the quantizer compute-bound at half the bandwidth (H200, 16384 x 14336: 163 against
+    # 313 us); values on an FP8 rounding midpoint (~0.04%) may round the other way
     q = tl.minimum(tl.maximum(y * tl.div_rn(1.0, scale), -FP8_MAX), FP8_MAX)
     tl.store(out_ptr + row * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)

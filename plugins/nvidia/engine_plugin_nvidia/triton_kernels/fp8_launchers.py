@@ -13,7 +13,7 @@ from engine.interfaces.gemm import RowQuantizedActivations
 from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
 from engine_plugin_nvidia.triton_kernels import pdl
 from engine_plugin_nvidia.triton_kernels.launch import next_power_of_2
-from engine_plugin_nvidia.triton_kernels.launchers import fp8_row_max, rows_of
+from engine_plugin_nvidia.triton_kernels.launchers import empty_fp8_rows, rows_of
 
 
 def fused_add_rms_norm_fp8(
@@ -24,11 +24,9 @@ def fused_add_rms_norm_fp8(
     Raises:
         ValueError: for an FP8 dtype other than the two e4m3 flavours.
     """
-    limit = fp8_row_max(fp8_dtype)
     rows, res = rows_of(x), rows_of(residual)
     m, hidden = rows.shape
-    out = torch.empty((m, hidden), dtype=fp8_dtype, device=x.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    limit, out, scale = empty_fp8_rows(m, hidden, fp8_dtype, x.device)
     res_out = torch.empty_like(res)
     if m:
         block = next_power_of_2(hidden)
@@ -47,11 +45,9 @@ def silu_and_mul_fp8(x: torch.Tensor, fp8_dtype: torch.dtype) -> RowQuantizedAct
     Raises:
         ValueError: for an FP8 dtype other than the two e4m3 flavours.
     """
-    limit = fp8_row_max(fp8_dtype)
     rows = rows_of(x)
     m, d = rows.shape[0], rows.shape[1] // 2
-    out = torch.empty((m, d), dtype=fp8_dtype, device=x.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    limit, out, scale = empty_fp8_rows(m, d, fp8_dtype, x.device)
     if m:
         block = next_power_of_2(d)
         ek.silu_and_mul_fp8_kernel[(m,)](
