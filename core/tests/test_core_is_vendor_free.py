@@ -7,7 +7,7 @@ import pathlib
 import subprocess
 import sys
 
-CORE = pathlib.Path(__file__).resolve().parents[1]
+CORE = pathlib.Path(__file__).resolve().parents[1] / "engine"
 VENDOR_MODULES = {"triton", "jax", "jaxlib", "torch_npu", "pynvml", "amdsmi", "flash_attn", "flashinfer"}
 PLUGIN_MODULES = ("engine_plugin_",)
 

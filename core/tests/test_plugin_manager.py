@@ -39,12 +39,12 @@ def make_plugin_module(
     return module
 
 
-@pytest.mark.parametrize("spec", [">=1.0,<2", "~=1.0", "==1.*", ">=0.5"])
+@pytest.mark.parametrize("spec", [">=2.0,<3", "~=2.0", "==2.*", ">=1.5"])
 def test_compatible_specs_are_accepted(spec: str) -> None:
     assert check_api_compatibility("p", spec) == ""
 
 
-@pytest.mark.parametrize("spec", ["<1.0", ">=2,<3", "==0.9"])
+@pytest.mark.parametrize("spec", ["<2.0", ">=1.0,<2", "==1.9", ">=3,<4"])
 def test_incompatible_spec_message_names_plugin_and_both_versions(spec: str) -> None:
     message = check_api_compatibility("acme", spec)
     assert "'acme'" in message and spec in message and PLUGIN_API_VERSION in message
@@ -57,11 +57,11 @@ def test_missing_and_invalid_specs_are_explained() -> None:
 
 def test_incompatible_plugin_is_refused_and_the_others_keep_working() -> None:
     manager = PluginManager(load_entry_points=False)
-    good = manager.register_module(make_plugin_module("good_plugin", "good-dev", ">=1.0,<2"))
-    old = manager.register_module(make_plugin_module("old_plugin", "old-dev", ">=2.0,<3"))
+    good = manager.register_module(make_plugin_module("good_plugin", "good-dev", ">=2.0,<3"))
+    old = manager.register_module(make_plugin_module("old_plugin", "old-dev", ">=1.0,<2"))
     assert good.status == "loaded" and [p.name for p in good.platforms] == ["good-dev"]
     assert old.status == "incompatible"
-    assert "old_plugin" in old.error and ">=2.0,<3" in old.error and PLUGIN_API_VERSION in old.error
+    assert "old_plugin" in old.error and ">=1.0,<2" in old.error and PLUGIN_API_VERSION in old.error
     assert select_platform("good-dev", manager).name == "good-dev"
     with pytest.raises(DeviceNotAvailableError, match="old_plugin could not be loaded: .*plugin API"):
         select_platform("old_plugin", manager)
@@ -76,7 +76,7 @@ def test_plugin_without_api_declaration_is_refused() -> None:
 
 def test_hook_that_raises_is_reported_as_invalid() -> None:
     module = types.ModuleType("raising_plugin")
-    module.ENGINE_PLUGIN_API = ">=1.0,<2"
+    module.ENGINE_PLUGIN_API = ">=2.0,<3"
 
     @hookimpl
     def engine_register_platforms() -> list[type]:
@@ -91,7 +91,7 @@ def test_hook_that_raises_is_reported_as_invalid() -> None:
 
 def test_non_platform_return_is_invalid() -> None:
     module = types.ModuleType("bad_return_plugin")
-    module.ENGINE_PLUGIN_API = ">=1.0,<2"
+    module.ENGINE_PLUGIN_API = ">=2.0,<3"
 
     @hookimpl
     def engine_register_platforms() -> list[object]:
@@ -104,7 +104,7 @@ def test_non_platform_return_is_invalid() -> None:
 
 def test_unavailable_device_says_why() -> None:
     manager = PluginManager(load_entry_points=False)
-    manager.register_module(make_plugin_module("absent_plugin", "absent-dev", ">=1.0", available=False))
+    manager.register_module(make_plugin_module("absent_plugin", "absent-dev", ">=2.0", available=False))
     with pytest.raises(DeviceNotAvailableError, match="no such hardware in this test"):
         select_platform("absent-dev", manager)
 
@@ -126,7 +126,7 @@ def test_plugin_whose_import_raises_is_listed_with_its_error(
     )
     (tmp_path / "fine_plugin_mod.py").write_text(
         "from engine.plugins.hookspecs import hookimpl\n"
-        "ENGINE_PLUGIN_API = '>=1.0,<2'\n"
+        "ENGINE_PLUGIN_API = '>=2.0,<3'\n"
         "@hookimpl\n"
         "def engine_register_platforms():\n"
         "    from engine_plugin_sdk.reference_platform import ReferenceDevicePlatform\n"
@@ -160,8 +160,8 @@ def test_allow_and_deny_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_auto_prefers_the_highest_priority_available_platform() -> None:
     manager = PluginManager(load_entry_points=False)
-    low = make_plugin_module("low_plugin", "low-dev", ">=1.0")
-    high = make_plugin_module("high_plugin", "high-dev", ">=1.0")
+    low = make_plugin_module("low_plugin", "low-dev", ">=2.0")
+    high = make_plugin_module("high_plugin", "high-dev", ">=2.0")
     manager.register_module(low)
     manager.register_module(high)
     high_cls = manager.records[1].platforms[0]

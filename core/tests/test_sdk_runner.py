@@ -57,7 +57,7 @@ def test_summarize_folds_tests_into_capability_rows() -> None:
                 "plugin": "p",
                 "distribution": "engine-plugin-x",
                 "version": "1.2",
-                "api_spec": ">=1.0,<2",
+                "api_spec": ">=2.0,<3",
                 "capabilities": None,
             }
         ],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.plugins.hookspecs import hookimpl
 
-ENGINE_PLUGIN_API = ">=1.0,<2"
+ENGINE_PLUGIN_API = ">=2.0,<3"
 
 
 @hookimpl

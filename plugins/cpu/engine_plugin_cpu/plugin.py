@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.plugins.hookspecs import hookimpl
 
-ENGINE_PLUGIN_API = ">=1.0,<2"
+ENGINE_PLUGIN_API = ">=2.0,<3"
 
 #: environment variables that mean "the user chose the thread count; leave torch alone"
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

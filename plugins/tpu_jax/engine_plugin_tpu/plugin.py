@@ -6,7 +6,7 @@ from typing import Any
 
 from engine.plugins.hookspecs import hookimpl
 
-ENGINE_PLUGIN_API = ">=1.0,<2"
+ENGINE_PLUGIN_API = ">=2.0,<3"
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """Hook specifications a plugin module implements, grouped by lifecycle.
 
 A plugin is a module listed under the ``engine.plugins`` entry-point group. The module declares
-``ENGINE_PLUGIN_API`` (a version specifier such as ``">=1.0,<2"``) and implements some of these hooks
+``ENGINE_PLUGIN_API`` (a version specifier such as ``">=2.0,<3"``) and implements some of these hooks
 with :data:`hookimpl`. Importing the module must be cheap: vendor libraries are imported inside hooks.
 """
 

@@ -10,7 +10,7 @@ from engine.interfaces.platform import Capabilities
 from engine.plugins.hookspecs import hookimpl
 from engine_plugin_sdk.reference_platform import ReferencePlatform
 
-ENGINE_PLUGIN_API = ">=1.0,<2"
+ENGINE_PLUGIN_API = ">=2.0,<3"
 
 
 class StaleGraphCapture(GraphCapture):

@@ -10,7 +10,7 @@ from engine.plugins.hookspecs import hookimpl
 from engine_plugin_sdk.reference_backends import ReferenceGemmBackend
 from engine_plugin_sdk.reference_platform import ReferencePlatform
 
-ENGINE_PLUGIN_API = ">=1.0,<2"
+ENGINE_PLUGIN_API = ">=2.0,<3"
 
 
 class UnscaledFp8Gemm(ReferenceGemmBackend):

@@ -17,7 +17,7 @@ from engine.interfaces.platform import DetectResult, Platform
 from engine.plugins import hookspecs
 
 #: the plugin API this core implements; see docs/plugins.md for what minor and major changes mean
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "2.0"
 ENTRY_POINT_GROUP = "engine.plugins"
 
 

@@ -1,0 +1,133 @@
+"""The plugin SDK: everything a hardware or model plugin is built with, from one import.
+
+A plugin package imports ``engine_plugin_sdk`` and nothing else of the project (a test enforces it):
+
+- the contract: :class:`Platform`, :class:`Capabilities`, :class:`AttentionBackend`, :class:`GemmBackend`,
+  :class:`BlockCache`, :class:`GraphCapture`, :class:`PlatformModelRunner` and their data types;
+- the hook marker :data:`hookimpl`, the plugin API version this core implements and the range a new
+  plugin declares (:data:`DEFAULT_API_SPEC`);
+- dtype helpers (:func:`torch_dtype`, :func:`dtype_name`, :func:`as_copyable`) and the one torch block pool
+  (:class:`TorchBlockCache`);
+- the model-building blocks for model plugins (:mod:`engine_plugin_sdk.models`: the model base class,
+  :class:`ModelConfig`, layers, weight helpers, rotary tables);
+- reference implementations of every op (:mod:`engine_plugin_sdk.reference_ops`), plain backends built
+  from them (:mod:`engine_plugin_sdk.reference_backends`), the tolerance table
+  (:mod:`engine_plugin_sdk.tolerances`), random problem builders and the helpers a plugin's own tests use
+  (:mod:`engine_plugin_sdk.testing`);
+- the vendor-neutral GPU layer shared by torch + Triton plugins (:mod:`engine_plugin_sdk.gpu`, needs the
+  ``engine[gpu]`` extra);
+- :func:`scaffold_plugin`, behind ``engine plugin new``.
+
+Everything but the contract loads on first use, so ``import engine_plugin_sdk`` in a plugin's hook module
+stays cheap. See docs/plugins.md for the guide.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engine.interfaces import (
+    OP_NAMES,
+    AttentionBackend,
+    AttentionMetadata,
+    BlockCache,
+    Capabilities,
+    DetectResult,
+    EagerGraphCapture,
+    GemmBackend,
+    GraphCapture,
+    KVCacheSpec,
+    OpTable,
+    Platform,
+    QuantizedWeight,
+    reference_ops,
+)
+from engine.plugins.hookspecs import hookimpl
+from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
+    from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
+    from engine.interfaces.ops import CORE_OP_NAMES
+    from engine_plugin_sdk.dtypes import as_copyable, dtype_name, torch_dtype
+    from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
+    from engine_plugin_sdk.quant import make_quantized_weight
+    from engine_plugin_sdk.reference_platform import ReferencePlatform
+    from engine_plugin_sdk.scaffold import scaffold_plugin
+    from engine_plugin_sdk.tolerances import TOLERANCES, Tolerance, get_tolerance
+    from engine_plugin_sdk.torch_block_cache import TorchBlockCache
+
+#: the range a plugin built against this SDK declares as ``ENGINE_PLUGIN_API``
+DEFAULT_API_SPEC = ">=2.0,<3"
+
+# loaded on first use so that ``import engine_plugin_sdk`` in a plugin module stays cheap
+_LAZY = {
+    "ACTIVATIONS_KEY": "engine.interfaces.gemm",
+    "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
+    "RowQuantizedActivations": "engine.interfaces.gemm",
+    "CORE_OP_NAMES": "engine.interfaces.ops",
+    "FlatStep": "engine.interfaces.model_runner",
+    "PlatformModelRunner": "engine.interfaces.model_runner",
+    "EngineConfig": "engine.config",
+    "as_copyable": "engine_plugin_sdk.dtypes",
+    "dtype_name": "engine_plugin_sdk.dtypes",
+    "torch_dtype": "engine_plugin_sdk.dtypes",
+    "TorchBlockCache": "engine_plugin_sdk.torch_block_cache",
+    "AttentionProblem": "engine_plugin_sdk.problems",
+    "make_attention_problem": "engine_plugin_sdk.problems",
+    "make_quantized_weight": "engine_plugin_sdk.quant",
+    "ReferencePlatform": "engine_plugin_sdk.reference_platform",
+    "scaffold_plugin": "engine_plugin_sdk.scaffold",
+    "TOLERANCES": "engine_plugin_sdk.tolerances",
+    "Tolerance": "engine_plugin_sdk.tolerances",
+    "get_tolerance": "engine_plugin_sdk.tolerances",
+}
+
+__all__ = [
+    "ACTIVATIONS_KEY",
+    "CORE_OP_NAMES",
+    "DEFAULT_API_SPEC",
+    "OP_NAMES",
+    "PER_TOKEN_ACTIVATIONS",
+    "PLUGIN_API_VERSION",
+    "TOLERANCES",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "AttentionProblem",
+    "BlockCache",
+    "Capabilities",
+    "DetectResult",
+    "EagerGraphCapture",
+    "EngineConfig",
+    "FlatStep",
+    "GemmBackend",
+    "GraphCapture",
+    "KVCacheSpec",
+    "OpTable",
+    "Platform",
+    "PlatformModelRunner",
+    "QuantizedWeight",
+    "ReferencePlatform",
+    "RowQuantizedActivations",
+    "Tolerance",
+    "TorchBlockCache",
+    "as_copyable",
+    "check_api_compatibility",
+    "dtype_name",
+    "get_tolerance",
+    "hookimpl",
+    "make_attention_problem",
+    "make_quantized_weight",
+    "reference_ops",
+    "scaffold_plugin",
+    "torch_dtype",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine_plugin_sdk' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
