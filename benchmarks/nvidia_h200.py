@@ -142,7 +142,7 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     torch.cuda.synchronize()
-    from engine_plugin_nvidia.triton_kernels.variants import compiled_variants, new_variants
+    from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variants, new_variants
 
     ready = compiled_variants()
     t0 = time.perf_counter()

@@ -66,7 +66,7 @@ def gemm_table(rows_list: list[int]) -> dict[str, Any]:
 
 def decode_attention_table(num_seqs: int, context: int) -> dict[str, Any]:
     from engine_plugin_nvidia.platform import CudaPlatform
-    from engine_plugin_nvidia.triton_kernels import launchers
+    from engine_plugin_sdk.gpu.triton_kernels import launchers
 
     tuning = CudaPlatform().kernel_tuning()
     heads, kv_heads, dim, block = 32, 8, 128, 16

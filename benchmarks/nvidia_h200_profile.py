@@ -46,7 +46,7 @@ def _time_rotating(fn: Any, weights: list[torch.Tensor], x: torch.Tensor, repeat
 
 def cmd_gemv(args: argparse.Namespace) -> dict[str, dict[Any, float]]:
     """Seconds per call of cuBLAS and each Triton GEMV config, per projection (prints the best six)."""
-    from engine_plugin_nvidia.triton_kernels.launchers import gemv
+    from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
 
     print(f"{'shape':10s} {'method':22s} {'us':>8s} {'TB/s':>6s}")
     results: dict[str, dict[Any, float]] = {}
@@ -81,7 +81,7 @@ def cmd_variants(args: argparse.Namespace) -> None:
     """Batch-1 decode tok/s of the plugin's options in one process (graphs recaptured per variant): the
     KV write fused into the decode kernel, programmatic dependent launch, the Triton GEMV for wide shapes."""
     from engine_plugin_nvidia import gemm
-    from engine_plugin_nvidia.triton_kernels import pdl
+    from engine_plugin_sdk.gpu.triton_kernels import pdl
 
     sys.path.insert(0, str(Path(__file__).parent))
     from nvidia_h200 import copy_bandwidth, decode_rate, weight_bytes

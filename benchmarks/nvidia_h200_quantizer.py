@@ -37,7 +37,7 @@ def qk(out_ptr, scale_ptr, x_ptr, stride_x, stride_out, K: tl.constexpr, BLOCK: 
 
 
 def quant_table():
-    from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
+    from engine_plugin_sdk.gpu.triton_kernels.launchers import quantize_rows_fp8
     print(f"{'rows x K':14s} {'variant':24s} {'us':>8s} {'TB/s':>6s} {'mismatch':>9s}")
     for m, k in [(16384, 4096), (16384, 14336), (1008, 4096), (1008, 14336)]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

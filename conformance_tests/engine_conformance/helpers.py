@@ -9,19 +9,20 @@ import pytest
 import torch
 
 from engine.interfaces.platform import Capabilities
+from engine_plugin_sdk.dtypes import torch_dtype as sdk_torch_dtype
 from engine_plugin_sdk.tolerances import Tolerance, compare
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype for a capability dtype name.
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype for a capability dtype name, or for the dtype of a platform's array (torch, numpy, JAX).
 
     Raises:
         pytest.fail.Exception: for a name torch does not know (the claim itself is wrong).
     """
-    resolved = getattr(torch, name, None)
-    if not isinstance(resolved, torch.dtype):
-        pytest.fail(f"the platform claims dtype {name!r}, which is not a torch dtype name")
-    return resolved
+    try:
+        return sdk_torch_dtype(dtype)
+    except ValueError:
+        pytest.fail(f"the platform claims dtype {dtype!r}, which is not a torch dtype name")
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,17 +50,10 @@ def random_fill_pool(backend: AttentionBackend, pool: Any, block_size: int, head
     slots = torch.arange(NUM_BLOCKS * block_size, dtype=torch.int64)
     for layer in range(len(pool.kv_caches)):
         key, value = (torch.randn(len(slots), NUM_KV_HEADS, head_dim, generator=gen) for _ in range(2))
-        dtype = _torch_dtype_of(pool.kv_caches[layer].dtype)
+        dtype = torch_dtype(pool.kv_caches[layer].dtype)
         new = backend.write_kv(key.to(dtype), value.to(dtype), pool.kv_caches[layer], slots)
         if new is not None:
             pool.kv_caches[layer] = new
-
-
-def _torch_dtype_of(dtype: Any) -> torch.dtype:
-    """The torch dtype of the same name as a torch, numpy or JAX dtype."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return torch_dtype(getattr(dtype, "name", str(dtype)))
 
 
 @pytest.mark.capability("kv_write.{kv_cache_dtype_name}")

@@ -7,11 +7,25 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.llm import LLM
     from engine.outputs import CompletionOutput, RequestOutput
+    from engine.plugins import DeviceNotAvailableError, PluginManager, select_platform
     from engine.sampling.params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CacheConfig",
+    "CompletionOutput",
+    "DeviceNotAvailableError",
+    "EngineConfig",
+    "PluginManager",
+    "RequestOutput",
+    "SamplingParams",
+    "SchedulerConfig",
+    "__version__",
+    "select_platform",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +42,12 @@ def __getattr__(name: str) -> Any:
         from engine import outputs
 
         return getattr(outputs, name)
+    if name in ("CacheConfig", "EngineConfig", "SchedulerConfig"):
+        from engine import config
+
+        return getattr(config, name)
+    if name in ("DeviceNotAvailableError", "PluginManager", "select_platform"):
+        from engine import plugins
+
+        return getattr(plugins, name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

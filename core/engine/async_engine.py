@@ -33,7 +33,10 @@ class EngineCore(Protocol):
     max_model_len: int
     model_name: str
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None
+    ) -> None:
+        """Queue a request; ``cache_salt`` is passed only when the caller gave one."""
 
     def abort_request(self, request_id: str) -> None: ...
 
@@ -132,6 +135,7 @@ class _Add:
     params: SamplingParams
     stream: RequestStream
     accepted: asyncio.Future[None]
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -216,7 +220,7 @@ class AsyncLLMEngine:
         self._thread = None
 
     async def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None
     ) -> RequestStream:
         """Queue a request and wait until the engine accepted or refused it.
 
@@ -224,6 +228,8 @@ class AsyncLLMEngine:
             request_id: unique among requests in flight.
             prompt: text, or token ids.
             params: how to sample.
+            cache_salt: share cached prefix blocks only with requests of the same salt (None: with every
+                unsalted request).
 
         Returns:
             The request's stream of cumulative outputs.
@@ -241,7 +247,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, stream, accepted))
+        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -255,10 +261,10 @@ class AsyncLLMEngine:
         self._commands.put(_Abort(request_id))
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its cumulative outputs; aborts it if the consumer stops early."""
-        stream = await self.add_request(request_id, prompt, params)
+        stream = await self.add_request(request_id, prompt, params, cache_salt)
         try:
             async for output in stream:
                 yield output
@@ -319,8 +325,10 @@ class AsyncLLMEngine:
 
     def _apply(self, command: _Add | _Abort | _Stop) -> None:
         if isinstance(command, _Add):
+            # the salt travels only when given, so engines without prefix-cache salts still serve the rest
+            salt = {} if command.cache_salt is None else {"cache_salt": command.cache_salt}
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                self.engine.add_request(command.request_id, command.prompt, command.params, **salt)
             except Exception as exc:  # refusals travel back to the caller, who decides the HTTP status
                 self._refuse(command, exc)
                 return

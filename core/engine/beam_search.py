@@ -71,6 +71,8 @@ class BeamGroup:
     beams: list[_Beam]
     finished: list[_Hypothesis] = field(default_factory=list)
     done: bool = False
+    #: the request's prefix-cache salt, which every beam carries
+    cache_salt: str | None = None
 
 
 class BeamSearcher:
@@ -100,9 +102,17 @@ class BeamSearcher:
         self.groups: dict[str, BeamGroup] = {}
         self._beam_of: dict[int, tuple[BeamGroup, _Beam]] = {}
 
-    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: BeamSearchParams) -> None:
-        root = self._new_seq(request_id, prompt_token_ids, [], params)
-        group = BeamGroup(request_id, prompt, prompt_token_ids, params, [_Beam(root)])
+    def add(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: BeamSearchParams,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Start a beam group from its root sequence (queued in the scheduler to prefill)."""
+        root = self._new_seq(request_id, prompt_token_ids, [], params, cache_salt)
+        group = BeamGroup(request_id, prompt, prompt_token_ids, params, [_Beam(root)], cache_salt=cache_salt)
         self.groups[request_id] = group
         self._beam_of[root.seq_id] = (group, group.beams[0])
         self.scheduler.add(root)
@@ -114,7 +124,7 @@ class BeamSearcher:
         """Record a beam's candidates and park it (blocks kept) until its whole group has sampled."""
         _, beam = self._beam_of[seq.seq_id]
         beam.top = top or []
-        self.scheduler.running.remove(seq)
+        self.scheduler.park(seq)
 
     def expand_ready(self) -> list[RequestOutput]:
         """Advance every group whose beams all sampled; returns the outputs of groups that finished."""
@@ -137,10 +147,12 @@ class BeamSearcher:
 
     # --- internals ----------------------------------------------------------------------------------
 
-    def _new_seq(self, request_id: str, prompt: list[int], output: list[int], params: BeamSearchParams) -> Sequence:
+    def _new_seq(
+        self, request_id: str, prompt: list[int], output: list[int], params: BeamSearchParams, cache_salt: str | None
+    ) -> Sequence:
         return Sequence(
             seq_id=self.next_seq_id(), request_id=request_id, index=0, prompt_token_ids=prompt,
-            params=params.step_params(), arrival=self.next_arrival(), output_token_ids=output,
+            params=params.step_params(), arrival=self.next_arrival(), output_token_ids=output, cache_salt=cache_salt,
         )
 
     def _release(self, beams: list[_Beam]) -> None:
@@ -162,7 +174,7 @@ class BeamSearcher:
                 if rank < width:
                     group.finished.append(_Hypothesis(tokens, score, score / len(tokens) ** params.length_penalty))
                 continue
-            child = self._new_seq(group.request_id, group.prompt_token_ids, tokens, params)
+            child = self._new_seq(group.request_id, group.prompt_token_ids, tokens, params, group.cache_salt)
             self.block_manager.fork(parent.seq.seq_id, child.seq_id)
             child.num_computed_tokens = parent.seq.num_computed_tokens
             self.scheduler.add_running(child)

@@ -2,19 +2,27 @@
 
 Pure Python and device-free: it hands out block ids; the platform's BlockCache owns the memory behind them.
 
-Prefix caching: once a block is full, it is registered under a chained hash of (hash of the previous block,
-its token ids, an extra key such as an adapter id), so the same tokens after a different prefix never match.
-A later sequence whose prompt starts with the same blocks takes them by reference instead of computing
-them. A cached block whose last user is gone is not forgotten: it waits in an LRU list, still counted as
-free, until an allocation needs it and evicts the least recently used one. (The hash is Python's 64-bit
-tuple hash: a collision would need two different token blocks to agree on 64 bits.)
+Prefix caching: once a block is full, it is registered under a chained hash of its content: the hash of
+the previous block (a fixed root value for the first), its index, its token ids packed as little-endian
+int64, and an extra key (an adapter id, a request's cache salt), so the same tokens after a different
+prefix never match. The hash is SHA-256 (faster than BLAKE2b on this kind of CPU for a block's ~160 bytes;
+``benchmarks/prefix_hash_cost.py`` measures it), and a lookup also compares the stored content with the
+looked-up one, so even a hash collision cannot hand a sequence another prefix's KV. A later sequence whose
+prompt starts with the same blocks takes them by reference instead of computing them. A cached block
+whose last user is gone is not forgotten: it waits in an LRU list, still counted as free, until an
+allocation needs it and evicts the least recently used one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+#: the parent hash of a sequence's first block
+ROOT_HASH = bytes(32)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -35,8 +43,9 @@ class BlockAllocator:
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._ref_counts = [0] * num_blocks
-        self._hash_of: dict[int, int] = {}
-        self._block_of: dict[int, int] = {}
+        # block -> (its hash, the content it was hashed from); hash -> block
+        self._entry_of: dict[int, tuple[bytes, bytes]] = {}
+        self._block_of: dict[bytes, int] = {}
         self.num_evictions = 0
 
     @property
@@ -52,7 +61,7 @@ class BlockAllocator:
             block = self._free.popleft()
         elif self._evictable:
             block, _ = self._evictable.popitem(last=False)
-            del self._block_of[self._hash_of.pop(block)]
+            del self._block_of[self._entry_of.pop(block)[0]]
             self.num_evictions += 1
         else:
             raise NoFreeBlocksError("no free KV blocks")
@@ -70,7 +79,7 @@ class BlockAllocator:
             raise ValueError(f"block {block} freed twice")
         self._ref_counts[block] = count - 1
         if count == 1:
-            if block in self._hash_of:
+            if block in self._entry_of:
                 self._evictable[block] = None  # most recently used at the end
             else:
                 self._free.append(block)
@@ -78,9 +87,21 @@ class BlockAllocator:
     def ref_count(self, block: int) -> int:
         return self._ref_counts[block]
 
-    def lookup(self, block_hash: int) -> int | None:
-        """The block registered under ``block_hash``, if any."""
-        return self._block_of.get(block_hash)
+    def lookup(self, block_hash: bytes, content: bytes) -> int | None:
+        """The block registered under ``block_hash``, if its content is ``content``.
+
+        Args:
+            block_hash: the hash of ``content``.
+            content: what the block was hashed from (see :func:`block_content`).
+
+        Returns:
+            The block id, or None when nothing is registered under the hash or the registered block's
+            content differs (a collision: never shared).
+        """
+        block = self._block_of.get(block_hash)
+        if block is None or self._entry_of[block][1] != content:
+            return None
+        return block
 
     def acquire_cached(self, block: int) -> None:
         """Take a reference to a cached block, reviving it from the LRU list if unreferenced."""
@@ -88,17 +109,60 @@ class BlockAllocator:
             del self._evictable[block]
         self._ref_counts[block] += 1
 
-    def register(self, block: int, block_hash: int) -> None:
-        """Index a full block by its content hash; an identical block already indexed wins."""
-        if block_hash in self._block_of or block in self._hash_of:
+    def register(self, block: int, block_hash: bytes, content: bytes) -> None:
+        """Index a full block by its content hash, keeping the content to check lookups against.
+
+        A block already indexed under the same hash wins (an identical block, or, for a collision, the
+        first one: the other is then simply not cached).
+        """
+        if block_hash in self._block_of or block in self._entry_of:
             return
         self._block_of[block_hash] = block
-        self._hash_of[block] = block_hash
+        self._entry_of[block] = (block_hash, content)
 
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...], extra_key: object = None) -> int:
-    """The prefix-cache key of a full block: it depends on every token before it."""
-    return hash((parent, tokens, extra_key))
+def encode_extra_key(extra_key: object) -> bytes:
+    """A deterministic, unambiguous byte form of a block's extra key (empty for None).
+
+    Args:
+        extra_key: None, a str, bytes, an int, or a tuple of these (nested tuples allowed).
+
+    Raises:
+        TypeError: for any other type (its hash would not be stable across processes).
+    """
+    return b"" if extra_key is None else _encode_key_part(extra_key)
+
+
+def _encode_key_part(part: object) -> bytes:
+    # A type tag and a length before each value, so that no two different keys give the same bytes.
+    if part is None:
+        return b"n"
+    if isinstance(part, tuple):
+        return b"t" + len(part).to_bytes(8, "little") + b"".join(_encode_key_part(p) for p in part)
+    if isinstance(part, str):
+        tag, data = b"s", part.encode("utf-8")
+    elif isinstance(part, bytes):
+        tag, data = b"b", part
+    elif isinstance(part, int) and not isinstance(part, bool):
+        tag, data = b"i", str(part).encode("ascii")
+    else:
+        raise TypeError(f"a prefix-cache extra key must be str, bytes, int, None or a tuple of them, got {type(part).__name__}")
+    return tag + len(data).to_bytes(8, "little") + data
+
+
+def block_content(parent_hash: bytes, index: int, packed_tokens: bytes, extra_key_bytes: bytes) -> bytes:
+    """What a full block is hashed from and checked against: parent hash, position, token ids, extra key.
+
+    The block's index in its sequence is implied by the chain; it is spelled out so that the content
+    check alone keeps a block from being reused at another position, whatever the hash does. The
+    parent hash, the index and the packed tokens have fixed sizes, so the concatenation is unambiguous.
+    """
+    return parent_hash + index.to_bytes(8, "little") + packed_tokens + extra_key_bytes
+
+
+def content_hash(content: bytes) -> bytes:
+    """The prefix-cache key of a block's content (SHA-256)."""
+    return hashlib.sha256(content).digest()
 
 
 @dataclass(slots=True)
@@ -127,8 +191,10 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.allocator = BlockAllocator(num_blocks)
         self.block_tables: dict[int, list[int]] = {}
-        self._hashes: dict[int, list[int]] = {}
+        self._hashes: dict[int, list[bytes]] = {}
         self.prefix_stats = PrefixCacheStats()
+        # a full block's token ids as little-endian int64 (fixed width, whatever the platform)
+        self._pack_tokens = struct.Struct(f"<{block_size}q").pack
 
     @property
     def num_total_blocks(self) -> int:
@@ -228,6 +294,12 @@ class BlockManager:
         At least one token is always left uncomputed, so the step that finishes the prompt has a row
         to sample from.
 
+        Args:
+            seq_id: the sequence, which must hold no blocks yet (else nothing is matched).
+            token_ids: its tokens.
+            extra_key: what else the KV depends on (see :func:`encode_extra_key`): only blocks registered
+                with an equal key are shared (a request's cache salt keeps its blocks to its peers).
+
         Returns:
             How many leading tokens are already in the cache (a multiple of the block size).
         """
@@ -235,12 +307,14 @@ class BlockManager:
             return 0
         bs = self.block_size
         max_blocks = (len(token_ids) - 1) // bs
-        parent: int | None = None
-        hashes: list[int] = []
+        extra = encode_extra_key(extra_key)
+        parent = ROOT_HASH
+        hashes: list[bytes] = []
         blocks: list[int] = []
         for j in range(max_blocks):
-            h = chain_hash(parent, tuple(token_ids[j * bs : (j + 1) * bs]), extra_key)
-            block = self.allocator.lookup(h)
+            content = block_content(parent, j, self._pack_tokens(*token_ids[j * bs : (j + 1) * bs]), extra)
+            h = content_hash(content)
+            block = self.allocator.lookup(h, content)
             if block is None:
                 break
             self.allocator.acquire_cached(block)
@@ -261,6 +335,7 @@ class BlockManager:
 
         Args:
             token_slice: returns the sequence's tokens ``[start, end)``.
+            extra_key: the key the sequence matched its prefix with (see :meth:`match_prefix`).
         """
         if not self.enable_prefix_caching:
             return
@@ -268,9 +343,13 @@ class BlockManager:
         hashes = self._hashes.setdefault(seq_id, [])
         table = self.block_tables[seq_id]
         full = min(num_computed // bs, len(table))
-        parent = hashes[-1] if hashes else None
+        if len(hashes) >= full:
+            return  # the common decode step: no block became full
+        extra = encode_extra_key(extra_key)
+        parent = hashes[-1] if hashes else ROOT_HASH
         for j in range(len(hashes), full):
-            h = chain_hash(parent, tuple(token_slice(j * bs, (j + 1) * bs)), extra_key)
-            self.allocator.register(table[j], h)
+            content = block_content(parent, j, self._pack_tokens(*token_slice(j * bs, (j + 1) * bs)), extra)
+            h = content_hash(content)
+            self.allocator.register(table[j], h, content)
             hashes.append(h)
             parent = h

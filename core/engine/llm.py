@@ -68,6 +68,7 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """Complete each prompt; outputs come back in prompt order.
 
@@ -76,6 +77,8 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt; default ``SamplingParams()``.
             use_tqdm: show a progress bar.
             priority: per prompt, lower runs first (default all 0: first come, first served).
+            cache_salt: the prompts share cached prefix blocks only with requests of the same salt
+                (default None: with every unsalted request).
 
         Raises:
             InvalidRequestError: for a bad prompt or settings; raised before any prompt runs.
@@ -94,7 +97,7 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-        return self._run(prompts, params_list, use_tqdm, priorities)
+        return self._run(prompts, params_list, use_tqdm, priorities, cache_salt)
 
     def chat(
         self,
@@ -102,14 +105,23 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
-        """Reply to one conversation or a batch of them, using the model's chat template."""
+        """Reply to one conversation or a batch of them, using the model's chat template.
+
+        Args:
+            messages: one conversation (a list of ``{"role", "content"}`` dicts) or a list of them.
+            sampling_params: one for all conversations, or one per conversation.
+            use_tqdm: show a progress bar.
+            add_generation_prompt: end the rendered prompt with the assistant's turn.
+            cache_salt: see :meth:`generate`.
+        """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (or a list of such lists)")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in conversations]
         token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(token_prompts, sampling_params, use_tqdm)
+        return self.generate(token_prompts, sampling_params, use_tqdm, cache_salt=cache_salt)
 
     def beam_search(
         self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None,
@@ -123,16 +135,23 @@ class LLM:
         return self._run(prompts, [params or BeamSearchParams()] * len(prompts), use_tqdm)
 
     def _run(
-        self, prompts: list[Any], params_list: list[SamplingParams] | list[BeamSearchParams], use_tqdm: bool, priorities: list[int] | None = None
+        self,
+        prompts: list[Any],
+        params_list: list[SamplingParams] | list[BeamSearchParams],
+        use_tqdm: bool,
+        priorities: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
-            engine.validate_request(prompt, params.step_params() if isinstance(params, BeamSearchParams) else params)
+            engine.validate_request(
+                prompt, params.step_params() if isinstance(params, BeamSearchParams) else params, cache_salt
+            )
         ids = []
         try:
             for prompt, params, prio in zip(prompts, params_list, priorities or [0] * len(prompts)):
                 rid = f"offline-{next(self._counter)}"
-                engine.add_request(rid, prompt, params, priority=prio, final_only=True)
+                engine.add_request(rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -198,6 +199,7 @@ class ModelRunner:
         generator: torch.Generator | None,
         previous: LaunchedStep | None = None,
         overlap: bool = False,
+        generator_of: Callable[[Sequence], torch.Generator | None] | None = None,
     ) -> LaunchedStep:
         """Issue the step to the device.
 
@@ -207,6 +209,8 @@ class ModelRunner:
             previous: the overlapped step still in flight, whose device tokens feed this step's rows.
             overlap: allow leaving the sampled tokens on the device (when every row samples greedily
                 without host-side processing); otherwise the step is read back before returning.
+            generator_of: a sequence's own generator (its request has a seed) or None; None: no
+                sequence has one.
 
         Returns:
             The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
@@ -234,7 +238,8 @@ class ModelRunner:
                 return LaunchedStep([])
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         targets = inputs.sample_targets
-        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in targets]
+        own = generator_of or _no_generator
+        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
         if overlap and self._can_overlap(targets, rows):
             token_ids, logprobs = self.sampler.greedy_on_device(logits)
             both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
@@ -268,6 +273,10 @@ class ModelRunner:
     def _platform_logits(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
         step = FlatStep.from_step_tensors(inputs.input_ids, inputs.positions, inputs.metadata, logits_indices)
         return self.model.compute_logits(step, self.block_cache)
+
+
+def _no_generator(seq: Sequence) -> None:
+    return None
 
 
 def _copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:

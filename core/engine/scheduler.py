@@ -12,6 +12,7 @@ level every ``priority_aging_steps`` steps, so none starves.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockAllocator, BlockManager
@@ -53,8 +54,106 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class Scheduler:
-    """Chooses the work of each step.
+class SchedulerInterface(abc.ABC):
+    """The contract between the engine and a scheduler.
+
+    One thread (the engine's) calls every method. A sequence is in at most one of the scheduler's sets
+    at a time (waiting, running, swapped), or in none: finished, or parked by its owner (beam search).
+    Per step the engine calls :meth:`schedule`, runs the step, then :meth:`advance`; between steps it
+    adds, parks and removes sequences. The scheduler owns ``seq.status`` and ``seq.num_computed_tokens``
+    of the sequences it holds, and the block tables of the shared block manager; it never reads or writes
+    a sequence's output state (text, logprobs, finish reason) and never appends tokens.
+    """
+
+    @abc.abstractmethod
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence to be admitted (prefilled) by a later :meth:`schedule`.
+
+        Called by the engine for a new request's first sequence and by beam search for a group's root;
+        also by the scheduler itself to requeue a sequence preempted by recomputation.
+
+        Pre: ``seq`` is in none of the scheduler's sets, holds no blocks and has
+        ``num_computed_tokens == 0`` (its cached prefix is looked up when it is admitted).
+        Post: ``seq.status`` is WAITING and ``seq`` is waiting; its age counts from the current step.
+        """
+
+    @abc.abstractmethod
+    def add_running(self, seq: Sequence) -> None:
+        """Put a sequence whose KV is already in its block table straight into the running set.
+
+        Called for a fork: an ``n > 1`` request's siblings once the first sequence prefilled, and a
+        beam's children.
+
+        Pre: ``seq`` is in none of the scheduler's sets; its block table covers
+        ``seq.num_computed_tokens`` tokens (the caller forked it in the block manager).
+        Post: ``seq.status`` is RUNNING and ``seq`` runs from the next :meth:`schedule`; nothing is
+        allocated now.
+        """
+
+    @abc.abstractmethod
+    def park(self, seq: Sequence) -> None:
+        """Take a running sequence out of the running set, keeping its blocks.
+
+        Called by beam search once a beam sampled, to hold it until its whole group has sampled; the
+        owner later forks it and calls :meth:`remove`.
+
+        Pre: ``seq`` is running.
+        Post: ``seq`` is in none of the scheduler's sets; its status and block table are unchanged.
+        """
+
+    @abc.abstractmethod
+    def remove(self, seq: Sequence) -> None:
+        """Drop a sequence from whichever set holds it and free its device and host blocks.
+
+        Called by the engine when a sequence finishes or its request is aborted, and by beam search
+        for beams it ends. Idempotent; a sequence in no set (parked, or never scheduled) only has its
+        blocks freed.
+
+        Post: ``seq`` is in none of the scheduler's sets and holds no blocks. ``seq.status`` is left to
+        the caller (who marks it FINISHED).
+        """
+
+    @abc.abstractmethod
+    def schedule(self) -> SchedulerOutput:
+        """Choose the tokens of the next step and make room for them.
+
+        Called by the engine once per step, before the step runs.
+
+        May mutate: the sets (admitting, preempting, swapping), the scheduled sequences' status and
+        ``num_computed_tokens`` (a cached prefix taken on admission, or reset by preemption), the block
+        tables (growth, copy-on-write copies, frees of preempted sequences). It never changes token ids.
+
+        Returns:
+            The scheduled ``(sequence, num_new_tokens)`` rows, each starting at the sequence's
+            ``num_computed_tokens``, within the token budget and the sequence limit, with every block
+            their KV is written to allocated and private; and the block copies and swaps the runner must
+            make before the forward, in the order swap-out, copy, swap-in.
+        """
+
+    @abc.abstractmethod
+    def advance(self, output: SchedulerOutput) -> None:
+        """Record that a step's scheduled tokens are in the KV cache.
+
+        Called by the engine after the step of ``output`` was issued, and after the tokens sampled by
+        the step before were appended (so every full block's token ids are final).
+
+        Pre: ``output`` is the latest :meth:`schedule` result.
+        Post: each scheduled sequence not finished meanwhile has ``num_computed_tokens`` raised by its
+        row's token count, and its newly full blocks are indexed in the prefix cache.
+        """
+
+    @property
+    @abc.abstractmethod
+    def num_waiting(self) -> int:
+        """Sequences waiting to be admitted (the engine's queue limit counts them)."""
+
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """Whether any sequence is waiting, running or swapped out."""
+
+
+class Scheduler(SchedulerInterface):
+    """Chooses the work of each step (see :class:`SchedulerInterface` for the contract).
 
     Args:
         config: token budget, sequence limit, aging, preemption mode.
@@ -78,24 +177,31 @@ class Scheduler:
         self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
+        """See :meth:`SchedulerInterface.add`."""
         seq.status = SequenceStatus.WAITING
         seq.enqueued_step = self.num_steps
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
-        """Put a sequence whose KV is already in its block table straight into the running set (a fork)."""
+        """See :meth:`SchedulerInterface.add_running`."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
+    def park(self, seq: Sequence) -> None:
+        """See :meth:`SchedulerInterface.park`."""
+        self.running.remove(seq)
+
     @property
     def num_waiting(self) -> int:
+        """See :attr:`SchedulerInterface.num_waiting`."""
         return len(self.waiting)
 
     def has_work(self) -> bool:
+        """See :meth:`SchedulerInterface.has_work`."""
         return bool(self.waiting or self.running or self.swapped)
 
     def remove(self, seq: Sequence) -> None:
-        """Drop a sequence from whichever queue holds it and free its blocks (finish or abort)."""
+        """See :meth:`SchedulerInterface.remove`."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -115,6 +221,8 @@ class Scheduler:
         return (seq.priority - waited / self.config.priority_aging_steps, seq.arrival)
 
     def schedule(self) -> SchedulerOutput:
+        """See :meth:`SchedulerInterface.schedule`: running sequences first (decodes before prefill
+        chunks), then swapped-out ones coming back, then waiting ones by aged priority."""
         self.num_steps += 1
         out = SchedulerOutput()
         bm = self.block_manager
@@ -158,7 +266,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_computed_tokens == 0:
-                seq.num_computed_tokens = bm.match_prefix(seq.seq_id, seq.token_slice(0, seq.num_tokens))
+                seq.num_computed_tokens = bm.match_prefix(
+                    seq.seq_id, seq.token_slice(0, seq.num_tokens), seq.cache_salt
+                )
             n = min(seq.num_uncomputed_tokens, budget)
             target = seq.num_computed_tokens + n
             # Keep one block per running sequence spare so admitting a prompt does not immediately force
@@ -222,11 +332,11 @@ class Scheduler:
         return budget
 
     def advance(self, output: SchedulerOutput) -> None:
-        """Record that the scheduled tokens were computed, and index blocks that became full."""
+        """See :meth:`SchedulerInterface.advance`."""
         bm = self.block_manager
         for item in output.scheduled:
             seq = item.seq
             if seq.status is SequenceStatus.FINISHED:
                 continue  # finished by the tokens of the step before (overlapped): its blocks are gone
             seq.num_computed_tokens += item.num_new_tokens
-            bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens)
+            bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens, seq.cache_salt)

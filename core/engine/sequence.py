@@ -1,10 +1,13 @@
-"""Request and sequence state: what the scheduler moves between queues and the runner feeds the model."""
+"""Request and sequence state: what the scheduler moves between queues and the runner feeds the model.
+
+What a sequence's output looks like (text, logprobs, finish reason) is not here: output processing keeps
+it apart (``engine.output.state.SequenceOutputState``).
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.sampling.params import SamplingParams
 
@@ -33,6 +36,8 @@ class Sequence:
         num_computed_tokens: leading tokens whose KV is in the cache.
         arrival: monotonically increasing admission order (lower is older, scheduled first).
         priority: lower runs first (0 by default); ties go to the older sequence.
+        cache_salt: the request's prefix-cache salt: cached blocks are shared only between sequences
+            with equal salts (None: shared with every unsalted sequence).
     """
 
     seq_id: int
@@ -42,6 +47,7 @@ class Sequence:
     params: SamplingParams
     arrival: int
     priority: int = 0
+    cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     enqueued_step: int = 0
@@ -49,17 +55,6 @@ class Sequence:
     pending_forks: list[Sequence] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
-    # Per-sequence sampling and output state, owned by the engine.
-    generator: Any = None
-    detokenizer: Any = None
-    stop_checker: Any = None
-    #: text is decoded once when the sequence finishes, not per token (final-only request, no stop strings)
-    defer_text: bool = False
-    text: str = ""
-    cumulative_logprob: float = 0.0
-    logprobs: list[dict[int, Any]] | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
 
     @property
     def num_tokens(self) -> int:

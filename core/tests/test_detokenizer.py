@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.sampling.detokenizer import IncrementalDetokenizer
+from engine.output.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, block_manager
+from engine.beam_search import BeamSearchParams
 from engine.block_manager import BlockManager
+from engine.errors import InvalidRequestError
 from engine_test_utils import assert_all_blocks_free
 
 
@@ -136,3 +138,110 @@ def test_n4_shares_prompt_blocks_and_matches_separate_requests(llm_pair):
     )
     assert [c.token_ids for c in together.outputs] == [o.outputs[0].token_ids for o in apart]
     assert_all_blocks_free(off)
+
+
+# --- collision safety and cache salts ----------------------------------------------------------------
+
+
+def fill_keyed(bm: BlockManager, seq_id: int, toks: list[int], key: object) -> int:
+    cached = bm.match_prefix(seq_id, toks, key)
+    bm.allocate(seq_id, len(toks))
+    bm.register_computed(seq_id, lambda a, b: toks[a:b], len(toks), key)
+    return cached
+
+
+@pytest.fixture
+def colliding_hash(monkeypatch):
+    """Every block hashes to the same value: only the content check keeps blocks apart."""
+    monkeypatch.setattr(block_manager, "content_hash", lambda content: b"\x00" * 32)
+
+
+def test_a_hash_collision_never_shares_blocks_whose_tokens_differ(colliding_hash):
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    a = tokens(9, 100)
+    assert fill(bm, 0, a) == 0
+    # the first block indexed holds the one hash every block now has; a different first block must miss
+    assert bm.match_prefix(1, tokens(9, 500)) == 0
+    assert 1 not in bm.block_tables
+    # the same first block hits; the second one collides with it but its content (parent, tokens) differs
+    assert bm.match_prefix(2, a) == 4
+    assert bm.block_tables[2] == [0]
+    # same tokens as the indexed block, but at a later position (another parent): never shared
+    repeated = a[:4] + a[:4] + [1]
+    bm.free(2)
+    assert bm.match_prefix(3, repeated) == 4
+    assert bm.block_tables[3] == [0]
+
+
+def test_different_salts_never_share_and_equal_salts_do():
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    a = tokens(9)
+    assert fill_keyed(bm, 0, a, "tenant-a") == 0
+    assert bm.match_prefix(1, a, "tenant-b") == 0
+    assert bm.match_prefix(2, a) == 0  # unsalted requests do not see salted blocks either
+    assert bm.match_prefix(3, a, "tenant-a") == 8
+    assert fill_keyed(bm, 4, a, None) == 0
+    assert bm.match_prefix(5, a) == 8  # and unsalted ones share among themselves as before
+
+
+def test_extra_keys_are_encoded_unambiguously():
+    keys = [None, "", "1", b"1", 1, ("a", None), (None, "a"), ("a",), (("a",),), ("ab",), ("a", "b")]
+    encoded = [block_manager.encode_extra_key(k) for k in keys]
+    assert len(set(encoded)) == len(encoded)
+    assert block_manager.encode_extra_key(("x", 3)) == block_manager.encode_extra_key(("x", 3))
+    with pytest.raises(TypeError):
+        block_manager.encode_extra_key(1.5)
+
+
+def test_generation_stays_correct_under_forced_collisions(llm_pair, colliding_hash):
+    on, off = llm_pair
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    # different first blocks, all hashing alike: a lookup trusting the hash would hand each prompt the
+    # first prompt's KV
+    prompts = [SYSTEM + "Where is Peru?", "Completely different words open this prompt. " * 4, SYSTEM + "Name a river."]
+    got = [on.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    want = [o.outputs[0].token_ids for o in off.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert_all_blocks_free(on)
+
+
+def test_cache_salt_isolates_requests_end_to_end(llm_pair):
+    on, off = llm_pair
+    stats = on.llm_engine.block_manager.prefix_stats
+    prompt = "A salted prompt that fills several KV blocks before the question starts. " * 3 + "Why?"
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    want = off.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    runs = []
+    for salt in ("alpha", "beta", None, "alpha"):
+        before = stats.hit_tokens
+        out = on.generate(prompt, params, use_tqdm=False, cache_salt=salt)[0].outputs[0].token_ids
+        runs.append((out, stats.hit_tokens - before))
+    assert [tokens for tokens, _ in runs] == [want] * 4
+    assert [hits for _, hits in runs][:3] == [0, 0, 0]  # first alpha, first beta, first unsalted
+    assert runs[3][1] > 0  # alpha again: its own blocks
+    assert_all_blocks_free(on)
+
+
+def test_salted_forks_and_beams_still_work(llm_pair):
+    on, _ = llm_pair
+    prompt = SYSTEM + "Tell me a story."
+    n_params = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+    salted = on.generate(prompt, n_params, use_tqdm=False, cache_salt="forks")[0]
+    plain = on.generate(prompt, n_params, use_tqdm=False)[0]
+    assert [c.token_ids for c in salted.outputs] == [c.token_ids for c in plain.outputs]
+    engine = on.llm_engine
+    beam = BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True)
+    engine.add_request("salted-beams", prompt, beam, cache_salt="beams")
+    outs = []
+    while engine.has_unfinished_requests():
+        outs.extend(engine.step())
+    assert [c.token_ids for c in outs[-1].outputs] == [c.token_ids for c in on.beam_search(prompt, beam)[0].outputs]
+    assert_all_blocks_free(on)
+
+
+def test_an_empty_cache_salt_is_refused(llm_pair):
+    on, _ = llm_pair
+    with pytest.raises(InvalidRequestError, match="cache_salt") as info:
+        on.generate("hello", SamplingParams(max_tokens=2), use_tqdm=False, cache_salt="")
+    assert info.value.param == "cache_salt"
+    assert_all_blocks_free(on)

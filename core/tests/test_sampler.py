@@ -8,13 +8,9 @@ import pytest
 import torch
 
 from engine.errors import InvalidRequestError
+from engine.input_processor import check_params_against_vocab
 from engine.sampling.params import SamplingParams
-from engine.sampling.sampler import (
-    Sampler,
-    SamplingRow,
-    check_params_against_vocab,
-    make_generator,
-)
+from engine.sampling.sampler import Sampler, SamplingRow, make_generator
 
 
 def row(

@@ -289,6 +289,45 @@ def test_engine_stats_expose_scheduler_counters(client, model, server):
     assert stats["prefix_cache_hit_tokens"] > 0
 
 
+def test_cache_salt_keeps_prefix_caches_apart(client, model, server):
+    prompt = "A salted prompt, long enough to fill a few KV blocks before the question begins. " * 3 + "Why?"
+
+    def hits_of(salt: str | None, chat: bool = False) -> tuple[str, int]:
+        before = httpx.get(f"{server.base_url}/v1/engine/stats", timeout=10).json()["scheduler"]["prefix_cache_hit_tokens"]
+        extra = {"cache_salt": salt} if salt is not None else {}
+        if chat:
+            messages = [{"role": "user", "content": prompt}]
+            text = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=4, temperature=0, extra_body=extra
+            ).choices[0].message.content
+        else:
+            text = client.completions.create(
+                model=model, prompt=prompt, max_tokens=4, temperature=0, extra_body=extra
+            ).choices[0].text
+        after = httpx.get(f"{server.base_url}/v1/engine/stats", timeout=10).json()["scheduler"]["prefix_cache_hit_tokens"]
+        return text, after - before
+
+    first, first_hits = hits_of("tenant-a")
+    other, other_hits = hits_of("tenant-b")
+    plain, plain_hits = hits_of(None)
+    again, again_hits = hits_of("tenant-a")
+    assert first_hits == other_hits == plain_hits == 0  # nobody sees another salt's blocks
+    assert again_hits > 0  # the same salt shares as before
+    assert first == other == plain == again
+    _, chat_hits = hits_of("tenant-c", chat=True)
+    _, chat_again_hits = hits_of("tenant-c", chat=True)
+    assert chat_hits == 0 and chat_again_hits > 0
+    for path, body in (
+        ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "cache_salt": ""}),
+        ("/v1/chat/completions", {"model": model, "messages": QUESTION, "max_tokens": 2, "cache_salt": ""}),
+        ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2, "cache_salt": 7}),
+    ):
+        response = httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "cache_salt"
+    wait_all_blocks_free(server)
+
+
 # Last: it stops the module's server.
 def test_sigint_finishes_in_flight_request_and_exits_0(server, model):
     received: list[str] = []

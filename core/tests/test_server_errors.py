@@ -92,6 +92,10 @@ HOSTILE: list[tuple[str, str, bytes | dict | list | None, int, str | None]] = [
     ("prompt of wrong type", COMP, {"prompt": {"text": "hi"}}, 400, "prompt"),
     ("completion logprobs too large", COMP, {"prompt": "hi", "logprobs": 99}, 400, "logprobs"),
     ("suffix unsupported", COMP, {"prompt": "hi", "suffix": "bye"}, 400, "suffix"),
+    ("empty cache_salt", COMP, {"prompt": "hi", "cache_salt": ""}, 400, "cache_salt"),
+    ("empty chat cache_salt", CHAT, {"messages": MSGS, "cache_salt": ""}, 400, "cache_salt"),
+    ("cache_salt not a string", CHAT, {"messages": MSGS, "cache_salt": 5}, 400, "cache_salt"),
+    ("beam search with an empty cache_salt", COMP, {"prompt": "hi", "n": 2, "use_beam_search": True, "cache_salt": ""}, 400, "cache_salt"),
     ("detokenize out of vocab", "/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("tokenize with neither prompt nor messages", "/tokenize", {}, 400, None),
 ]

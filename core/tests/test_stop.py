@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from engine.output.stop import StopChecker, StopDecision
 from engine.sampling.params import SamplingParams
-from engine.sampling.stop import StopChecker, StopDecision
 
 EOS = 2
 

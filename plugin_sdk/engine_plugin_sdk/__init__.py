@@ -9,7 +9,7 @@ A plugin package imports ``engine_plugin_sdk`` and nothing else of the project (
 - dtype helpers (:func:`torch_dtype`, :func:`dtype_name`, :func:`as_copyable`) and the one torch block pool
   (:class:`TorchBlockCache`);
 - the model-building blocks for model plugins (:mod:`engine_plugin_sdk.models`: the model base class,
-  :class:`ModelConfig`, layers, weight helpers, rotary tables);
+  :class:`ModelConfig`, weight helpers, rotary tables, the core's Llama family to subclass);
 - reference implementations of every op (:mod:`engine_plugin_sdk.reference_ops`), plain backends built
   from them (:mod:`engine_plugin_sdk.reference_backends`), the tolerance table
   (:mod:`engine_plugin_sdk.tolerances`), random problem builders and the helpers a plugin's own tests use
@@ -41,8 +41,10 @@ from engine.interfaces import (
     OpTable,
     Platform,
     QuantizedWeight,
-    reference_ops,
 )
+
+# the core's torch ops as an OpTable; not ``reference_ops``, which names the float64 reference module
+from engine.interfaces import reference_ops as reference_op_table
 from engine.plugins.hookspecs import hookimpl
 from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
-    from engine.interfaces.ops import CORE_OP_NAMES
+    from engine.interfaces.ops import CORE_OP_NAMES, silu_and_mul
     from engine_plugin_sdk.dtypes import as_copyable, dtype_name, torch_dtype
     from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
     from engine_plugin_sdk.quant import make_quantized_weight
@@ -68,6 +70,8 @@ _LAZY = {
     "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
     "RowQuantizedActivations": "engine.interfaces.gemm",
     "CORE_OP_NAMES": "engine.interfaces.ops",
+    # the core's torch op, for a plugin kernel's fallback
+    "silu_and_mul": "engine.interfaces.ops",
     "FlatStep": "engine.interfaces.model_runner",
     "PlatformModelRunner": "engine.interfaces.model_runner",
     "EngineConfig": "engine.config",
@@ -120,8 +124,9 @@ __all__ = [
     "hookimpl",
     "make_attention_problem",
     "make_quantized_weight",
-    "reference_ops",
+    "reference_op_table",
     "scaffold_plugin",
+    "silu_and_mul",
     "torch_dtype",
 ]
 

@@ -5,7 +5,7 @@ one piece at a time with its own kernels, re-running conformance after each step
 device, in float32 or narrower dtypes, with every attention feature.
 
 Cache layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys, then
-values).
+values); the block pool is :class:`~engine_plugin_sdk.torch_block_cache.TorchBlockCache`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine_plugin_sdk.torch_block_cache import TorchBlockCache
 
 #: the dim of the reference cache layout that indexes blocks
 BLOCK_DIM = 1
@@ -104,74 +104,5 @@ class ReferenceGemmBackend(GemmBackend):
         return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
-class ReferenceBlockCache(BlockCache):
-    """Per-layer cache tensors on one torch device, host copies for swapping.
-
-    Args:
-        spec: cache geometry; ``spec.dtype`` is a torch dtype.
-        num_blocks: device blocks.
-        attention: fixes each layer's tensor shape.
-        device: torch device of the pool.
-        num_host_blocks: host blocks for swapping (default: as many as on the device).
-        block_dim: which dim of the attention backend's layout indexes blocks.
-    """
-
-    supports_swap = True
-
-    def __init__(
-        self,
-        spec: KVCacheSpec,
-        num_blocks: int,
-        attention: AttentionBackend,
-        device: Any = "cpu",
-        num_host_blocks: int | None = None,
-        block_dim: int = BLOCK_DIM,
-    ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
-        self.spec = spec
-        self.num_blocks = num_blocks
-        self.block_dim = block_dim
-        shape = attention.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)]
-        self._num_host_blocks = num_host_blocks or num_blocks
-        self._host_caches: list[torch.Tensor] | None = None
-
-    def _host(self) -> list[torch.Tensor]:
-        # allocated on first swap: most runs never preempt by swapping
-        if self._host_caches is None:
-            self._host_caches = []
-            for cache in self.kv_caches:
-                shape = list(cache.shape)
-                shape[self.block_dim] = self._num_host_blocks
-                self._host_caches.append(torch.zeros(shape, dtype=cache.dtype, device="cpu"))
-        return self._host_caches
-
-    @staticmethod
-    def _split(pairs: list[tuple[int, int]], device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=device)
-        dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=device)
-        return src, dst
-
-    def copy_blocks(self, src_to_dst: list[tuple[int, int]]) -> None:
-        if not src_to_dst:
-            return
-        for cache in self.kv_caches:
-            src, dst = self._split(src_to_dst, cache.device)
-            cache.index_copy_(self.block_dim, dst, cache.index_select(self.block_dim, src))
-
-    def swap_out(self, device_to_host: list[tuple[int, int]]) -> None:
-        if not device_to_host:
-            return
-        for cache, host in zip(self.kv_caches, self._host(), strict=True):
-            src, _ = self._split(device_to_host, cache.device)
-            _, dst = self._split(device_to_host, "cpu")
-            host.index_copy_(self.block_dim, dst, cache.index_select(self.block_dim, src).cpu())
-
-    def swap_in(self, host_to_device: list[tuple[int, int]]) -> None:
-        if not host_to_device:
-            return
-        for cache, host in zip(self.kv_caches, self._host(), strict=True):
-            src, _ = self._split(host_to_device, "cpu")
-            _, dst = self._split(host_to_device, cache.device)
-            cache.index_copy_(self.block_dim, dst, host.index_select(self.block_dim, src).to(cache.device))
+#: the reference platform's block pool is the SDK's one torch pool (the name is kept for plugins that use it)
+ReferenceBlockCache = TorchBlockCache

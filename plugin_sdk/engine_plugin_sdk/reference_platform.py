@@ -70,9 +70,9 @@ class ReferencePlatform(Platform):
         return ReferenceGemmBackend()
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
-        from engine_plugin_sdk.reference_backends import ReferenceBlockCache
+        from engine_plugin_sdk.torch_block_cache import TorchBlockCache
 
-        return ReferenceBlockCache(spec, num_blocks, attention, device=self.torch_device_type)
+        return TorchBlockCache(spec, num_blocks, attention, device=self.torch_device_type)
 
 
 class ReferenceDevicePlatform(ReferencePlatform):

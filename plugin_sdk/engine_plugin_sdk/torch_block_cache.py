@@ -24,8 +24,8 @@ class TorchBlockCache(BlockCache):
     """All layers' KV blocks in one tensor ``[num_layers, *layer_shape]``; per-layer views in ``kv_caches``.
 
     One tensor makes a copy-on-write copy or a swap a single indexed copy across every layer. Block moves
-    copy bytes, so FP8 pools move too. The host pool is allocated on the first swap (most runs never
-    swap).
+    copy bytes, so FP8 pools move too. The host pool is allocated up front: pinning gigabytes on the
+    first swap would stall a serving step.
 
     Args:
         spec: cache geometry; ``spec.dtype`` a torch dtype or a dtype name.
@@ -72,25 +72,19 @@ class TorchBlockCache(BlockCache):
         self.num_host_blocks = num_host_blocks
         self.device = torch.device(device)
         self.block_axis = block_axis
-        self._pin_host = pin_host and self.device.type != "cpu"
         # zeros, not empty: never-written slots must not hold NaN bit patterns a masked tile could still read
         self.pool = torch.zeros((spec.num_layers, *layer_shape), dtype=dtype, device=self.device)
         self.kv_caches = list(self.pool.unbind(0))
         self._pool_bytes = as_copyable(self.pool)
-        self._host_pool: torch.Tensor | None = None
+        host_shape = list(self.pool.shape)
+        host_shape[self._axis] = num_host_blocks
+        #: the swap pool in host memory, ``num_host_blocks`` on the block axis
+        self.host_pool = torch.zeros(host_shape, dtype=dtype, device="cpu", pin_memory=pin_host and self.device.type != "cpu")
+        self._host_bytes = as_copyable(self.host_pool)
 
     @property
     def _axis(self) -> int:
         return self.block_axis + 1  # the pool's leading layer axis
-
-    @property
-    def host_pool(self) -> torch.Tensor:
-        """The swap pool in host memory ``[num_layers, ...]`` with ``num_host_blocks`` on the block axis."""
-        if self._host_pool is None:
-            shape = list(self.pool.shape)
-            shape[self._axis] = self.num_host_blocks
-            self._host_pool = torch.zeros(shape, dtype=self.pool.dtype, device="cpu", pin_memory=self._pin_host)
-        return self._host_pool
 
     def copy_blocks(self, src_to_dst: list[tuple[int, int]]) -> None:
         if not src_to_dst:
@@ -105,11 +99,11 @@ class TorchBlockCache(BlockCache):
             return
         src, dst = block_id_pairs(device_to_host, self.num_blocks, self.num_host_blocks, "swap_out")
         blocks = self._pool_bytes.index_select(self._axis, src.to(self.device)).cpu()
-        as_copyable(self.host_pool).index_copy_(self._axis, dst, blocks)
+        self._host_bytes.index_copy_(self._axis, dst, blocks)
 
     def swap_in(self, host_to_device: list[tuple[int, int]]) -> None:
         if not host_to_device:
             return
         src, dst = block_id_pairs(host_to_device, self.num_host_blocks, self.num_blocks, "swap_in")
-        blocks = as_copyable(self.host_pool).index_select(self._axis, src).to(self.device)
+        blocks = self._host_bytes.index_select(self._axis, src).to(self.device)
         self._pool_bytes.index_copy_(self._axis, dst.to(self.device), blocks)

@@ -30,6 +30,10 @@ class AttentionMetadata:
         causal: whether a query token attends only to positions at or before its own.
         sliding_window: if set, a query at position p attends only to positions > p - sliding_window.
         logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` before the softmax.
+        extras: free-form, per-step scratch a backend may cache its own plans in; no contract.
+        graph_capture: the step is recorded into a graph replayed with other context lengths, so the
+            backend must pick launch shapes from the batch alone, never from ``seq_lens_cpu`` /
+            ``max_seq_len`` (which then describe the bucket, not the data).
     """
 
     query_start_loc: Any
@@ -46,6 +50,7 @@ class AttentionMetadata:
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    graph_capture: bool = False
 
     @property
     def num_seqs(self) -> int:

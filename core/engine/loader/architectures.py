@@ -1,89 +1,63 @@
-"""Which architectures the loader accepts, and the parameter names and shapes each one must have."""
+"""Which architectures the loader accepts, and the tensors a checkpoint of each must hold.
+
+Both questions are answered by the model registry (:mod:`engine.models.registry`): the names are its
+keys, the tensors come from the resolved class's ``weight_shapes``. Without a registry, the core's
+architectures only.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.loader.errors import ModelLoadError
 from engine.models.config import ModelConfig
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
-# Buffers some checkpoints carry that the model recomputes; they are not parameters.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def supported_architectures() -> list[str]:
-    """Return the HF ``architectures`` names the loader can load, e.g. ``"LlamaForCausalLM"``."""
-    return list(SUPPORTED_ARCHITECTURES)
+if TYPE_CHECKING:
+    from engine.models.base import CausalLM
+    from engine.models.registry import ModelRegistry
 
 
-def check_architecture(config: ModelConfig, source: str) -> None:
-    """Raise ModelLoadError unless ``config`` names a supported architecture.
+def registry_or_core(registry: ModelRegistry | None) -> ModelRegistry:
+    """``registry``, or the core-only registry when it is None."""
+    if registry is not None:
+        return registry
+    # imported here: the registry imports the models, which import this package
+    from engine.models.registry import ModelRegistry
+
+    return ModelRegistry.core()
+
+
+def supported_architectures(registry: ModelRegistry | None = None) -> list[str]:
+    """Return the HF ``architectures`` names the loader can load, e.g. ``"LlamaForCausalLM"``.
 
     Args:
-        config: the parsed model config.
-        source: the file it came from, for the message.
-
-    Raises:
-        ModelLoadError: the architecture is not one of :func:`supported_architectures`.
+        registry: the model registry (default: the core's architectures only).
     """
-    if config.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture '{config.architecture}' in {source}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    return registry_or_core(registry).supported()
 
 
-def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Return every parameter a checkpoint of ``config`` must provide, by HF name, in load order.
+def expected_weight_shapes(
+    config: ModelConfig, registry: ModelRegistry | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Return every tensor a checkpoint of ``config`` must provide, by HF name, in load order.
 
     Args:
         config: the model config.
+        registry: the model registry that resolves ``config.architecture`` (default: the core's).
 
     Returns:
-        HF parameter name -> shape in HF orientation (``[out_features, in_features]`` for linears).
-        ``lm_head.weight`` is absent when the embeddings are tied. With ``attention_bias``, q/k/v get
-        biases, and so does o_proj except for Qwen2 (as in the HF models).
+        The resolved class's :meth:`~engine.models.base.CausalLM.weight_shapes`.
+
+    Raises:
+        ModelLoadError: the architecture is not registered.
     """
-    hidden, inter = config.hidden_size, config.intermediate_size
-    q_size = config.num_heads * config.head_dim
-    kv_size = config.num_kv_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (hidden,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_size, hidden)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_size, hidden)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_size, hidden)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
-        if config.attention_bias and config.architecture != "Qwen2ForCausalLM":
-            # HF Llama/Mistral's attention_bias also covers o_proj; Qwen2 has q/k/v biases only.
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
-    shapes["model.norm.weight"] = (hidden,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    return shapes
-
-
-def is_norm_weight(name: str) -> bool:
-    """Say whether ``name`` is an RMSNorm scale (initialised near 1 rather than near 0)."""
-    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+    return registry_or_core(registry).resolve(config.architecture, "the model config").weight_shapes(config)
 
 
 def check_weight_stream(
-    weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig, source: str
-) -> Iterator[tuple[str, torch.Tensor]]:
+    weights: Iterator[tuple[str, Any]], config: ModelConfig, source: str, model_class: type[CausalLM]
+) -> Iterator[tuple[str, Any]]:
     """Pass ``weights`` through, failing on a tensor the model does not have, a wrong shape, a repeat,
     or (after the last one) a missing tensor, so a bad checkpoint never loads half-way silently.
 
@@ -91,6 +65,7 @@ def check_weight_stream(
         weights: (HF name, tensor) pairs from a checkpoint.
         config: the model config the checkpoint must match.
         source: the checkpoint path, for messages.
+        model_class: the resolved model class, whose ``weight_shapes(config)`` the stream must match.
 
     Returns:
         An iterator over the same pairs.
@@ -98,7 +73,7 @@ def check_weight_stream(
     Raises:
         ModelLoadError: the checkpoint does not match ``config``.
     """
-    expected = expected_weight_shapes(config)
+    expected = model_class.weight_shapes(config)
     seen: set[str] = set()
     for name, tensor in weights:
         shape = expected.get(name)

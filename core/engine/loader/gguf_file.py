@@ -6,6 +6,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -13,16 +14,17 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, R
 from gguf.quants import dequantize
 
 from engine.interfaces.gemm import QuantizedWeight
-from engine.loader.architectures import SUPPORTED_ARCHITECTURES
+from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
 from engine.loader.quantized import gguf_quantized_weight, gguf_scheme, map_rows
 from engine.models.config import ModelConfig
 
-# GGUF `general.architecture` -> HF architecture name. Mistral GGUFs say "llama".
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+if TYPE_CHECKING:
+    from engine.models.base import CausalLM
+    from engine.models.registry import ModelRegistry
 
-# Architectures whose converter permuted the Q/K rows for llama.cpp's rotary layout.
-PERMUTED_QK_ARCHITECTURES = frozenset({"llama"})
+# Which GGUF `general.architecture` values load, under which HF name, how tensor names map and which
+# rows were permuted: all of it comes from the registered model classes (CausalLM.gguf_*).
 
 # The types gguf's numpy dequantiser handles at a tolerable speed.
 DEQUANTIZABLE_TYPES = frozenset(
@@ -35,29 +37,8 @@ DEQUANTIZABLE_TYPES = frozenset(
     }
 )  # fmt: skip
 
-GLOBAL_TENSOR_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-LAYER_TENSOR_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
 # Tensors llama.cpp stores that the HF model recomputes (rotary frequencies).
 SKIPPED_TENSOR_PATTERN = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
-LAYER_TENSOR_PATTERN = re.compile(r"^blk\.(\d+)\.(.+)$")
 READER_ERRORS = (ValueError, OSError, struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError)
 
 
@@ -88,29 +69,28 @@ def field_value(field: ReaderField) -> str | int | float | bool:
     return field.parts[field.data[0]][0].item()
 
 
-def gguf_hf_architecture(reader: GGUFReader, path: str) -> tuple[str, str]:
-    """Return (GGUF architecture, HF architecture) of a GGUF file.
+def gguf_architecture(reader: GGUFReader, path: str) -> str:
+    """Return a GGUF file's ``general.architecture`` (``"llama"``, ``"qwen2"``, ...).
 
     Raises:
-        ModelLoadError: no ``general.architecture`` or one the engine does not support.
+        ModelLoadError: the file has none.
     """
     field = reader.fields.get("general.architecture")
     if field is None:
         raise ModelLoadError(f"GGUF file {path} has no 'general.architecture'")
-    gguf_arch = str(field_value(field))
-    if gguf_arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture '{gguf_arch}' in GGUF file {path}; supported: "
-            f"{', '.join(GGUF_ARCHITECTURES)} (as {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    return gguf_arch, GGUF_ARCHITECTURES[gguf_arch]
+    return str(field_value(field))
 
 
-def load_gguf_config(path: str) -> ModelConfig:
+def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelConfig:
     """Build a ModelConfig from a GGUF file's metadata, checking every tensor can be dequantised.
+
+    The sizes come from llama.cpp's common metadata keys (``<arch>.embedding_length``, ``block_count``,
+    ``attention.head_count``, ...), which every llama.cpp architecture uses.
 
     Args:
         path: the ``.gguf`` file.
+        registry: maps ``general.architecture`` to a HF name through its classes' ``gguf_architectures``
+            (default: the core's architectures only).
 
     Returns:
         The model config, with ``torch_dtype="float32"`` (weights are dequantised to float32).
@@ -119,7 +99,8 @@ def load_gguf_config(path: str) -> ModelConfig:
         ModelLoadError: truncated/corrupt file, unsupported architecture or tensor type, missing metadata.
     """
     reader = open_gguf(path)
-    gguf_arch, hf_arch = gguf_hf_architecture(reader, path)
+    gguf_arch = gguf_architecture(reader, path)
+    hf_arch = registry_or_core(registry).resolve_gguf(gguf_arch, path)
     for tensor in reader.tensors:
         if tensor.tensor_type not in DEQUANTIZABLE_TYPES:
             raise ModelLoadError(
@@ -175,20 +156,22 @@ def load_gguf_config(path: str) -> ModelConfig:
     )
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, model_class: type[CausalLM]) -> str | None:
     """Map a llama.cpp tensor name to its HF name; None for tensors the HF model does not keep.
 
+    Args:
+        gguf_name: the tensor's name in the file.
+        model_class: the resolved model class, whose ``gguf_tensor_name`` knows its names.
+
     Raises:
-        ModelLoadError: a name the loader does not know.
+        ModelLoadError: a name the model class does not know.
     """
-    if gguf_name in GLOBAL_TENSOR_NAMES:
-        return GLOBAL_TENSOR_NAMES[gguf_name]
     if SKIPPED_TENSOR_PATTERN.match(gguf_name):
         return None
-    match = LAYER_TENSOR_PATTERN.match(gguf_name)
-    if match and match.group(2) in LAYER_TENSOR_NAMES:
-        return f"model.layers.{match.group(1)}.{LAYER_TENSOR_NAMES[match.group(2)]}"
-    raise ModelLoadError(f"unknown GGUF tensor '{gguf_name}'")
+    try:
+        return model_class.gguf_tensor_name(gguf_name)
+    except KeyError:
+        raise ModelLoadError(f"unknown GGUF tensor '{gguf_name}' for {model_class.__name__}") from None
 
 
 def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -223,13 +206,17 @@ def dequantize_tensor(tensor: ReaderTensor) -> torch.Tensor:
 
 
 def iter_gguf_weights(
-    path: str, config: ModelConfig, keep_quantized: frozenset[str] = frozenset()
+    path: str,
+    config: ModelConfig,
+    model_class: type[CausalLM],
+    keep_quantized: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield a GGUF file's tensors by HF name as float32, Q/K rows in HF order.
 
     Args:
         path: the ``.gguf`` file.
         config: its model config.
+        model_class: the resolved model class (tensor names and permuted rows come from it).
         keep_quantized: scheme names (``"gguf_q4_1"``, ...) whose matrices are yielded as
             :class:`QuantizedWeight` (GGUF block bytes, see :mod:`engine.loader.quantized`) instead.
 
@@ -237,9 +224,9 @@ def iter_gguf_weights(
         ModelLoadError: a truncated file, an unknown tensor name or an unsupported tensor type.
     """
     reader = open_gguf(path)
-    gguf_arch, _ = gguf_hf_architecture(reader, path)
+    gguf_arch = gguf_architecture(reader, path)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, model_class)
         if name is None:
             continue
         if tensor.tensor_type not in DEQUANTIZABLE_TYPES:
@@ -251,10 +238,9 @@ def iter_gguf_weights(
             weight = gguf_quantized_weight(tensor)
         else:
             weight = dequantize_tensor(tensor)
-        if gguf_arch in PERMUTED_QK_ARCHITECTURES:
-            heads = config.num_heads if ".q_proj." in name else config.num_kv_heads if ".k_proj." in name else 0
-            if heads:
-                weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
+        heads = model_class.gguf_permuted_heads(gguf_arch, name, config)
+        if heads:
+            weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
         yield name, weight
 
 

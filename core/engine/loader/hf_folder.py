@@ -6,14 +6,18 @@ import json
 import os
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.loader.architectures import IGNORED_SUFFIXES, SUPPORTED_ARCHITECTURES
+from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
 from engine.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.models.base import CausalLM
+    from engine.models.registry import ModelRegistry
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -41,14 +45,16 @@ def read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def load_hf_config(folder: str) -> ModelConfig:
+def load_hf_config(folder: str, registry: ModelRegistry | None = None) -> ModelConfig:
     """Parse ``config.json`` (and ``generation_config.json``'s stop ids) of a HF model folder.
 
     Args:
         folder: the model folder.
+        registry: resolves ``architectures[0]`` to the class whose ``config_from_hf`` reads the file
+            (default: the core's architectures only).
 
     Returns:
-        The model config; ``eos_token_ids`` merges both files' ids.
+        The model config; ``eos_token_ids`` merges both files' ids, ``hf_config`` holds config.json.
 
     Raises:
         ModelLoadError: no config.json, invalid JSON, a missing field, or an unsupported architecture.
@@ -59,16 +65,15 @@ def load_hf_config(folder: str) -> ModelConfig:
     raw = read_json(path)
     archs = raw.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture '{arch}' in {path}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    model_class = registry_or_core(registry).resolve(arch, path)
     try:
-        config = ModelConfig.from_hf_dict(raw)
+        config = model_class.config_from_hf(raw)
     except KeyError as err:
         raise ModelLoadError(f"{path} lacks the field {err.args[0]!r}") from None
     except (TypeError, ValueError) as err:
         raise ModelLoadError(f"{path} has an invalid value: {err}") from None
+    if not config.hf_config:
+        config.hf_config = raw
     gen_path = os.path.join(folder, GENERATION_CONFIG_FILE)
     if os.path.isfile(gen_path):
         eos = read_json(gen_path).get("eos_token_id")
@@ -163,18 +168,25 @@ def check_hf_weights(folder: str) -> None:
             raise ModelLoadError(f"weight file {file} is empty")
 
 
-def iter_hf_weights(folder: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_weights(
+    folder: str, config: ModelConfig, model_class: type[CausalLM]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield a HF folder's tensors by HF name, in checkpoint dtype, on the CPU.
 
-    ``lm_head.weight`` is dropped when the embeddings are tied (some checkpoints store the copy), and
-    recomputed buffers such as ``rotary_emb.inv_freq`` are skipped.
+    Tensors the model class ignores are skipped: recomputed buffers such as ``rotary_emb.inv_freq``, and
+    for Llama the ``lm_head.weight`` copy some tied checkpoints store.
+
+    Args:
+        folder: the model folder.
+        config: its model config.
+        model_class: the resolved model class (its ``ignores_weight`` filters the stream).
 
     Raises:
         ModelLoadError: a weight file cannot be read.
     """
     for file in find_weight_files(folder):
         for name, tensor in _read_weight_file(file):
-            if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+            if model_class.ignores_weight(name, config):
                 continue
             yield name, tensor
 

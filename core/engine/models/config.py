@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass(slots=True)
 class ModelConfig:
-    """Architecture and sizes of a decoder-only model of the Llama family.
+    """Architecture and sizes of a decoder-only model (the fields the core and the Llama family use).
 
     Attributes:
         architecture: the HF ``architectures[0]`` name, e.g. ``"LlamaForCausalLM"``.
@@ -23,6 +23,8 @@ class ModelConfig:
         bos_token_id: beginning-of-sequence id, if any.
         eos_token_ids: ids that end generation.
         torch_dtype: the checkpoint's dtype name, e.g. ``"bfloat16"``.
+        hf_config: the raw HF ``config.json`` dict (empty for GGUF files), so that an architecture can
+            read its own keys; not part of equality or the repr.
     """
 
     architecture: str
@@ -43,6 +45,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -81,4 +84,5 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", ""),
+            hf_config=dict(cfg),
         )

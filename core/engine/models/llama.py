@@ -6,8 +6,9 @@ attention through its AttentionBackend, and the small fused ops through its OpTa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.ops import OpTable
 from engine.loader.quantized import concat_weights
+from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
 from engine.models.weights import take_tensor
@@ -37,8 +39,11 @@ class _Layer:
     down_fp8: Any = None
 
 
-class LlamaForCausalLM:
+class LlamaForCausalLM(CausalLM):
     """A decoder-only transformer with RMSNorm, rotary embeddings, GQA and a SwiGLU MLP.
+
+    Registered in the core for ``LlamaForCausalLM``, ``MistralForCausalLM`` and ``Qwen2ForCausalLM``;
+    loads GGUF files of llama.cpp's ``llama`` and ``qwen2`` architectures.
 
     Args:
         config: the model's sizes.
@@ -49,6 +54,33 @@ class LlamaForCausalLM:
         device: where tensors live.
     """
 
+    # Mistral GGUFs say "llama"
+    gguf_architectures = MappingProxyType({"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"})
+    gguf_global_tensor_names = MappingProxyType(
+        {
+            "token_embd.weight": "model.embed_tokens.weight",
+            "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight",
+        }
+    )
+    gguf_layer_tensor_names = MappingProxyType(
+        {
+            "attn_norm.weight": "input_layernorm.weight",
+            "attn_q.weight": "self_attn.q_proj.weight",
+            "attn_q.bias": "self_attn.q_proj.bias",
+            "attn_k.weight": "self_attn.k_proj.weight",
+            "attn_k.bias": "self_attn.k_proj.bias",
+            "attn_v.weight": "self_attn.v_proj.weight",
+            "attn_v.bias": "self_attn.v_proj.bias",
+            "attn_output.weight": "self_attn.o_proj.weight",
+            "attn_output.bias": "self_attn.o_proj.bias",
+            "ffn_norm.weight": "post_attention_layernorm.weight",
+            "ffn_gate.weight": "mlp.gate_proj.weight",
+            "ffn_up.weight": "mlp.up_proj.weight",
+            "ffn_down.weight": "mlp.down_proj.weight",
+        }
+    )
+
     def __init__(
         self,
         config: ModelConfig,
@@ -58,13 +90,7 @@ class LlamaForCausalLM:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.config = config
-        self.ops = ops
-        self.attention = attention
-        self.gemm = gemm
-        self.dtype = dtype
-        self.device = device
-        self.scale = config.head_dim**-0.5
+        super().__init__(config, ops, attention, gemm, dtype, device)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.cos_sin_cache = build_cos_sin_cache(
@@ -74,8 +100,58 @@ class LlamaForCausalLM:
         self.embed_tokens: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         self.lm_head: Any = None
-        #: applied to each dense layer projection at load (``quantization="fp8"``): tensor -> QuantizedWeight
-        self.linear_quantizer: Callable[[torch.Tensor], QuantizedWeight] | None = None
+
+    # --- what the loader asks of the class ----------------------------------------------------------
+
+    @classmethod
+    def weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every parameter of a Llama/Mistral/Qwen2 checkpoint, by HF name, in load order.
+
+        Args:
+            config: the model config.
+
+        Returns:
+            HF parameter name -> shape. ``lm_head.weight`` is absent when the embeddings are tied. With
+            ``attention_bias``, q/k/v get biases, and so does o_proj except for Qwen2 (as in the HF models).
+        """
+        hidden, inter = config.hidden_size, config.intermediate_size
+        q_size = config.num_heads * config.head_dim
+        kv_size = config.num_kv_heads * config.head_dim
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = (hidden,)
+            shapes[p + "self_attn.q_proj.weight"] = (q_size, hidden)
+            shapes[p + "self_attn.k_proj.weight"] = (kv_size, hidden)
+            shapes[p + "self_attn.v_proj.weight"] = (kv_size, hidden)
+            if config.attention_bias:
+                shapes[p + "self_attn.q_proj.bias"] = (q_size,)
+                shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
+                shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
+            shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
+            if config.attention_bias and config.architecture != "Qwen2ForCausalLM":
+                # HF Llama/Mistral's attention_bias also covers o_proj; Qwen2 has q/k/v biases only.
+                shapes[p + "self_attn.o_proj.bias"] = (hidden,)
+            shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        shapes["model.norm.weight"] = (hidden,)
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (config.vocab_size, hidden)
+        return shapes
+
+    @classmethod
+    def ignores_weight(cls, name: str, config: ModelConfig) -> bool:
+        """Recomputed rotary buffers, and the copy of the embeddings some tied checkpoints store."""
+        return super().ignores_weight(name, config) or (config.tie_word_embeddings and name == "lm_head.weight")
+
+    @classmethod
+    def gguf_permuted_heads(cls, gguf_architecture: str, name: str, config: ModelConfig) -> int:
+        """llama.cpp's converter permuted the Q/K rows of ``llama`` files (not ``qwen2``) for its rotary layout."""
+        if gguf_architecture != "llama":
+            return 0
+        return config.num_heads if ".q_proj." in name else config.num_kv_heads if ".k_proj." in name else 0
 
     # --- loading -------------------------------------------------------------------------------------
 

@@ -1,24 +1,168 @@
-"""Architecture name -> model class; plugins may add architectures through a hook."""
+"""The one model registry: HF architecture name -> :class:`CausalLM` subclass, core models plus plugins'.
+
+A registry is built per engine (or per loader call), never kept in a global: :meth:`ModelRegistry.core`
+holds the core's architectures, :meth:`ModelRegistry.from_plugins` adds every plugin's
+``engine_register_models()``. Every loader path (HF folders, GGUF files, dummy weights, the weight-stream
+check) resolves the architecture through it.
+
+A plugin may add architectures but never replace one: a name the core (or an earlier plugin, in
+entry-point name order) already registered is refused with a :class:`ModelRegistryWarning` naming both,
+and the first registration stays. A plugin that wants different behaviour for a core architecture
+registers its class under a new name (and a checkpoint names that architecture in its config.json).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
+from engine.loader.errors import ModelLoadError
+from engine.models.base import CausalLM
 from engine.models.llama import LlamaForCausalLM
 
-_BUILTIN: tuple[tuple[str, type], ...] = (
+if TYPE_CHECKING:
+    from engine.plugins.manager import PluginManager
+
+#: the source name of the core's own architectures in messages and :attr:`ModelRegistry.sources`
+CORE_SOURCE = "core"
+
+
+#: the core's architectures, in the order messages list them
+CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("LlamaForCausalLM", LlamaForCausalLM),
     ("MistralForCausalLM", LlamaForCausalLM),
     ("Qwen2ForCausalLM", LlamaForCausalLM),
 )
 
 
-def model_registry(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The built-in architectures plus ``extra`` (from plugins)."""
-    registry: dict[str, Any] = dict(_BUILTIN)
-    registry.update(extra or {})
-    return registry
+class ModelRegistryWarning(UserWarning):
+    """A plugin's model was not registered (a name already taken, or not a :class:`CausalLM`)."""
 
 
-def supported_architectures(extra: dict[str, Any] | None = None) -> list[str]:
-    return sorted(model_registry(extra))
+@dataclass(frozen=True)
+class ModelRegistry:
+    """Architecture name -> model class, and where each came from.
+
+    Attributes:
+        classes: HF ``architectures`` name -> :class:`CausalLM` subclass, core names first.
+        sources: the same names -> ``"core"`` or the plugin's name.
+        refused: one line per plugin entry that was not registered, and why.
+    """
+
+    classes: Mapping[str, type[CausalLM]]
+    sources: Mapping[str, str]
+    refused: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def core(cls) -> ModelRegistry:
+        """The core's architectures only (what a loader call without a registry uses)."""
+        return cls.build()
+
+    @classmethod
+    def from_plugins(cls, plugin_manager: PluginManager) -> ModelRegistry:
+        """The core's architectures plus those of every loaded plugin of ``plugin_manager``."""
+        return cls.build(plugin_manager.models_by_plugin())
+
+    @classmethod
+    def build(cls, plugin_models: Iterable[tuple[str, Mapping[str, Any]]] = ()) -> ModelRegistry:
+        """Register the core's models, then each plugin's, refusing overrides.
+
+        Args:
+            plugin_models: ``(plugin name, {architecture: class})`` pairs, in the order they register.
+
+        Returns:
+            The registry. Refused entries are listed in :attr:`refused` and each is warned about once
+            with a :class:`ModelRegistryWarning` naming the plugin, the class and the name's owner.
+        """
+        classes: dict[str, type[CausalLM]] = {}
+        sources: dict[str, str] = {}
+        for name, model_cls in CORE_MODELS:
+            classes[name], sources[name] = model_cls, CORE_SOURCE
+        refused: list[str] = []
+        for plugin, models in plugin_models:
+            for name, model_cls in (models or {}).items():
+                problem = ""
+                if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
+                    problem = f"{model_cls!r} is not a subclass of engine_plugin_sdk.models.CausalLM"
+                elif name in classes:
+                    owner = "the core" if sources[name] == CORE_SOURCE else f"plugin {sources[name]!r}"
+                    problem = (
+                        f"{name!r} is already registered by {owner} as {_qualname(classes[name])}; "
+                        f"{_qualname(model_cls)} would replace it, and plugins may only add architectures"
+                    )
+                if problem:
+                    refused.append(f"plugin {plugin!r}: model {name!r} refused: {problem}")
+                    warnings.warn(refused[-1], ModelRegistryWarning, stacklevel=2)
+                    continue
+                classes[name], sources[name] = model_cls, plugin
+        return cls(MappingProxyType(classes), MappingProxyType(sources), tuple(refused))
+
+    # --- lookups --------------------------------------------------------------------------------------
+
+    def __contains__(self, architecture: object) -> bool:
+        return architecture in self.classes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.classes)
+
+    def supported(self) -> list[str]:
+        """Every registered architecture name, the core's first."""
+        return list(self.classes)
+
+    def resolve(self, architecture: str | None, source: str) -> type[CausalLM]:
+        """The class registered for ``architecture``.
+
+        Args:
+            architecture: a HF ``architectures`` name (None when a config names none).
+            source: the file it came from, for the message.
+
+        Returns:
+            The model class.
+
+        Raises:
+            ModelLoadError: the name is not registered; the message lists every supported name.
+        """
+        model_cls = self.classes.get(architecture or "")
+        if model_cls is None:
+            raise ModelLoadError(
+                f"unsupported architecture '{architecture}' in {source}; supported: {', '.join(self.classes)}"
+            )
+        return model_cls
+
+    def gguf_architectures(self) -> dict[str, str]:
+        """GGUF ``general.architecture`` value -> HF name, for the registered classes that load GGUF."""
+        kinds: dict[str, str] = {}
+        for name, model_cls in self.classes.items():
+            for kind, hf_name in model_cls.gguf_architectures.items():
+                # a kind maps to a name this registry resolves to the class declaring it, first one wins
+                if hf_name == name and kind not in kinds:
+                    kinds[kind] = hf_name
+        return kinds
+
+    def resolve_gguf(self, gguf_architecture: str, source: str) -> str:
+        """The HF architecture name a GGUF file of ``gguf_architecture`` loads as.
+
+        Args:
+            gguf_architecture: the file's ``general.architecture``.
+            source: the file, for the message.
+
+        Returns:
+            A registered HF architecture name.
+
+        Raises:
+            ModelLoadError: no registered class loads this GGUF architecture; the message lists those that do.
+        """
+        kinds = self.gguf_architectures()
+        if gguf_architecture not in kinds:
+            raise ModelLoadError(
+                f"unsupported architecture '{gguf_architecture}' in GGUF file {source}; supported: "
+                f"{', '.join(kinds)} (as {', '.join(dict.fromkeys(kinds.values()))})"
+            )
+        return kinds[gguf_architecture]
+
+
+def _qualname(model_cls: type) -> str:
+    return f"{model_cls.__module__}.{model_cls.__qualname__}"

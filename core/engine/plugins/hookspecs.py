@@ -36,9 +36,13 @@ def engine_register_platforms() -> list[type[Platform]]:
 def engine_register_models() -> dict[str, Any]:
     """Extra model architectures, keyed by the Hugging Face ``architectures`` name.
 
+    Called each time an engine builds its model registry. Names the core (or an earlier plugin) already
+    registers are refused with a warning: a plugin adds architectures, it never replaces one.
+
     Returns:
-        ``{architecture: model class}``; the class follows :class:`engine.models.llama.LlamaForCausalLM`'s
-        constructor and forward signature.
+        ``{architecture: model class}``; each class subclasses :class:`engine.models.base.CausalLM`
+        (``engine_plugin_sdk.models.CausalLM``), which tells the loader the checkpoint's tensor names and
+        shapes and gives the engine its constructor, ``load_weights``, ``forward`` and ``compute_logits``.
     """
 
 

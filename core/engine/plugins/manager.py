@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -150,11 +151,52 @@ class PluginManager:
                 out.append((record, cls, result))
         return out
 
+    def models_by_plugin(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each loaded plugin's ``engine_register_models()``, in entry-point name order.
+
+        A plugin whose hook raises or returns something other than a dict is left out with a
+        ``RuntimeWarning`` naming it; the other plugins' models stay available.
+
+        Returns:
+            ``(plugin name, {architecture: model class})`` pairs; :class:`engine.models.registry.ModelRegistry`
+            decides which entries it accepts.
+        """
+        out: list[tuple[str, dict[str, Any]]] = []
+        impls = sorted(self._pm.hook.engine_register_models.get_hookimpls(), key=lambda i: i.plugin_name)
+        for impl in impls:
+            try:
+                models = impl.function()
+            except Exception as exc:  # a plugin's bug must not take the core's models down with it
+                warnings.warn(
+                    f"plugin {impl.plugin_name!r}: engine_register_models raised {type(exc).__name__}: {exc}; "
+                    "its models are not available",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            if models is None:
+                continue
+            if not isinstance(models, dict):
+                warnings.warn(
+                    f"plugin {impl.plugin_name!r}: engine_register_models returned {type(models).__name__}, "
+                    "expected {architecture: model class}; its models are not available",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            out.append((impl.plugin_name, models))
+        return out
+
     def extra_models(self) -> dict[str, Any]:
-        """Architectures contributed by plugins."""
+        """Architectures contributed by plugins, merged (the first plugin keeps a repeated name).
+
+        Build a :class:`engine.models.registry.ModelRegistry` instead to resolve names: it also refuses
+        plugin entries that would replace a core architecture.
+        """
         merged: dict[str, Any] = {}
-        for part in self._pm.hook.engine_register_models():
-            merged.update(part or {})
+        for _, models in self.models_by_plugin():
+            for name, model_cls in models.items():
+                merged.setdefault(name, model_cls)
         return merged
 
 

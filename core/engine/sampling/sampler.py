@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InvalidRequestError
 from engine.interfaces.ops import argmax_with_logprob
 from engine.interfaces.ops import greedy_pick as reference_greedy_pick
 from engine.sampling.params import SamplingParams
@@ -63,29 +62,6 @@ def make_generator(seed: int) -> torch.Generator:
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed)
     return generator
-
-
-def check_params_against_vocab(params: SamplingParams, vocab_size: int) -> None:
-    """Reject token ids a request names that the model does not have.
-
-    Args:
-        params: the request's sampling settings.
-        vocab_size: the model's vocabulary size.
-
-    Raises:
-        InvalidRequestError: a logit_bias key or stop token id is outside ``[0, vocab_size)``.
-    """
-    for tok in params.logit_bias or {}:
-        if not 0 <= tok < vocab_size:
-            raise InvalidRequestError(
-                f"logit_bias token id {tok} is outside the vocabulary [0, {vocab_size})", param="logit_bias"
-            )
-    for tok in params.stop_token_ids or []:
-        if not 0 <= tok < vocab_size:
-            raise InvalidRequestError(
-                f"stop_token_ids entry {tok} is outside the vocabulary [0, {vocab_size})",
-                param="stop_token_ids",
-            )
 
 
 def greedy_result(ids_and_logprobs: torch.Tensor, top_logprobs: list | None = None) -> SampleResult:

@@ -1,17 +1,13 @@
-"""Paged attention on ROCm: the shared Triton backend, launched with the AMD parameter table.
+"""Paged attention on ROCm: the SDK's Triton backend, launched with the AMD parameter table.
 
 The implementation (cache layout ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, prefill /
-decode dispatch, input checks) is :mod:`engine_plugin_nvidia.gpu_common.attention`, vendor-neutral code
-of the NVIDIA distribution; the tuning comes from :mod:`engine_plugin_amd.tuning` through the platform.
+decode dispatch, input checks) is :mod:`engine_plugin_sdk.gpu.attention`; the tuning comes from
+:mod:`engine_plugin_amd.tuning` through the platform.
 """
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.gpu_common.attention import (
-    TritonPagedAttentionBackend,
-    check_inputs,
-    stream_capturing,
-)
+from engine_plugin_sdk.gpu.attention import TritonPagedAttentionBackend, check_inputs, stream_capturing
 
 __all__ = ["RocmTritonAttentionBackend", "check_inputs", "stream_capturing"]
 

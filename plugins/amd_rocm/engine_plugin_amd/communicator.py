@@ -1,7 +1,7 @@
 """RCCL communicator for tensor parallelism (one process per AMD GPU).
 
 ROCm builds of torch register RCCL under the backend name ``"nccl"``, so the process group is created
-exactly as on NVIDIA (:mod:`engine_plugin_nvidia.gpu_common.communicator`); what differs is the check
+exactly as on NVIDIA (:mod:`engine_plugin_sdk.gpu.communicator`); what differs is the check
 that this really is a ROCm build.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_plugin_nvidia.gpu_common.communicator import TorchDistCommunicator
+from engine_plugin_sdk.gpu.communicator import TorchDistCommunicator
 
 __all__ = ["RcclCommunicator"]
 

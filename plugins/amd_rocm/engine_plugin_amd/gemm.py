@@ -1,23 +1,15 @@
 """GEMM on ROCm: bf16 / fp16 / fp32 through torch (hipBLASLt), FP8 e4m3 weights through scaled matmul.
 
-The implementation is :mod:`engine_plugin_nvidia.gpu_common.gemm`, vendor-neutral code of the NVIDIA
-distribution: it already handles what is AMD's own, the ``float8_e4m3fnuz`` that MI300-class GPUs
+The implementation is the SDK's vendor-neutral :mod:`engine_plugin_sdk.gpu.gemm`: it already handles what is AMD's own, the ``float8_e4m3fnuz`` that MI300-class GPUs
 (gfx94x) multiply, by converting checkpoint e4m3fn weights exactly (:func:`e4m3fn_to_fnuz`).
 """
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.gpu_common.gemm import (
-    FP8_MAX,
-    FP8_SCHEME,
-    Fp8Weight,
-    TorchGemmBackend,
-    e4m3fn_to_fnuz,
-    to_torch_dtype,
-)
+from engine_plugin_sdk.gpu.gemm import FP8_MAX, FP8_SCHEME, Fp8Weight, TorchGemmBackend, e4m3fn_to_fnuz
 
-# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_nvidia.gpu_common.gemm
-__all__ = ["FP8_MAX", "FP8_SCHEME", "Fp8Weight", "RocmGemmBackend", "e4m3fn_to_fnuz", "to_torch_dtype"]
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.gemm
+__all__ = ["FP8_MAX", "FP8_SCHEME", "Fp8Weight", "RocmGemmBackend", "e4m3fn_to_fnuz"]
 
 
 class RocmGemmBackend(TorchGemmBackend):

@@ -1,6 +1,6 @@
 """HIP graphs for decode steps through torch's graph API (``torch.cuda.CUDAGraph`` is HIP under ROCm).
 
-The implementation is :mod:`engine_plugin_nvidia.gpu_common.graph_capture`: one graph per batch-size
+The implementation is :mod:`engine_plugin_sdk.gpu.graph_capture`: one graph per batch-size
 bucket, captured largest first into one shared memory pool, replayed over static input buffers. A batch
 size without a graph runs eagerly (the documented fallback).
 """
@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from engine_plugin_nvidia.gpu_common.graph_capture import (
-    WARMUP_RUNS,
-    CapturedStep,
-    CaptureReport,
-    TorchGraphCapture,
-)
+from engine_plugin_sdk.gpu.graph_capture import WARMUP_RUNS, CapturedStep, CaptureReport, TorchGraphCapture
 
 __all__ = ["WARMUP_RUNS", "CaptureReport", "CapturedStep", "HipGraphCapture"]
 

@@ -2,11 +2,11 @@
 
 A ROCm build of torch drives AMD GPUs through the ``torch.cuda`` API (HIP is exposed under that name),
 so ``torch.cuda.is_available()`` is True there too: what tells ROCm from CUDA is ``torch.version.hip``.
-Because of that same API, everything vendor-neutral (interpreter mode, memory, validation, factories)
-is the NVIDIA distribution's :class:`~engine_plugin_nvidia.gpu_common.platform.TorchGpuPlatform`; this
-module adds detection through ``torch.version.hip``, claims by ``gcnArchName`` and the launch table of
-:mod:`engine_plugin_amd.tuning`. It imports only ``engine_plugin_nvidia.gpu_common`` (cheap: no torch,
-no Triton), never the NVIDIA platform or its plugin registration.
+Because of that same API, everything vendor-neutral (interpreter mode, memory, validation, the block
+pool, factories) is the SDK's :class:`~engine_plugin_sdk.gpu.platform.TorchGpuPlatform`; this module adds
+detection through ``torch.version.hip``, claims by ``gcnArchName``, and the typed factory hooks naming the
+launch table of :mod:`engine_plugin_amd.tuning` and this plugin's backend classes. Each hook imports its
+module in its body, so importing this module (and detecting the platform) loads no Triton.
 
 ``ENGINE_AMD_INTERPRET=1`` on a machine without an AMD GPU makes the platform available in
 *interpreter mode*: the shared Triton kernels run on CPU tensors through Triton's interpreter with this
@@ -16,11 +16,16 @@ wrong in the interpreter), no graphs and no FP8. Nothing here has run on AMD har
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine_plugin_nvidia.gpu_common.platform import GpuComponents, TorchGpuPlatform
+from engine_plugin_sdk.gpu.platform import TorchGpuPlatform
+
+if TYPE_CHECKING:
+    from engine_plugin_amd.attention import RocmTritonAttentionBackend
+    from engine_plugin_amd.communicator import RcclCommunicator
+    from engine_plugin_amd.gemm import RocmGemmBackend
+    from engine_plugin_amd.graph_capture import HipGraphCapture
+    from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning
 
 INTERPRET_ENV = "ENGINE_AMD_INTERPRET"
 
@@ -35,13 +40,6 @@ class RocmPlatform(TorchGpuPlatform):
     vendor = "AMD"
     interpret_env = INTERPRET_ENV
     triton_missing_reason = "the triton package is not installed (ROCm wheels ship it as pytorch-triton-rocm)"
-    components = GpuComponents(
-        tuning="engine_plugin_amd.tuning:tuning_for_device",
-        attention="engine_plugin_amd.attention:RocmTritonAttentionBackend",
-        gemm="engine_plugin_amd.gemm:RocmGemmBackend",
-        graph_capture="engine_plugin_amd.graph_capture:HipGraphCapture",
-        communicator="engine_plugin_amd.communicator:RcclCommunicator",
-    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -77,24 +75,50 @@ class RocmPlatform(TorchGpuPlatform):
                 self._arch = base_arch(getattr(torch.cuda.get_device_properties(0), "gcnArchName", ""))
         return self._arch
 
+    def wavefront_size(self) -> int:
+        """Lanes per wavefront of GPU 0: 64 on CDNA (``gfx9*``), 32 on RDNA."""
+        from engine_plugin_amd.tuning import wavefront_size
+
+        return wavefront_size(self.arch())
+
     def device_fp8_dtype(self) -> str | None:
         from engine_plugin_amd.tuning import fp8_dtype_name
 
         return fp8_dtype_name(self.arch())
 
     def device_extra(self) -> dict[str, Any]:
-        from engine_plugin_amd.tuning import wavefront_size
-
-        arch = self.arch()
-        return {"gcn_arch": arch, "wavefront_size": wavefront_size(arch), "fp8_dtype": self.device_fp8_dtype()}
+        # labels for `engine plugins list` and reports; code asks arch(), wavefront_size() and fp8_dtype()
+        return {"gcn_arch": self.arch(), "wavefront_size": self.wavefront_size(), "fp8_dtype": self.device_fp8_dtype()}
 
     def interpreter_extra(self) -> dict[str, Any]:
         return {**super().interpreter_extra(), "launch_parameters": "cdna-interpreter"}
 
-    def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
-        from engine_plugin_amd.block_cache import make_rocm_block_cache
+    # --- typed factories: each imports its module here, never at module import ---------------------
 
-        return make_rocm_block_cache(spec, num_blocks, attention, self.torch_device())
+    def kernel_tuning_for_device(self, interpret: bool) -> KernelTuning:
+        from engine_plugin_amd.tuning import tuning_for_device
+
+        return tuning_for_device(interpret)
+
+    def attention_backend_class(self) -> type[RocmTritonAttentionBackend]:
+        from engine_plugin_amd.attention import RocmTritonAttentionBackend
+
+        return RocmTritonAttentionBackend
+
+    def gemm_backend_class(self) -> type[RocmGemmBackend]:
+        from engine_plugin_amd.gemm import RocmGemmBackend
+
+        return RocmGemmBackend
+
+    def graph_capture_class(self) -> type[HipGraphCapture]:
+        from engine_plugin_amd.graph_capture import HipGraphCapture
+
+        return HipGraphCapture
+
+    def communicator_class(self) -> type[RcclCommunicator]:
+        from engine_plugin_amd.communicator import RcclCommunicator
+
+        return RcclCommunicator
 
 
 #: ``interpreter_requested(environ=None)``: whether ``ENGINE_AMD_INTERPRET=1`` is set

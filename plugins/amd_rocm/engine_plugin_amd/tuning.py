@@ -10,7 +10,7 @@ AMD hardware yet (see the README): they are starting points chosen from those co
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
+from engine_plugin_sdk.gpu.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
 
 #: CDNA3 (MI300A/X, MI325X): 304 CUs on MI300X, 64 KiB LDS, wave64; matrix cores favour 128-row tiles
 CDNA3_ARCHS = ("gfx940", "gfx941", "gfx942")

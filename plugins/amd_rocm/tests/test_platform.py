@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
 from engine_plugin_amd import platform as rocm
 from engine_plugin_amd.platform import INTERPRET_ENV, RocmPlatform
+from engine_plugin_sdk import EngineConfig
 
 REAL_ROCM = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
 simulated_only = pytest.mark.skipif(REAL_ROCM, reason="simulates a ROCm host; this one is real")
@@ -80,8 +80,10 @@ def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: s
     assert not plat.interpret and plat.torch_device() == torch.device("cuda", 0)
     caps = plat.capabilities()
     assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap
-    assert caps.extra["gcn_arch"] == arch.split(":")[0] and caps.extra["wavefront_size"] == wave
-    assert caps.extra["fp8_dtype"] == fp8 and (caps.quant_schemes == ("fp8_e4m3",)) == (fp8 is not None)
+    assert plat.arch() == arch.split(":")[0] and plat.wavefront_size() == wave
+    assert plat.fp8_dtype() == fp8 and (caps.quant_schemes == ("fp8_e4m3",)) == (fp8 is not None)
+    # the labels `engine plugins list` shows say the same
+    assert caps.extra == {"gcn_arch": plat.arch(), "wavefront_size": wave, "fp8_dtype": fp8}
     assert plat.validate(EngineConfig(dtype="bfloat16")) == []
     assert plat.total_memory_bytes() == 192 * 1024**3
     tuning = plat.kernel_tuning()
@@ -99,7 +101,7 @@ def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -
     assert "bfloat16" not in caps.dtypes and not caps.graph_capture and not caps.quant_schemes
     assert plat.validate(EngineConfig(dtype="float32")) == []
     assert plat.validate(EngineConfig(dtype="auto")) == []
-    reasons = plat.validate(EngineConfig(dtype="float32", cache=CacheConfig(block_size=24)))
+    reasons = plat.validate(EngineConfig(dtype="float32", cache={"block_size": 24}))
     assert len(reasons) == 1 and "block size 24" in reasons[0]
     assert any("bfloat16" in r for r in plat.validate(EngineConfig(dtype="bfloat16")))
     assert plat.validate_head_size(72) and not plat.validate_head_size(128)

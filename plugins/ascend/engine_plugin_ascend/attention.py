@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine_plugin_ascend.attention_plan import (
     SPARSE_RIGHT_DOWN_CAUSAL,
     AscendStepPlan,
@@ -27,6 +26,7 @@ from engine_plugin_ascend.layout import (
     kv_cache_shape,
     split_caches,
 )
+from engine_plugin_sdk import AttentionBackend, AttentionMetadata
 
 #: where the step plan is cached inside ``AttentionMetadata.extras``
 PLAN_KEY = "ascend_attention_plan"

@@ -15,14 +15,11 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
+from engine_plugin_sdk import AttentionMetadata
 
 #: sparse_mode values of npu_fused_infer_attention_score used here
 SPARSE_NONE = 0
 SPARSE_RIGHT_DOWN_CAUSAL = 3
-#: the ``AttentionMetadata.extras`` flag the core sets on steps it captures into a graph
-GRAPH_CAPTURE_KEY = "graph_capture"
-
 
 @dataclass(frozen=True, slots=True)
 class AttentionLaunch:
@@ -68,7 +65,7 @@ def check_supported_features(metadata: AttentionMetadata) -> None:
         raise ValueError("logits soft-capping is not supported on npu")
     if not metadata.causal:
         raise ValueError("non-causal attention is not supported on npu")
-    if metadata.extras.get(GRAPH_CAPTURE_KEY):
+    if metadata.graph_capture:
         raise ValueError(
             "attention on npu cannot be captured in a decode graph yet: the fused attention takes sequence "
             "lengths as host arguments, which a graph would freeze"

@@ -6,22 +6,7 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
-from engine_plugin_ascend.layout import SUPPORTED_DTYPES
-
-
-def torch_dtype(dtype: Any) -> torch.dtype:
-    """A dtype name or torch dtype as a torch dtype.
-
-    Raises:
-        ValueError: for a name torch does not know.
-    """
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; the npu platform runs {list(SUPPORTED_DTYPES)}")
-    return resolved
+from engine_plugin_sdk import GemmBackend, QuantizedWeight, torch_dtype
 
 
 class AscendGemmBackend(GemmBackend):

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.graph_capture import GraphCapture
+from engine_plugin_sdk import GraphCapture
 
 #: small batches get their own graph (each padding row is a whole wasted sequence there)
 SMALL_BUCKETS = (1, 2, 4, 8)

@@ -14,11 +14,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine.interfaces.gemm import GemmBackend
-from engine.interfaces.graph_capture import GraphCapture
-from engine.interfaces.platform import Capabilities, DetectResult, Platform
 from engine_plugin_ascend import kernel_switch, runtime
 from engine_plugin_ascend.layout import (
     PREFERRED_DTYPE,
@@ -26,10 +21,20 @@ from engine_plugin_ascend.layout import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_SIZES,
 )
+from engine_plugin_sdk import (
+    AttentionBackend,
+    BlockCache,
+    Capabilities,
+    DetectResult,
+    GemmBackend,
+    GraphCapture,
+    KVCacheSpec,
+    Platform,
+)
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
     from engine_plugin_ascend.communicator import AscendCommunicator
+    from engine_plugin_sdk import EngineConfig
 
 #: the KV budget on the reference substitute, which shares host RAM with everything else
 REFERENCE_KV_CACHE_BYTES = 1024**3
@@ -137,9 +142,10 @@ class AscendPlatform(Platform):
         return AscendGemmBackend(self.torch_device())
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
-        from engine_plugin_ascend.block_cache import AscendBlockCache
+        from engine_plugin_sdk import TorchBlockCache
 
-        return AscendBlockCache(spec, num_blocks, attention, self.torch_device())
+        # page-locked host pool: swaps then copy by DMA without a staging buffer (ignored on the CPU substitute)
+        return TorchBlockCache(spec, num_blocks, attention, device=self.torch_device(), pin_host=True)
 
     def make_graph_capture(self) -> GraphCapture:
         from engine_plugin_ascend.graph import AscendGraphCapture

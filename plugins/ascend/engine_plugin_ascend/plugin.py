@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.plugins.hookspecs import hookimpl
+from engine_plugin_sdk import hookimpl
 
 ENGINE_PLUGIN_API = ">=2.0,<3"
 

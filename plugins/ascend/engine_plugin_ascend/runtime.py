@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from engine.interfaces.platform import DetectResult
+from engine_plugin_sdk import DetectResult
 
 DEVICE_NODE_PATTERN = "/dev/davinci[0-9]*"
 INSTALL_HINT = (

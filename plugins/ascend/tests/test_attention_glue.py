@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_ascend import reference_kernels
 from engine_plugin_ascend.attention import PLAN_KEY, AscendAttentionBackend
 from engine_plugin_ascend.attention_plan import build_step_plan
@@ -19,6 +18,7 @@ from engine_plugin_ascend.layout import (
     kv_cache_shape,
     split_caches,
 )
+from engine_plugin_sdk import AttentionMetadata
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.tolerances import compare
 
@@ -129,7 +129,7 @@ def test_a_pure_decode_step_needs_no_index_work() -> None:
         ({"sliding_window": 8}, "sliding-window"),
         ({"logits_soft_cap": 2.0}, "soft-capping"),
         ({"causal": False}, "non-causal"),
-        ({"extras": {"graph_capture": True}}, "decode graph"),
+        ({"graph_capture": True}, "decode graph"),
     ],
 )
 def test_unclaimed_features_are_refused(change: dict, message: str) -> None:

@@ -6,7 +6,6 @@ op adapters, graph replay, block copies and swaps, capability honesty), not the 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -63,30 +62,18 @@ def test_tiny_llama_generates_transformers_greedy_tokens(
     suite's float16 one (0.05) is missed even by HF transformers' own fp16 run of this model (0.0505
     measured), so it cannot separate a glue bug from half-precision rounding.
     """
-    from engine.config import CacheConfig, EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.plugins import PluginManager
-    from engine.sampling.params import SamplingParams
-    from engine_conformance.test_end_to_end import MAX_TOKENS, PROMPTS, build_tiny_llama, hf_greedy
+    from engine import LLM, SamplingParams
+    from engine_plugin_sdk.testing import MAX_TOKENS, PROMPTS, build_tiny_llama, hf_greedy
 
     monkeypatch.setenv(KERNELS_ENV, REFERENCE_KERNELS)
     model = build_tiny_llama(tmp_path, head_dim=64)
-    config = EngineConfig(
-        model=str(tmp_path), device="npu", dtype="float16", cache=CacheConfig(block_size=128)
-    )
-    engine = LLMEngine.from_config(config, PluginManager(allow=["ascend"]))
+    llm = LLM(model=str(tmp_path), device="npu", dtype="float16", block_size=128)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, params)
-    results = {}
-    for _ in itertools.count():
-        results.update({o.request_id: o for o in engine.step() if o.finished})
-        if len(results) == len(PROMPTS):
-            break
+    results = llm.generate(PROMPTS, params, use_tqdm=False)
     atol = get_tolerance(torch.bfloat16).logits_atol
     for i, prompt in enumerate(PROMPTS):
         tokens, logprobs = hf_greedy(model, prompt)
-        got = results[str(i)].outputs[0]
+        got = results[i].outputs[0]
         assert list(got.token_ids) == tokens, f"prompt {i}: {list(got.token_ids)} vs transformers {tokens}"
         for step, (reported, reference) in enumerate(zip(got.logprobs, logprobs, strict=True)):
             for token_id, logprob in reported.items():

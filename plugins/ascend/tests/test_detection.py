@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.plugins import PluginManager, select_platform
-from engine.plugins.selection import DeviceNotAvailableError
+from engine import DeviceNotAvailableError, PluginManager, select_platform
 from engine_plugin_ascend import kernel_switch, plugin, runtime
 from engine_plugin_ascend.platform import AscendPlatform
 

@@ -10,15 +10,21 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.interfaces import AttentionBackend, BlockCache, GemmBackend, GraphCapture, KVCacheSpec
-from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.ops import CORE_OP_NAMES
+from engine import CacheConfig, EngineConfig
 from engine_plugin_ascend import kernel_switch, npu_kernels, reference_kernels
-from engine_plugin_ascend.block_cache import AscendBlockCache
 from engine_plugin_ascend.communicator import AscendCommunicator
 from engine_plugin_ascend.gemm import AscendGemmBackend
 from engine_plugin_ascend.platform import AscendPlatform
+from engine_plugin_sdk import (
+    CORE_OP_NAMES,
+    AttentionBackend,
+    BlockCache,
+    GemmBackend,
+    GraphCapture,
+    KVCacheSpec,
+    QuantizedWeight,
+    TorchBlockCache,
+)
 from engine_plugin_sdk.reference_ops import ref_linear
 
 
@@ -158,7 +164,8 @@ def test_gemm_against_float64(platform: AscendPlatform) -> None:
 
 def test_block_cache_rejects_bad_pairs(platform: AscendPlatform) -> None:
     attention = platform.make_attention_backend()
-    pool = AscendBlockCache(KVCacheSpec(1, 1, 64, 128, torch.float16), 4, attention, torch.device("cpu"))
+    pool = platform.make_block_cache(KVCacheSpec(1, 1, 64, 128, torch.float16), 4, attention)
+    assert isinstance(pool, TorchBlockCache) and pool.pool.device.type == "cpu"  # the reference substitute
     with pytest.raises(ValueError, match="source block ids"):
         pool.copy_blocks([(4, 0)])
     with pytest.raises(ValueError, match="more than once"):
@@ -166,7 +173,7 @@ def test_block_cache_rejects_bad_pairs(platform: AscendPlatform) -> None:
     with pytest.raises(ValueError, match="destination block ids"):
         pool.swap_out([(0, 1)])  # one host block by default for 4 device blocks
     with pytest.raises(ValueError, match="at least 1"):
-        AscendBlockCache(KVCacheSpec(1, 1, 64, 128, torch.float16), 0, attention, torch.device("cpu"))
+        platform.make_block_cache(KVCacheSpec(1, 1, 64, 128, torch.float16), 0, attention)
 
 
 def test_communicator_single_rank(tmp_path: Any) -> None:

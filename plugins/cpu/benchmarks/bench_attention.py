@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_cpu.attention import CpuAttentionBackend
 from engine_plugin_cpu.attention_plan import ChunkBudget
+from engine_plugin_sdk import AttentionMetadata
 
 
 def decode_case(

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine_plugin_cpu.attention_checks import check_shapes, check_slots
 from engine_plugin_cpu.attention_plan import (
     ChunkBudget,
@@ -29,6 +28,7 @@ from engine_plugin_cpu.captured_attention import CapturedStepCache, call_decode_
 from engine_plugin_cpu.chunked_softmax import attend, attend_with_lse, flash_with_lse_available, merge_chunk
 from engine_plugin_cpu.native_decode import native_decode_context
 from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+from engine_plugin_sdk import AttentionBackend, AttentionMetadata
 
 if TYPE_CHECKING:
     from engine_plugin_cpu.native_kernels import NativeKernels
@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 PLAN_KEY = "cpu_attention_plan"
 #: where the grouping of equal-length prefills is cached, next to the plan
 PREFILL_BATCHES_KEY = "cpu_prefill_batches"
-#: set by the core's decode graphs: the step is a padded bucket being compiled or replayed
-GRAPH_CAPTURE_KEY = "graph_capture"
-
 
 class CpuAttentionBackend(AttentionBackend):
     """Paged attention for any mix of prefill, chunked-prefill and decode rows, in fp32 or bf16.
@@ -91,7 +88,7 @@ class CpuAttentionBackend(AttentionBackend):
             self._store(key, value, kv_cache, rows, slots.index_select(0, rows))
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
-        if metadata.extras.get(GRAPH_CAPTURE_KEY):
+        if metadata.graph_capture:
             return call_decode_op(self._decode_op, query, key, value, kv_cache, metadata)
         if self.native is not None and metadata.is_pure_decode:
             total_context = native_decode_context(query, key, value, kv_cache, metadata)

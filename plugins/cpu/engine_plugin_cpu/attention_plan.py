@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_cpu.chunked_softmax import additive_mask
+from engine_plugin_sdk import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)

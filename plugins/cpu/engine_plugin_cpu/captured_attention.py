@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
+from engine_plugin_sdk import AttentionMetadata
 
 if TYPE_CHECKING:
     from engine_plugin_cpu.attention import CpuAttentionBackend

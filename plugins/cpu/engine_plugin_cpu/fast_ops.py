@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.interfaces.ops import silu_and_mul
+from engine_plugin_sdk import silu_and_mul
 
 if TYPE_CHECKING:
     from engine_plugin_cpu.native_kernels import NativeKernels

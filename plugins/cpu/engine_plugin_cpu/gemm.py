@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
-from engine_plugin_cpu.platform import torch_dtype
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
+from engine_plugin_sdk import GemmBackend, QuantizedWeight, torch_dtype
 
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}

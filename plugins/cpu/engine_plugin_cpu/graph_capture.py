@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.graph_capture import GraphCapture
 from engine_plugin_cpu.gemm import SINGLE_THREAD_MAX_ROWS
+from engine_plugin_sdk import GraphCapture
 
 logger = logging.getLogger(__name__)
 

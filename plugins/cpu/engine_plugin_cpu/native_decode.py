@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_cpu.attention_checks import check_shapes, check_slots
+from engine_plugin_sdk import AttentionMetadata
 
 #: where a step's check is cached: None (not eligible) or its total context length
 NATIVE_DECODE_KEY = "cpu_native_decode"

@@ -7,15 +7,21 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine.interfaces.gemm import GemmBackend
-from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
-from engine.interfaces.platform import Capabilities, DetectResult, Platform
+from engine_plugin_sdk import (
+    AttentionBackend,
+    BlockCache,
+    Capabilities,
+    DetectResult,
+    EagerGraphCapture,
+    GemmBackend,
+    GraphCapture,
+    KVCacheSpec,
+    Platform,
+)
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
     from engine_plugin_cpu.native_kernels import NativeKernels
+    from engine_plugin_sdk import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +160,10 @@ class CpuPlatform(Platform):
         return cpu_op_overrides(self.native_kernels())
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
-        from engine_plugin_cpu.block_cache import CpuBlockCache
+        from engine_plugin_sdk import TorchBlockCache
 
-        return CpuBlockCache(spec, num_blocks, attention)
+        # host RAM is the device here: the swap pool is just a second, smaller pool in the same memory
+        return TorchBlockCache(spec, num_blocks, attention, device="cpu")
 
 
 def compile_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -216,18 +223,3 @@ def read_cgroup_limit() -> int | None:
     """The cgroup v2 memory limit in bytes, or None when there is none ("max") or no cgroup v2."""
     return read_int_file(CGROUP_MEMORY_MAX)
 
-
-def torch_dtype(dtype: Any) -> Any:
-    """Map a dtype name (``"float32"``, ``"bfloat16"``) or a torch dtype to a torch dtype.
-
-    Raises:
-        ValueError: for a name torch does not know or a dtype this platform does not run.
-    """
-    import torch
-
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; the CPU platform runs {list(SUPPORTED_DTYPES)}")
-    return resolved

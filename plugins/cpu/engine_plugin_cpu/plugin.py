@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.plugins.hookspecs import hookimpl
+from engine_plugin_sdk import hookimpl
 
 ENGINE_PLUGIN_API = ">=2.0,<3"
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
 from engine_plugin_cpu.attention import PLAN_KEY, CpuAttentionBackend
 from engine_plugin_cpu.attention_plan import ChunkBudget, bucket_by_length
+from engine_plugin_sdk import AttentionMetadata
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -383,7 +383,6 @@ def test_equal_length_prefills_batched_into_one_call_match_the_reference():
     """Several plain prompts of the same length (one SDPA call) next to one of another length."""
     import random
 
-    from engine.interfaces.attention import AttentionMetadata
     from engine_plugin_cpu.attention import CpuAttentionBackend
 
     torch.manual_seed(5)

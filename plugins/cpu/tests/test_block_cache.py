@@ -1,24 +1,25 @@
-"""Block copies and swaps move exact bytes in every layer and touch nothing else."""
+"""The SDK's torch block pool over the CPU attention layout: block copies and swaps move exact bytes in
+every layer and touch nothing else."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.interfaces.block_cache import KVCacheSpec
 from engine_plugin_cpu.attention import CpuAttentionBackend
-from engine_plugin_cpu.block_cache import CpuBlockCache
 from engine_plugin_cpu.platform import CpuPlatform
+from engine_plugin_sdk import KVCacheSpec, TorchBlockCache
 
 
 def make_cache(
     dtype: torch.dtype = torch.float32, num_blocks: int = 24, num_host_blocks: int | None = 8
-) -> CpuBlockCache:
+) -> TorchBlockCache:
     spec = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=64, block_size=16, dtype=dtype)
-    cache = CpuBlockCache(spec, num_blocks, CpuAttentionBackend(), num_host_blocks=num_host_blocks)
+    cache = TorchBlockCache(spec, num_blocks, CpuAttentionBackend(), num_host_blocks=num_host_blocks)
     gen = torch.Generator().manual_seed(1)
     # random contents (not the zeros it starts with) so a wrong copy cannot match by accident
     cache.pool.copy_(torch.randn(cache.pool.shape, generator=gen).to(dtype))
+    # the host pool is allocated on first use; fill it too, so an untouched host block is recognisable
     cache.host_pool.copy_(torch.randn(cache.host_pool.shape, generator=gen).to(dtype))
     return cache
 
@@ -36,7 +37,7 @@ def test_layout_and_views() -> None:
 
 def test_fresh_cache_is_zeroed() -> None:
     spec = KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=32, block_size=8, dtype="bfloat16")
-    cache = CpuBlockCache(spec, 10, CpuAttentionBackend())
+    cache = TorchBlockCache(spec, 10, CpuAttentionBackend())
     assert cache.pool.dtype == torch.bfloat16 and not cache.pool.any()
     assert cache.num_host_blocks == 2  # a quarter of the pool by default
 
@@ -101,12 +102,12 @@ def test_platform_factory_builds_the_cache() -> None:
     platform = CpuPlatform()
     spec = KVCacheSpec(num_layers=2, num_kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32)
     cache = platform.make_block_cache(spec, 40, platform.make_attention_backend())
-    assert isinstance(cache, CpuBlockCache) and cache.num_blocks == 40 and cache.num_host_blocks == 10
+    assert isinstance(cache, TorchBlockCache) and cache.num_blocks == 40 and cache.num_host_blocks == 10
 
 
 def test_invalid_sizes_are_rejected() -> None:
     spec = KVCacheSpec(num_layers=1, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
     with pytest.raises(ValueError, match="num_blocks must be at least 1"):
-        CpuBlockCache(spec, 0, CpuAttentionBackend())
+        TorchBlockCache(spec, 0, CpuAttentionBackend())
     with pytest.raises(ValueError, match="unknown dtype"):
-        CpuBlockCache(KVCacheSpec(1, 1, 64, 16, "float99"), 4, CpuAttentionBackend())
+        TorchBlockCache(KVCacheSpec(1, 1, 64, 16, "float99"), 4, CpuAttentionBackend())

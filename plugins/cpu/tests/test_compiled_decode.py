@@ -4,18 +4,17 @@ with ``ENGINE_CPU_COMPILE=1`` against the eager engine on a tiny model."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.interfaces.attention import AttentionMetadata
-from engine.llm_engine import LLMEngine
-from engine.sampling.params import SamplingParams
-from engine_conformance.test_end_to_end import build_tiny_llama, run_to_completion
+from engine import LLM, SamplingParams
 from engine_plugin_cpu.attention import CpuAttentionBackend
 from engine_plugin_cpu.graph_capture import CompiledGraphCapture
 from engine_plugin_cpu.platform import COMPILE_ENV, CpuPlatform, compile_enabled
+from engine_plugin_sdk import AttentionMetadata
+from engine_plugin_sdk.testing import build_tiny_llama, run_to_completion
 
 BLOCK = 16
 KV_HEADS, HEADS, DIM = 2, 4, 32
@@ -56,7 +55,7 @@ def metadata_for(inputs: dict[str, torch.Tensor], rows: int, bucket_mode: bool) 
         max_seq_len=max(lens),
         block_size=BLOCK,
         scale=DIM**-0.5,
-        extras={"graph_capture": True} if bucket_mode else {},
+        graph_capture=bucket_mode,
     )
 
 
@@ -92,7 +91,7 @@ def test_compile_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not CpuPlatform().make_gemm_backend().prepack
 
 
-def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def generate(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     return [list(out.outputs[0].token_ids) for out in run_to_completion(engine, prompts, params)]
 
@@ -105,34 +104,40 @@ def test_compiled_engine_matches_eager_and_frees_every_block(
     build_tiny_llama(tmp_path, head_dim=32, seed=int(torch.randint(0, 1000, ())))
     prompts = [torch.randint(3, 128, (int(n),)).tolist() for n in torch.randint(2, 40, (5,))]
 
-    def engine(eager: bool) -> LLMEngine:
-        return LLMEngine.from_config(
-            EngineConfig(
-                model=str(tmp_path),
-                device="cpu",
-                dtype="float32",
-                enforce_eager=eager,
-                cache=CacheConfig(block_size=BLOCK),
-                scheduler=SchedulerConfig(max_num_seqs=4),
-            )  # fmt: skip
-        )
+    def engine(eager: bool) -> Any:
+        llm = LLM(
+            model=str(tmp_path), device="cpu", dtype="float32", enforce_eager=eager,
+            block_size=BLOCK, max_num_seqs=4,
+        )  # fmt: skip
+        return llm.llm_engine
+
+    # the plugin's own capture objects, recorded as the platform hands them to the engine
+    captures: list[CompiledGraphCapture] = []
+    calls: list[int] = []
+    make_capture = CpuPlatform.make_graph_capture
+    run = CompiledGraphCapture.run
+
+    def recording_make(self: CpuPlatform) -> Any:
+        capture = make_capture(self)
+        captures.append(capture)
+        return capture
+
+    def counting_run(self: CompiledGraphCapture, batch_size: int, *inputs: object) -> object:
+        calls.append(batch_size)
+        return run(self, batch_size, *inputs)
+
+    monkeypatch.setattr(CpuPlatform, "make_graph_capture", recording_make)
+    monkeypatch.setattr(CompiledGraphCapture, "run", counting_run)
 
     eager = generate(engine(True), prompts, 12)
     compiled = engine(False)
-    graphs = compiled.runner.decode_graphs
-    assert graphs is not None and graphs.graphs.captured_batch_sizes() == [1, 2, 4]
-    calls: list[int] = []
-    original_run = graphs.graphs.run
-
-    def counting_run(batch_size: int, *inputs: object) -> object:
-        calls.append(batch_size)
-        return original_run(batch_size, *inputs)
-
-    graphs.graphs.run = counting_run  # type: ignore[method-assign]
+    captured = [c for c in captures if isinstance(c, CompiledGraphCapture) and c.captured_batch_sizes()]
+    assert len(captured) == 1 and captured[0].captured_batch_sizes() == [1, 2, 4]
+    calls.clear()
     # five prompts on four sequence slots: decode batches of 4, then 1, each after different inputs
     assert generate(compiled, prompts, 12) == eager
     assert {1, 4} <= set(calls), (
         f"decode steps should have replayed buckets 1 and 4, got {sorted(set(calls))}"
     )
-    manager = compiled.block_manager
-    assert manager.num_free_blocks == manager.num_total_blocks and not manager.block_tables
+    assert not compiled.has_unfinished_requests()
+    assert compiled.num_free_blocks == compiled.num_total_blocks

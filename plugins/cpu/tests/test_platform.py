@@ -8,13 +8,11 @@ import sys
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.graph_capture import EagerGraphCapture
-from engine.plugins import PluginManager, select_platform
+from engine import CacheConfig, EngineConfig, PluginManager, select_platform
 from engine_plugin_cpu import plugin
 from engine_plugin_cpu.gemm import CpuGemmBackend
 from engine_plugin_cpu.platform import CpuPlatform, preferred_dtype, read_meminfo_bytes
+from engine_plugin_sdk import EagerGraphCapture, QuantizedWeight
 
 
 def test_entry_point_discovery() -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
-from engine.loader.quantized import concat_rows, map_rows
 from engine_plugin_cpu import gemm as gemm_module
 from engine_plugin_cpu.gemm import (
     INT4_MAX_PACKED_ROWS,
@@ -17,6 +18,7 @@ from engine_plugin_cpu.gemm import (
     prepack_dense,
 )
 from engine_plugin_cpu.quant_pack import unpack_q4, unpack_q8_0
+from engine_plugin_sdk import QuantizedWeight
 from engine_plugin_sdk.quant import make_quantized_weight
 
 SCHEMES = ["gguf_q4_0", "gguf_q4_1", "gguf_q8_0"]
@@ -74,24 +76,30 @@ def test_packed_weight_refuses_float32_activations() -> None:
         gemm.linear(torch.randn(1, 64), prepared)
 
 
-def test_row_edits_stay_quantized_and_match_dense() -> None:
+def rows_edited(weights: list[QuantizedWeight], rows_fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
+    """GGUF weights stacked by rows, then rows reordered, on the block bytes themselves: what the loader
+    hands the GEMM for a fused q/k/v projection (whose loader-side edits core/tests checks)."""
+    first = weights[0]
+    data = rows_fn(torch.cat([w.data for w in weights]))
+    shape = (sum(w.shape[0] for w in weights), first.shape[1])
+
+    def dequantize() -> torch.Tensor:
+        return rows_fn(torch.cat([w.dequantize() for w in weights]))
+
+    return QuantizedWeight(first.scheme, data, shape, dequantize, dict(first.extra))
+
+
+def test_row_edited_weights_stay_packed_and_match_dense() -> None:
     a = make_quantized_weight("gguf_q4_1", 48, 64, seed=1)
     b = make_quantized_weight("gguf_q4_1", 16, 64, seed=2)
-    stacked = concat_rows([a, b])
-    assert stacked.shape == (64, 64) and stacked.scheme == "gguf_q4_1"
-    torch.testing.assert_close(
-        stacked.dequantize(), torch.cat([a.dequantize(), b.dequantize()]), atol=0, rtol=0
-    )
-    flip = map_rows(stacked, lambda t: t.flip(0))
-    torch.testing.assert_close(flip.dequantize(), stacked.dequantize().flip(0), atol=0, rtol=0)
+    flip = rows_edited([a, b], lambda t: t.flip(0))
     packed = CpuGemmBackend(dense_copy=False).prepare_weight(flip, torch.bfloat16)
+    assert isinstance(packed, PackedWeight)
     x = torch.randn(1, 64).to(torch.bfloat16)
     expected = x.double() @ flip.dequantize().double().T
     assert (
         CpuGemmBackend().linear(x, packed).double() - expected
     ).abs().max() <= BF16_REL_TOL * expected.abs().max()
-    with pytest.raises(ValueError, match="cannot stack"):
-        concat_rows([a, make_quantized_weight("gguf_q8_0", 16, 64)])
 
 
 def test_prepacked_dense_copy_is_bit_identical_to_linear() -> None:

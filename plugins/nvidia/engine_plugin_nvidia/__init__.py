@@ -2,9 +2,8 @@
 
 The entry point is :mod:`engine_plugin_nvidia.plugin`; classes live in their own modules and are
 imported lazily so that discovering the plugin never imports Triton or initialises CUDA. The Triton
-kernels in :mod:`engine_plugin_nvidia.triton_kernels` and the torch-GPU glue in
-:mod:`engine_plugin_nvidia.gpu_common` use no CUDA-only API and are shared with other GPU plugins; the
-modules beside them are NVIDIA's thin parameterisations.
+kernels and the torch-GPU glue come from the SDK's vendor-neutral GPU layer (:mod:`engine_plugin_sdk.gpu`,
+shared with the AMD ROCm plugin); the modules here are NVIDIA's thin parameterisations of it.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""Paged attention on NVIDIA GPUs: the shared Triton backend with NVIDIA's launch table.
+"""Paged attention on NVIDIA GPUs: the SDK's Triton backend with NVIDIA's launch table.
 
 The implementation (cache layout, prefill / decode dispatch, input checks) is
-:mod:`engine_plugin_nvidia.gpu_common.attention`, shared with the ROCm plugin; the tuning comes from
+:mod:`engine_plugin_sdk.gpu.attention`, shared with the ROCm plugin; the tuning comes from
 :mod:`engine_plugin_nvidia.tuning` through the platform.
 """
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.gpu_common.attention import (
-    TritonPagedAttentionBackend,
-    check_inputs,
-    stream_capturing,
-)
+from engine_plugin_sdk.gpu.attention import TritonPagedAttentionBackend, check_inputs, stream_capturing
 
-__all__ = ["TritonAttentionBackend", "check_inputs", "query_capture_in_progress"]
-
-#: the earlier name of :func:`~engine_plugin_nvidia.gpu_common.attention.stream_capturing`
-query_capture_in_progress = stream_capturing
+__all__ = ["TritonAttentionBackend", "check_inputs", "stream_capturing"]
 
 
 class TritonAttentionBackend(TritonPagedAttentionBackend):

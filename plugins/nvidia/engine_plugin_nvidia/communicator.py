@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.gpu_common.communicator import TorchDistCommunicator
+from engine_plugin_sdk.gpu.communicator import TorchDistCommunicator
 
 __all__ = ["NcclCommunicator"]
 

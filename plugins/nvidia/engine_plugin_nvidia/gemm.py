@@ -1,7 +1,7 @@
 """GEMM on NVIDIA GPUs: bf16 / fp16 / fp32 through torch (cuBLAS), FP8 e4m3 weights through torch's scaled matmul,
 and single-row bf16 / fp16 products (batch-1 decode) through a Triton GEMV, which streams the weight faster.
 
-The implementation, including the two-term FP8 activations, is :mod:`engine_plugin_nvidia.gpu_common.gemm`
+The implementation, including the two-term FP8 activations, is :mod:`engine_plugin_sdk.gpu.gemm`
 (shared with the ROCm plugin). NVIDIA's FP8 tensor cores (Ada / Hopper and later) multiply the OCP
 ``float8_e4m3fn`` that checkpoints store, so weights load without conversion.
 """
@@ -12,18 +12,12 @@ from typing import Any
 
 import torch
 
-from engine.interfaces.gemm import RowQuantizedActivations
-from engine_plugin_nvidia.gpu_common import gemm as _common
-from engine_plugin_nvidia.gpu_common.gemm import (
-    FP8_SCHEME,
-    Fp8Weight,
-    TorchGemmBackend,
-    fp8_linear,
-    to_torch_dtype,
-)
+from engine_plugin_sdk import RowQuantizedActivations
+from engine_plugin_sdk.gpu import gemm as _common
+from engine_plugin_sdk.gpu.gemm import FP8_SCHEME, Fp8Weight, TorchGemmBackend, fp8_linear
 
-# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_nvidia.gpu_common.gemm
-__all__ = ["FP8_MAX", "FP8_SCHEME", "CudaGemmBackend", "Fp8Weight", "to_torch_dtype"]
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.gemm
+__all__ = ["FP8_MAX", "FP8_SCHEME", "CudaGemmBackend", "Fp8Weight"]
 
 #: the FP8 dtype NVIDIA's tensor cores take
 FP8_DTYPE = "float8_e4m3fn"
@@ -67,13 +61,13 @@ class CudaGemmBackend(TorchGemmBackend):
         if isinstance(x, RowQuantizedActivations):
             return super().linear(x, weight, bias)
         if isinstance(weight, Fp8Weight) and weight.per_token_activations and x.is_cuda:
-            from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
+            from engine_plugin_sdk.gpu.triton_kernels.launchers import quantize_rows_fp8
 
             # one fused pass over the activations instead of torch's five
             return fp8_linear(x, weight, bias, quantize=quantize_rows_fp8)
         tile = _gemv_tile(x, weight)
         if tile is not None:
-            from engine_plugin_nvidia.triton_kernels.launchers import gemv
+            from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
 
             return gemv(x, weight, bias, **tile)
         return super().linear(x, weight, bias)

@@ -1,15 +1,10 @@
-"""CUDA graphs for decode steps: the shared torch graph capture (:mod:`engine_plugin_nvidia.gpu_common.graph_capture`)."""
+"""CUDA graphs for decode steps: the SDK's torch graph capture (:mod:`engine_plugin_sdk.gpu.graph_capture`)."""
 
 from __future__ import annotations
 
 import logging
 
-from engine_plugin_nvidia.gpu_common.graph_capture import (
-    WARMUP_RUNS,
-    CapturedStep,
-    CaptureReport,
-    TorchGraphCapture,
-)
+from engine_plugin_sdk.gpu.graph_capture import WARMUP_RUNS, CapturedStep, CaptureReport, TorchGraphCapture
 
 __all__ = ["WARMUP_RUNS", "CaptureReport", "CapturedStep", "CudaGraphCapture"]
 

@@ -1,9 +1,12 @@
 """The CUDA platform: detection without touching the GPU, honest capabilities, memory, factories.
 
-Everything vendor-neutral lives in :class:`~engine_plugin_nvidia.gpu_common.platform.TorchGpuPlatform`
-(shared with the ROCm plugin); this module adds what is NVIDIA's own: detection through a CUDA build of
-torch, claims by compute capability, the launch table of :mod:`engine_plugin_nvidia.tuning` and the
-pinned host swap pool.
+Everything vendor-neutral lives in the SDK's :class:`~engine_plugin_sdk.gpu.platform.TorchGpuPlatform`
+(shared with the ROCm plugin, and so is the block pool: the SDK's ``TorchBlockCache`` with a pinned host
+pool); this module adds what is NVIDIA's own: detection through a CUDA build of torch, claims by compute
+capability, the FP8 producer ops, and the typed factory hooks naming the launch table of
+:mod:`engine_plugin_nvidia.tuning` and this plugin's backend classes. Each hook imports its module in
+its body, so importing this module (and detecting the platform) loads neither torch's CUDA runtime nor
+Triton.
 
 ``ENGINE_NVIDIA_INTERPRET=1`` on a machine without an NVIDIA GPU makes the platform available in
 *interpreter mode*: the same Triton kernels run on CPU tensors through Triton's interpreter
@@ -15,11 +18,16 @@ in the interpreter) and no graphs or FP8.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine_plugin_nvidia.gpu_common.platform import GPU_DTYPES, GpuComponents, TorchGpuPlatform
+from engine_plugin_sdk.gpu.platform import GPU_DTYPES, TorchGpuPlatform
+
+if TYPE_CHECKING:
+    from engine_plugin_nvidia.attention import TritonAttentionBackend
+    from engine_plugin_nvidia.communicator import NcclCommunicator
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+    from engine_plugin_nvidia.graph_capture import CudaGraphCapture
+    from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning
 
 INTERPRET_ENV = "ENGINE_NVIDIA_INTERPRET"
 #: FP8 tensor cores arrived with Ada (8.9) and Hopper (9.0)
@@ -35,13 +43,6 @@ class CudaPlatform(TorchGpuPlatform):
     priority = 100
     vendor = "NVIDIA"
     interpret_env = INTERPRET_ENV
-    components = GpuComponents(
-        tuning="engine_plugin_nvidia.tuning:tuning_for_device",
-        attention="engine_plugin_nvidia.attention:TritonAttentionBackend",
-        gemm="engine_plugin_nvidia.gemm:CudaGemmBackend",
-        graph_capture="engine_plugin_nvidia.graph_capture:CudaGraphCapture",
-        communicator="engine_plugin_nvidia.communicator:NcclCommunicator",
-    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,21 +85,43 @@ class CudaPlatform(TorchGpuPlatform):
         major, minor = self.compute_capability()
         return {"compute_capability": f"{major}.{minor}"}
 
+    # --- typed factories: each imports its module here, never at module import ---------------------
+
+    def kernel_tuning_for_device(self, interpret: bool) -> KernelTuning:
+        from engine_plugin_nvidia.tuning import tuning_for_device
+
+        return tuning_for_device(interpret)
+
+    def attention_backend_class(self) -> type[TritonAttentionBackend]:
+        from engine_plugin_nvidia.attention import TritonAttentionBackend
+
+        return TritonAttentionBackend
+
+    def gemm_backend_class(self) -> type[CudaGemmBackend]:
+        from engine_plugin_nvidia.gemm import CudaGemmBackend
+
+        return CudaGemmBackend
+
+    def graph_capture_class(self) -> type[CudaGraphCapture]:
+        from engine_plugin_nvidia.graph_capture import CudaGraphCapture
+
+        return CudaGraphCapture
+
+    def communicator_class(self) -> type[NcclCommunicator]:
+        from engine_plugin_nvidia.communicator import NcclCommunicator
+
+        return NcclCommunicator
+
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         overrides = super().op_overrides()
         if self.fp8_dtype():
             # the FP8 producers of W8A8 inputs need FP8 conversions: GPUs with FP8 units only (never the
             # interpreter, where fp8_dtype() is None); checked on an H200, so NVIDIA's platform offers them
-            from engine_plugin_nvidia.triton_kernels import fp8_launchers
+            from engine_plugin_sdk.gpu.triton_kernels import fp8_launchers
 
             overrides["fused_add_rms_norm_fp8"] = fp8_launchers.fused_add_rms_norm_fp8
             overrides["silu_and_mul_fp8"] = fp8_launchers.silu_and_mul_fp8
         return overrides
-
-    def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
-        from engine_plugin_nvidia.block_cache import CudaBlockCache
-
-        return CudaBlockCache(spec, num_blocks, attention, self.torch_device(), pin_host=not self.interpret)
 
 
 #: ``interpreter_requested(environ=None)``: whether ``ENGINE_NVIDIA_INTERPRET=1`` is set

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from engine_plugin_nvidia.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
+from engine_plugin_sdk.gpu.triton_kernels.launch import INTERPRETER_TUNING, AttentionTiles, KernelTuning
 
 
 def tuning_for_device(interpret: bool) -> KernelTuning:

@@ -23,7 +23,3 @@ def device() -> torch.device:
 def kernel_dtypes() -> list[torch.dtype]:
     """bf16 only on a GPU: ``tl.dot`` on bf16 is wrong in the interpreter."""
     return [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_GPU else [])
-
-def pytest_configure(config: pytest.Config) -> None:
-    # test_decode_graphs imports the suite's tiny-model builder, whose module uses this marker
-    config.addinivalue_line("markers", "capability(name): the plugin capability a conformance test checks")

@@ -1,55 +1,47 @@
-"""The core's padded decode-graph path (engine.decode_graphs) on this plugin's kernels.
+"""The core's padded decode-graph path on this plugin's kernels, through the public ``LLM`` API.
 
-On the CPU the graph capture is the eager fallback, which still runs the padded bucket inputs (slot -1,
-context length 0 rows), so the padding logic is checked against the plain eager engine here; on a GPU
-the same test replays real CUDA graphs.
+On a GPU the engine replays real CUDA graphs. In the interpreter the platform claims no graphs, so the
+test claims them for it: the graph capture is then the eager fallback, which still runs the padded
+bucket inputs (slot -1, context length 0 rows), so the padding logic is checked against the plain eager
+engine either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.decode_graphs import DecodeGraphs, decode_buckets
-from engine.interfaces.graph_capture import EagerGraphCapture
-from engine.llm_engine import LLMEngine
-from engine.sampling.params import SamplingParams
-from engine_conformance.test_end_to_end import build_tiny_llama, run_to_completion
+from engine import LLM, SamplingParams
+from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
+from engine_plugin_sdk import Capabilities
+from engine_plugin_sdk.testing import build_tiny_llama
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 7, 8]]
 
 
-def generate(engine: LLMEngine) -> list[list[int]]:
+def generate(llm: LLM) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    return [list(out.outputs[0].token_ids) for out in run_to_completion(engine, PROMPTS, params)]
-
-
-def test_buckets() -> None:
-    assert decode_buckets(1) == [1]
-    assert decode_buckets(6) == [1, 2, 4, 6]
-    assert decode_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
+    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
 @pytest.mark.slow
 def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ENGINE_NVIDIA_INTERPRET", "1")
+    monkeypatch.setenv(INTERPRET_ENV, "1")
     build_tiny_llama(tmp_path, head_dim=64)
-    config = EngineConfig(
-        model=str(tmp_path), device="cuda", dtype="float32", enforce_eager=True,
-        cache=CacheConfig(block_size=16), scheduler=SchedulerConfig(max_num_seqs=6),
-    )  # fmt: skip
-    engine = LLMEngine.from_config(config)
-    eager = generate(engine)
-    graphs = DecodeGraphs(
-        engine.model, engine.block_cache.kv_caches,
-        engine.platform.make_graph_capture() if torch.cuda.is_available() else EagerGraphCapture(),
-        6, engine.max_model_len, 16, engine.device,
-    )  # fmt: skip
-    graphs.capture()
-    engine.runner.decode_graphs = graphs
+    common = {"model": str(tmp_path), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
+    eager = generate(LLM(**common, enforce_eager=True))
+
+    claims = CudaPlatform.capabilities
+
+    def with_graphs(self: CudaPlatform) -> Capabilities:
+        return dataclasses.replace(claims(self), graph_capture=True)
+
+    monkeypatch.setattr(CudaPlatform, "capabilities", with_graphs)
+    llm = LLM(**common)
+    graphs = llm.llm_engine.runner.decode_graphs
+    assert graphs is not None and graphs.buckets == [1, 2, 4, 6]
     calls: list[int] = []
     original_run = graphs.graphs.run
 
@@ -58,5 +50,5 @@ def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pyt
         return original_run(batch_size, *inputs)
 
     graphs.graphs.run = counting_run  # type: ignore[method-assign]
-    assert generate(engine) == eager
+    assert generate(llm) == eager
     assert calls and set(calls) <= set(graphs.buckets), f"decode steps should pad to a bucket, got {calls}"

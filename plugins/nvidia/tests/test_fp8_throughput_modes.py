@@ -7,21 +7,29 @@ units (Triton's interpreter converts to FP8 wrongly).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.loader.fp8 import quantize_fp8_per_channel
-from engine.sampling.params import SamplingParams
-from engine_conformance.test_end_to_end import build_tiny_llama
+from engine import LLM, SamplingParams
+from engine_plugin_sdk import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, KVCacheSpec, QuantizedWeight
 from engine_plugin_sdk.quant import make_quantized_weight
+from engine_plugin_sdk.reference_ops import ref_fused_add_rms_norm, ref_silu_and_mul
+from engine_plugin_sdk.testing import build_tiny_llama
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 HAS_FP8 = HAS_GPU and torch.cuda.get_device_capability(0) >= (8, 9)
 requires_fp8 = pytest.mark.skipif(not HAS_FP8, reason="needs an NVIDIA GPU with FP8 units (compute capability 8.9+)")
+
+
+def load_time_fp8(out_features: int, in_features: int, seed: int, device: torch.device) -> QuantizedWeight:
+    """A per-channel FP8 weight marked as the engine marks the ones it quantizes at load
+    (``quantization="fp8"``): its activations may take one FP8 term per row (W8A8)."""
+    qw = make_quantized_weight("fp8_e4m3", out_features, in_features, seed=seed, device=device)
+    return dataclasses.replace(qw, extra={**qw.extra, ACTIVATIONS_KEY: PER_TOKEN_ACTIVATIONS})
 
 
 def simulated_w8a8(x: torch.Tensor, qw, bias: torch.Tensor | None) -> torch.Tensor:
@@ -42,8 +50,7 @@ def test_w8a8_gemm_matches_its_quantization(device: torch.device) -> None:
 
     gemm = CudaGemmBackend(device, fp8=True)
     gen = torch.Generator().manual_seed(21)
-    weight = (torch.randn(96, 256, generator=gen) / 16).to(device)
-    qw = quantize_fp8_per_channel(weight)
+    qw = load_time_fp8(96, 256, seed=21, device=device)
     # a checkpoint's FP8 weight keeps the two-term activations; the load-time one asks for one term
     assert not gemm.prepare_weight(make_quantized_weight("fp8_e4m3", 96, 256, device=device), torch.float32).per_token_activations
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -61,8 +68,8 @@ def test_w8a8_gemm_matches_its_quantization(device: torch.device) -> None:
 
 @requires_fp8
 def test_fused_activation_quantizer_matches_torch() -> None:
-    from engine_plugin_nvidia.gpu_common.gemm import quantize_rows
-    from engine_plugin_nvidia.triton_kernels.launchers import quantize_rows_fp8
+    from engine_plugin_sdk.gpu.gemm import quantize_rows
+    from engine_plugin_sdk.gpu.triton_kernels.launchers import quantize_rows_fp8
 
     gen = torch.Generator().manual_seed(5)
     for k in (256, 4096, 14336):
@@ -81,9 +88,8 @@ def test_fused_activation_quantizer_matches_torch() -> None:
 
 @requires_fp8
 def test_fused_fp8_producers_match_the_unfused_kernels() -> None:
-    from engine.interfaces.ops import fused_add_rms_norm_fp8 as reference_norm_fp8
-    from engine.interfaces.ops import silu_and_mul_fp8 as reference_silu_fp8
-    from engine_plugin_nvidia.triton_kernels import fp8_launchers, launchers
+    from engine_plugin_sdk.gpu.gemm import quantize_rows
+    from engine_plugin_sdk.gpu.triton_kernels import fp8_launchers, launchers
 
     gen = torch.Generator().manual_seed(9)
     fp8 = torch.float8_e4m3fn
@@ -94,11 +100,13 @@ def test_fused_fp8_producers_match_the_unfused_kernels() -> None:
         agree = (rows.data.view(torch.uint8) == data.view(torch.uint8)).float().mean().item()
         assert agree > 0.99, f"{what}: only {agree:.4%} of the FP8 values agree"
 
-    def close_to_reference(rows, ref) -> None:
-        # the reference norm / product may round an input one bf16 step the other way, which can move
-        # its FP8 value one step: 1/8 of a normal value, or a subnormal step (2^-9 of the row's scale)
-        atol = float(ref.scale.max()) * 2.0**-8
-        torch.testing.assert_close(rows.data.float() * rows.scale, ref.data.float() * ref.scale, rtol=0.13, atol=atol)
+    def close_to_reference(rows, ref: torch.Tensor) -> None:
+        # the float64 reference, rounded to bf16 and quantized by torch, may round an input one bf16 step
+        # the other way, which can move its FP8 value one step: 1/8 of a normal value, or a subnormal step
+        # (2^-9 of the row's scale)
+        data, scale = quantize_rows(ref.to(torch.bfloat16), fp8)
+        atol = float(scale.max()) * 2.0**-8
+        torch.testing.assert_close(rows.data.float() * rows.scale, data.float() * scale, rtol=0.13, atol=atol)
 
     for hidden, inter in ((4096, 14336), (200, 96)):
         x, residual, w = ((torch.randn(*shape, generator=gen) * 2).to(torch.bfloat16).cuda()
@@ -107,21 +115,18 @@ def test_fused_fp8_producers_match_the_unfused_kernels() -> None:
         normed, want_sum = launchers.fused_add_rms_norm(x, residual, w, 1e-5)
         assert torch.equal(summed, want_sum)
         same_as(rows, *launchers.quantize_rows_fp8(normed), f"norm {hidden}")
-        ref_rows, _ = reference_norm_fp8(x, residual, w, 1e-5, fp8)
-        close_to_reference(rows, ref_rows)
+        close_to_reference(rows, ref_fused_add_rms_norm(x, residual, w, 1e-5)[0])
 
         gate_up = (torch.randn(37, 2 * inter, generator=gen) * 2).to(torch.bfloat16).cuda()
         act = fp8_launchers.silu_and_mul_fp8(gate_up, fp8)
         same_as(act, *launchers.quantize_rows_fp8(launchers.silu_and_mul(gate_up)), f"silu {inter}")
-        ref_act = reference_silu_fp8(gate_up, fp8)
-        close_to_reference(act, ref_act)
+        close_to_reference(act, ref_silu_and_mul(gate_up))
     with pytest.raises(ValueError, match="e4m3"):
         fp8_launchers.silu_and_mul_fp8(gate_up, torch.float8_e5m2)
 
 
 @requires_fp8
 def test_fp8_kv_cache_block_copies_and_swaps() -> None:
-    from engine.interfaces.block_cache import KVCacheSpec
     from engine_plugin_nvidia.platform import CudaPlatform
 
     platform = CudaPlatform()

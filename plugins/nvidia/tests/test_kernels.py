@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_plugin_nvidia.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
+from engine_plugin_sdk.gpu.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine_conformance.test_end_to_end import VOCAB, build_tiny_llama
-from engine_plugin_nvidia.triton_kernels.variants import compiled_variants, new_variants
+from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variants, new_variants
+from engine_plugin_sdk.testing import VOCAB, build_tiny_llama
 
 HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (Triton compiles nothing in the interpreter)")
@@ -19,8 +19,8 @@ requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (Trit
 
 @requires_gpu
 def test_prefill_kernel_compiles_once_for_any_block_table(device: torch.device) -> None:
-    from engine_plugin_nvidia.triton_kernels.launchers import paged_prefill
     from engine_plugin_nvidia.tuning import tuning_for_device
+    from engine_plugin_sdk.gpu.triton_kernels.launchers import paged_prefill
 
     tuning = tuning_for_device(interpret=False)
     heads, kv_heads, dim, bs = 4, 2, 64, 16

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_plugin_nvidia.triton_kernels import launchers, pdl
+from engine_plugin_sdk.gpu.triton_kernels import launchers, pdl
 from engine_plugin_sdk.reference_ops import ref_fused_add_rms_norm, ref_silu_and_mul
 
 needs_pdl = pytest.mark.skipif(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.interfaces.block_cache import KVCacheSpec
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
+from engine_plugin_sdk import EngineConfig, KVCacheSpec, TorchBlockCache
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_linear, ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance
@@ -36,10 +35,10 @@ def test_claims_and_validate(platform: CudaPlatform) -> None:
     caps = platform.capabilities()
     assert {16, 32} <= set(caps.block_sizes) and {64, 128} <= set(caps.head_sizes)
     assert platform.validate(EngineConfig(dtype=caps.dtypes[0])) == []
-    reasons = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(block_size=24)))
+    reasons = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache={"block_size": 24}))
     assert len(reasons) == 1 and "block size 24" in reasons[0]
     # the interpreter converts to FP8 wrongly, so only a GPU with FP8 units claims an FP8 KV cache
-    fp8_kv = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache=CacheConfig(kv_cache_dtype="fp8")))
+    fp8_kv = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache={"kv_cache_dtype": "fp8"}))
     assert bool(fp8_kv) == platform.interpret
     assert platform.validate_head_size(72) and not platform.validate_head_size(128)
     if platform.interpret:
@@ -82,10 +81,31 @@ def test_fp8_refused_without_units_falls_back_to_dense(device: torch.device) -> 
         gemm.prepare_weight(torch.ones(4, 4, dtype=torch.int32), torch.float32)
 
 
+def test_typed_factories_build_this_plugins_pieces(platform: CudaPlatform) -> None:
+    from engine_plugin_nvidia.attention import TritonAttentionBackend
+    from engine_plugin_nvidia.communicator import NcclCommunicator
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+    from engine_plugin_nvidia.graph_capture import CudaGraphCapture
+    from engine_plugin_sdk import EagerGraphCapture
+
+    assert platform.attention_backend_class() is TritonAttentionBackend
+    assert platform.gemm_backend_class() is CudaGemmBackend
+    assert platform.graph_capture_class() is CudaGraphCapture
+    assert platform.communicator_class() is NcclCommunicator
+    assert type(platform.make_attention_backend()) is TritonAttentionBackend
+    assert platform.make_attention_backend().tuning is platform.kernel_tuning()
+    assert type(platform.make_gemm_backend()) is CudaGemmBackend
+    # the interpreter records no graphs: the eager fallback
+    assert isinstance(platform.make_graph_capture(), EagerGraphCapture) == platform.interpret
+
+
 def test_block_cache_copy_and_swap(platform: CudaPlatform) -> None:
     backend = platform.make_attention_backend()
     spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16)
     pool = platform.make_block_cache(spec, 12, backend)
+    # the SDK's pool, page-locking its host blocks on a GPU only
+    assert isinstance(pool, TorchBlockCache) and pool.device == platform.torch_device()
+    assert pool.host_pool.is_pinned() == (not platform.interpret)
     for cache in pool.kv_caches:
         cache.copy_(torch.randn(cache.shape).to(cache.dtype))
     original = pool.pool.clone()

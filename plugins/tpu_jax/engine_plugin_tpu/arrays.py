@@ -45,11 +45,6 @@ def jax_dtype(dtype: Any) -> Any:
     return _JAX_DTYPES[name]
 
 
-def torch_dtype_of(dtype: Any) -> torch.dtype:
-    """The torch dtype with the same name as a JAX dtype."""
-    return getattr(torch, dtype_name(dtype))
-
-
 def to_jax(x: Any) -> jax.Array:
     """A JAX array for a torch tensor (DLPack, zero-copy on the CPU), numpy array or JAX array.
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine_plugin_sdk import AttentionBackend, AttentionMetadata
 from engine_plugin_tpu.arrays import host_int_array, to_jax, to_torch
 from engine_plugin_tpu.paged_attention import (
     TokenBatch,

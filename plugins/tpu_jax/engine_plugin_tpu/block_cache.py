@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine_plugin_sdk import AttentionBackend, BlockCache, KVCacheSpec
 from engine_plugin_sdk.block_ids import block_id_pairs
 from engine_plugin_tpu.arrays import jax_dtype
 

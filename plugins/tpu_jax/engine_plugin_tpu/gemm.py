@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine_plugin_sdk import GemmBackend, QuantizedWeight
 from engine_plugin_tpu.arrays import jax_dtype, to_jax, to_torch
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from engine.interfaces.graph_capture import GraphCapture
+from engine_plugin_sdk import GraphCapture
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine.models.config import ModelConfig
-from engine.models.weights import take_tensor
+from engine_plugin_sdk.models import ModelConfig, take_tensor
 from engine_plugin_tpu.gemm import matmul
 from engine_plugin_tpu.paged_attention import TokenBatch, write_kv
 

@@ -14,16 +14,20 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
-from engine.interfaces.gemm import GemmBackend
-from engine.interfaces.graph_capture import GraphCapture
-from engine.interfaces.platform import Capabilities, DetectResult, Platform
+from engine_plugin_sdk import (
+    AttentionBackend,
+    BlockCache,
+    Capabilities,
+    DetectResult,
+    GemmBackend,
+    GraphCapture,
+    KVCacheSpec,
+    Platform,
+)
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from engine.interfaces.model_runner import PlatformModelRunner
-    from engine.models.config import ModelConfig
+    from engine_plugin_sdk import EngineConfig, PlatformModelRunner
+    from engine_plugin_sdk.models import ModelConfig
 
 logger = logging.getLogger(__name__)
 

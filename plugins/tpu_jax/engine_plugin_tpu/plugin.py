@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.plugins.hookspecs import hookimpl
+from engine_plugin_sdk import hookimpl
 
 ENGINE_PLUGIN_API = ">=2.0,<3"
 

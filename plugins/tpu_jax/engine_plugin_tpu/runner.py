@@ -17,11 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from engine.interfaces.block_cache import BlockCache
-from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
-from engine.models.config import ModelConfig
-from engine.models.rotary import build_cos_sin_cache
+from engine_plugin_sdk import BlockCache, FlatStep, PlatformModelRunner, QuantizedWeight
+from engine_plugin_sdk.models import ModelConfig, build_cos_sin_cache
 from engine_plugin_tpu.arrays import jax_dtype, to_torch
 from engine_plugin_tpu.attention import attend
 from engine_plugin_tpu.model import SUPPORTED_ARCHITECTURES, LlamaShape, StepArrays, build_params, llama_step

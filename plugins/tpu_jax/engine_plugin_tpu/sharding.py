@@ -24,7 +24,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from engine.models.config import ModelConfig
+from engine_plugin_sdk.models import ModelConfig
 from engine_plugin_tpu.model import LayerParams, LlamaParams
 
 AXIS = "tp"

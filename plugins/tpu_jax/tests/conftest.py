@@ -20,7 +20,7 @@ def allow_jax_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, object]]:
     """A saved two-layer random Llama (vocab 128, head 64, GQA) and its HF model."""
-    from engine_conformance.test_end_to_end import build_tiny_llama
+    from engine_plugin_sdk.testing import build_tiny_llama
 
     folder = tmp_path_factory.mktemp("tiny_llama")
     yield folder, build_tiny_llama(folder, head_dim=64, seed=3)
@@ -35,8 +35,3 @@ def make_llm() -> Callable[..., Any]:
         return LLM(model=str(folder), device=device, **kwargs)
 
     return build
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # the tiny-model builder is imported from the conformance suite, whose tests carry this marker
-    config.addinivalue_line("markers", "capability(name): the plugin capability a conformance test checks")

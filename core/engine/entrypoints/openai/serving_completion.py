@@ -19,15 +19,17 @@ from engine.entrypoints.openai.serving_common import (
     TokenLogprobs,
     abort_on_disconnect,
     add_request,
-    check_context,
+    check_prompt,
     merge_streams,
     parse_body,
+    refused_as_bad_request,
     sampling_params,
     sse,
     stop_hold_back,
     token_logprobs,
     usage,
 )
+from engine.input_processor import check_prompt_token_ids, check_text_prompt
 from engine.outputs import CompletionOutput, RequestOutput
 
 #: most prompts one batched completion request may carry
@@ -70,11 +72,12 @@ class CompletionHandler:
         out = []
         for p in batch:
             if isinstance(p, str):
-                if not p:
-                    raise bad_request("prompt must not be empty", param="prompt")
+                with refused_as_bad_request():
+                    check_text_prompt(p)
                 out.append((tokenizer.encode(p, add_special_tokens=True), p))
             else:
-                self.ctx.check_token_ids(p, "prompt")
+                with refused_as_bad_request():
+                    check_prompt_token_ids(p, self.ctx.vocab_size)
                 out.append((list(p), tokenizer.decode(list(p), skip_special_tokens=False) if req.echo else ""))
         return out
 
@@ -91,13 +94,13 @@ class CompletionHandler:
         params = sampling_params(req, ctx, req.max_tokens, req.logprobs)
         prompts = self._prompts(req)
         for ids, _ in prompts:
-            check_context(len(ids), req.max_tokens, ctx.engine.max_model_len, "max_tokens")
+            check_prompt(ids, req.max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_tokens")
         base_id = f"cmpl-{uuid.uuid4().hex}"
         request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
         streams: list[RequestStream] = []
         try:
             for rid, (ids, _) in zip(request_ids, prompts, strict=False):
-                streams.append(await add_request(ctx, rid, ids, params))
+                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt))
         except BaseException:
             for rid in request_ids[: len(streams)]:
                 ctx.engine.abort(rid)

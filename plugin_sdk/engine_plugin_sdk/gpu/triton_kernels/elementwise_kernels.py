@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_nvidia.triton_kernels.pdl import pdl_begin
+from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
 
 
 @triton.jit

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from engine.interfaces.gemm import RowQuantizedActivations
-from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
-from engine_plugin_nvidia.triton_kernels import pdl
-from engine_plugin_nvidia.triton_kernels.launch import next_power_of_2
-from engine_plugin_nvidia.triton_kernels.launchers import empty_fp8_rows, rows_of
+from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
+from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
+from engine_plugin_sdk.gpu.triton_kernels.launchers import empty_fp8_rows, rows_of
 
 
 def fused_add_rms_norm_fp8(

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from engine_plugin_nvidia.gpu_common.fp8_cache import FP8_CACHE_DTYPES
-from engine_plugin_nvidia.triton_kernels import attention_kernels as ak
-from engine_plugin_nvidia.triton_kernels import elementwise_kernels as ek
-from engine_plugin_nvidia.triton_kernels import gemv_kernels as gk
-from engine_plugin_nvidia.triton_kernels import pdl
-from engine_plugin_nvidia.triton_kernels.launch import KernelTuning, next_power_of_2
+from engine_plugin_sdk.dtypes import FP8_DTYPES
+from engine_plugin_sdk.gpu.triton_kernels import attention_kernels as ak
+from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
+from engine_plugin_sdk.gpu.triton_kernels import gemv_kernels as gk
+from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning, next_power_of_2
 
 #: the decode grid's sequence axis is its second, which CUDA caps at 65,535 programs
 MAX_DECODE_SEQS = 65_535
@@ -67,7 +67,7 @@ def _attention_flags(query: torch.Tensor, kv_cache: torch.Tensor, window: int | 
         "USE_CAP": soft_cap is not None,
         "IS_FP32": query.dtype == torch.float32,
         # products over an FP8 cache run in fp16 (see attention_kernels._dot_operand)
-        "DOT_F16": kv_cache.dtype in FP8_CACHE_DTYPES and query.dtype != torch.float32,
+        "DOT_F16": kv_cache.dtype in FP8_DTYPES and query.dtype != torch.float32,
     }
 
 
@@ -175,7 +175,7 @@ def paged_decode(
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
-        **tuning.decode_tiles(kv_cache.dtype in FP8_CACHE_DTYPES),
+        **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1:

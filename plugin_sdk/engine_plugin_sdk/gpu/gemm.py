@@ -33,11 +33,13 @@ from engine.interfaces.gemm import (
     RowQuantizedActivations,
 )
 from engine.interfaces.ops import quantize_rows as reference_quantize_rows
+from engine_plugin_sdk.dtypes import torch_dtype
 
 FP8_SCHEME = "fp8_e4m3"
 #: largest finite value of each e4m3 flavour
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the dtypes weights and activations run in (FP8 weights are kept apart, as :class:`Fp8Weight`)
+GEMM_DTYPES = ("float32", "bfloat16", "float16")
 _NEGATIVE_ZERO_BITS = -128  # 0x80 as int8
 
 
@@ -57,19 +59,6 @@ class Fp8Weight:
     scale: torch.Tensor
     shape: tuple[int, int]
     per_token_activations: bool = False
-
-
-def to_torch_dtype(dtype: Any) -> torch.dtype:
-    """A torch dtype from a torch dtype or a dtype name.
-
-    Raises:
-        ValueError: for a dtype this backend does not run.
-    """
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if str(dtype) not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; the GPU GEMM runs {sorted(_DTYPES)}")
-    return _DTYPES[str(dtype)]
 
 
 def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +93,7 @@ class TorchGemmBackend(GemmBackend):
         return self.fp8_dtype is not None
 
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
-        target = to_torch_dtype(dtype)
+        target = torch_dtype(dtype, supported=GEMM_DTYPES)
         if isinstance(weight, QuantizedWeight):
             if weight.scheme == FP8_SCHEME and self.fp8 and fp8_shape_ok(weight.shape):
                 return self._prepare_fp8(weight)

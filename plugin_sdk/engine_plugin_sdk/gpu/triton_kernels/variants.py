@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import triton
 
-from engine_plugin_nvidia.triton_kernels import attention_kernels, elementwise_kernels, gemv_kernels
+from engine_plugin_sdk.gpu.triton_kernels import attention_kernels, elementwise_kernels, gemv_kernels
 
 
 def compiled_variants() -> dict[str, int]:

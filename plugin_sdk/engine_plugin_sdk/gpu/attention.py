@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
-from engine_plugin_nvidia.gpu_common.fp8_cache import as_copyable
-from engine_plugin_nvidia.gpu_common.platform import BLOCK_SIZES, HEAD_SIZES
-from engine_plugin_nvidia.triton_kernels import launchers
-from engine_plugin_nvidia.triton_kernels.launch import KernelTuning
+from engine_plugin_sdk.dtypes import as_copyable
+from engine_plugin_sdk.gpu.platform import BLOCK_SIZES, HEAD_SIZES
+from engine_plugin_sdk.gpu.triton_kernels import launchers
+from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning
 
 
 class TritonPagedAttentionBackend(AttentionBackend):
@@ -40,6 +40,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
         #: pure-decode batches write the new keys and values inside the decode kernel (False: a separate
         #: write_kv launch first, as for every other batch)
         self.fused_decode_write = True
+        # the step whose leading decode rows were last counted, and the count: every layer of a step shares
+        # one metadata object, so the count is taken once per step rather than once per layer
+        self._leading: tuple[AttentionMetadata, int] | None = None
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -70,7 +73,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
             # read it once per query head. Only when those rows fill the device without splitting their
             # contexts: a split count would be one more kernel variant to compile mid-serving, for rows
             # too few to matter
-            lead = leading_decode_rows(metadata)
+            lead = self.leading_decode_rows(metadata)
             if lead and self.tuning.decode_splits(lead, kv_cache.shape[3], None) == 1:
                 launchers.paged_decode(
                     out[:lead], query[:lead], kv_cache, metadata.block_tables[:lead], metadata.seq_lens[:lead],
@@ -95,18 +98,20 @@ class TritonPagedAttentionBackend(AttentionBackend):
     def decode_splits(self, metadata: AttentionMetadata, num_kv_heads: int) -> int:
         """Programs per sequence context; under graph capture it depends on the batch only."""
         # a captured graph replays with other context lengths: its split count may not depend on them
-        capturing = bool(metadata.extras.get("graph_capture")) or stream_capturing()
+        capturing = metadata.graph_capture or stream_capturing()
         max_len = None if capturing else metadata.max_seq_len
         return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
 
+    def leading_decode_rows(self, metadata: AttentionMetadata) -> int:
+        """How many sequences at the front of the batch have exactly one new token (counted once per step)."""
+        if self._leading is None or self._leading[0] is not metadata:
+            self._leading = (metadata, leading_decode_rows(metadata.query_lens_cpu))
+        return self._leading[1]
 
-def leading_decode_rows(metadata: AttentionMetadata) -> int:
-    """How many sequences at the front of the batch have exactly one new token (once per step)."""
-    lead = metadata.extras.get("leading_decode_rows")
-    if lead is None:
-        lead = next((i for i, n in enumerate(metadata.query_lens_cpu) if n != 1), len(metadata.query_lens_cpu))
-        metadata.extras["leading_decode_rows"] = lead
-    return lead
+
+def leading_decode_rows(query_lens: list[int]) -> int:
+    """How many of ``query_lens`` at the front are exactly 1."""
+    return next((i for i, n in enumerate(query_lens) if n != 1), len(query_lens))
 
 
 def stream_capturing() -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_nvidia.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit

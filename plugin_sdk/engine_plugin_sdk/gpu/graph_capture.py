@@ -67,7 +67,7 @@ class TorchGraphCapture(GraphCapture):
     def capture(self, fn: Callable[..., Any], batch_sizes: list[int], make_inputs: Callable[[int], tuple]) -> None:
         self._fn = fn
         self._steps.clear()
-        from engine_plugin_nvidia.triton_kernels import pdl
+        from engine_plugin_sdk.gpu.triton_kernels import pdl
 
         free_before = _free_bytes()
         start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Launch parameters for the shared Triton kernels, chosen per target by the caller.
 
-The kernels never ask which GPU they run on: a plugin (NVIDIA here, AMD ROCm later) builds a
+The kernels never ask which GPU they run on: a plugin (NVIDIA, AMD ROCm, ...) builds a
 :class:`KernelTuning` for its device and passes it to every launcher. That keeps the kernel modules free
 of vendor APIs, so another backend reuses them by importing this package and supplying its own table.
 """

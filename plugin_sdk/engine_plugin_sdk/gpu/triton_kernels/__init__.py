@@ -1,4 +1,4 @@
-"""Triton kernels shared by the GPU plugins (NVIDIA now, AMD ROCm later): import-light entry point.
+"""Triton kernels shared by the GPU plugins (NVIDIA and AMD ROCm): import-light entry point.
 
 The kernels depend on Triton and torch tensors only, never on a vendor's runtime API; each plugin picks
 launch parameters for its target through :class:`KernelTuning`. Importing this package imports Triton,
@@ -7,13 +7,13 @@ so plugins import it inside their platform methods, not at module import.
 
 from __future__ import annotations
 
-from engine_plugin_nvidia.triton_kernels.launch import (
+from engine_plugin_sdk.gpu.triton_kernels.launch import (
     INTERPRETER_TUNING,
     AttentionTiles,
     KernelTuning,
     next_power_of_2,
 )
-from engine_plugin_nvidia.triton_kernels.launchers import (
+from engine_plugin_sdk.gpu.triton_kernels.launchers import (
     fused_add_rms_norm,
     paged_decode,
     paged_prefill,

@@ -1,9 +1,12 @@
 """The platform logic every torch-driven GPU shares: interpreter mode, claims, memory, factories.
 
-A vendor subclass supplies detection (:meth:`TorchGpuPlatform.gpu_visible`,
-:meth:`TorchGpuPlatform.unavailable_reason`), what the device claims (:meth:`~TorchGpuPlatform.device_dtypes`,
-:meth:`~TorchGpuPlatform.device_fp8_dtype`, :meth:`~TorchGpuPlatform.device_extra`), its block cache, and
-a :class:`GpuComponents` table naming its tuning function and backend classes.
+A vendor subclass of :class:`TorchGpuPlatform` supplies detection (:meth:`~TorchGpuPlatform.gpu_visible`,
+:meth:`~TorchGpuPlatform.unavailable_reason`), what the device claims (:meth:`~TorchGpuPlatform.device_dtypes`,
+:meth:`~TorchGpuPlatform.device_fp8_dtype`, ...) and five typed factory hooks naming its pieces:
+:meth:`~TorchGpuPlatform.kernel_tuning_for_device`, :meth:`~TorchGpuPlatform.attention_backend_class`,
+:meth:`~TorchGpuPlatform.gemm_backend_class`, :meth:`~TorchGpuPlatform.graph_capture_class` and
+:meth:`~TorchGpuPlatform.communicator_class`. Each hook imports its module inside its body: those modules
+import torch and Triton, and detecting the platform must not.
 
 ``<VENDOR>_INTERPRET=1`` on a machine without the vendor's GPU makes the platform available in
 *interpreter mode*: the shared Triton kernels run on CPU tensors through Triton's interpreter
@@ -15,21 +18,25 @@ Importing this module must stay cheap: no torch, no Triton (both are imported in
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.interfaces.attention import AttentionBackend
+from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend
 from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 from engine.interfaces.platform import Capabilities, DetectResult, Platform
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine_plugin_nvidia.triton_kernels.launch import KernelTuning
+    from engine_plugin_sdk.gpu.attention import TritonPagedAttentionBackend
+    from engine_plugin_sdk.gpu.communicator import TorchDistCommunicator
+    from engine_plugin_sdk.gpu.gemm import TorchGemmBackend
+    from engine_plugin_sdk.gpu.graph_capture import TorchGraphCapture
+    from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning
 
 GPU_DTYPES = ("bfloat16", "float16", "float32")
 #: interpreter: float32 first, so ``--dtype auto`` picks the exact one
@@ -46,37 +53,6 @@ def interpreter_requested(env_var: str, environ: Mapping[str, str] | None = None
     return env.get(env_var, "").strip() == "1"
 
 
-@dataclass(frozen=True, slots=True)
-class GpuComponents:
-    """``"module:attribute"`` paths of a vendor's pieces, imported on first use.
-
-    Paths rather than objects because the modules import torch and Triton: naming them here keeps
-    importing (and detecting) the platform cheap, as the plugin contract requires.
-
-    Attributes:
-        tuning: ``(interpret: bool) -> KernelTuning``, the launch parameters of GPU 0.
-        attention: a :class:`~engine_plugin_nvidia.gpu_common.attention.TritonPagedAttentionBackend`
-            subclass, built with the tuning.
-        gemm: a :class:`~engine_plugin_nvidia.gpu_common.gemm.TorchGemmBackend` subclass, built with
-            ``(device, fp8_dtype=...)``.
-        graph_capture: a :class:`~engine_plugin_nvidia.gpu_common.graph_capture.TorchGraphCapture` subclass.
-        communicator: a :class:`~engine_plugin_nvidia.gpu_common.communicator.TorchDistCommunicator`
-            subclass, built with ``(world_size, rank, init_method)``.
-    """
-
-    tuning: str
-    attention: str
-    gemm: str
-    graph_capture: str
-    communicator: str
-
-
-def load(path: str) -> Any:
-    """The attribute a ``"module:attribute"`` path names (imports the module)."""
-    module, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 class TorchGpuPlatform(Platform):
     """GPU 0 (``torch.device("cuda", 0)``; HIP under ROCm) driven through torch and the shared Triton kernels.
 
@@ -84,14 +60,14 @@ class TorchGpuPlatform(Platform):
         vendor: ``"NVIDIA"``, ``"AMD"``: used in messages.
         interpret_env: the environment variable that asks for interpreter mode.
         triton_missing_reason: what :meth:`detect` says without the triton package.
-        components: where the vendor's tuning and backend classes live.
+
+    A subclass also implements the abstract detection and factory hooks below.
     """
 
     torch_device_type = "cuda"
     vendor: ClassVar[str] = "GPU"
     interpret_env: ClassVar[str] = ""
-    triton_missing_reason: ClassVar[str] = "the triton package is not installed (pip install triton)"
-    components: ClassVar[GpuComponents]
+    triton_missing_reason: ClassVar[str] = "the triton package is not installed (pip install 'engine[gpu]')"
 
     def __init__(self) -> None:
         self.interpret = self.interpreter_requested() and not self.gpu_visible()
@@ -101,17 +77,17 @@ class TorchGpuPlatform(Platform):
             self.torch_device_type = "cpu"
         self._tuning: KernelTuning | None = None
 
-    # --- vendor hooks -----------------------------------------------------------------------------
+    # --- vendor hooks: detection and claims ---------------------------------------------------------
 
     @classmethod
+    @abstractmethod
     def gpu_visible(cls) -> bool:
         """Whether one of this vendor's GPUs is visible, asked without initialising the device."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def unavailable_reason(cls) -> str:
-        """Why :meth:`detect` says no when triton is installed but no GPU is visible (imports torch)."""
-        raise NotImplementedError
+        """Why :meth:`detect` says no when triton is installed but no GPU is visible (may import torch)."""
 
     def device_dtypes(self) -> tuple[str, ...]:
         """The model and KV-cache dtypes GPU 0 runs (not called in interpreter mode)."""
@@ -126,14 +102,44 @@ class TorchGpuPlatform(Platform):
         return ()
 
     def device_extra(self) -> dict[str, Any]:
-        """``Capabilities.extra`` on a real GPU: what identifies the part."""
+        """Informational ``Capabilities.extra`` labels on a real GPU (what identifies the part); no code
+        reads them as a contract: the typed methods are the contract."""
         return {}
 
     def interpreter_extra(self) -> dict[str, Any]:
-        """``Capabilities.extra`` in interpreter mode."""
+        """Informational ``Capabilities.extra`` labels in interpreter mode."""
         return {"mode": "triton-interpreter"}
 
-    # --- detection and claims ---------------------------------------------------------------------
+    # --- vendor hooks: typed factories (each imports its module in its body) ------------------------
+
+    @abstractmethod
+    def kernel_tuning_for_device(self, interpret: bool) -> KernelTuning:
+        """The launch parameters of GPU 0, or the interpreter's when ``interpret`` (built once per platform).
+
+        Args:
+            interpret: the kernels run in Triton's CPU interpreter.
+
+        Returns:
+            The :class:`~engine_plugin_sdk.gpu.triton_kernels.launch.KernelTuning` every launcher takes.
+        """
+
+    @abstractmethod
+    def attention_backend_class(self) -> type[TritonPagedAttentionBackend]:
+        """The paged-attention backend class, built with :meth:`kernel_tuning`."""
+
+    @abstractmethod
+    def gemm_backend_class(self) -> type[TorchGemmBackend]:
+        """The GEMM backend class, built with ``(device, fp8_dtype=...)``."""
+
+    @abstractmethod
+    def graph_capture_class(self) -> type[TorchGraphCapture]:
+        """The graph capture class (used on a real GPU only; the interpreter runs eagerly)."""
+
+    @abstractmethod
+    def communicator_class(self) -> type[TorchDistCommunicator]:
+        """The tensor-parallel communicator class, built with ``(world_size, rank, init_method)``."""
+
+    # --- detection and claims -----------------------------------------------------------------------
 
     @classmethod
     def interpreter_requested(cls, environ: Mapping[str, str] | None = None) -> bool:
@@ -196,7 +202,7 @@ class TorchGpuPlatform(Platform):
             return []
         return [f"head size {head_dim} is not supported on {self.name} (supported: {list(HEAD_SIZES)})"]
 
-    # --- memory -----------------------------------------------------------------------------------
+    # --- memory -------------------------------------------------------------------------------------
 
     def total_memory_bytes(self) -> int:
         if self.interpret:
@@ -227,32 +233,38 @@ class TorchGpuPlatform(Platform):
 
         return torch.device("cpu") if self.interpret else torch.device("cuda", 0)
 
-    # --- factories --------------------------------------------------------------------------------
+    # --- factories ----------------------------------------------------------------------------------
 
     def kernel_tuning(self) -> KernelTuning:
         """This GPU's launch parameters (built once), or the interpreter's."""
         if self._tuning is None:
-            self._tuning = load(self.components.tuning)(self.interpret)
+            self._tuning = self.kernel_tuning_for_device(self.interpret)
             if self._tuning.use_pdl:
-                from engine_plugin_nvidia.triton_kernels import pdl
+                from engine_plugin_sdk.gpu.triton_kernels import pdl
 
                 pdl.configure(True)
         return self._tuning
 
     def make_attention_backend(self) -> AttentionBackend:
-        return load(self.components.attention)(self.kernel_tuning())
+        return self.attention_backend_class()(self.kernel_tuning())
 
     def make_gemm_backend(self) -> GemmBackend:
-        return load(self.components.gemm)(self.torch_device(), fp8_dtype=self.fp8_dtype())
+        return self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
 
     def make_graph_capture(self) -> GraphCapture:
         if self.interpret:
             return EagerGraphCapture()
-        return load(self.components.graph_capture)()
+        return self.graph_capture_class()()
+
+    def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
+        from engine_plugin_sdk.torch_block_cache import TorchBlockCache
+
+        # page-locked host blocks make swaps asynchronous copies; the interpreter's pool is host memory already
+        return TorchBlockCache(spec, num_blocks, attention, self.torch_device(), pin_host=not self.interpret)
 
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
-        from engine_plugin_nvidia.triton_kernels import launchers
+        from engine_plugin_sdk.gpu.triton_kernels import launchers
 
         return {
             "rms_norm": launchers.rms_norm,
@@ -262,6 +274,15 @@ class TorchGpuPlatform(Platform):
             "greedy_pick": launchers.greedy_pick,
         }
 
-    def make_communicator(self, world_size: int, rank: int, init_method: str) -> Any:
-        """A communicator for tensor parallelism, one process per GPU (:attr:`GpuComponents.communicator`)."""
-        return load(self.components.communicator)(world_size, rank, init_method)
+    def make_communicator(self, world_size: int, rank: int, init_method: str) -> TorchDistCommunicator:
+        """A communicator for tensor parallelism, one process per GPU (:meth:`communicator_class`).
+
+        Args:
+            world_size: processes (one GPU each).
+            rank: this process's rank.
+            init_method: rendezvous address, e.g. ``"tcp://127.0.0.1:29500"``.
+
+        Raises:
+            RuntimeError: when the torch build or the GPUs cannot run the vendor's collective library.
+        """
+        return self.communicator_class()(world_size, rank, init_method)

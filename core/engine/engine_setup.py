@@ -1,0 +1,262 @@
+"""Engine set-up: from a configuration and a platform to a loaded model, a KV pool, a scheduler and a runner.
+
+Runs once, before any request: checks the configuration against the platform and the model, loads the
+tokenizer and the weights, sizes the KV pool from its memory budget, captures decode graphs and warms
+the platform's kernels up. :func:`build_engine_parts` returns everything the engine then holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import KV_CACHE_DTYPES, EngineConfig
+from engine.decode_graphs import DecodeGraphs
+from engine.interfaces.attention import AttentionBackend
+from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine.interfaces.model_runner import PlatformModelRunner
+from engine.interfaces.ops import reference_ops
+from engine.interfaces.platform import Platform
+from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
+from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
+from engine.model_runner import ModelRunner
+from engine.models.config import ModelConfig
+from engine.models.registry import ModelRegistry
+from engine.plugins.manager import PluginManager
+from engine.sampling.sampler import Sampler
+from engine.scheduler import Scheduler
+from engine.warm_up import run_warm_up, warm_up_batches
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_DTYPES = {name: getattr(torch, name) for name in KV_CACHE_DTYPES}
+
+
+class EngineConfigError(ValueError):
+    """The configuration cannot run on the selected platform; the message lists every reason."""
+
+
+@dataclass(slots=True)
+class EngineParts:
+    """What set-up builds and the engine holds.
+
+    Attributes:
+        config: the configuration, its ``dtype`` resolved (never ``"auto"``).
+        platform: the platform everything runs on.
+        model_path: the resolved model folder or GGUF file.
+        model_name: the name the model is served under by default.
+        model_config: the model's architecture settings.
+        dtype: the model's torch dtype.
+        device: the torch device inputs go to.
+        tokenizer: the model's tokenizer.
+        eos_token_ids: the model's and the tokenizer's end-of-sequence ids, without repeats.
+        model: the loaded model (or the platform's own runner).
+        block_cache: the platform's KV pool.
+        block_manager: the block tables and prefix cache over that pool.
+        max_model_len: the context limit, capped by what the pool can hold.
+        scheduler: chooses each step's work.
+        sampler: turns logits into tokens.
+        runner: runs steps of the model (with decode graphs when captured).
+        num_blocks: KV blocks in the pool.
+    """
+
+    config: EngineConfig
+    platform: Platform
+    model_path: str
+    model_name: str
+    model_config: ModelConfig
+    dtype: torch.dtype
+    device: torch.device
+    tokenizer: Any
+    eos_token_ids: list[int]
+    model: Any
+    block_cache: BlockCache
+    block_manager: BlockManager
+    max_model_len: int
+    scheduler: Scheduler
+    sampler: Sampler
+    runner: ModelRunner
+    num_blocks: int
+
+
+def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
+    """Check the configuration, load the model, size the KV pool, and build the scheduler and runner.
+
+    Args:
+        config: the engine configuration (``dtype`` may be ``"auto"``: the platform's first).
+        platform: the selected platform.
+        plugin_manager: supplies the plugins' extra model architectures.
+
+    Returns:
+        The engine's parts, decode graphs captured and kernels warmed up where the platform asks for it.
+
+    Raises:
+        EngineConfigError: the configuration cannot run here (every reason listed), or a full step does
+            not fit beside the KV cache.
+        engine.loader.errors.ModelLoadError: the model cannot be found, read or is not supported.
+    """
+    model_path = resolve_model_path(config.model)
+    # the core's architectures plus the plugins' (engine_register_models); every loader path resolves through it
+    registry = ModelRegistry.from_plugins(plugin_manager)
+    model_config = load_model_config(
+        model_path, check_weights=config.load_format != "dummy", registry=registry
+    )
+    model_class = registry.resolve(model_config.architecture, model_path)
+    dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
+    config = config.model_copy(update={"dtype": dtype_name})
+    _check_config(config, platform, model_config)
+    dtype = _DTYPES[dtype_name]
+    device = platform.torch_device()
+    tokenizer = load_tokenizer(config.tokenizer or model_path)
+    eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
+
+    attention = platform.make_attention_backend()
+    gemm = platform.make_gemm_backend()
+    ops = reference_ops().with_overrides(platform.op_overrides())
+    # a platform may run the whole forward itself (JAX); otherwise the core's torch model runs on its backends
+    model = platform.make_model_runner(model_config, dtype_name) or model_class(
+        model_config, ops, attention, gemm, dtype, device
+    )
+    if config.quantization == "fp8":
+        model.linear_quantizer = _fp8_quantizer(platform.name, gemm, model)
+    # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself
+    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
+    weights = (
+        dummy_weights(model_config, seed=config.seed, dtype=dtype, device=device, registry=registry)
+        if config.load_format == "dummy"
+        else iter_weights(model_path, model_config, keep_quantized=keep_quantized, registry=registry)
+    )
+    model.load_weights(weights)
+
+    block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention)
+    block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+    capacity = num_blocks * config.cache.block_size
+    max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)
+    scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks)
+    sampler = Sampler(eos_token_ids, model_config.vocab_size, ops.greedy_pick)
+    runner = ModelRunner(model, block_cache, block_manager, sampler, device, model_config.sliding_window)
+    if not isinstance(model, PlatformModelRunner):
+        _capture_and_warm_up(config, platform, model_config, runner, max_model_len)
+    name = model_path.rstrip("/").split("/")[-1]
+    return EngineParts(
+        config=config,
+        platform=platform,
+        model_path=model_path,
+        model_name=name[: -len(".gguf")] if name.endswith(".gguf") else name,
+        model_config=model_config,
+        dtype=dtype,
+        device=device,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_token_ids,
+        model=model,
+        block_cache=block_cache,
+        block_manager=block_manager,
+        max_model_len=max_model_len,
+        scheduler=scheduler,
+        sampler=sampler,
+        runner=runner,
+        num_blocks=num_blocks,
+    )
+
+
+def _check_config(config: EngineConfig, platform: Platform, model_config: ModelConfig) -> None:
+    """Raise :class:`EngineConfigError` listing every reason the configuration cannot run here."""
+    reasons = platform.validate(config)
+    head_sizes = platform.capabilities().head_sizes
+    if model_config.head_dim not in head_sizes:
+        reasons.append(f"head size {model_config.head_dim} is not supported on {platform.name} (supported: {list(head_sizes)})")
+    model_max = model_config.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > model_max:
+        reasons.append(f"max_model_len {config.max_model_len} exceeds the model's context length {model_max}")
+    if reasons:
+        raise EngineConfigError("; ".join(reasons))
+
+
+def _fp8_quantizer(platform_name: str, gemm: GemmBackend, model: object) -> Callable[[torch.Tensor], QuantizedWeight]:
+    """The load-time FP8 quantizer for ``quantization="fp8"``, once the platform is known to run it.
+
+    Raises:
+        EngineConfigError: when the platform's GEMM does not run FP8 weights, or the platform runs the
+            model itself.
+    """
+    if FP8_E4M3_SCHEME not in gemm.supported_quant_schemes or not hasattr(model, "linear_quantizer"):
+        runs = ", ".join(sorted(gemm.supported_quant_schemes)) or "none"
+        raise EngineConfigError(
+            f"quantization 'fp8' needs FP8 ({FP8_E4M3_SCHEME}) matmuls, which {platform_name} does not run "
+            f"here (its quantized schemes: {runs})"
+        )
+    return quantize_fp8_per_channel
+
+
+def _make_kv_pool(
+    config: EngineConfig, platform: Platform, model_config: ModelConfig, attention: AttentionBackend
+) -> tuple[BlockCache, int]:
+    """The platform's KV pool, sized from the configured budget, and its number of blocks."""
+    spec = KVCacheSpec(
+        num_layers=model_config.num_layers,
+        num_kv_heads=model_config.num_kv_heads,
+        head_dim=model_config.head_dim,
+        block_size=config.cache.block_size,
+        dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
+    )
+    num_blocks = _num_kv_blocks(config, platform, spec, config.max_model_len or model_config.max_position_embeddings)
+    return platform.make_block_cache(spec, num_blocks, attention), num_blocks
+
+
+def _num_kv_blocks(config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int) -> int:
+    """Blocks in the KV pool: the override, else the memory budget's worth, never more than can be used.
+
+    Raises:
+        EngineConfigError: the budget is smaller than one block.
+    """
+    cache = config.cache
+    if cache.num_blocks_override is not None:
+        return cache.num_blocks_override
+    per_block = spec.bytes_per_block(platform.element_size(spec.dtype))
+    budget = cache.kv_cache_memory_bytes or platform.default_kv_cache_bytes()
+    if budget is None:
+        budget = int(platform.free_memory_bytes() * cache.memory_fraction)
+    num_blocks = budget // per_block
+    # More blocks than every sequence at full length could use is memory taken for nothing.
+    useful = config.scheduler.max_num_seqs * -(-max_len // spec.block_size)
+    num_blocks = min(num_blocks, useful)
+    if num_blocks < 1:
+        raise EngineConfigError(f"the KV cache budget of {budget} bytes is smaller than one block ({per_block} bytes)")
+    return num_blocks
+
+
+def _capture_and_warm_up(
+    config: EngineConfig, platform: Platform, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
+) -> None:
+    """Record decode graphs and run the warm-up steps, as the platform's capabilities ask.
+
+    Raises:
+        EngineConfigError: the largest step does not fit in the device memory beside the KV cache.
+    """
+    model, kv_caches, block_size = runner.model, runner.block_cache.kv_caches, config.cache.block_size
+    if not config.enforce_eager and platform.capabilities().graph_capture:
+        runner.decode_graphs = DecodeGraphs(
+            model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
+            max_model_len, block_size, runner.device, model_config.sliding_window,
+        )  # fmt: skip
+        runner.decode_graphs.capture()
+    if platform.capabilities().warm_up:
+        batches = warm_up_batches(
+            config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, max_model_len,
+            block_size, eager_decode=runner.decode_graphs is None,
+        )  # fmt: skip
+        try:
+            run_warm_up(model, kv_caches, batches, block_size, runner.device, model_config.sliding_window)
+        except torch.OutOfMemoryError as exc:
+            # found at start-up rather than by the first long prompt mid-serving
+            raise EngineConfigError(
+                f"a step of {config.scheduler.max_num_batched_tokens} tokens does not fit in the device memory "
+                "left beside the KV cache; lower --max-num-batched-tokens or --kv-cache-memory"
+            ) from exc
+
+
+__all__ = ["EngineConfigError", "EngineParts", "build_engine_parts"]

@@ -1,0 +1,160 @@
+"""Input processing: a prompt to token ids, and the one validator of every request.
+
+The engine and the HTTP layer check requests with the same functions here: the prompt's token ids, the
+sampling settings' token ids, and whether the prompt with the output it asks for fits the context.
+The HTTP layer runs them before queueing (so a batch is refused as a whole), the engine again when a
+request is added (offline callers come straight here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from engine.errors import ContextLengthError, InvalidRequestError
+from engine.sampling.params import SamplingParams
+
+
+def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str, param: str) -> None:
+    """Refuse token ids the model does not have.
+
+    Args:
+        token_ids: the ids to check.
+        vocab_size: the model's vocabulary size.
+        what: how the message names an id (``"prompt token id"``).
+        param: the request field to blame.
+
+    Raises:
+        InvalidRequestError: for the first id outside ``[0, vocab_size)``.
+    """
+    for token in token_ids:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestError(f"{what} {token} is outside the vocabulary [0, {vocab_size})", param=param)
+
+
+def check_text_prompt(prompt: str) -> None:
+    """Refuse an empty text prompt (checked before tokenizing: a tokenizer may add a BOS to nothing).
+
+    Raises:
+        InvalidRequestError: naming ``prompt``.
+    """
+    if not prompt:
+        raise InvalidRequestError("prompt is empty", param="prompt")
+
+
+def check_prompt_token_ids(token_ids: list[Any], vocab_size: int) -> None:
+    """Refuse an empty prompt, ids that are not integers, and ids outside the vocabulary.
+
+    Raises:
+        InvalidRequestError: naming ``prompt``.
+    """
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in token_ids):
+        raise InvalidRequestError("prompt token ids must be integers", param="prompt")
+    if not token_ids:
+        raise InvalidRequestError("prompt is empty", param="prompt")
+    check_token_ids(token_ids, vocab_size, "prompt token id", "prompt")
+
+
+def check_params_against_vocab(params: SamplingParams, vocab_size: int) -> None:
+    """Reject token ids a request's sampling settings name that the model does not have.
+
+    Args:
+        params: the request's sampling settings.
+        vocab_size: the model's vocabulary size.
+
+    Raises:
+        InvalidRequestError: a logit_bias key or stop token id is outside ``[0, vocab_size)``.
+    """
+    check_token_ids(params.logit_bias or {}, vocab_size, "logit_bias token id", "logit_bias")
+    check_token_ids(params.stop_token_ids or [], vocab_size, "stop_token_ids entry", "stop_token_ids")
+
+
+def check_context_length(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, max_tokens_param: str = "max_tokens"
+) -> None:
+    """Refuse a prompt that, with the output it asks for, does not fit in the context.
+
+    Args:
+        num_prompt_tokens: the prompt's length.
+        max_tokens: the most tokens the request may generate; None for "until the context is full".
+        max_model_len: the context limit, prompt plus output.
+        max_tokens_param: the request field that set ``max_tokens``.
+
+    Raises:
+        ContextLengthError: when no token would be left to generate (naming ``prompt``), or the prompt
+            plus ``max_tokens`` exceeds the context (naming ``max_tokens_param``).
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise ContextLengthError(
+            f"prompt has {num_prompt_tokens} tokens but the context length is {max_model_len}; "
+            "at least one token must be left to generate",
+            "prompt", num_prompt_tokens, None, max_model_len,
+        )  # fmt: skip
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise ContextLengthError(
+            f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context length "
+            f"{max_model_len}",
+            max_tokens_param, num_prompt_tokens, max_tokens, max_model_len,
+        )  # fmt: skip
+
+
+def check_cache_salt(cache_salt: object) -> None:
+    """Refuse a prefix-cache salt that is not a non-empty string (None: no salt).
+
+    Raises:
+        InvalidRequestError: naming ``cache_salt``.
+    """
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
+
+
+class InputProcessor:
+    """Tokenizes and validates the requests of one engine.
+
+    Args:
+        tokenizer: the engine's tokenizer (``encode(text)``).
+        vocab_size: the model's vocabulary size.
+        max_model_len: the engine's context limit, prompt plus output.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids (a list of ids is copied as it is).
+
+        Raises:
+            InvalidRequestError: for an empty text prompt.
+        """
+        if isinstance(prompt, str):
+            check_text_prompt(prompt)
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate(self, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None) -> list[int]:
+        """Tokenize and check a request without queueing it.
+
+        Args:
+            prompt: text, or token ids.
+            params: the request's sampling settings.
+            cache_salt: the request's prefix-cache salt, if any.
+
+        Returns:
+            The prompt token ids.
+
+        Raises:
+            InvalidRequestError: for settings that are not :class:`SamplingParams`, an empty prompt,
+                token ids outside the vocabulary (prompt, logit_bias, stop_token_ids), a prompt that
+                (with ``max_tokens``) does not fit the context (:class:`ContextLengthError`), or an
+                empty cache salt.
+        """
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        token_ids = self.tokenize(prompt)
+        check_prompt_token_ids(token_ids, self.vocab_size)
+        check_context_length(len(token_ids), params.max_tokens, self.max_model_len)
+        check_params_against_vocab(params, self.vocab_size)
+        check_cache_salt(cache_salt)
+        return token_ids

@@ -1,0 +1,30 @@
+"""The loader's row edits of quantized weights (fused q/k/v stacking, the rotary un-permutation) stay
+quantized and dequantize to the same edit of the dense weight (moved here from the CPU plugin's tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.loader.quantized import concat_rows, map_rows
+from engine_plugin_sdk.quant import make_quantized_weight
+
+
+@pytest.mark.parametrize("scheme", ["gguf_q4_1", "gguf_q8_0", "int8"])
+def test_row_edits_stay_quantized_and_match_dense(scheme: str) -> None:
+    a = make_quantized_weight(scheme, 48, 64, seed=1)
+    b = make_quantized_weight(scheme, 16, 64, seed=2)
+    stacked = concat_rows([a, b])
+    assert stacked.shape == (64, 64) and stacked.scheme == scheme
+    torch.testing.assert_close(
+        stacked.dequantize(), torch.cat([a.dequantize(), b.dequantize()]), atol=0, rtol=0
+    )
+    flip = map_rows(stacked, lambda t: t.flip(0))
+    assert flip.scheme == scheme
+    torch.testing.assert_close(flip.dequantize(), stacked.dequantize().flip(0), atol=0, rtol=0)
+
+
+def test_weights_of_different_schemes_are_not_stacked() -> None:
+    a = make_quantized_weight("gguf_q4_1", 48, 64, seed=1)
+    with pytest.raises(ValueError, match="cannot stack"):
+        concat_rows([a, make_quantized_weight("gguf_q8_0", 16, 64)])
