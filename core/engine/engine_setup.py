@@ -7,6 +7,7 @@ the platform's kernels up. :func:`build_engine_parts` returns everything the eng
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,18 @@ from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Platform
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
+from engine.loader.paths import default_served_name
 from engine.model_runner import ModelRunner
+from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.registry import ModelRegistry
+from engine.phases import timed_phase
 from engine.plugins.manager import PluginManager
 from engine.sampling.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.warm_up import run_warm_up, warm_up_batches
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _KV_DTYPES = {name: getattr(torch, name) for name in KV_CACHE_DTYPES}
@@ -108,10 +114,13 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     model_class = registry.resolve(model_config.architecture, model_path)
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
-    _check_config(config, platform, model_config)
+    _check_config(config, platform, model_config, model_class)
     dtype = _DTYPES[dtype_name]
     device = platform.torch_device()
-    tokenizer = load_tokenizer(config.tokenizer or model_path)
+    with timed_phase(f"loading the tokenizer of {config.tokenizer or model_path}", "loaded the tokenizer"):
+        tokenizer = load_tokenizer(config.tokenizer or model_path)
+    if tokenizer.files_dir is not None:
+        logger.info("tokenizer files (for tools that load a tokenizer from a folder): %s", tokenizer.files_dir)
     eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
 
     attention = platform.make_attention_backend()
@@ -130,7 +139,8 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         if config.load_format == "dummy"
         else iter_weights(model_path, model_config, keep_quantized=keep_quantized, registry=registry)
     )
-    model.load_weights(weights)
+    with timed_phase(f"loading the weights of {model_path}", "loaded the weights"):
+        model.load_weights(weights)
 
     block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention)
     block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
@@ -141,12 +151,11 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     runner = ModelRunner(model, block_cache, block_manager, sampler, device, model_config.sliding_window)
     if not isinstance(model, PlatformModelRunner):
         _capture_and_warm_up(config, platform, model_config, runner, max_model_len)
-    name = model_path.rstrip("/").split("/")[-1]
     return EngineParts(
         config=config,
         platform=platform,
         model_path=model_path,
-        model_name=name[: -len(".gguf")] if name.endswith(".gguf") else name,
+        model_name=default_served_name(config.model, model_path),
         model_config=model_config,
         dtype=dtype,
         device=device,
@@ -163,10 +172,17 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     )
 
 
-def _check_config(config: EngineConfig, platform: Platform, model_config: ModelConfig) -> None:
+def _check_config(
+    config: EngineConfig, platform: Platform, model_config: ModelConfig, model_class: type[CausalLM] | None = None
+) -> None:
     """Raise :class:`EngineConfigError` listing every reason the configuration cannot run here."""
     reasons = platform.validate(config)
-    head_sizes = platform.capabilities().head_sizes
+    caps = platform.capabilities()
+    head_sizes = caps.head_sizes
+    if model_class is not None:
+        for feature, description in model_class.required_features(model_config).items():
+            if not getattr(caps, feature, False):
+                reasons.append(f"{model_config.architecture} needs {description}, which {platform.name} does not support")
     if model_config.head_dim not in head_sizes:
         reasons.append(f"head size {model_config.head_dim} is not supported on {platform.name} (supported: {list(head_sizes)})")
     model_max = model_config.max_position_embeddings
@@ -243,6 +259,8 @@ def _capture_and_warm_up(
             model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
             max_model_len, block_size, runner.device, model_config.sliding_window,
         )  # fmt: skip
+        # DecodeGraphs.capture logs what it captured and how long it took
+        logger.info("capturing decode graphs (batches of up to %d sequences)...", config.scheduler.max_num_seqs)
         runner.decode_graphs.capture()
     if platform.capabilities().warm_up:
         batches = warm_up_batches(
@@ -250,7 +268,8 @@ def _capture_and_warm_up(
             block_size, eager_decode=runner.decode_graphs is None,
         )  # fmt: skip
         try:
-            run_warm_up(model, kv_caches, batches, block_size, runner.device, model_config.sliding_window)
+            with timed_phase(f"warming up the kernels ({len(batches)} steps of the shapes serving runs)", "warmed up"):
+                run_warm_up(model, kv_caches, batches, block_size, runner.device, model_config.sliding_window)
         except torch.OutOfMemoryError as exc:
             # found at start-up rather than by the first long prompt mid-serving
             raise EngineConfigError(

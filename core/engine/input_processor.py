@@ -42,6 +42,38 @@ def check_text_prompt(prompt: str) -> None:
         raise InvalidRequestError("prompt is empty", param="prompt")
 
 
+#: margin over the longest vocabulary entry, for normalizers that fold several characters into one
+CHARS_PER_TOKEN_MARGIN = 2
+
+
+def check_prompt_chars(num_chars: int, max_model_len: int, max_token_chars: int, param: str = "prompt") -> None:
+    """Refuse, before tokenizing it, a text whose characters alone cannot fit in the context.
+
+    One token covers at most ``max_token_chars`` characters (the longest vocabulary entry), so a text
+    longer than ``max_model_len * max_token_chars`` needs more tokens than the context holds. The bound
+    is taken twice over (:data:`CHARS_PER_TOKEN_MARGIN`): it only spares the tokenizer hopeless work,
+    and the token count decides every other case.
+
+    Args:
+        num_chars: the text's length in characters.
+        max_model_len: the context limit in tokens.
+        max_token_chars: the most characters one token covers (``Tokenizer.max_token_chars``).
+        param: the request field to blame (``prompt``, ``messages``).
+
+    Raises:
+        InvalidRequestError: ``context_length_exceeded``, naming the limit.
+    """
+    per_token = max(1, max_token_chars) * CHARS_PER_TOKEN_MARGIN
+    limit = max_model_len * per_token
+    if num_chars > limit:
+        what = "the rendered conversation" if param == "messages" else "the prompt"
+        raise InvalidRequestError(
+            f"{what} has {num_chars} characters, more than this model's context of {max_model_len} tokens can "
+            f"hold (at most {limit} characters, {per_token} per token)",
+            param=param, code="context_length_exceeded",
+        )  # fmt: skip
+
+
 def check_prompt_token_ids(token_ids: list[Any], vocab_size: int) -> None:
     """Refuse an empty prompt, ids that are not integers, and ids outside the vocabulary.
 
@@ -126,10 +158,11 @@ class InputProcessor:
         """The prompt's token ids (a list of ids is copied as it is).
 
         Raises:
-            InvalidRequestError: for an empty text prompt.
+            InvalidRequestError: for an empty text prompt, or one whose characters cannot fit the context.
         """
         if isinstance(prompt, str):
             check_text_prompt(prompt)
+            check_prompt_chars(len(prompt), self.max_model_len, self.tokenizer.max_token_chars)
             return self.tokenizer.encode(prompt)
         return list(prompt)
 

@@ -9,6 +9,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.beam_search import BeamSearchParams
+from engine.chat_input import encode_conversation
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -106,6 +107,7 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         cache_salt: str | None = None,
+        allow_special_tokens: bool = False,
     ) -> list[RequestOutput]:
         """Reply to one conversation or a batch of them, using the model's chat template.
 
@@ -115,12 +117,16 @@ class LLM:
             use_tqdm: show a progress bar.
             add_generation_prompt: end the rendered prompt with the assistant's turn.
             cache_salt: see :meth:`generate`.
+            allow_special_tokens: read special-token strings in message text (``<|im_end|>``) as special
+                tokens; by default they stay plain text, as the server keeps them
+                (``engine.chat_input.encode_conversation``).
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (or a list of such lists)")
         conversations = [messages] if isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in conversations]
-        token_prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        token_prompts = [
+            encode_conversation(self.tokenizer, c, add_generation_prompt, allow_special_tokens) for c in conversations
+        ]
         return self.generate(token_prompts, sampling_params, use_tqdm, cache_salt=cache_salt)
 
     def beam_search(

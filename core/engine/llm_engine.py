@@ -130,19 +130,19 @@ class LLMEngine:
                 (None: with every unsalted request).
 
         Raises:
-            InvalidRequestError: see :meth:`validate_request`, or a duplicate request id.
-            QueueFullError: the waiting queue is at ``max_waiting_requests``.
+            InvalidRequestError: see :meth:`validate_request`, a duplicate request id, or ``n`` (the beam
+                width) larger than ``max_waiting_requests``, which could never be queued.
+            QueueFullError: the waiting queue is at ``max_waiting_requests``; every kind of request counts.
         """
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(params, BeamSearchParams):
             token_ids = self.validate_request(prompt, params.step_params(), cache_salt)
+            self._admit(params.beam_width, "the beam width (n)")
             self.beams.add(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, cache_salt)
             return
         token_ids = self.validate_request(prompt, params, cache_salt)
-        limit = self.config.scheduler.max_waiting_requests
-        if limit is not None and self.scheduler.num_waiting + params.n > limit:
-            raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
+        self._admit(params.n, "n")
         request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, final_only=final_only)
         arrival = next(self._arrivals)
         for index in range(params.n):
@@ -164,6 +164,25 @@ class LLMEngine:
         first.pending_forks = siblings
         self.scheduler.add(first)
         self.requests[request_id] = request
+
+    def _admit(self, num_seqs: int, what: str) -> None:
+        """Check a request of ``num_seqs`` sequences against the waiting queue's limit.
+
+        Raises:
+            InvalidRequestError: ``num_seqs`` exceeds the limit, so the request could never be queued.
+            QueueFullError: it does not fit now.
+        """
+        limit = self.config.scheduler.max_waiting_requests
+        if limit is None:
+            return
+        if num_seqs > limit:
+            raise InvalidRequestError(
+                f"{what} is {num_seqs}, but at most {limit} sequences may wait in this server's queue "
+                "(max_waiting_requests), so the request could never be queued",
+                param="n",
+            )
+        if self.scheduler.num_waiting + num_seqs > limit:
+            raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests now and free their blocks; unknown ids are ignored."""

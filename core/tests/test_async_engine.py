@@ -209,3 +209,24 @@ def test_shutdown_aborts_requests_in_flight():
             await engine.add_request("late", [1], SamplingParams())
 
     asyncio.run(main())
+
+
+def test_abort_all_ends_every_stream_as_aborted_and_keeps_serving():
+    """What the server's shutdown does once its grace period is over: each stream ends (aborted), the
+    engine frees the requests, and new requests are still served until the shutdown itself."""
+    fake = FakeEngine(step_delay_s=0.01)
+    engine = AsyncLLMEngine(fake)
+
+    async def main() -> None:
+        streams = [await engine.add_request(f"r{i}", [i + 1], SamplingParams(max_tokens=100_000)) for i in range(3)]
+        for stream in streams:
+            await stream.__anext__()
+        engine.abort_all()
+        for stream in streams:
+            rest = [o async for o in stream]
+            assert stream.aborted and stream.closed and all(not o.finished for o in rest)
+        after = [o async for o in await engine.add_request("after", [7], SamplingParams(max_tokens=2))]
+        assert after[-1].finished and not fake.requests
+
+    asyncio.run(main())
+    engine.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,42 @@ def test_chat_keeps_history():
     replies = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(replies) >= 2 and "Paris" in replies[0]
     assert "Paris" in result.stdout.split(replies[0], 1)[1]  # the second answer saw the first
+
+
+class _Code:
+    """Pickles as a call of os.getcwd: what a malicious checkpoint does with os.system."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["code", "corrupt"])
+def test_a_pickled_weight_file_that_fails_to_load_is_one_line(tmp_path, hf_tokenizer_dir, kind):
+    """A pytorch_model.bin holding more than tensors, or a damaged pickle, is refused in one line."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=256, architectures=["LlamaForCausalLM"]
+                ).save_pretrained(tmp_path)  # fmt: skip
+    for name in os.listdir(hf_tokenizer_dir):
+        shutil.copy(os.path.join(hf_tokenizer_dir, name), tmp_path)
+    weights = tmp_path / "pytorch_model.bin"
+    if kind == "code":
+        torch.save({"model.embed_tokens.weight": _Code()}, weights)
+    else:
+        torch.save({"model.embed_tokens.weight": torch.zeros(4, 4)}, weights)
+        data = bytearray(weights.read_bytes())
+        start = data.find(b"data.pkl") + 60  # into the pickle stream of the zip's first member
+        data[start : start + 40] = bytes(b ^ 0x5A for b in data[start : start + 40])
+        weights.write_bytes(bytes(data))
+    result = run_cli("generate", "hi", "--model", str(tmp_path), "--device", "cpu", "--max-tokens", "2")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    # start-up progress is logged at INFO; everything else on stderr is the one error line
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("INFO ")]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot read weight file"), result.stderr
+    assert "pytorch_model.bin" in lines[0]

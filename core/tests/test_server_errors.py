@@ -113,7 +113,8 @@ def test_ten_megabyte_body_is_refused(server):
     assert_openai_error(post(server, CHAT, body), 413)
     # and when the size is not announced up front (chunked upload)
     chunks = iter([body[i : i + 65536] for i in range(0, len(body), 65536)])
-    response = httpx.post(server.base_url + CHAT, content=chunks, headers=AUTH, timeout=60)
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = httpx.post(server.base_url + CHAT, content=chunks, headers=headers, timeout=60)
     assert_openai_error(response, 413)
 
 
@@ -129,6 +130,22 @@ def test_api_key_is_required(server):
     assert httpx.get(server.base_url + "/health").status_code == 200  # probes need no key
     ok = post(server, CHAT, {"model": "smol", "messages": MSGS, "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["model"] == "smol"
+
+
+def test_bearer_scheme_is_case_insensitive_and_the_key_is_not(server):
+    for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+        response = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}, timeout=10)
+        assert response.status_code == 200, scheme
+    for value in (f"Bearer {KEY.upper()}", f"Basic {KEY}", f"Bearer{KEY}", KEY, f"Bearer {KEY}x"):
+        assert_openai_error(httpx.get(server.base_url + "/v1/models", headers={"Authorization": value}, timeout=10), 401)
+
+
+def test_no_cross_origin_access_by_default(server):
+    """Without --allowed-origins no response carries CORS headers, so browsers keep other sites' pages out."""
+    preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in httpx.options(server.base_url + CHAT, headers=preflight, timeout=10).headers
+    models = httpx.get(server.base_url + "/v1/models", headers={**AUTH, "Origin": "https://evil.example"}, timeout=10)
+    assert models.status_code == 200 and "access-control-allow-origin" not in models.headers
 
 
 def test_queue_full_is_503(server):

@@ -28,7 +28,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from engine.interfaces import (
-    OP_NAMES,
     AttentionBackend,
     AttentionMetadata,
     BlockCache,
@@ -38,13 +37,9 @@ from engine.interfaces import (
     GemmBackend,
     GraphCapture,
     KVCacheSpec,
-    OpTable,
     Platform,
     QuantizedWeight,
 )
-
-# the core's torch ops as an OpTable; not ``reference_ops``, which names the float64 reference module
-from engine.interfaces import reference_ops as reference_op_table
 from engine.plugins.hookspecs import hookimpl
 from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 
@@ -52,7 +47,8 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
-    from engine.interfaces.ops import CORE_OP_NAMES, silu_and_mul
+    from engine.interfaces.ops import CORE_OP_NAMES, OP_NAMES, OpTable, silu_and_mul
+    from engine.interfaces.ops import reference_ops as reference_op_table
     from engine_plugin_sdk.dtypes import as_copyable, dtype_name, torch_dtype
     from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
     from engine_plugin_sdk.quant import make_quantized_weight
@@ -64,8 +60,13 @@ if TYPE_CHECKING:
 #: the range a plugin built against this SDK declares as ``ENGINE_PLUGIN_API``
 DEFAULT_API_SPEC = ">=2.0,<3"
 
-# loaded on first use so that ``import engine_plugin_sdk`` in a plugin module stays cheap
+# loaded on first use so that ``import engine_plugin_sdk`` in a plugin module stays cheap (the op table
+# imports torch); ``module:attribute`` where the name differs
 _LAZY = {
+    "OP_NAMES": "engine.interfaces.ops",
+    "OpTable": "engine.interfaces.ops",
+    # the core's torch ops as an OpTable; not ``reference_ops``, which names the float64 reference module
+    "reference_op_table": "engine.interfaces.ops:reference_ops",
     "ACTIVATIONS_KEY": "engine.interfaces.gemm",
     "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
     "RowQuantizedActivations": "engine.interfaces.gemm",
@@ -132,7 +133,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    spec = _LAZY.get(name)
+    if spec is None:
         raise AttributeError(f"module 'engine_plugin_sdk' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute or name)

@@ -236,3 +236,12 @@ def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = xf.shape[-1] // 2
     gate = xf[..., :d]
     return gate / (1.0 + torch.exp(-gate)) * xf[..., d:]
+
+
+def ref_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` in float64 (GeGLU with the tanh-approximated GELU)."""
+    xf = x.to(F64)
+    d = xf.shape[-1] // 2
+    gate = xf[..., :d]
+    inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate**3)
+    return 0.5 * gate * (1.0 + torch.tanh(inner)) * xf[..., d:]

@@ -166,21 +166,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from engine.async_engine import AsyncLLMEngine
     from engine.entrypoints.openai.server import build_app, serve_app
+    from engine.entrypoints.serve_args import app_options
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = AsyncLLMEngine(load_engine(args))
     names = [args.served_model_name] if args.served_model_name else None
-    app = build_app(engine, served_model_names=names, api_key=args.api_key)
+    app = build_app(engine, served_model_names=names, api_key=args.api_key, access_log=not args.disable_log_requests,
+                    allow_special_tokens_in_messages=args.allow_special_tokens_in_messages, **app_options(args))
     print(f"serving {names[0] if names else engine.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
-        serve_app(app, args.host, args.port, graceful_timeout_s=args.graceful_timeout)
+        serve_app(
+            app, args.host, args.port, graceful_timeout_s=args.shutdown_timeout, header_timeout_s=args.header_timeout,
+            abort_in_flight=engine.abort_all,
+        )  # fmt: skip
     finally:
         engine.shutdown()
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.entrypoints import cli_commands
+    from engine.entrypoints import cli_commands, serve_args
 
     parser = OneLineArgumentParser(prog="engine", description="LLM inference and serving engine with hardware plugins")
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
@@ -191,8 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port to bind (default: 8000)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every API route")
-    serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file's name)")
-    serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on shutdown")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model name clients use (default: the embedded model's Hub id, "
+                            "HuggingFaceTB/SmolLM2-135M-Instruct; for --model, the file's or folder's name)")
+    # both names the leading engine uses for its per-request log lines
+    serve.add_argument("--disable-log-requests", "--disable-uvicorn-access-log", dest="disable_log_requests",
+                       action="store_true", help="do not log one line per request (method, path, status, tokens, latency)")
+    serve_args.add_serve_hardening_args(serve)
+    serve.add_argument("--allow-special-tokens-in-messages", action="store_true",
+                       help="read special-token strings typed in chat messages (<|im_end|>, ...) as the special "
+                            "tokens themselves, so a message can end its turn and open another; for trusted "
+                            "clients only (default: they stay plain text)")
     serve.set_defaults(func=cmd_serve)
 
     cli_commands.add_subcommands(sub, add_engine_args)

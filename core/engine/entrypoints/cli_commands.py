@@ -140,6 +140,33 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_tokenizer(args: argparse.Namespace) -> int:
+    """Write the model's tokenizer as Hugging Face tokenizer files into ``args.dir``; prints the folder.
+
+    Tools that load a tokenizer from a path (a load generator's ``--tokenizer`` / ``--processor``) then
+    read the embedded GGUF model's tokenizer without downloading it.
+
+    Raises:
+        CliError: the model or its tokenizer cannot be found, or the folder cannot be written.
+    """
+    import os
+
+    from engine.loader.errors import ModelLoadError
+    from engine.loader.paths import resolve_model_path
+    from engine.loader.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(resolve_model_path(args.model))
+    except ModelLoadError as exc:
+        raise CliError(one_line(str(exc))) from None
+    try:
+        tokenizer.hf.save_pretrained(args.dir)
+    except OSError as exc:
+        raise CliError(f"cannot write the tokenizer files into {args.dir}: {one_line(str(exc))}") from None
+    print(os.path.abspath(args.dir))
+    return 0
+
+
 def cmd_conformance(args: argparse.Namespace) -> int:
     try:
         from engine_conformance.runner import run_conformance
@@ -203,6 +230,13 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     plugins_sub.add_parser("list", help="each plugin: name, distribution, version, device, available or why not").set_defaults(
         func=cmd_plugins_list
     )
+
+    export = sub.add_parser(
+        "export-tokenizer", help="write the model's tokenizer as Hugging Face files into a folder (for load generators)"
+    )
+    export.add_argument("dir", help="the folder to write (created if missing)")
+    export.add_argument("--model", default=None, help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    export.set_defaults(func=cmd_export_tokenizer)
 
     conf = sub.add_parser("conformance", help="run the plugin conformance suite for a device")
     conf.add_argument("--device", required=True, help="device or plugin name to test")

@@ -63,6 +63,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` (GeGLU, the tanh-approximated GELU) for a fused gate/up of width ``2d``.
+
+    The gate is computed in float32 and the product returned in x's dtype.
+    """
+    d = x.shape[-1] // 2
+    gate = torch.nn.functional.gelu(x[..., :d].float(), approximate="tanh")
+    return (gate * x[..., d:].float()).to(x.dtype)
+
+
 def quantize_rows(x: torch.Tensor, fp8_dtype: torch.dtype) -> RowQuantizedActivations:
     """One FP8 term per row of ``x [rows, k]``: scale ``max |row| / fp8 max`` (at least 1e-12), values
     ``x / scale``."""
@@ -117,6 +127,7 @@ class OpTable:
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
+    gelu_tanh_and_mul: Callable[..., torch.Tensor]
     fused_add_rms_norm_fp8: Callable[..., tuple[RowQuantizedActivations, torch.Tensor]]
     silu_and_mul_fp8: Callable[..., RowQuantizedActivations]
     greedy_pick: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -138,7 +149,7 @@ class OpTable:
 CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
 #: ops the engine uses where they pay: FP8 producers for W8A8 GEMMs (only when the GEMM backend asks for
 #: row-quantized inputs) and the greedy pick of an overlapped decode step
-OP_NAMES = (*CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick")
+OP_NAMES = (*CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul")
 
 
 def reference_ops() -> OpTable:
@@ -148,6 +159,7 @@ def reference_ops() -> OpTable:
         fused_add_rms_norm=fused_add_rms_norm,
         rotary_embedding=rotary_embedding,
         silu_and_mul=silu_and_mul,
+        gelu_tanh_and_mul=gelu_tanh_and_mul,
         fused_add_rms_norm_fp8=fused_add_rms_norm_fp8,
         silu_and_mul_fp8=silu_and_mul_fp8,
         greedy_pick=greedy_pick,

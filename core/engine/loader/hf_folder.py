@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import struct
+import zipfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -203,8 +205,27 @@ def _read_weight_file(file: str) -> Iterator[tuple[str, torch.Tensor]]:
         return
     try:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, EOFError) as err:
-        raise ModelLoadError(f"cannot read weight file {file}: {err}") from None
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise ModelLoadError(f"cannot read weight file {file}: {_torch_load_reason(err)}") from None
     if not isinstance(state, dict):
         raise ModelLoadError(f"weight file {file} does not hold a state dict")
     yield from state.items()
+
+
+#: lines of torch's weights-only refusal that are advice, not the reason
+_TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation", "In PyTorch 2.6")
+
+
+def _torch_load_reason(err: BaseException) -> str:
+    """What ``torch.load`` found wrong, in one line.
+
+    Its weights-only refusal is a paragraph of advice around one line of reason (an unsupported global,
+    a bad opcode); that line is kept, with a word on why only plain state dicts are loaded.
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, pickle.UnpicklingError):
+        reasons = [line for line in lines if not line.startswith(_TORCH_LOAD_ADVICE)]
+        reason = reasons[-1] if reasons else "not a plain state dict"
+        reason = reason.removeprefix("WeightsUnpickler error:").strip() or "not a plain state dict"
+        return f"{reason} (only tensors are unpickled, so a file that holds code or other objects is refused)"
+    return " ".join(" ".join(lines).split()) or type(err).__name__

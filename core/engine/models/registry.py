@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from engine.loader.errors import ModelLoadError
 from engine.models.base import CausalLM
+from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
+from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.smollm3 import SmolLM3ForCausalLM
 
 if TYPE_CHECKING:
     from engine.plugins.manager import PluginManager
@@ -35,6 +43,15 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("LlamaForCausalLM", LlamaForCausalLM),
     ("MistralForCausalLM", LlamaForCausalLM),
     ("Qwen2ForCausalLM", LlamaForCausalLM),
+    ("Qwen3ForCausalLM", Qwen3ForCausalLM),
+    ("GraniteForCausalLM", GraniteForCausalLM),
+    ("Olmo2ForCausalLM", Olmo2ForCausalLM),
+    ("Phi3ForCausalLM", Phi3ForCausalLM),
+    ("Gemma2ForCausalLM", Gemma2ForCausalLM),
+    ("Gemma3ForCausalLM", Gemma3ForCausalLM),
+    ("GlmForCausalLM", GlmForCausalLM),
+    ("Glm4ForCausalLM", Glm4ForCausalLM),
+    ("SmolLM3ForCausalLM", SmolLM3ForCausalLM),
 )
 
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: the seeds a generator takes: any 64-bit integer, signed or not (a negative seed counts modulo 2**64)
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+#: the largest bias ``logit_bias`` may add to or subtract from a logit
+MAX_LOGIT_BIAS = 100.0
+
 
 class SamplingParams(BaseModel):
     """How to pick tokens and when to stop.
@@ -18,7 +24,7 @@ class SamplingParams(BaseModel):
         frequency_penalty: subtracted per occurrence of a token already generated.
         repetition_penalty: divides positive (multiplies negative) logits of tokens seen in prompt or output.
         logit_bias: token id -> added bias.
-        seed: per-request seed; the same seed gives the same tokens.
+        seed: per-request seed in [SEED_MIN, SEED_MAX]; the same seed gives the same tokens.
         max_tokens: most tokens to generate; None means up to the context limit.
         min_tokens: EOS and stop tokens are suppressed until this many tokens were generated.
         stop: strings that end generation; the text is cut before them.
@@ -40,7 +46,7 @@ class SamplingParams(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     logit_bias: dict[int, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     max_tokens: int | None = 16
     min_tokens: int = Field(0, ge=0)
     stop: list[str] | None = None
@@ -90,7 +96,7 @@ class SamplingParams(BaseModel):
     def _check_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
         if v is not None:
             for tok, bias in v.items():
-                if not -100.0 <= bias <= 100.0:
+                if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                     raise ValueError(f"logit_bias for token {tok} must be in [-100, 100], got {bias}")
         return v
 

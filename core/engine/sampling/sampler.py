@@ -58,9 +58,13 @@ class SampleResult:
 
 
 def make_generator(seed: int) -> torch.Generator:
-    """A CPU generator seeded with ``seed``: the per-sequence source of randomness for seeded requests."""
+    """A CPU generator seeded with ``seed``: the per-sequence source of randomness for seeded requests.
+
+    Any integer is taken modulo 2**64, as torch already takes negative seeds, so that ``seed + index``
+    (completion ``index`` of a request) stays valid at the top of the range.
+    """
     generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed)
+    generator.manual_seed(seed % 2**64)
     return generator
 
 

@@ -18,8 +18,10 @@ Importing this module must stay cheap: no torch, no Triton (both are imported in
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
+import sys
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -51,6 +53,26 @@ def interpreter_requested(env_var: str, environ: Mapping[str, str] | None = None
     """Whether ``env_var`` is ``"1"`` in ``environ`` (default ``os.environ``)."""
     env = os.environ if environ is None else environ
     return env.get(env_var, "").strip() == "1"
+
+
+def cpu_only_torch_build() -> str | None:
+    """The installed torch's version when its wheel is a CPU-only build, told without importing torch.
+
+    Importing torch takes seconds; ``engine plugins list`` on a machine with a CPU build of torch should not
+    pay them to learn that no GPU platform is available. The wheel's version tag (``2.13.0+cpu``) says it.
+
+    Returns:
+        The version, when torch is not imported yet and its version carries the ``+cpu`` tag; None
+        otherwise: torch already imported (asking it is free), not installed, or a build whose tag does
+        not settle it (PyPI's CUDA wheels carry none), so that torch must be asked.
+    """
+    if "torch" in sys.modules:
+        return None
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return version if version.partition("+")[2].startswith("cpu") else None
 
 
 class TorchGpuPlatform(Platform):
@@ -150,10 +172,13 @@ class TorchGpuPlatform(Platform):
     def detect(cls) -> DetectResult:
         if importlib.util.find_spec("triton") is None:
             return DetectResult(False, cls.triton_missing_reason)
-        if cls.gpu_visible():
+        cpu_build = cpu_only_torch_build()
+        if cpu_build is None and cls.gpu_visible():
             return DetectResult(True)
         if cls.interpreter_requested():
             return DetectResult(True, f"no {cls.vendor} GPU: Triton interpreter on the CPU ({cls.interpret_env}=1)")
+        if cpu_build is not None:
+            return DetectResult(False, f"this torch build ({cpu_build}) is CPU-only: it cannot drive {cls.vendor} GPUs")
         return DetectResult(False, cls.unavailable_reason())
 
     def fp8_dtype(self) -> str | None:
@@ -271,6 +296,7 @@ class TorchGpuPlatform(Platform):
             "fused_add_rms_norm": launchers.fused_add_rms_norm,
             "rotary_embedding": launchers.rotary_embedding,
             "silu_and_mul": launchers.silu_and_mul,
+            "gelu_tanh_and_mul": launchers.gelu_tanh_and_mul,
             "greedy_pick": launchers.greedy_pick,
         }
 

@@ -14,7 +14,10 @@ common ones within that rule.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the platform module imports these constants while plugins are detected: no torch then
+    import torch
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 #: what ``--dtype auto`` means here: bf16 keeps fp32's range, which bf16-trained checkpoints rely on
@@ -84,5 +87,7 @@ def as_page_attention_kv(cache: torch.Tensor) -> torch.Tensor:
 
 def causal_mask(device: torch.device) -> torch.Tensor:
     """The optimised rightDownCausal mask: bool ``[2048, 2048]``, True (masked) strictly above the diagonal."""
+    import torch
+
     side = CAUSAL_MASK_SIDE
     return torch.ones(side, side, dtype=torch.bool, device=device).triu(diagonal=1)

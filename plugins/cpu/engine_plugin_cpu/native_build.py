@@ -2,7 +2,8 @@
 
 The library is compiled once per source, compiler and flag set, into a cache directory, on first use
 rather than at ``pip install`` (a build-isolated install would pull a second torch; the kernels do not
-need torch's headers at all, only a C compiler). Where the CPU lacks the instructions, no compiler is
+need torch's headers at all, only a C compiler). It is built in and loaded from a folder only when that
+folder and the file belong to this user and nobody else can write them (:func:`ownership_problem`). Where the CPU lacks the instructions, no compiler is
 found, or ``ENGINE_CPU_NATIVE=0`` is set, :func:`load_native` says why and the plugin keeps its torch
 path, so nothing here is required for correctness.
 """
@@ -14,8 +15,10 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +42,8 @@ COMPILE_FLAGS = (
     "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c", "-mfma",
 )  # fmt: skip
 COMPILE_TIMEOUT_S = 120
+#: what one compilation takes, as start-up announces it (about 2 s measured on a 2-core Xeon)
+EXPECTED_COMPILE_S = 5
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -122,16 +127,9 @@ def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     key = digest.hexdigest()[:16]
-    name = f"cpu_kernels-{key}.so"
-    target = cache_dir() / name
-    if not target.exists():
-        error = _compile(compiler, target)
-        if error.startswith("cannot create"):
-            # a read-only home: build into the temporary directory instead
-            target = Path(tempfile.gettempdir()) / "engine-cpu-kernels" / name
-            error = "" if target.exists() else _compile(compiler, target)
-        if error:
-            return NativeLoad(None, error)
+    target, error = _build_or_reuse(compiler, f"cpu_kernels-{key}.so")
+    if target is None:
+        return NativeLoad(None, error)
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
@@ -141,6 +139,70 @@ def load_native(flags: frozenset[str] | None = None) -> NativeLoad:
         fn.argtypes = argtypes
         fn.restype = restype
     return NativeLoad(lib, "")
+
+
+def kernel_folders(environ: dict[str, str] | os._Environ | None = None) -> list[Path]:
+    """Where the library may be built and loaded from, in order: the cache folder, then a folder of this
+    user's own in the temporary directory (for a read-only home, or a cache folder others can write)."""
+    return [cache_dir(environ), Path(tempfile.gettempdir()) / f"engine-cpu-kernels-{os.getuid()}"]
+
+
+def ownership_problem(path: Path, folder: bool) -> str:
+    """Why loading code from ``path`` is unsafe ('' when it is safe).
+
+    A library is only as trustworthy as whoever can write it: anyone who can replace the file, or
+    the folder's entries, can run code in this process. So ``path`` must belong to this user and be
+    writable by nobody else.
+
+    Args:
+        path: a folder or a library file.
+        folder: whether ``path`` must be a folder.
+
+    Returns:
+        A one-line reason, or '' when ``path`` is safe.
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot inspect {path}: {exc.strerror or exc}"
+    if folder and not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def _build_or_reuse(compiler: str, name: str) -> tuple[Path | None, str]:
+    """The library built as ``name`` in the first usable folder of :func:`kernel_folders`.
+
+    Returns:
+        Its path and '', or None and a one-line reason.
+    """
+    problems: list[str] = []
+    for folder in kernel_folders():
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            problems.append(f"cannot create {folder}: {exc.strerror or exc}")
+            continue
+        problem = ownership_problem(folder, folder=True)
+        if problem:
+            logger.warning("not building the CPU kernels in %s: %s", folder, problem)
+            problems.append(problem)
+            continue
+        target = folder / name
+        if target.exists() and not ownership_problem(target, folder=False):
+            return target, ""
+        # missing, or a file someone else could have written: (re)build it, replacing it atomically
+        error = _compile(compiler, target)
+        if not error:
+            return target, ""
+        if not error.startswith("cannot create"):
+            return None, error
+        problems.append(error)  # a read-only folder: try the next one
+    return None, "no private folder to build the CPU kernels in: " + "; ".join(problems)
 
 
 def _compile(compiler: str, target: Path) -> str:
@@ -156,6 +218,9 @@ def _compile(compiler: str, target: Path) -> str:
     os.close(fd)
     sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.c"))]
     cmd = [compiler, *COMPILE_FLAGS, *sources, "-o", tmp, "-lm"]
+    # said before it starts: the first start would otherwise pause without a word
+    logger.info("compiling the CPU kernels (first start only, about %d s)...", EXPECTED_COMPILE_S)
+    started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
         if proc.returncode != 0:
@@ -167,5 +232,5 @@ def _compile(compiler: str, target: Path) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    logger.info("compiled the CPU kernels into %s", target)
+    logger.info("compiled the CPU kernels in %.1f s into %s", time.perf_counter() - started, target)
     return ""

@@ -13,7 +13,7 @@ import torch
 
 from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
-from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native
+from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native, ownership_problem
 from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.platform import cpu_flags
 from engine_plugin_sdk.quant import make_quantized_weight
@@ -63,7 +63,55 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     loaded = load_native()
     assert loaded.lib is not None, loaded.reason
-    assert list((tmp_path / "engine-cpu-kernels").glob("cpu_kernels-*.so"))
+    assert list((tmp_path / f"engine-cpu-kernels-{os.getuid()}").glob("cpu_kernels-*.so"))
+
+
+def test_ownership_problem_refuses_folders_and_files_others_can_write(tmp_path) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    assert ownership_problem(folder, folder=True) == ""
+    folder.chmod(0o777)
+    assert "writable by other users" in ownership_problem(folder, folder=True)
+    folder.chmod(0o770)
+    assert "writable by other users" in ownership_problem(folder, folder=True)
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"")
+    library.chmod(0o755)
+    assert ownership_problem(library, folder=False) == ""
+    assert "not a folder" in ownership_problem(library, folder=True)
+    library.chmod(0o666)
+    assert "writable by other users" in ownership_problem(library, folder=False)
+    assert "cannot inspect" in ownership_problem(tmp_path / "missing", folder=True)
+
+
+def test_a_kernel_cache_others_can_write_is_not_loaded_from(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A library planted in a world-writable cache folder is never loaded; the kernels are built in a
+    private folder instead, and a cached file others could have rewritten is rebuilt."""
+    if not _supported():
+        pytest.skip("no C kernels on this machine")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("ENGINE_CPU_KERNEL_CACHE", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = tmp_path / f"engine-cpu-kernels-{os.getuid()}"
+    assert load_native().lib is not None
+    (built,) = private.glob("cpu_kernels-*.so")
+    assert not list(shared.iterdir())
+    assert ownership_problem(private, folder=True) == ""
+    # a planted file of the right name in the shared folder: loading it would fail, so success shows it was not
+    (shared / built.name).write_bytes(b"not a library")
+    loaded = load_native()
+    assert loaded.lib is not None, loaded.reason
+    # a cached library others could have rewritten is built again, not loaded (replaced, not rewritten in
+    # place: this process has the old file mapped)
+    planted = private / "planted"
+    planted.write_bytes(b"not a library")
+    planted.chmod(0o666)
+    os.replace(planted, built)
+    loaded = load_native()
+    assert loaded.lib is not None, loaded.reason
+    assert ownership_problem(built, folder=False) == ""
 
 
 def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):

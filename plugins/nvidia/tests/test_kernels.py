@@ -10,6 +10,7 @@ from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_fused_add_rms_norm,
+    ref_gelu_tanh_and_mul,
     ref_rms_norm,
     ref_rotary_embedding,
     ref_silu_and_mul,
@@ -158,6 +159,8 @@ def test_fused_ops(device, kernel_dtypes):
         assert torch.equal(summed, x + residual)
         gate_up = rand(3, 2, 2 * 96)
         assert not compare(launchers.silu_and_mul(gate_up), ref_silu_and_mul(gate_up), tol, "silu_and_mul")
+        gate_up = gate_up * 4  # reach both tails of the tanh
+        assert not compare(launchers.gelu_tanh_and_mul(gate_up), ref_gelu_tanh_and_mul(gate_up), tol, "gelu_tanh_and_mul")
         # rotary on strided views of a fused qkv, in place
         qkv = rand(6, (6 + 2 * 2) * 64)
         q = qkv[:, : 6 * 64].view(6, 6, 64)

@@ -22,6 +22,7 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     503: "service_unavailable_error",
@@ -40,6 +41,7 @@ class OpenAIError(Exception):
         param: the request field to blame, if any.
         code: a short machine-readable code, if any.
         type: OpenAI's error type; derived from ``status`` when None.
+        headers: extra response headers (``Retry-After`` on a 503, ``Connection: close`` on a 408).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -56,13 +59,14 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), status_code=self.status, headers={**headers, **(self.headers or {})})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

@@ -8,12 +8,18 @@ ignored, as OpenAI's own SDKs send fields this server has no use for.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.sampling.params import MAX_LOGIT_BIAS, SEED_MAX, SEED_MIN
 
 #: most stop strings one request may carry
 MAX_STOP_STRINGS = 16
+#: a ``logit_bias`` key: a token id in ASCII decimal digits, optionally signed ("²" is a digit to
+#: ``str.isdigit`` but not to ``int``), short enough that ``int`` never meets a huge number
+_TOKEN_ID_KEY = re.compile(r"[+-]?[0-9]{1,18}")
 
 
 class _Request(BaseModel):
@@ -24,16 +30,26 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class TextContentPart(_Request):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Request):
+    """One part of a message's content, of any type OpenAI defines (``text``, ``image_url``, ``input_audio``,
+    ``file``, ...): a part the model cannot take is refused by the chat handler, naming what the model
+    accepts (``content_parts.check_content_parts``), instead of failing here as "not a text part"."""
+
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_part_has_text(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a 'text' content part needs a 'text' string")
+        return self
 
 
 class ChatMessage(_Request):
     """One message of a conversation; ``developer`` is OpenAI's newer name for ``system``."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextContentPart] | None = None
+    content: list[ContentPart] | str | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -41,7 +57,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content if part.type == "text")
 
 
 class SamplingFields(_Request):
@@ -54,10 +70,11 @@ class SamplingFields(_Request):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    # what the per-sequence generator takes (completion i of n is seeded seed + i, wrapped around)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100]
     user: str | None = None
     # engine extras
     top_k: int | None = Field(None, ge=-1)
@@ -75,6 +92,16 @@ class SamplingFields(_Request):
     # prefix-cache isolation: cached KV blocks are shared only between requests with the same salt
     # (checked by the engine's validator: an empty string is refused)
     cache_salt: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not _TOKEN_ID_KEY.fullmatch(key):
+                raise ValueError(f"keys must be token ids written as decimal integers, got {key[:40]!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"the bias of token {key} must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -103,7 +130,8 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions; ``prompt`` is text, token ids, or a batch of either."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # ``examples`` only document (``/openapi.json``), and give schema fuzzers a valid starting point
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(..., examples=["Once upon a time"])
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -115,7 +143,7 @@ class TokenizeRequest(_Request):
     """POST /tokenize: either ``prompt`` or ``messages``."""
 
     model: str | None = None
-    prompt: str | None = None
+    prompt: str | None = Field(None, examples=["Hello world"])
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -125,4 +153,4 @@ class DetokenizeRequest(_Request):
     """POST /detokenize."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[int] = Field(..., examples=[[19556, 905]])

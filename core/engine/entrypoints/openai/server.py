@@ -3,48 +3,43 @@
 from __future__ import annotations
 
 import contextlib
-import hmac
+import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
+from starlette.middleware.cors import CORSMiddleware
 
 from engine import __version__
 from engine.async_engine import AsyncLLMEngine
-from engine.entrypoints.openai.errors import OpenAIError, bad_request, install_error_handlers
-from engine.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
-from engine.entrypoints.openai.serving_chat import ChatHandler, chat_prompt_ids
-from engine.entrypoints.openai.serving_common import DEFAULT_MAX_BODY_BYTES, ServingContext, parse_body
+from engine.entrypoints.openai.access_log import AccessLogMiddleware
+from engine.entrypoints.openai.errors import install_error_handlers
+from engine.entrypoints.openai.lifecycle import GracefulServer, header_deadline_protocol
+from engine.entrypoints.openai.limits import RequestLimits
+from engine.entrypoints.openai.middleware import ApiKeyMiddleware, HostCheckMiddleware, RequestBodyMiddleware
+from engine.entrypoints.openai.openapi import install_openapi, request_body
+from engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from engine.entrypoints.openai.serving_chat import ChatHandler
+from engine.entrypoints.openai.serving_common import DEFAULT_MAX_BODY_BYTES, ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
+from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 
 logger = logging.getLogger(__name__)
 
 #: paths anyone may call even when an API key is set (load balancers probe health without a key)
-OPEN_PATHS = frozenset({"/health"})
-
-
-class ApiKeyMiddleware:
-    """Refuses every request but the open paths unless it carries ``Authorization: Bearer <key>``."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self._expected):
-            await self.app(scope, receive, send)
-            return
-        message = "missing API key: send 'Authorization: Bearer <key>'" if not given else "invalid API key"
-        response = OpenAIError(401, message, code="invalid_api_key").response()
-        await response(scope, receive, send)
+OPEN_PATHS = frozenset({"/health", "/ping"})
+#: seconds a connection has to complete each request's headers
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: seconds a client has, after its headers, to send the whole request body
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def _stats(engine: AsyncLLMEngine) -> dict[str, Any]:
@@ -65,6 +60,12 @@ def build_app(
     served_model_names: list[str] | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: RequestLimits | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    allowed_origins: Sequence[str] | None = None,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    access_log: bool = True,
+    allow_special_tokens_in_messages: bool = False,
 ) -> FastAPI:
     """Create the app around a (not yet started) async engine; the app starts and stops its thread.
 
@@ -73,6 +74,13 @@ def build_app(
         served_model_names: names clients may put in ``model``; the engine's model name if None.
         api_key: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>``.
         max_body_bytes: largest accepted request body.
+        limits: how much work one request may ask for (defaults: :class:`RequestLimits`).
+        allowed_hosts: ``Host`` names accepted (see ``middleware.default_allowed_hosts``); None: any.
+        allowed_origins: web origins allowed to call the API from a browser (CORS); None: none.
+        body_timeout_s: seconds a client has, after its headers, to send its request body.
+        access_log: log one line per request (logger ``engine.access``); ``--disable-log-requests`` turns it off.
+        allow_special_tokens_in_messages: read special-token strings typed in chat messages as special
+            tokens, as the template's own markers are (trusted clients only; off: they stay plain text).
 
     Returns:
         The ASGI app.
@@ -80,22 +88,46 @@ def build_app(
     names = list(served_model_names or [engine.model_name])
     tokenizer = engine.tokenizer
     vocab_size = int(getattr(tokenizer, "vocab_size", 0) or len(tokenizer.hf))
-    ctx = ServingContext(engine=engine, served_model_names=names, vocab_size=vocab_size, max_body_bytes=max_body_bytes)
+    ctx = ServingContext(
+        engine=engine, served_model_names=names, vocab_size=vocab_size, max_body_bytes=max_body_bytes,
+        allow_special_tokens_in_messages=allow_special_tokens_in_messages,
+    )  # fmt: skip
+    ctx.limits = (limits or RequestLimits()).resolved(engine.max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        # What is loaded by now (torch, the model, the libraries) lives as long as the server: a full
+        # garbage collection walking it held the global lock for about 0.1 s, and requests that allocate
+        # much trigger one at any time. Frozen, collections walk only what requests create.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
             engine.shutdown()
+            ctx.executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # the request schema (bodies included, see openapi.py) at /openapi.json, browsable at /docs
+    app = FastAPI(title="engine", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
+    # the last added runs first: the Host check, then CORS (whose preflights carry no key), then the key
+    app.add_middleware(RequestBodyMiddleware, timeout_s=body_timeout_s)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=OPEN_PATHS)
+    if allowed_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )  # fmt: skip
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheckMiddleware, allowed_hosts=allowed_hosts)
+    if access_log:
+        # added last, so it runs first and logs what every other middleware answers too
+        app.add_middleware(AccessLogMiddleware)
     chat = ChatHandler(ctx)
     completion = CompletionHandler(ctx)
+    tokenizing = TokenizeHandler(ctx)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -107,67 +139,72 @@ def build_app(
     async def stats() -> JSONResponse:
         return JSONResponse(_stats(engine))
 
+    # the SageMaker-style probe other engines answer: the same as /health
+    @app.get("/ping")
+    @app.post("/ping")
+    async def ping() -> JSONResponse:
+        return await health()
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "engine", "max_model_len": engine.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        cards = [
-            {"id": n, "object": "model", "created": ctx.created, "owned_by": "engine", "max_model_len": engine.max_model_len}
-            for n in names
-        ]
-        return JSONResponse({"object": "list", "data": cards})
+        return JSONResponse({"object": "list", "data": [model_card(n) for n in names]})
 
-    @app.post("/v1/chat/completions")
+    # ``:path`` because a served name may hold slashes (``HuggingFaceTB/SmolLM2-135M-Instruct``)
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        ctx.check_model(model_id)
+        return JSONResponse(model_card(model_id))
+
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
         return await chat(request)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Any:
         return await completion(request)
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> JSONResponse:
-        req = await parse_body(request, TokenizeRequest, ctx.max_body_bytes)
-        ctx.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise bad_request("send exactly one of prompt or messages", param="prompt")
-        if req.messages is not None:
-            if not req.messages:
-                raise bad_request("messages must not be empty", param="messages")
-            ids = chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
-        else:
-            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
+    @app.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
+    async def tokenize(request: Request) -> Response:
+        return await tokenizing.tokenize(request)
 
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> JSONResponse:
-        req = await parse_body(request, DetokenizeRequest, ctx.max_body_bytes)
-        ctx.check_model(req.model)
-        ctx.check_token_ids(req.tokens, "tokens")
-        return JSONResponse({"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)})
+    @app.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
+    async def detokenize(request: Request) -> Response:
+        return await tokenizing.detokenize(request)
 
+    install_openapi(app, [ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest])
     return app
 
 
-class _GracefulServer(uvicorn.Server):
-    """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown; a clean stop should exit 0 instead."""
+def serve_app(
+    app: FastAPI,
+    host: str,
+    port: int,
+    graceful_timeout_s: float = 30.0,
+    log_level: str = "info",
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    abort_in_flight: Callable[[], None] | None = None,
+) -> None:
+    """Run the app until SIGINT/SIGTERM: stop accepting, let requests in flight finish, abort the rest, return.
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        with super().capture_signals():
-            yield
-            stopped_by = list(self._captured_signals)
-            self._captured_signals.clear()
-        if stopped_by:
-            logger.info("stopped by signal %s", ", ".join(str(s) for s in stopped_by))
-
-
-def serve_app(app: FastAPI, host: str, port: int, graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
-    """Run the app until SIGINT/SIGTERM: stop accepting, let requests in flight finish (then abort), return."""
+    Args:
+        app: the app from :func:`build_app`.
+        host: address to bind.
+        port: port to bind.
+        graceful_timeout_s: seconds the requests in flight may run on after the signal.
+        log_level: uvicorn's log level.
+        header_timeout_s: seconds a connection has to complete each request's headers.
+        abort_in_flight: aborts every request in flight once the grace period is over, so that each
+            response ends properly (``AsyncLLMEngine.abort_all``); None cuts them as uvicorn does.
+    """
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=graceful_timeout_s,
         access_log=False,
+        http=header_deadline_protocol(header_timeout_s),
     )
-    _GracefulServer(config).run()
+    GracefulServer(config, graceful_timeout_s, abort_in_flight).run()

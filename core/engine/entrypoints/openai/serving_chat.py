@@ -11,6 +11,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.async_engine import EngineDeadError, RequestStream
+from engine.chat_input import encode_conversation
+from engine.entrypoints.openai.access_log import record_usage
+from engine.entrypoints.openai.content_parts import check_content_parts
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from engine.entrypoints.openai.serving_common import (
@@ -21,26 +24,65 @@ from engine.entrypoints.openai.serving_common import (
     add_request,
     check_prompt,
     parse_body,
+    refused_as_bad_request,
     sampling_params,
     sse,
     stop_hold_back,
     token_logprobs,
     usage,
 )
+from engine.errors import InvalidRequestError
+from engine.input_processor import check_prompt_chars
 from engine.outputs import CompletionOutput, RequestOutput
 
+#: a rough size of the chat template's own text around each message, in characters
+_TEMPLATE_CHARS_PER_MESSAGE = 32
 
-def chat_prompt_ids(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """Render the conversation with the model's chat template and tokenize it."""
+
+async def chat_prompt_ids(
+    ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool, bounded: bool = True
+) -> list[int]:
+    """Render the conversation with the model's chat template and tokenize it (``encode_conversation``:
+    text typed in a message never becomes a special token, unless the server allows it).
+
+    A large conversation is rendered and tokenized on the server's tokenizing threads.
+
+    Args:
+        ctx: the server.
+        messages: the conversation.
+        add_generation_prompt: end with the header of the assistant's turn.
+        bounded: refuse, before any work, a conversation whose characters alone cannot fit the
+            context (``/tokenize`` counts any conversation, so it passes False).
+
+    Raises:
+        OpenAIError: 400 naming ``messages``.
+    """
+    check_content_parts(messages)
     tokenizer = ctx.engine.tokenizer
-    rendered = [
+    conversation = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages
     ]
+    num_chars = sum(len(m["content"]) for m in conversation)
+    max_model_len = ctx.engine.max_model_len if bounded else None
+    if max_model_len is not None:
+        with refused_as_bad_request():
+            check_prompt_chars(num_chars, max_model_len, tokenizer.max_token_chars, "messages")
+    # the template's own text grows with the number of messages
+    size = num_chars + _TEMPLATE_CHARS_PER_MESSAGE * len(conversation)
+    return await ctx.off_loop(size, _encode_chat, ctx, conversation, add_generation_prompt, max_model_len)
+
+
+def _encode_chat(
+    ctx: ServingContext, conversation: list[dict[str, Any]], add_generation_prompt: bool, max_model_len: int | None
+) -> list[int]:
     try:
-        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt)
+        return encode_conversation(
+            ctx.engine.tokenizer, conversation, add_generation_prompt, ctx.allow_special_tokens_in_messages, max_model_len
+        )
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param=exc.param, code=exc.code) from None
     except ValueError as exc:  # the template rejected the conversation (e.g. roles out of order)
         raise bad_request(f"messages: {exc}", param="messages") from None
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _chat_logprobs(items: list[TokenLogprobs]) -> dict[str, Any]:
@@ -74,11 +116,13 @@ class ChatHandler:
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         params = sampling_params(req, ctx, max_tokens, num_top if req.logprobs else None)
-        prompt_ids = chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
+        prompt_ids = await chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
         check_prompt(prompt_ids, max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_completion_tokens")
+        ctx.limits.check_total_tokens([len(prompt_ids)], req.n, max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt)
         call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top)
+        record_usage(request, len(prompt_ids), 0)
         if req.stream:
             return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")
         return JSONResponse(await call.complete(request, stream))
@@ -120,6 +164,7 @@ class _ChatCall:
                     "finish_reason": out.finish_reason or ("abort" if stream.aborted else None),
                 }
             )
+        record_usage(request, self.num_prompt, sum(len(o.token_ids) for o in outputs))
         return {
             "id": self.request_id,
             "object": "chat.completion",
@@ -159,6 +204,7 @@ class _ChatCall:
                         if out.index >= self.req.n or finished[out.index]:
                             continue
                         completion_tokens[out.index] = len(out.token_ids)
+                        record_usage(request, self.num_prompt, sum(completion_tokens))
                         chunk_choices = self._delta_choices(out, trackers[out.index])
                         if out.finished:
                             finished[out.index] = True

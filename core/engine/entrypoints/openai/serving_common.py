@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -16,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from engine.beam_search import BeamSearchParams
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
+from engine.entrypoints.openai.json_shape import check_json_shape
+from engine.entrypoints.openai.limits import RequestLimits
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from engine.input_processor import (
@@ -29,9 +34,17 @@ from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
 
 #: request bodies larger than this are refused with 413 before being read in full
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: the ``Retry-After`` of a 503 for a full queue, in seconds: queued requests start within steps
+RETRY_AFTER_S = "1"
+#: bodies of fewer bytes than this are parsed on the event loop (in well under a millisecond)
+OFF_LOOP_BODY_BYTES = 64 * 1024
+#: inputs of fewer characters (or token ids) than this are tokenized on the event loop: handing them to a
+#: thread would cost more than the work (about 2 ms of tokenizing at this size)
+OFF_LOOP_MIN_SIZE = 4096
 
 
 @dataclass(slots=True)
@@ -43,6 +56,11 @@ class ServingContext:
         served_model_names: names the ``model`` field may carry; the first is reported.
         vocab_size: number of token ids the model knows.
         max_body_bytes: largest accepted request body.
+        limits: how much work one request may ask for.
+        allow_special_tokens_in_messages: read special-token strings typed in chat messages as special
+            tokens (``--allow-special-tokens-in-messages``, for trusted clients only).
+        executor: the threads that tokenize, render chat templates and detokenize large inputs, so that
+            the event loop keeps answering meanwhile (the tokenizers' Rust code releases the GIL).
         created: when the server started (unix seconds), reported as the model's ``created``.
     """
 
@@ -50,6 +68,9 @@ class ServingContext:
     served_model_names: list[str]
     vocab_size: int
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    allow_special_tokens_in_messages: bool = False
+    executor: ThreadPoolExecutor = field(default_factory=lambda: tokenizer_pool())
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -70,6 +91,28 @@ class ServingContext:
         with refused_as_bad_request():
             check_token_ids(ids, self.vocab_size, "token id", param)
 
+    async def off_loop(self, size: int, fn: Callable[..., ResultT], *args: Any) -> ResultT:
+        """``fn(*args)``, run on :attr:`executor` when the input is large, else right here.
+
+        Args:
+            size: the input's size in characters or token ids (compared with :data:`OFF_LOOP_MIN_SIZE`).
+            fn: the work: tokenizing, rendering, detokenizing, building a large response.
+            args: its arguments.
+
+        Returns:
+            What ``fn`` returns; what it raises propagates.
+        """
+        if size < OFF_LOOP_MIN_SIZE:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
+
+
+def tokenizer_pool() -> ThreadPoolExecutor:
+    """The server's tokenizing threads: one core fewer than the machine has (1 to 8), so that however
+    much tokenizing clients ask for, a core is left for the event loop and the engine."""
+    workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
+
 
 @contextlib.contextmanager
 def refused_as_bad_request() -> Iterator[None]:
@@ -82,6 +125,7 @@ def refused_as_bad_request() -> Iterator[None]:
 
 async def parse_body(request: Request, model: type[RequestT], max_bytes: int) -> RequestT:
     """Read and validate a JSON body, refusing oversized, non-UTF-8 and malformed ones with a 4xx."""
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise OpenAIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}", code="body_too_large")
@@ -95,10 +139,43 @@ async def parse_body(request: Request, model: type[RequestT], max_bytes: int) ->
     body = b"".join(chunks)
     if not body.strip():
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+    if len(body) < OFF_LOOP_BODY_BYTES:
+        return _validate(model, body)
+    # on a worker thread, where the shape check's loop and the models' Python validators let the event
+    # loop run; the shape check bounds the time the parser itself holds the global lock
+    return await asyncio.to_thread(_validate_large, model, body)
+
+
+def _validate(model: type[RequestT], body: bytes) -> RequestT:
     try:
         return model.model_validate_json(body, strict=True)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def _validate_large(model: type[RequestT], body: bytes) -> RequestT:
+    check_json_shape(body)
+    return _validate(model, body)
+
+
+def check_json_content_type(request: Request) -> None:
+    """Refuse a body not declared as ``application/json`` (415).
+
+    A web page can make a browser send ``text/plain`` or form bodies anywhere without asking the server
+    first (no CORS preflight); a JSON content type needs that permission, which this server does not
+    give by default.
+
+    Raises:
+        OpenAIError: 415 naming the content type received.
+    """
+    declared = request.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        shown = repr(declared) if declared else "none"
+        raise OpenAIError(
+            415,
+            f"the request body must be JSON sent as 'Content-Type: application/json'; got {shown}",
+            code="unsupported_media_type",
+        )
 
 
 def sampling_params(
@@ -107,15 +184,11 @@ def sampling_params(
     """Translate the OpenAI fields into the engine's settings; refusals name the field."""
     with refused_as_bad_request():
         check_cache_salt(req.cache_salt)
+    ctx.limits.check_n(req.n)
     if req.use_beam_search:
         return beam_search_params(req, max_tokens, logprobs)
-    bias: dict[int, float] | None = None
-    if req.logit_bias:
-        bias = {}
-        for key, value in req.logit_bias.items():
-            if not key.lstrip("-").isdigit():
-                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
-            bias[int(key)] = value
+    # the keys were checked to be short ASCII integers when the body was parsed (``protocol``)
+    bias = {int(key): value for key, value in req.logit_bias.items()} if req.logit_bias else None
     fields: dict[str, Any] = {
         "n": req.n,
         "temperature": 1.0 if req.temperature is None else req.temperature,
@@ -178,12 +251,13 @@ def check_prompt(
         OpenAIError: 400 naming the field; ``context_length_exceeded`` when the prompt and the output
             it asks for do not fit.
     """
-    with refused_as_bad_request():
-        check_prompt_token_ids(token_ids, vocab_size)
+    # the length first: it costs nothing, and bounds the ids the loop below walks on the event loop
     try:
         check_context_length(len(token_ids), max_tokens, max_model_len, max_tokens_param)
     except ContextLengthError as exc:
         raise _context_error(exc, "messages" if max_tokens_param == "max_completion_tokens" else "prompt") from None
+    with refused_as_bad_request():
+        check_prompt_token_ids(token_ids, vocab_size)
 
 
 def _context_error(exc: ContextLengthError, prompt_param: str) -> OpenAIError:
@@ -209,13 +283,17 @@ async def add_request(
 ) -> RequestStream:
     """Hand a request to the engine, mapping its refusals to HTTP errors."""
     try:
-        return await ctx.engine.add_request(request_id, prompt, params, cache_salt)
+        stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param=exc.param, code=exc.code) from None
     except QueueFullError as exc:
-        raise OpenAIError(503, f"the server is busy: {exc}; retry later", code="queue_full") from None
+        raise OpenAIError(
+            503, f"the server is busy: {exc}; retry later", code="queue_full", headers={"Retry-After": RETRY_AFTER_S}
+        ) from None
     except EngineDeadError as exc:
         raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+    ctx.limits.arm_deadline(ctx.engine, stream)
+    return stream
 
 
 @contextlib.asynccontextmanager

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.async_engine import EngineDeadError, RequestStream
+from engine.entrypoints.openai.access_log import record_usage
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.entrypoints.openai.serving_common import (
@@ -29,11 +30,8 @@ from engine.entrypoints.openai.serving_common import (
     token_logprobs,
     usage,
 )
-from engine.input_processor import check_prompt_token_ids, check_text_prompt
+from engine.input_processor import check_prompt_chars, check_prompt_token_ids, check_text_prompt
 from engine.outputs import CompletionOutput, RequestOutput
-
-#: most prompts one batched completion request may carry
-MAX_BATCH_PROMPTS = 64
 
 
 def _completion_logprobs(items: list[TokenLogprobs], offset: int) -> dict[str, Any]:
@@ -55,8 +53,9 @@ class CompletionHandler:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def _prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
-        """Every prompt as (token ids, text)."""
+    def _batch(self, req: CompletionRequest) -> list[str | list[int]]:
+        """Every prompt as it was sent, after the checks that cost nothing: the number of prompts, empty
+        texts, and texts whose characters alone cannot fit the context (refused before tokenizing)."""
         tokenizer = self.ctx.engine.tokenizer
         raw = req.prompt
         if isinstance(raw, str):
@@ -67,18 +66,25 @@ class CompletionHandler:
             batch = list(raw)  # type: ignore[arg-type]
         if not batch:
             raise bad_request("prompt must not be empty", param="prompt")
-        if len(batch) > MAX_BATCH_PROMPTS:
-            raise bad_request(f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(batch)}", param="prompt")
-        out = []
+        self.ctx.limits.check_num_prompts(len(batch))
         for p in batch:
             if isinstance(p, str):
                 with refused_as_bad_request():
                     check_text_prompt(p)
+                    check_prompt_chars(len(p), self.ctx.engine.max_model_len, tokenizer.max_token_chars)
+        return batch
+
+    def _tokenize(self, batch: list[str | list[int]], echo: bool) -> list[tuple[list[int], str]]:
+        """Every prompt as (token ids, text); run on the tokenizing threads when the batch is large."""
+        tokenizer = self.ctx.engine.tokenizer
+        out = []
+        for p in batch:
+            if isinstance(p, str):
                 out.append((tokenizer.encode(p, add_special_tokens=True), p))
             else:
                 with refused_as_bad_request():
                     check_prompt_token_ids(p, self.ctx.vocab_size)
-                out.append((list(p), tokenizer.decode(list(p), skip_special_tokens=False) if req.echo else ""))
+                out.append((list(p), tokenizer.decode(list(p), skip_special_tokens=False) if echo else ""))
         return out
 
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
@@ -92,9 +98,13 @@ class CompletionHandler:
         if req.echo and req.logprobs is not None:
             raise bad_request("echo together with logprobs is not supported", param="echo")
         params = sampling_params(req, ctx, req.max_tokens, req.logprobs)
-        prompts = self._prompts(req)
+        batch = self._batch(req)
+        prompts = await ctx.off_loop(sum(len(p) for p in batch), self._tokenize, batch, req.echo)
         for ids, _ in prompts:
             check_prompt(ids, req.max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_tokens")
+        ctx.limits.check_total_tokens(
+            [len(ids) for ids, _ in prompts], req.n, req.max_tokens, ctx.engine.max_model_len, "max_tokens"
+        )
         base_id = f"cmpl-{uuid.uuid4().hex}"
         request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
         streams: list[RequestStream] = []
@@ -106,6 +116,7 @@ class CompletionHandler:
                 ctx.engine.abort(rid)
             raise
         call = _CompletionCall(ctx, req, base_id, request_ids, prompts)
+        record_usage(request, call.num_prompt_tokens, 0)
         if req.stream:
             return StreamingResponse(call.stream(request, streams), media_type="text/event-stream")
         return JSONResponse(await call.complete(request, streams))
@@ -163,6 +174,7 @@ class _CompletionCall:
                         "finish_reason": out.finish_reason or ("abort" if streams[i].aborted else None),
                     }
                 )
+        record_usage(request, self.num_prompt_tokens, completion_tokens)
         return {
             "id": self.response_id,
             "object": "text_completion",
@@ -204,6 +216,7 @@ class _CompletionCall:
                         if out.index >= n or finished[index]:
                             continue
                         tokens[index] = len(out.token_ids)
+                        record_usage(request, self.num_prompt_tokens, sum(tokens))
                         for choice in self._delta_choices(out, index, trackers[index], offsets):
                             yield sse(self._chunk(choice, include_usage))
                         finished[index] = out.finished

@@ -15,6 +15,7 @@ from engine_plugin_sdk.gpu.triton_kernels.launch import (
 )
 from engine_plugin_sdk.gpu.triton_kernels.launchers import (
     fused_add_rms_norm,
+    gelu_tanh_and_mul,
     paged_decode,
     paged_prefill,
     rms_norm,
@@ -28,6 +29,7 @@ __all__ = [
     "AttentionTiles",
     "KernelTuning",
     "fused_add_rms_norm",
+    "gelu_tanh_and_mul",
     "next_power_of_2",
     "paged_decode",
     "paged_prefill",

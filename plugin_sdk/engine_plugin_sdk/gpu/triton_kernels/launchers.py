@@ -271,6 +271,19 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], d)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` (GeGLU, Gemma's MLP)."""
+    rows = rows_of(x)
+    d = rows.shape[1] // 2
+    out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = min(1024, next_power_of_2(d))
+        ek.gelu_tanh_and_mul_kernel[(rows.shape[0], triton_cdiv(d, block))](
+            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4, **pdl.launch_options(),
+        )  # fmt: skip
+    return out.view(*x.shape[:-1], d)
+
+
 #: largest finite value of each FP8 flavour the row quantizer writes
 _FP8_ROW_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 

@@ -1,0 +1,227 @@
+"""One decoder layer: its weights as loaded, and its forward pass (norms, attention block, gated MLP).
+
+The layer reads the model's ops, GEMM, attention backend and spec; it never calls a kernel directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.gemm import QuantizedWeight
+from engine.loader.quantized import concat_weights
+from engine.models.layers.names import gate_up_names, qkv_names
+from engine.models.layers.rope import interleaved_to_halves
+from engine.models.layers.spec import LayerSpec
+from engine.models.weights import take_tensor
+
+if TYPE_CHECKING:
+    from engine.models.layers.decoder import DenseDecoder
+
+
+@dataclass(slots=True)
+class DecoderLayer:
+    """The loaded weights of one layer (norm scales already in their applied form) and its options."""
+
+    pre_attn: torch.Tensor | None
+    qkv: Any
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: Any
+    o_bias: torch.Tensor | None
+    post_attn: torch.Tensor | None
+    pre_mlp: torch.Tensor | None
+    gate_up: Any
+    down: Any
+    post_mlp: torch.Tensor | None
+    window: int | None
+    rope: int | None
+    #: the FP8 dtype each projection takes its input pre-quantized in (GemmBackend.row_quantized_input)
+    qkv_fp8: Any = None
+    gate_up_fp8: Any = None
+    down_fp8: Any = None
+
+    def _norm_in(
+        self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, fp8: Any
+    ) -> tuple[Any, torch.Tensor]:
+        # add the branch to the residual stream and normalise it for the next block
+        ops, eps = model.ops, model.config.rms_norm_eps
+        if weight is None:
+            # post-norm only (OLMo2): the block reads the stream itself
+            summed = hidden if residual is None else hidden + residual
+            return summed, summed
+        if residual is None:
+            return ops.rms_norm(hidden, weight, eps), hidden
+        if fp8 is not None:
+            # the norm writes the W8A8 GEMM's FP8 input itself: one pass over the activations fewer
+            return ops.fused_add_rms_norm_fp8(hidden, residual, weight, eps, fp8)
+        return ops.fused_add_rms_norm(hidden, residual, weight, eps)
+
+    def _branch_out(self, model: DenseDecoder, out: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if weight is not None:
+            out = model.ops.rms_norm(out, weight, model.config.rms_norm_eps)
+        if model.spec.residual_multiplier is not None:
+            out = out * model.spec.residual_multiplier
+        return out
+
+    def attention(
+        self, model: DenseDecoder, x: Any, tables: list[tuple[torch.Tensor, torch.Tensor]], kv_cache: Any, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The attention block: fused projection, optional q/k norm and rotary, paged attention, output."""
+        cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
+        qkv = model.gemm.linear(x, self.qkv, self.qkv_bias)
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([model.q_size, model.kv_size, model.kv_size], dim=-1)
+        if model.spec.qk_norm == "full":
+            q, k = ops.rms_norm(q, self.q_norm, eps), ops.rms_norm(k, self.k_norm, eps)
+        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if model.spec.qk_norm == "head":
+            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if self.rope is not None:
+            index, table = tables[self.rope]
+            q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
+        attn = model.attention.forward(q, k, v, kv_cache, meta)
+        return model.gemm.linear(attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias)
+
+    def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
+        """The gated MLP: fused gate/up, SwiGLU or GeGLU, down."""
+        gate_up = model.gemm.linear(x, self.gate_up)
+        if model.spec.activation == "gelu_tanh":
+            return model.gemm.linear(model.ops.gelu_tanh_and_mul(gate_up), self.down)
+        if self.down_fp8 is not None:
+            return model.gemm.linear(model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down)
+        return model.gemm.linear(model.ops.silu_and_mul(gate_up), self.down)
+
+    def forward(
+        self,
+        model: DenseDecoder,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        tables: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: Any,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer: returns the layer's last branch output and the residual stream it is added to."""
+        x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8)
+        hidden = self._branch_out(model, self.attention(model, x, tables, kv_cache, meta), self.post_attn)
+        x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8)
+        return self._branch_out(model, self.mlp(model, x), self.post_mlp), residual
+
+
+class LayerLoader:
+    """Takes one model's tensors out of the checkpoint dict into :class:`DecoderLayer` objects.
+
+    Args:
+        model: the model being loaded (its spec, sizes, GEMM backend, dtype and device).
+        tensors: HF name -> tensor; taken tensors are removed.
+    """
+
+    def __init__(self, model: DenseDecoder, tensors: dict[str, Any]) -> None:
+        self.model = model
+        self.tensors = tensors
+
+    def take(self, name: str, shape: tuple[int, ...]) -> Any:
+        """Remove and return a tensor, checking its shape."""
+        return take_tensor(self.tensors, name, shape)
+
+    def norm(self, name: str, size: int) -> torch.Tensor:
+        """A norm scale in its applied form (``1 + w`` for Gemma's norms)."""
+        m = self.model
+        weight = self.take(name + ".weight", (size,))
+        if m.spec.gemma_norms:
+            weight = 1.0 + weight.float()
+        return weight.to(device=m.device, dtype=m.dtype)
+
+    def matrix(self, t: torch.Tensor | QuantizedWeight, projection: bool = True) -> Any:
+        """A matrix prepared by the GEMM backend (quantized at load for layer projections when asked)."""
+        m = self.model
+        # a quantized weight goes to the GEMM backend as the loader found it: packing is the backend's job
+        if isinstance(t, QuantizedWeight):
+            return m.gemm.prepare_weight(t, m.dtype)
+        t = t.to(m.device)
+        if projection and m.linear_quantizer is not None:
+            return m.gemm.prepare_weight(m.linear_quantizer(t), m.dtype)
+        return m.gemm.prepare_weight(t, m.dtype)
+
+    def _qkv(self, p: str) -> tuple[Any, torch.Tensor | None]:
+        m, spec, h = self.model, self.model.spec, self.model.config.hidden_size
+        sizes = (m.q_size, m.kv_size, m.kv_size)
+        if spec.fused_qkv:
+            weights = [self.take(p + spec.fused_qkv + ".weight", (sum(sizes), h))]
+            biases = [self.take(p + spec.fused_qkv + ".bias", (sum(sizes),))] if spec.qkv_bias else []
+        else:
+            names = qkv_names(spec)
+            weights = [self.take(p + n + ".weight", (s, h)) for n, s in zip(names, sizes)]
+            biases = [self.take(p + n + ".bias", (s,)) for n, s in zip(names, sizes)] if spec.qkv_bias else []
+        rope = spec.ropes[0] if spec.ropes else None
+        if rope is not None and rope.interleaved:
+            weights, biases = self._to_halves(weights, rope.rotary_dim), self._to_halves(biases, rope.rotary_dim)
+        bias = torch.cat(biases).to(device=m.device, dtype=m.dtype) if biases else None
+        return self.matrix(concat_weights(weights)), bias
+
+    def _to_halves(self, parts: list[torch.Tensor], rotary_dim: int) -> list[torch.Tensor]:
+        if not parts:
+            return parts
+        cfg = self.model.config
+        q, k, v = parts if len(parts) == 3 else parts[0].split([self.model.q_size, self.model.kv_size, self.model.kv_size])
+        q = interleaved_to_halves(q, cfg.num_heads, cfg.head_dim, rotary_dim)
+        k = interleaved_to_halves(k, cfg.num_kv_heads, cfg.head_dim, rotary_dim)
+        return [q, k, v]
+
+    def layer(self, p: str, layer_spec: LayerSpec) -> DecoderLayer:
+        """Load layer ``p`` (its HF name prefix).
+
+        Raises:
+            ValueError: a tensor is missing or misshapen.
+        """
+        m, spec, cfg = self.model, self.model.spec, self.model.config
+        h, inter, names = cfg.hidden_size, cfg.intermediate_size, spec.norms
+
+        def norm(name: str | None, size: int = h) -> torch.Tensor | None:
+            return self.norm(p + name, size) if name else None
+
+        pre_attn = norm(names.pre_attn)
+        qkv, qkv_bias = self._qkv(p)
+        q_norm = k_norm = None
+        if spec.qk_norm != "none":
+            full = spec.qk_norm == "full"
+            q_norm = norm("self_attn.q_norm", m.q_size if full else cfg.head_dim)
+            k_norm = norm("self_attn.k_norm", m.kv_size if full else cfg.head_dim)
+        o_proj = self.matrix(self.take(p + "self_attn.o_proj.weight", (h, m.q_size)))
+        o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
+        post_attn, pre_mlp = norm(names.post_attn), norm(names.pre_mlp)
+        if spec.fused_gate_up:
+            gate_up = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h))
+        else:
+            gate_up = concat_weights([self.take(p + n + ".weight", (inter, h)) for n in gate_up_names(spec)])
+        layer = DecoderLayer(
+            pre_attn=pre_attn,
+            qkv=qkv,
+            qkv_bias=qkv_bias,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            o_proj=o_proj,
+            o_bias=o_bias,
+            post_attn=post_attn,
+            pre_mlp=pre_mlp,
+            gate_up=self.matrix(gate_up),
+            down=self.matrix(self.take(p + "mlp.down_proj.weight", (h, inter))),
+            post_mlp=norm(names.post_mlp),
+            window=layer_spec.sliding_window,
+            rope=layer_spec.rope,
+        )
+        # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-norms, SwiGLU)
+        if names.pre_attn:
+            layer.qkv_fp8 = m.gemm.row_quantized_input(layer.qkv)
+        if names.pre_mlp:
+            layer.gate_up_fp8 = m.gemm.row_quantized_input(layer.gate_up)
+        if spec.activation == "silu":
+            layer.down_fp8 = m.gemm.row_quantized_input(layer.down)
+        return layer

@@ -1,0 +1,194 @@
+"""The one dense decoder every built-in architecture runs: load and run a :class:`DecoderSpec`.
+
+An architecture subclasses :class:`DenseDecoder` and implements :meth:`DenseDecoder.decoder_spec`
+(plus :meth:`~engine.models.base.CausalLM.config_from_hf` where its config keys differ). The forward
+pass is the Llama one with the spec's options switched in; a plain pre-norm SwiGLU model runs exactly
+the op sequence it always did, FP8 producers included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+
+from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine.interfaces.ops import OpTable
+from engine.models.base import CausalLM
+from engine.models.config import ModelConfig
+from engine.models.layers.blocks import DecoderLayer, LayerLoader
+from engine.models.layers.names import decoder_weight_shapes
+from engine.models.layers.rope import RotaryEmbedding
+from engine.models.layers.spec import DecoderSpec
+from engine.models.rotary import rope_type
+
+
+class DenseDecoder(CausalLM):
+    """A decoder-only transformer described by a :class:`DecoderSpec`.
+
+    Args:
+        config: the model's sizes.
+        ops: the op table (reference ops with the platform's overrides).
+        attention: the platform's attention backend.
+        gemm: the platform's GEMM backend.
+        dtype: activation and weight dtype.
+        device: where tensors live.
+    """
+
+    #: ``tie_word_embeddings`` when a config.json leaves it out (the HF config class's default)
+    tie_embeddings_default: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: OpTable,
+        attention: AttentionBackend,
+        gemm: GemmBackend,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__(config, ops, attention, gemm, dtype, device)
+        self.spec = self.decoder_spec(config)
+        if self.spec.scale is not None:
+            self.scale = self.spec.scale
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.rotaries = [RotaryEmbedding(r, config.max_position_embeddings, device) for r in self.spec.ropes]
+        # one table for the single-rotary models, as the plugins' tests and benchmarks expect
+        self.cos_sin_cache = self.rotaries[0].cache if self.rotaries else None
+        #: each layer's attention window (None: global), for the block manager and the capability check
+        self.layer_windows = [layer.sliding_window for layer in self.spec.layers]
+        self.embed_scale = (
+            torch.tensor(self.spec.embed_scale, dtype=dtype, device=device) if self.spec.embed_scale is not None else None
+        )
+        self.layers: list[DecoderLayer] = []
+        self.embed_tokens: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        self.lm_head: Any = None
+
+    # --- what the loader asks of the class ----------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
+        """The architecture's :class:`DecoderSpec` for ``config``.
+
+        Args:
+            config: the model config (``hf_config`` holds the raw keys; empty for GGUF files).
+
+        Returns:
+            The spec.
+        """
+
+    @classmethod
+    def config_from_hf(cls, hf_config: dict[str, Any]) -> ModelConfig:
+        """The Llama-family keys, with the window and context the spec implies.
+
+        ``sliding_window`` stays set only when every layer slides by the same window (the runner puts it
+        in every step's metadata; interleaved layers get theirs per layer from the model). A ``dynamic``
+        RoPE model's context is ``max_position_embeddings * factor``.
+        """
+        config = ModelConfig.from_hf_dict(hf_config)
+        windows = {layer.sliding_window for layer in cls.decoder_spec(config).layers}
+        config.sliding_window = windows.pop() if len(windows) == 1 else None
+        config.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", cls.tie_embeddings_default))
+        if rope_type(config.rope_scaling) == "dynamic" and config.rope_scaling is not None:
+            config.max_position_embeddings = int(config.max_position_embeddings * float(config.rope_scaling["factor"]))
+        return config
+
+    @classmethod
+    def required_features(cls, config: ModelConfig) -> dict[str, str]:
+        """Attention features the model needs: capability field -> what it is called in messages."""
+        spec = cls.decoder_spec(config)
+        needs: dict[str, str] = {}
+        if any(layer.sliding_window is not None for layer in spec.layers):
+            needs["sliding_window"] = "sliding-window attention"
+        if spec.attn_soft_cap is not None:
+            needs["logits_soft_cap"] = "attention logits soft-capping"
+        return needs
+
+    @classmethod
+    def weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the architecture's checkpoints by HF name, as the spec names them."""
+        return decoder_weight_shapes(cls.decoder_spec(config), config)
+
+    @classmethod
+    def ignores_weight(cls, name: str, config: ModelConfig) -> bool:
+        """Recomputed rotary buffers, and the copy of the embeddings some tied checkpoints store."""
+        return super().ignores_weight(name, config) or (config.tie_word_embeddings and name == "lm_head.weight")
+
+    # --- loading -------------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
+        """Take HF-named tensors, fuse q/k/v and gate/up, and hand every matrix to the GEMM backend.
+
+        Raises:
+            ValueError: if a tensor the architecture needs is missing or has the wrong shape.
+        """
+        cfg = self.config
+        tensors: dict[str, Any] = {name: t for name, t in weights if "rotary_emb" not in name}
+        loader = LayerLoader(self, tensors)
+        embed = loader.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        dense_embed = embed.dequantize() if isinstance(embed, QuantizedWeight) else embed
+        self.embed_tokens = dense_embed.to(device=self.device, dtype=self.dtype)
+        del dense_embed
+        for i, layer_spec in enumerate(self.spec.layers):
+            self.layers.append(loader.layer(self.hf_layer_prefix.format(i), layer_spec))
+        self.final_norm = loader.norm("model.norm", cfg.hidden_size)
+        # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
+        if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
+            self.lm_head = loader.matrix(embed, projection=False)
+        else:
+            self.lm_head = loader.matrix(loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)), projection=False)
+        tensors.pop("lm_head.weight", None)
+
+    # --- forward -------------------------------------------------------------------------------------
+
+    def _layer_metadata(self, metadata: AttentionMetadata) -> list[AttentionMetadata]:
+        # each distinct (window, cap) gets its own metadata copy with its own extras, so a backend's
+        # per-step plan is built once per variant, not once per layer
+        cap = self.spec.attn_soft_cap
+        variants: dict[tuple[int | None, float | None], AttentionMetadata] = {
+            (metadata.sliding_window, metadata.logits_soft_cap): metadata
+        }
+        chosen = []
+        for layer in self.layers:
+            key = (layer.window, cap)
+            if key not in variants:
+                variants[key] = dataclasses.replace(metadata, sliding_window=layer.window, logits_soft_cap=cap, extras={})
+            chosen.append(variants[key])
+        return chosen
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[Any],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` after the final norm, for a flat batch of tokens."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        hidden = self.embed_tokens.index_select(0, input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
+        tables = [rotary.step_table(positions, metadata) for rotary in self.rotaries]
+        layer_metadata = self._layer_metadata(metadata)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
+            hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)
+        out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap."""
+        logits = self.gemm.logits(hidden, self.lm_head)
+        if self.spec.logits_divisor is not None:
+            logits = logits / self.spec.logits_divisor
+        if self.spec.final_soft_cap is not None:
+            cap = self.spec.final_soft_cap
+            logits = torch.tanh(logits / cap) * cap
+        return logits

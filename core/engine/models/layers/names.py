@@ -1,0 +1,70 @@
+"""The HF tensor names and shapes of a :class:`DecoderSpec`'s checkpoints."""
+
+from __future__ import annotations
+
+from engine.models.config import ModelConfig
+from engine.models.layers.spec import DecoderSpec
+
+
+def qkv_names(spec: DecoderSpec) -> tuple[str, ...]:
+    """The attention input projections: one fused name, or q, k and v."""
+    return (spec.fused_qkv,) if spec.fused_qkv else ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+
+
+def gate_up_names(spec: DecoderSpec) -> tuple[str, ...]:
+    """The MLP input projections: one fused name, or gate and up."""
+    return (spec.fused_gate_up,) if spec.fused_gate_up else ("mlp.gate_proj", "mlp.up_proj")
+
+
+def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: str = "model.layers.{}.") -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of ``spec`` provides, by HF name, in load order.
+
+    Args:
+        spec: the architecture's spec.
+        config: the model config.
+        layer_prefix: the HF prefix of layer ``i``.
+
+    Returns:
+        HF name -> shape; ``lm_head.weight`` is absent when the embeddings are tied.
+    """
+    hidden, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    q_size, kv_size = config.num_heads * hd, config.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(len(spec.layers)):
+        p = layer_prefix.format(i)
+        norms = spec.norms
+        if norms.pre_attn:
+            shapes[p + norms.pre_attn + ".weight"] = (hidden,)
+        if spec.fused_qkv:
+            shapes[p + spec.fused_qkv + ".weight"] = (q_size + 2 * kv_size, hidden)
+            if spec.qkv_bias:
+                shapes[p + spec.fused_qkv + ".bias"] = (q_size + 2 * kv_size,)
+        else:
+            names = qkv_names(spec)
+            for name, rows in zip(names, (q_size, kv_size, kv_size)):
+                shapes[p + name + ".weight"] = (rows, hidden)
+            if spec.qkv_bias:
+                for name, rows in zip(names, (q_size, kv_size, kv_size)):
+                    shapes[p + name + ".bias"] = (rows,)
+        if spec.qk_norm != "none":
+            full = spec.qk_norm == "full"
+            shapes[p + "self_attn.q_norm.weight"] = (q_size if full else hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (kv_size if full else hd,)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
+        if spec.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
+        for norm in (norms.post_attn, norms.pre_mlp):
+            if norm:
+                shapes[p + norm + ".weight"] = (hidden,)
+        if spec.fused_gate_up:
+            shapes[p + spec.fused_gate_up + ".weight"] = (2 * inter, hidden)
+        else:
+            for name in gate_up_names(spec):
+                shapes[p + name + ".weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        if norms.post_mlp:
+            shapes[p + norms.post_mlp + ".weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes

@@ -1,0 +1,105 @@
+"""What distinguishes one dense decoder architecture from another, as data.
+
+An architecture file builds a :class:`DecoderSpec` from its config; the shared decoder
+(:class:`engine.models.layers.decoder.DenseDecoder`) loads and runs any spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: ``head``: one RMSNorm of ``head_dim`` per head (Qwen3, Gemma3); ``full``: over all heads (OLMo2)
+QKNorm = Literal["none", "head", "full"]
+#: ``silu``: SwiGLU; ``gelu_tanh``: GeGLU with the tanh approximation (Gemma)
+Activation = Literal["silu", "gelu_tanh"]
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """One rotary embedding (a model may have several, e.g. Gemma3's local and global bases).
+
+    Attributes:
+        theta: the base.
+        scaling: HF RoPE parameters (``rope_type`` and its keys), None for plain RoPE.
+        rotary_dim: how many leading dims of each head rotate (``partial_rotary_factor``).
+        interleaved: GLM's pairs ``(2i, 2i+1)`` instead of NeoX halves; the loader permutes the Q/K rows
+            into halves so one rotary op serves both.
+    """
+
+    theta: float
+    scaling: dict[str, Any] | None
+    rotary_dim: int
+    interleaved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """Per-layer attention variation.
+
+    Attributes:
+        sliding_window: the layer's attention window, None for global attention.
+        rope: index into :attr:`DecoderSpec.ropes`, None for a layer without positions (SmolLM3).
+    """
+
+    sliding_window: int | None = None
+    rope: int | None = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NormNames:
+    """HF names (after the layer prefix, without ``.weight``) of each layer's norms; None where absent.
+
+    Attributes:
+        pre_attn: before attention (``input_layernorm``).
+        post_attn: on the attention output, before the residual add (Gemma2/3, OLMo2, GLM4).
+        pre_mlp: before the MLP (Llama's ``post_attention_layernorm``).
+        post_mlp: on the MLP output, before the residual add.
+    """
+
+    pre_attn: str | None = "input_layernorm"
+    post_attn: str | None = None
+    pre_mlp: str | None = "post_attention_layernorm"
+    post_mlp: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """Everything the shared decoder needs to know about an architecture.
+
+    Attributes:
+        layers: one :class:`LayerSpec` per layer.
+        ropes: the rotary embeddings layers refer to.
+        norms: per-layer norm names.
+        gemma_norms: RMSNorm scales are stored as ``w`` and applied as ``1 + w`` (made ``1 + w`` at load).
+        qk_norm: RMSNorm on queries and keys before the rotary.
+        fused_qkv: the name of a fused q/k/v projection (Phi3's ``self_attn.qkv_proj``), else separate
+            ``self_attn.{q,k,v}_proj``.
+        qkv_bias: q/k/v projections have biases.
+        o_bias: the output projection has a bias.
+        fused_gate_up: the name of a fused gate/up projection (``mlp.gate_up_proj``), else separate.
+        activation: the MLP's gated activation.
+        scale: the attention softmax scale.
+        attn_soft_cap: attention logits soft-cap, or None.
+        embed_scale: embeddings are multiplied by this (rounded to the model dtype first, as HF does).
+        residual_multiplier: each branch output is multiplied by this before the residual add (Granite).
+        logits_divisor: logits are divided by this (Granite's ``logits_scaling``).
+        final_soft_cap: final logits soft-cap (Gemma2).
+    """
+
+    layers: tuple[LayerSpec, ...]
+    ropes: tuple[RopeSpec, ...]
+    norms: NormNames = field(default_factory=NormNames)
+    gemma_norms: bool = False
+    qk_norm: QKNorm = "none"
+    fused_qkv: str | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    fused_gate_up: str | None = None
+    activation: Activation = "silu"
+    scale: float | None = None
+    attn_soft_cap: float | None = None
+    embed_scale: float | None = None
+    residual_multiplier: float | None = None
+    logits_divisor: float | None = None
+    final_soft_cap: float | None = None

@@ -1,0 +1,25 @@
+"""Phi-3 / Phi-4-mini: fused q/k/v and gate/up projections, partial rotary, ``longrope`` scaling."""
+
+from __future__ import annotations
+
+from engine.models.config import ModelConfig
+from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.hf_config import sliding_window
+from engine.models.layers.spec import DecoderSpec, LayerSpec
+from engine.models.llama import standard_rope
+
+
+class Phi3ForCausalLM(DenseDecoder):
+    """``Phi3ForCausalLM``: ``self_attn.qkv_proj`` and ``mlp.gate_up_proj`` as stored; every layer
+    slides by ``sliding_window`` when the config sets one."""
+
+    @classmethod
+    def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
+        """Pre-norm SwiGLU layers with fused projections."""
+        window = sliding_window(config.hf_config) if config.hf_config else config.sliding_window
+        return DecoderSpec(
+            layers=tuple(LayerSpec(sliding_window=window) for _ in range(config.num_layers)),
+            ropes=(standard_rope(config),),
+            fused_qkv="self_attn.qkv_proj",
+            fused_gate_up="mlp.gate_up_proj",
+        )

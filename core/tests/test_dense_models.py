@@ -1,0 +1,102 @@
+"""The dense architectures on tiny seeded checkpoints: the CPU engine against HF transformers in float32.
+
+Each architecture's config sets a window of 8 tokens where it has one, so the prompts run past it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dense_model_utils import PROMPTS, hf_greedy, load_hf, max_logit_diff, save_tiny
+
+from engine import LLM, SamplingParams
+from engine_test_utils import assert_all_blocks_free
+
+WINDOW = 8
+
+#: architecture -> config overrides of the tiny checkpoint
+ARCHITECTURES: dict[str, dict] = {
+    "LlamaForCausalLM": dict(tie_word_embeddings=True),
+    "MistralForCausalLM": dict(sliding_window=WINDOW),
+    "Qwen3ForCausalLM": dict(attention_bias=True),
+    "GraniteForCausalLM": dict(
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=2.0
+    ),
+    "Olmo2ForCausalLM": dict(),
+    "Phi3ForCausalLM": dict(partial_rotary_factor=0.5, sliding_window=WINDOW, pad_token_id=0),
+    "Gemma2ForCausalLM": dict(
+        sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0
+    ),
+    "Gemma3ForCausalLM": dict(
+        sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+        },
+    ),
+    "GlmForCausalLM": dict(pad_token_id=0),
+    "Glm4ForCausalLM": dict(pad_token_id=0),
+    "SmolLM3ForCausalLM": dict(no_rope_layers=[1, 0], pad_token_id=0),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def tiny(request, tmp_path_factory, hf_tokenizer_dir):
+    name = request.param
+    path = save_tiny(name, str(tmp_path_factory.mktemp(name)), hf_tokenizer_dir, **ARCHITECTURES[name])
+    llm = LLM(model=path, device="cpu", dtype="float32", quantization="none", kv_cache_memory_bytes=16 << 20)
+    return name, path, load_hf(path), llm
+
+
+def test_prefill_logits_match_hf(tiny):
+    name, _, hf, llm = tiny
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    assert max(len(t) for t in ids) > WINDOW
+    diff = max_logit_diff(llm, hf, ids)
+    print(f"{name}: max |logit - HF| = {diff:.2e}")
+    assert diff < 1e-4, name
+    assert_all_blocks_free(llm)
+
+
+def test_greedy_and_logprobs_match_hf_in_one_batch(tiny):
+    name, _, hf, llm = tiny
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outs):
+        ids = llm.tokenizer.encode(prompt)
+        assert out.outputs[0].token_ids == hf_greedy(hf, ids, 8), (name, prompt)
+    # the first sampled token's logprob is HF's log-softmax after every final soft-cap or logit scale
+    ids = llm.tokenizer.encode(PROMPTS[1])
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, -1], dim=-1)
+    first = outs[1].outputs[0]
+    assert first.logprobs[0][first.token_ids[0]].logprob == pytest.approx(ref.max().item(), abs=1e-4)
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.slow
+def test_chunked_prefill_and_prefix_cache_keep_greedy_tokens(tiny):
+    name, path, _, llm = tiny
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    chunked = LLM(
+        model=path, device="cpu", dtype="float32", quantization="none", kv_cache_memory_bytes=16 << 20,
+        max_num_batched_tokens=8, block_size=8, enable_prefix_caching=True,
+    )
+    for _ in range(2):  # the second round hits the prefix cache
+        outs = chunked.generate(PROMPTS, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected, name
+    assert_all_blocks_free(chunked)
+
+
+def test_a_platform_without_sliding_windows_refuses_the_model(tmp_path, hf_tokenizer_dir, monkeypatch):
+    import dataclasses
+
+    from engine.engine_setup import EngineConfigError
+    from engine_plugin_cpu.platform import CpuPlatform
+
+    path = save_tiny("Gemma2ForCausalLM", str(tmp_path), hf_tokenizer_dir, **ARCHITECTURES["Gemma2ForCausalLM"])
+    original = CpuPlatform.capabilities
+    monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(original(self), sliding_window=False))
+    with pytest.raises(EngineConfigError, match="Gemma2ForCausalLM needs sliding-window attention, which cpu does not support"):
+        LLM(model=path, device="cpu", dtype="float32", quantization="none", kv_cache_memory_bytes=16 << 20)
