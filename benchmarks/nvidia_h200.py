@@ -11,6 +11,7 @@ Usage: python benchmarks/nvidia_h200.py {decode,throughput,hf} --model DIR [--js
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import random
@@ -51,8 +52,11 @@ def weight_bytes(llm: Any) -> tuple[int, int]:
     total = model.embed_tokens.numel() * model.embed_tokens.element_size()
     read = 0
     for layer in model.layers:
-        for t in (layer.input_norm, layer.qkv, layer.o_proj, layer.post_norm, layer.gate_up, layer.down):
-            read += t.numel() * t.element_size()
+        # every tensor a layer holds (weights, biases, norm scales), whatever the architecture's layout
+        for field in dataclasses.fields(layer):
+            t = getattr(layer, field.name)
+            if isinstance(t, torch.Tensor):
+                read += t.numel() * t.element_size()
     read += model.lm_head.numel() * model.lm_head.element_size() + model.final_norm.numel() * 2
     return total + read, read
 
