@@ -19,6 +19,9 @@ logger = logging.getLogger("engine.access")
 
 #: the scope key under which a request's :class:`RequestUsage` travels from the middleware to the handler
 USAGE_SCOPE_KEY = "engine.usage"
+#: the status logged for a client that hung up before a response started (nginx's convention): no response
+#: was sent, and nothing failed on the server's side
+CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclass(slots=True)
@@ -70,6 +73,7 @@ class AccessLogMiddleware:
         usage = RequestUsage()
         scope[USAGE_SCOPE_KEY] = usage
         status = 500  # what the client gets when the app fails before it starts a response
+        started_response = False
         logged = False
 
         def log() -> None:
@@ -80,16 +84,24 @@ class AccessLogMiddleware:
                 seconds = time.perf_counter() - started
                 logger.info("%s", format_line(f"{host}:{port}", scope["method"], scope["path"], status, usage, seconds))
 
-        async def send_and_watch(message: Message) -> None:
+        async def receive_and_watch() -> Message:
             nonlocal status
+            message = await receive()
+            if message["type"] == "http.disconnect" and not started_response:
+                status = CLIENT_CLOSED_REQUEST
+            return message
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status, started_response
             if message["type"] == "http.response.start":
+                started_response = True
                 status = int(message["status"])
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 log()
 
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive_and_watch, send_and_watch)
         finally:
             log()  # a response cut short (client gone, error) is logged with what was known
 

@@ -1,6 +1,6 @@
 """The server's own OpenAPI schema (``/openapi.json``, browsable at ``/docs``), request bodies included.
 
-The handlers read and validate their bodies themselves (``serving_common.parse_body``: strict JSON,
+The handlers read and validate their bodies themselves (``request_body.parse_body``: strict JSON,
 OpenAI-shaped 4xx errors), so FastAPI sees no body parameter to describe. Each POST route names its
 pydantic model through :func:`request_body` instead, and :func:`install_openapi` adds those models'
 JSON schemas to the document; how bodies are parsed, and how errors look, is unchanged.

@@ -27,8 +27,9 @@ from engine.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
 from engine.entrypoints.openai.serving_chat import ChatHandler
-from engine.entrypoints.openai.serving_common import DEFAULT_MAX_BODY_BYTES, ServingContext
+from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 

@@ -16,6 +16,7 @@ from engine.entrypoints.openai.access_log import record_usage
 from engine.entrypoints.openai.content_parts import check_content_parts
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from engine.entrypoints.openai.request_body import parse_body
 from engine.entrypoints.openai.serving_common import (
     DeltaTracker,
     ServingContext,
@@ -23,7 +24,6 @@ from engine.entrypoints.openai.serving_common import (
     abort_on_disconnect,
     add_request,
     check_prompt,
-    parse_body,
     refused_as_bad_request,
     sampling_params,
     sse,

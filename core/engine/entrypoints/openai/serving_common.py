@@ -1,4 +1,7 @@
-"""What the chat and completion handlers share: parsing, sampling settings, deltas, logprobs, aborts."""
+"""What the chat and completion handlers share: sampling settings, admission, deltas, logprobs, aborts.
+
+Reading and validating a request body is :mod:`engine.entrypoints.openai.request_body`.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from engine.beam_search import BeamSearchParams
 from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_error
-from engine.entrypoints.openai.json_shape import check_json_shape
 from engine.entrypoints.openai.limits import RequestLimits
 from engine.entrypoints.openai.protocol import SamplingFields
+from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
 from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from engine.input_processor import (
     check_cache_salt,
@@ -33,15 +36,10 @@ from engine.input_processor import (
 from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
 
-RequestT = TypeVar("RequestT", bound=BaseModel)
 ResultT = TypeVar("ResultT")
 
-#: request bodies larger than this are refused with 413 before being read in full
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 #: the ``Retry-After`` of a 503 for a full queue, in seconds: queued requests start within steps
 RETRY_AFTER_S = "1"
-#: bodies of fewer bytes than this are parsed on the event loop (in well under a millisecond)
-OFF_LOOP_BODY_BYTES = 64 * 1024
 #: inputs of fewer characters (or token ids) than this are tokenized on the event loop: handing them to a
 #: thread would cost more than the work (about 2 ms of tokenizing at this size)
 OFF_LOOP_MIN_SIZE = 4096
@@ -121,61 +119,6 @@ def refused_as_bad_request() -> Iterator[None]:
         yield
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param=exc.param, code=exc.code) from None
-
-
-async def parse_body(request: Request, model: type[RequestT], max_bytes: int) -> RequestT:
-    """Read and validate a JSON body, refusing oversized, non-UTF-8 and malformed ones with a 4xx."""
-    check_json_content_type(request)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise OpenAIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}", code="body_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise OpenAIError(413, f"the request body exceeds the limit of {max_bytes} bytes", code="body_too_large")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if not body.strip():
-        raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
-    if len(body) < OFF_LOOP_BODY_BYTES:
-        return _validate(model, body)
-    # on a worker thread, where the shape check's loop and the models' Python validators let the event
-    # loop run; the shape check bounds the time the parser itself holds the global lock
-    return await asyncio.to_thread(_validate_large, model, body)
-
-
-def _validate(model: type[RequestT], body: bytes) -> RequestT:
-    try:
-        return model.model_validate_json(body, strict=True)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
-
-
-def _validate_large(model: type[RequestT], body: bytes) -> RequestT:
-    check_json_shape(body)
-    return _validate(model, body)
-
-
-def check_json_content_type(request: Request) -> None:
-    """Refuse a body not declared as ``application/json`` (415).
-
-    A web page can make a browser send ``text/plain`` or form bodies anywhere without asking the server
-    first (no CORS preflight); a JSON content type needs that permission, which this server does not
-    give by default.
-
-    Raises:
-        OpenAIError: 415 naming the content type received.
-    """
-    declared = request.headers.get("content-type", "")
-    if declared.partition(";")[0].strip().lower() != "application/json":
-        shown = repr(declared) if declared else "none"
-        raise OpenAIError(
-            415,
-            f"the request body must be JSON sent as 'Content-Type: application/json'; got {shown}",
-            code="unsupported_media_type",
-        )
 
 
 def sampling_params(

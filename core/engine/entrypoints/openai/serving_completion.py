@@ -14,6 +14,7 @@ from engine.async_engine import EngineDeadError, RequestStream
 from engine.entrypoints.openai.access_log import record_usage
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import CompletionRequest
+from engine.entrypoints.openai.request_body import parse_body
 from engine.entrypoints.openai.serving_common import (
     DeltaTracker,
     ServingContext,
@@ -22,7 +23,6 @@ from engine.entrypoints.openai.serving_common import (
     add_request,
     check_prompt,
     merge_streams,
-    parse_body,
     refused_as_bad_request,
     sampling_params,
     sse,

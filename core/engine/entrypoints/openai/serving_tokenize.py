@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.entrypoints.openai.errors import bad_request
 from engine.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from engine.entrypoints.openai.request_body import parse_body
 from engine.entrypoints.openai.serving_chat import chat_prompt_ids
-from engine.entrypoints.openai.serving_common import ServingContext, parse_body
+from engine.entrypoints.openai.serving_common import ServingContext
 
 #: token ids written per ``json.dumps`` call (a few milliseconds each)
 _IDS_PER_SLICE = 16384
