@@ -15,6 +15,7 @@ from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
+    ref_layer_norm,
     ref_rms_norm,
     ref_rotary_embedding,
     ref_silu_and_mul,
@@ -54,6 +55,10 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
     if op_name == "gelu_tanh_and_mul":
         x = rand(9, 2 * HIDDEN)
         return (x,), (ref_gelu_tanh_and_mul(x),)
+    if op_name == "layer_norm":
+        # an offset mean, so that a kernel that skips the centring fails
+        x, w, b = rand(9, HIDDEN) + 3.0, rand(HIDDEN), rand(HIDDEN)
+        return (x, w, b, EPS), (ref_layer_norm(x, w, b, EPS),)
     if op_name == "fused_add_rms_norm_fp8":
         x, residual, w = rand(9, HIDDEN), rand(9, HIDDEN), rand(HIDDEN)
         return (x, residual, w, EPS, FP8), ref_fused_add_rms_norm(x, residual, w, EPS)

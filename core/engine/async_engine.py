@@ -32,6 +32,8 @@ class EngineCore(Protocol):
     tokenizer: Any
     max_model_len: int
     model_name: str
+    #: the checkpoint's sampling defaults for fields a request leaves unset (``LLMEngine``'s)
+    generation_defaults: dict[str, float | int]
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None
@@ -207,6 +209,10 @@ class AsyncLLMEngine:
     @property
     def model_name(self) -> str:
         return self.engine.model_name
+
+    @property
+    def generation_defaults(self) -> dict[str, float | int]:
+        return self.engine.generation_defaults
 
     @property
     def is_running(self) -> bool:

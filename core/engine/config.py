@@ -94,6 +94,9 @@ class EngineConfig(BaseModel):
             to FP8 e4m3 with a scale per output channel as it loads, and their activations to FP8 per token
             (W8A8: about twice the matmul rate of bf16 on GPUs with FP8 units, at some accuracy; the
             embedding and the lm_head stay in the model dtype). It needs a GEMM that runs ``fp8_e4m3``.
+        generation_config: ``auto`` takes the sampling defaults (temperature, top_p, top_k, min_p,
+            repetition_penalty) of the checkpoint's ``generation_config.json`` for the fields a request
+            leaves unset; ``none`` uses the engine's own defaults (``SamplingParams``').
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -107,6 +110,7 @@ class EngineConfig(BaseModel):
     tokenizer: str | None = None
     enforce_eager: bool = False
     quantization: Literal["auto", "none", "fp8"] = "auto"
+    generation_config: Literal["auto", "none"] = "auto"
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
 

@@ -28,6 +28,10 @@ class LLM:
         dtype: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         seed: seed of unseeded sampling.
         max_model_len: context limit (default: the model's).
+        generation_config: ``"auto"`` uses the sampling defaults of the checkpoint's
+            ``generation_config.json`` (temperature, top_p, top_k, min_p, repetition_penalty) for calls
+            that pass no ``sampling_params`` (see :meth:`get_default_sampling_params`); ``"none"``: the
+            engine's own ``SamplingParams()``.
         **kwargs: any :class:`EngineConfig` field, or a cache / scheduler field such as ``block_size``,
             ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``.
 
@@ -42,6 +46,7 @@ class LLM:
         dtype: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
+        generation_config: str = "auto",
         **kwargs: Any,
     ) -> None:
         cache = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
@@ -52,6 +57,7 @@ class LLM:
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
+            generation_config=generation_config,
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**sched),
             **kwargs,
@@ -62,6 +68,19 @@ class LLM:
     @property
     def tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The settings a call without ``sampling_params`` uses.
+
+        Returns:
+            ``SamplingParams()`` with the checkpoint's ``generation_config.json`` defaults (temperature,
+            top_p, top_k, min_p, repetition_penalty) in place of the engine's where the model has them and
+            ``generation_config="auto"``. Explicit ``SamplingParams`` passed to :meth:`generate` or
+            :meth:`chat` are used as they are: start from this method's result
+            (``llm.get_default_sampling_params().model_copy(update={"max_tokens": 64})``) to keep the
+            model's defaults and change some fields.
+        """
+        return SamplingParams(**self.llm_engine.generation_defaults)
 
     def generate(
         self,
@@ -75,7 +94,8 @@ class LLM:
 
         Args:
             prompts: one prompt or a list; each a string or a list of token ids.
-            sampling_params: one for all prompts, or one per prompt; default ``SamplingParams()``.
+            sampling_params: one for all prompts, or one per prompt; default
+                :meth:`get_default_sampling_params` (the checkpoint's generation defaults).
             use_tqdm: show a progress bar.
             priority: per prompt, lower runs first (default all 0: first come, first served).
             cache_salt: the prompts share cached prefix blocks only with requests of the same salt
@@ -88,7 +108,7 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
         else:
@@ -113,7 +133,8 @@ class LLM:
 
         Args:
             messages: one conversation (a list of ``{"role", "content"}`` dicts) or a list of them.
-            sampling_params: one for all conversations, or one per conversation.
+            sampling_params: one for all conversations, or one per conversation; default
+                :meth:`get_default_sampling_params`.
             use_tqdm: show a progress bar.
             add_generation_prompt: end the rendered prompt with the assistant's turn.
             cache_salt: see :meth:`generate`.

@@ -18,6 +18,7 @@ from engine.engine_setup import EngineConfigError, build_engine_parts
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.input_processor import InputProcessor
 from engine.interfaces.platform import Platform
+from engine.loader.generation_defaults import format_generation_defaults, read_generation_defaults
 from engine.model_runner import LaunchedStep
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -56,6 +57,10 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.sampler = parts.sampler
         self.runner = parts.runner
+        #: the checkpoint's sampling defaults for fields a request leaves unset (``generation_config``)
+        self.generation_defaults: dict[str, float | int] = (
+            read_generation_defaults(self.model_path) if self.config.generation_config == "auto" else {}
+        )
         #: draws the tokens of unseeded random rows (a seeded request's sequences have their own)
         self.generator = make_generator(self.config.seed)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
@@ -73,6 +78,10 @@ class LLMEngine:
             "engine ready: %s on %s, %s, %d KV blocks of %d tokens",
             self.model_name, platform.name, self.config.dtype, parts.num_blocks, self.config.cache.block_size,
         )  # fmt: skip
+        if self.generation_defaults:
+            logger.info(
+                "using the checkpoint's generation defaults: %s", format_generation_defaults(self.generation_defaults)
+            )
 
     @classmethod
     def from_config(cls, config: EngineConfig, plugin_manager: PluginManager | None = None) -> LLMEngine:

@@ -14,7 +14,7 @@ from engine_test_utils import assert_all_blocks_free
 
 WINDOW = 8
 
-#: architecture -> config overrides of the tiny checkpoint
+#: architecture (``-variant`` for another config of one) -> config overrides of the tiny checkpoint
 ARCHITECTURES: dict[str, dict] = {
     "LlamaForCausalLM": dict(tie_word_embeddings=True),
     "MistralForCausalLM": dict(sliding_window=WINDOW),
@@ -37,13 +37,18 @@ ARCHITECTURES: dict[str, dict] = {
     "GlmForCausalLM": dict(pad_token_id=0),
     "Glm4ForCausalLM": dict(pad_token_id=0),
     "SmolLM3ForCausalLM": dict(no_rope_layers=[1, 0], pad_token_id=0),
+    # the default partial rotary (a quarter of each head), per-head q/k LayerNorms, sequential residual
+    "StableLmForCausalLM": dict(use_qkv_bias=True, qk_layernorm=True),
+    "StableLmForCausalLM-parallel": dict(use_parallel_residual=True, partial_rotary_factor=0.5),
+    "CohereForCausalLM": dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5),
 }
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
 def tiny(request, tmp_path_factory, hf_tokenizer_dir):
     name = request.param
-    path = save_tiny(name, str(tmp_path_factory.mktemp(name)), hf_tokenizer_dir, **ARCHITECTURES[name])
+    # a case is named by its architecture, with a ``-variant`` suffix for a second config of it
+    path = save_tiny(name.split("-")[0], str(tmp_path_factory.mktemp(name)), hf_tokenizer_dir, **ARCHITECTURES[name])
     llm = LLM(model=path, device="cpu", dtype="float32", quantization="none", kv_cache_memory_bytes=16 << 20)
     return name, path, load_hf(path), llm
 

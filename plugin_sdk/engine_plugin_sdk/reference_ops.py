@@ -245,3 +245,11 @@ def ref_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate = xf[..., :d]
     inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate**3)
     return 0.5 * gate * (1.0 + torch.tanh(inner)) * xf[..., d:]
+
+
+def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim (biased variance) in float64; ``bias`` None for none."""
+    xf = x.to(F64)
+    centred = xf - xf.mean(-1, keepdim=True)
+    out = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight.to(F64)
+    return out if bias is None else out + bias.to(F64)

@@ -1,4 +1,4 @@
-"""The ``engine`` command: serve, generate, chat, bench, plugins, conformance, plugin scaffolding.
+"""The ``engine`` command: serve, generate, chat, bench, plugins, models, conformance, plugin scaffolding.
 
 Heavy imports (torch, transformers, the server) happen inside the subcommands, so that ``engine
 --version`` and argument mistakes answer at once. A user's mistake prints one line and exits non-zero.
@@ -101,6 +101,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="never replay captured graphs (CUDA graphs) for decode steps")
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                         help="'dummy': random weights of the model's config.json shapes, for benchmarks")
+    parser.add_argument("--generation-config", default="auto", choices=["auto", "none"],
+                        help="'auto': sampling settings a request leaves unset (temperature, top_p, top_k, "
+                             "min_p, repetition_penalty) take the model's generation_config.json defaults; "
+                             "'none': the engine's own defaults")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -137,6 +141,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             enforce_eager=getattr(args, "enforce_eager", False),
             load_format=getattr(args, "load_format", "auto"),
             quantization=args.quantization,
+            generation_config=getattr(args, "generation_config", "auto"),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
         )

@@ -1,25 +1,31 @@
-"""The ``engine`` subcommands besides ``serve``: generate, chat, plugins, conformance, plugin new, bench."""
+"""The ``engine`` subcommands besides ``serve``: generate, chat, plugins, models, conformance, plugin new, bench."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from engine.entrypoints.cli import CliError, load_engine, one_line
 
+#: what ``generate`` and ``chat`` sample with when neither the flags nor the checkpoint set a field
+_CLI_SAMPLING_DEFAULTS: Mapping[str, float] = MappingProxyType({"temperature": 0.7, "top_p": 1.0})
 
-def _sampling(args: argparse.Namespace) -> Any:
+
+def _sampling(args: argparse.Namespace, generation_defaults: dict[str, float | int] | None = None) -> Any:
+    """The sampling settings of ``generate`` / ``chat``: the flags given, then the checkpoint's defaults
+    (``generation_defaults``), then the CLI's own (temperature 0.7)."""
     from pydantic import ValidationError
 
     from engine.sampling.params import SamplingParams
 
+    fields: dict[str, Any] = {**_CLI_SAMPLING_DEFAULTS, **(generation_defaults or {})}
+    fields.update({name: getattr(args, name) for name in ("temperature", "top_p") if getattr(args, name) is not None})
     try:
-        return SamplingParams(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed
-        )
+        return SamplingParams(max_tokens=args.max_tokens, seed=args.sampling_seed, **fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CliError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
@@ -60,8 +66,9 @@ def _write_stdout(text: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    params = _sampling(args)
+    _sampling(args)  # a bad flag is refused before the model loads
     engine = load_engine(args)
+    params = _sampling(args, engine.generation_defaults)
     prompt: str | list[int] = args.prompt
     if args.chat:
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
@@ -72,8 +79,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    params = _sampling(args)
+    _sampling(args)  # a bad flag is refused before the model loads
     engine = load_engine(args)
+    params = _sampling(args, engine.generation_defaults)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     print("chat with the model; /reset clears the history, /exit (or Ctrl-D) quits", file=sys.stderr)
@@ -140,6 +148,34 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """``engine models``: every architecture the core and the installed plugins load, as a table or JSON."""
+    import json
+
+    from engine.models.registry import ModelRegistry
+    from engine.plugins.manager import PluginManager
+
+    registry = ModelRegistry.from_plugins(PluginManager())
+    kinds_of: dict[str, list[str]] = {}
+    for kind, name in registry.gguf_architectures().items():
+        kinds_of.setdefault(name, []).append(kind)
+    models = [
+        {"architecture": name, "source": registry.sources[name], "gguf": kinds_of.get(name, [])}
+        for name in registry.supported()
+    ]
+    if args.json:
+        print(json.dumps({"models": models, "refused": list(registry.refused)}, indent=2))
+        return 0
+    rows = [("ARCHITECTURE", "SOURCE", "GGUF")]
+    rows += [(m["architecture"], m["source"], ", ".join(m["gguf"]) or "-") for m in models]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for row in rows:
+        print(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}")
+    for line in registry.refused:
+        print(f"not registered: {one_line(line)}", file=sys.stderr)
+    return 0
+
+
 def cmd_export_tokenizer(args: argparse.Namespace) -> int:
     """Write the model's tokenizer as Hugging Face tokenizer files into ``args.dir``; prints the folder.
 
@@ -202,8 +238,10 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     parser.add_argument("--max-tokens", type=int, default=max_tokens, help=f"most tokens to generate (default: {max_tokens})")
-    parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default: 0.7)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 is greedy (default: the model's generation_config.json, else 0.7)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass (default: the model's generation_config.json, else 1.0)")
     parser.add_argument("--sampling-seed", type=int, default=None, help="seed for this generation")
 
 
@@ -230,6 +268,10 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     plugins_sub.add_parser("list", help="each plugin: name, distribution, version, device, available or why not").set_defaults(
         func=cmd_plugins_list
     )
+
+    models = sub.add_parser("models", help="every model architecture the core and the installed plugins load")
+    models.add_argument("--json", action="store_true", help="print JSON: architecture, source, GGUF kinds")
+    models.set_defaults(func=cmd_models)
 
     export = sub.add_parser(
         "export-tokenizer", help="write the model's tokenizer as Hugging Face files into a folder (for load generators)"

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+#: where transformers (4.43 and later) saves a tokenizer's chat template, beside tokenizer_config.json
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 class Tokenizer:
@@ -206,6 +208,9 @@ def load_tokenizer(path: str) -> Tokenizer:
         elif os.path.isdir(path):
             hf = AutoTokenizer.from_pretrained(path)
             files_dir = path
+            template = folder_chat_template(path, has_template=bool(getattr(hf, "chat_template", None)))
+            if template is not None:
+                hf.chat_template = template
             gen_path = os.path.join(path, GENERATION_CONFIG_FILE)
             if os.path.isfile(gen_path):
                 eos = read_json(gen_path).get("eos_token_id")
@@ -220,6 +225,41 @@ def load_tokenizer(path: str) -> Tokenizer:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {first_line}") from None
     return Tokenizer(hf, extra_eos, files_dir)
+
+
+def folder_chat_template(folder: str, has_template: bool) -> str | None:
+    """The chat template a model folder's files give, where it differs from what the tokenizer loaded.
+
+    ``chat_template.jinja`` (where transformers 4.43 and later save the template) always wins, whatever
+    the installed transformers reads; else, for a tokenizer that loaded none, ``tokenizer_config.json``'s
+    ``chat_template`` string, then ``chat_template.json``'s (the processor file of multimodal
+    checkpoints). A list of named templates is left to transformers, which picks ``default`` itself.
+
+    Args:
+        folder: the model folder.
+        has_template: whether the loaded tokenizer already has a chat template.
+
+    Returns:
+        The template text to set, or None to keep the tokenizer's.
+
+    Raises:
+        ModelLoadError: a file exists but cannot be read, or is not a JSON object.
+    """
+    jinja = os.path.join(folder, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(jinja):
+        try:
+            with open(jinja, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ModelLoadError(f"cannot read {jinja}: {err}") from None
+    if has_template:
+        return None
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        path = os.path.join(folder, name)
+        template = read_json(path).get("chat_template") if os.path.isfile(path) else None
+        if isinstance(template, str) and template:
+            return template
+    return None
 
 
 def tokenizer_cache_dir(gguf_path: str) -> str:

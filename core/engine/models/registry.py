@@ -13,6 +13,8 @@ registers its class under a new name (and a checkpoint names that architecture i
 
 from __future__ import annotations
 
+import difflib
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.loader.errors import ModelLoadError
 from engine.models.base import CausalLM
+from engine.models.cohere import CohereForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
@@ -30,6 +33,7 @@ from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
+from engine.models.stablelm import StableLmForCausalLM
 
 if TYPE_CHECKING:
     from engine.plugins.manager import PluginManager
@@ -52,6 +56,8 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("GlmForCausalLM", GlmForCausalLM),
     ("Glm4ForCausalLM", Glm4ForCausalLM),
     ("SmolLM3ForCausalLM", SmolLM3ForCausalLM),
+    ("StableLmForCausalLM", StableLmForCausalLM),
+    ("CohereForCausalLM", CohereForCausalLM),
 )
 
 
@@ -140,12 +146,14 @@ class ModelRegistry:
             The model class.
 
         Raises:
-            ModelLoadError: the name is not registered; the message lists every supported name.
+            ModelLoadError: the name is not registered; the message names the closest supported names
+                (:func:`closest_architectures`) and lists every one.
         """
         model_cls = self.classes.get(architecture or "")
         if model_cls is None:
             raise ModelLoadError(
-                f"unsupported architecture '{architecture}' in {source}; supported: {', '.join(self.classes)}"
+                f"unsupported architecture '{architecture}' in {source}; "
+                f"{_supported_names(architecture or '', list(self.classes))}"
             )
         return model_cls
 
@@ -175,10 +183,42 @@ class ModelRegistry:
         kinds = self.gguf_architectures()
         if gguf_architecture not in kinds:
             raise ModelLoadError(
-                f"unsupported architecture '{gguf_architecture}' in GGUF file {source}; supported: "
-                f"{', '.join(kinds)} (as {', '.join(dict.fromkeys(kinds.values()))})"
+                f"unsupported architecture '{gguf_architecture}' in GGUF file {source}; "
+                f"{_supported_names(gguf_architecture, list(kinds))} (as {', '.join(dict.fromkeys(kinds.values()))})"
             )
         return kinds[gguf_architecture]
+
+
+def closest_architectures(architecture: str, supported: list[str], n: int = 3) -> list[str]:
+    """The ``supported`` names most like ``architecture``, closest first (none when nothing is close).
+
+    Names are compared without their ``For...`` ending (``ForCausalLM``, ``ForConditionalGeneration``) and
+    case, so ``Qwen3MoeForCausalLM`` finds ``Qwen3ForCausalLM`` rather than every name that ends alike.
+
+    Args:
+        architecture: the name that was not found (a HF class name or a GGUF kind).
+        supported: the registered names.
+        n: at most this many.
+
+    Returns:
+        Up to ``n`` names of ``supported``.
+    """
+    stems: dict[str, str] = {}
+    for name in supported:
+        stems.setdefault(_stem(name), name)
+    return [stems[stem] for stem in difflib.get_close_matches(_stem(architecture), list(stems), n=n, cutoff=0.5)]
+
+
+def _stem(name: str) -> str:
+    # "Gemma3ForConditionalGeneration" -> "gemma3": the family, not the head, tells models apart
+    return re.sub(r"For[A-Z]\w*$", "", name).lower()
+
+
+def _supported_names(architecture: str, supported: list[str]) -> str:
+    """``closest supported: A, B; all: ...`` (or ``supported: ...`` when none is close), for messages."""
+    closest = closest_architectures(architecture, supported)
+    everything = ", ".join(supported)
+    return f"closest supported: {', '.join(closest)}; all: {everything}" if closest else f"supported: {everything}"
 
 
 def _qualname(model_cls: type) -> str:

@@ -297,6 +297,7 @@ class TorchGpuPlatform(Platform):
             "rotary_embedding": launchers.rotary_embedding,
             "silu_and_mul": launchers.silu_and_mul,
             "gelu_tanh_and_mul": launchers.gelu_tanh_and_mul,
+            "layer_norm": launchers.layer_norm,
             "greedy_pick": launchers.greedy_pick,
         }
 

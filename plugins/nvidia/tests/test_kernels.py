@@ -11,6 +11,7 @@ from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
+    ref_layer_norm,
     ref_rms_norm,
     ref_rotary_embedding,
     ref_silu_and_mul,
@@ -157,6 +158,10 @@ def test_fused_ops(device, kernel_dtypes):
         ref_out, ref_sum = ref_fused_add_rms_norm(x, residual, w, 1e-6)
         assert not compare(out, ref_out, tol, "fused_add_rms_norm")
         assert torch.equal(summed, x + residual)
+        # 200 is not a power of two: the padding lanes must stay out of the mean and the variance
+        shifted, b = x + 2.0, rand(200)
+        assert not compare(launchers.layer_norm(shifted, w, b, 1e-5), ref_layer_norm(shifted, w, b, 1e-5), tol, "layer_norm")
+        assert not compare(launchers.layer_norm(shifted, w, None, 1e-5), ref_layer_norm(shifted, w, None, 1e-5), tol, "layer_norm")
         gate_up = rand(3, 2, 2 * 96)
         assert not compare(launchers.silu_and_mul(gate_up), ref_silu_and_mul(gate_up), tol, "silu_and_mul")
         gate_up = gate_up * 4  # reach both tails of the tanh

@@ -92,6 +92,7 @@ def build_app(
     ctx = ServingContext(
         engine=engine, served_model_names=names, vocab_size=vocab_size, max_body_bytes=max_body_bytes,
         allow_special_tokens_in_messages=allow_special_tokens_in_messages,
+        generation_defaults=dict(engine.generation_defaults),
     )  # fmt: skip
     ctx.limits = (limits or RequestLimits()).resolved(engine.max_model_len)
 

@@ -40,6 +40,8 @@ ResultT = TypeVar("ResultT")
 
 #: the ``Retry-After`` of a 503 for a full queue, in seconds: queued requests start within steps
 RETRY_AFTER_S = "1"
+#: the sampling fields a request may leave unset (None) for the checkpoint's or the engine's default
+_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 #: inputs of fewer characters (or token ids) than this are tokenized on the event loop: handing them to a
 #: thread would cost more than the work (about 2 ms of tokenizing at this size)
 OFF_LOOP_MIN_SIZE = 4096
@@ -60,6 +62,8 @@ class ServingContext:
         executor: the threads that tokenize, render chat templates and detokenize large inputs, so that
             the event loop keeps answering meanwhile (the tokenizers' Rust code releases the GIL).
         created: when the server started (unix seconds), reported as the model's ``created``.
+        generation_defaults: the checkpoint's sampling defaults (``LLMEngine.generation_defaults``), used
+            for each of those fields a request leaves unset.
     """
 
     engine: AsyncLLMEngine
@@ -70,6 +74,7 @@ class ServingContext:
     allow_special_tokens_in_messages: bool = False
     executor: ThreadPoolExecutor = field(default_factory=lambda: tokenizer_pool())
     created: int = field(default_factory=lambda: int(time.time()))
+    generation_defaults: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -132,15 +137,14 @@ def sampling_params(
         return beam_search_params(req, max_tokens, logprobs)
     # the keys were checked to be short ASCII integers when the body was parsed (``protocol``)
     bias = {int(key): value for key, value in req.logit_bias.items()} if req.logit_bias else None
+    # a field the request leaves unset (None) takes the checkpoint's default, else SamplingParams' own
+    unset = {name: value for name, value in ctx.generation_defaults.items() if getattr(req, name, None) is None}
     fields: dict[str, Any] = {
         "n": req.n,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "top_k": -1 if req.top_k is None else req.top_k,
-        "min_p": req.min_p or 0.0,
+        **{name: getattr(req, name) for name in _DEFAULTABLE if getattr(req, name) is not None},
+        **unset,
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty or 1.0,
         "logit_bias": bias,
         "seed": req.seed,
         "max_tokens": max_tokens,

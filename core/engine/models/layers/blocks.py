@@ -13,7 +13,7 @@ import torch
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.quantized import concat_weights
-from engine.models.layers.names import gate_up_names, qkv_names
+from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
 from engine.models.layers.spec import LayerSpec
 from engine.models.weights import take_tensor
@@ -44,12 +44,29 @@ class DecoderLayer:
     qkv_fp8: Any = None
     gate_up_fp8: Any = None
     down_fp8: Any = None
+    #: LayerNorm biases (StableLM), None for RMSNorm or a LayerNorm without one
+    pre_attn_bias: torch.Tensor | None = None
+    post_attn_bias: torch.Tensor | None = None
+    pre_mlp_bias: torch.Tensor | None = None
+    post_mlp_bias: torch.Tensor | None = None
+    #: ones of ``head_dim``: ``each_head`` q/k norms normalise with it and then apply their per-head scales
+    head_ones: torch.Tensor | None = None
 
     def _norm_in(
-        self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, fp8: Any
+        self,
+        model: DenseDecoder,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor | None,
+        fp8: Any,
+        bias: torch.Tensor | None = None,
     ) -> tuple[Any, torch.Tensor]:
         # add the branch to the residual stream and normalise it for the next block
         ops, eps = model.ops, model.config.rms_norm_eps
+        if model.spec.norm == "layer":
+            # no fused add for LayerNorm: its models (StableLM, Cohere) are not the ones served at scale
+            summed = hidden if residual is None else hidden + residual
+            return (summed if weight is None else ops.layer_norm(summed, weight, bias, eps)), summed
         if weight is None:
             # post-norm only (OLMo2): the block reads the stream itself
             summed = hidden if residual is None else hidden + residual
@@ -61,9 +78,11 @@ class DecoderLayer:
             return ops.fused_add_rms_norm_fp8(hidden, residual, weight, eps, fp8)
         return ops.fused_add_rms_norm(hidden, residual, weight, eps)
 
-    def _branch_out(self, model: DenseDecoder, out: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    def _branch_out(
+        self, model: DenseDecoder, out: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         if weight is not None:
-            out = model.ops.rms_norm(out, weight, model.config.rms_norm_eps)
+            out = model.norm(out, weight, bias)
         if model.spec.residual_multiplier is not None:
             out = out * model.spec.residual_multiplier
         return out
@@ -84,6 +103,10 @@ class DecoderLayer:
         if model.spec.qk_norm == "head":
             q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
             k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        elif model.spec.qk_norm == "each_head":
+            # the norm ops take one scale for every row, so normalise with ones and scale per head after
+            q = model.norm(q.reshape(-1, cfg.head_dim), self.head_ones).view_as(q) * self.q_norm
+            k = model.norm(k.reshape(-1, cfg.head_dim), self.head_ones).view_as(k) * self.k_norm
         if self.rope is not None:
             index, table = tables[self.rope]
             q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
@@ -109,10 +132,13 @@ class DecoderLayer:
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer: returns the layer's last branch output and the residual stream it is added to."""
-        x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8)
-        hidden = self._branch_out(model, self.attention(model, x, tables, kv_cache, meta), self.post_attn)
-        x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8)
-        return self._branch_out(model, self.mlp(model, x), self.post_mlp), residual
+        x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
+        hidden = self._branch_out(model, self.attention(model, x, tables, kv_cache, meta), self.post_attn, self.post_attn_bias)
+        if model.spec.parallel:
+            # both branches read the one norm's output; their sum is the layer's branch
+            return hidden + self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
+        x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
+        return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
 
 
 class LayerLoader:
@@ -132,12 +158,37 @@ class LayerLoader:
         return take_tensor(self.tensors, name, shape)
 
     def norm(self, name: str, size: int) -> torch.Tensor:
-        """A norm scale in its applied form (``1 + w`` for Gemma's norms)."""
+        """A norm scale in its applied form (``1 + w`` for Gemma's norms); its bias is :meth:`norm_bias`'s."""
         m = self.model
         weight = self.take(name + ".weight", (size,))
         if m.spec.gemma_norms:
             weight = 1.0 + weight.float()
         return weight.to(device=m.device, dtype=m.dtype)
+
+    def norm_bias(self, name: str, size: int) -> torch.Tensor | None:
+        """A LayerNorm's bias, None where the spec's norms have none."""
+        m = self.model
+        if m.spec.norm != "layer" or not m.spec.norm_bias:
+            return None
+        return self.take(name + ".bias", (size,)).to(device=m.device, dtype=m.dtype)
+
+    def _qk_norms(self, p: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        m, spec, cfg = self.model, self.model.spec, self.model.config
+        if spec.qk_norm == "none":
+            return None, None
+        if spec.qk_norm != "each_head":
+            full = spec.qk_norm == "full"
+            q_name, k_name = spec.qk_norm_names
+            return self.norm(p + q_name, m.q_size if full else cfg.head_dim), self.norm(p + k_name, m.kv_size if full else cfg.head_dim)
+        scales = []
+        for shapes, heads in zip(qk_norm_shapes(spec, cfg), (cfg.num_heads, cfg.num_kv_heads)):
+            weight = torch.stack([self.take(p + name, shape) for name, shape in shapes.items()]).reshape(heads, cfg.head_dim)
+            rope = spec.ropes[0] if spec.ropes else None
+            if rope is not None and rope.interleaved:
+                # the scales follow the Q/K rows into the halves layout
+                weight = interleaved_to_halves(weight.reshape(-1), heads, cfg.head_dim, rope.rotary_dim).view(heads, cfg.head_dim)
+            scales.append(weight.to(device=m.device, dtype=m.dtype))
+        return scales[0], scales[1]
 
     def matrix(self, t: torch.Tensor | QuantizedWeight, projection: bool = True) -> Any:
         """A matrix prepared by the GEMM backend (quantized at load for layer projections when asked)."""
@@ -184,23 +235,20 @@ class LayerLoader:
         m, spec, cfg = self.model, self.model.spec, self.model.config
         h, inter, names = cfg.hidden_size, cfg.intermediate_size, spec.norms
 
-        def norm(name: str | None, size: int = h) -> torch.Tensor | None:
-            return self.norm(p + name, size) if name else None
+        def norm(name: str | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            return (self.norm(p + name, h), self.norm_bias(p + name, h)) if name else (None, None)
 
-        pre_attn = norm(names.pre_attn)
+        pre_attn, pre_attn_bias = norm(names.pre_attn)
         qkv, qkv_bias = self._qkv(p)
-        q_norm = k_norm = None
-        if spec.qk_norm != "none":
-            full = spec.qk_norm == "full"
-            q_norm = norm("self_attn.q_norm", m.q_size if full else cfg.head_dim)
-            k_norm = norm("self_attn.k_norm", m.kv_size if full else cfg.head_dim)
+        q_norm, k_norm = self._qk_norms(p)
         o_proj = self.matrix(self.take(p + "self_attn.o_proj.weight", (h, m.q_size)))
         o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
-        post_attn, pre_mlp = norm(names.post_attn), norm(names.pre_mlp)
+        (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
         if spec.fused_gate_up:
             gate_up = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h))
         else:
             gate_up = concat_weights([self.take(p + n + ".weight", (inter, h)) for n in gate_up_names(spec)])
+        post_mlp, post_mlp_bias = norm(names.post_mlp)
         layer = DecoderLayer(
             pre_attn=pre_attn,
             qkv=qkv,
@@ -213,14 +261,21 @@ class LayerLoader:
             pre_mlp=pre_mlp,
             gate_up=self.matrix(gate_up),
             down=self.matrix(self.take(p + "mlp.down_proj.weight", (h, inter))),
-            post_mlp=norm(names.post_mlp),
+            post_mlp=post_mlp,
             window=layer_spec.sliding_window,
             rope=layer_spec.rope,
+            pre_attn_bias=pre_attn_bias,
+            post_attn_bias=post_attn_bias,
+            pre_mlp_bias=pre_mlp_bias,
+            post_mlp_bias=post_mlp_bias,
         )
-        # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-norms, SwiGLU)
-        if names.pre_attn:
+        if spec.qk_norm == "each_head":
+            layer.head_ones = torch.ones(cfg.head_dim, device=m.device, dtype=m.dtype)
+        # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-RMSNorms, SwiGLU)
+        rms = spec.norm == "rms"
+        if names.pre_attn and rms:
             layer.qkv_fp8 = m.gemm.row_quantized_input(layer.qkv)
-        if names.pre_mlp:
+        if names.pre_mlp and rms and not spec.parallel:
             layer.gate_up_fp8 = m.gemm.row_quantized_input(layer.gate_up)
         if spec.activation == "silu":
             layer.down_fp8 = m.gemm.row_quantized_input(layer.down)

@@ -68,6 +68,7 @@ class DenseDecoder(CausalLM):
         self.layers: list[DecoderLayer] = []
         self.embed_tokens: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
+        self.final_norm_bias: torch.Tensor | None = None
         self.lm_head: Any = None
 
     # --- what the loader asks of the class ----------------------------------------------------------
@@ -139,6 +140,7 @@ class DenseDecoder(CausalLM):
         for i, layer_spec in enumerate(self.spec.layers):
             self.layers.append(loader.layer(self.hf_layer_prefix.format(i), layer_spec))
         self.final_norm = loader.norm("model.norm", cfg.hidden_size)
+        self.final_norm_bias = loader.norm_bias("model.norm", cfg.hidden_size)
         # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
             self.lm_head = loader.matrix(embed, projection=False)
@@ -147,6 +149,12 @@ class DenseDecoder(CausalLM):
         tensors.pop("lm_head.weight", None)
 
     # --- forward -------------------------------------------------------------------------------------
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The spec's norm kind over the last dim (``bias`` only for LayerNorms)."""
+        if self.spec.norm == "layer":
+            return self.ops.layer_norm(x, weight, bias, self.config.rms_norm_eps)
+        return self.ops.rms_norm(x, weight, self.config.rms_norm_eps)
 
     def _layer_metadata(self, metadata: AttentionMetadata) -> list[AttentionMetadata]:
         # each distinct (window, cap) gets its own metadata copy with its own extras, so a backend's
@@ -180,12 +188,16 @@ class DenseDecoder(CausalLM):
         residual: torch.Tensor | None = None
         for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
             hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)
+        if self.spec.norm == "layer":
+            return ops.layer_norm(hidden + residual, self.final_norm, self.final_norm_bias, eps)
         out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap."""
         logits = self.gemm.logits(hidden, self.lm_head)
+        if self.spec.logit_scale is not None:
+            logits = logits * self.spec.logit_scale
         if self.spec.logits_divisor is not None:
             logits = logits / self.spec.logits_divisor
         if self.spec.final_soft_cap is not None:

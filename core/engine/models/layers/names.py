@@ -16,6 +16,32 @@ def gate_up_names(spec: DecoderSpec) -> tuple[str, ...]:
     return (spec.fused_gate_up,) if spec.fused_gate_up else ("mlp.gate_proj", "mlp.up_proj")
 
 
+def norm_shapes(spec: DecoderSpec, name: str, size: int) -> dict[str, tuple[int, ...]]:
+    """A layer or final norm's tensors: its scale, and its bias for LayerNorms that have one."""
+    shapes: dict[str, tuple[int, ...]] = {name + ".weight": (size,)}
+    if spec.norm == "layer" and spec.norm_bias:
+        shapes[name + ".bias"] = (size,)
+    return shapes
+
+
+def qk_norm_shapes(spec: DecoderSpec, config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The q norm's and the k norm's tensors (names after the layer prefix), empty without q/k norms."""
+    if spec.qk_norm == "none":
+        return {}, {}
+    hd = config.head_dim
+    result = []
+    for name, heads in zip(spec.qk_norm_names, (config.num_heads, config.num_kv_heads)):
+        if spec.qk_norm == "full":
+            result.append({name + ".weight": (heads * hd,)})
+        elif spec.qk_norm == "head":
+            result.append({name + ".weight": (hd,)})
+        elif spec.qk_norm_split:
+            result.append({f"{name}.norms.{h}.weight": (hd,) for h in range(heads)})
+        else:
+            result.append({name + ".weight": (heads, hd)})
+    return result[0], result[1]
+
+
 def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: str = "model.layers.{}.") -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of ``spec`` provides, by HF name, in load order.
 
@@ -34,7 +60,7 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
         p = layer_prefix.format(i)
         norms = spec.norms
         if norms.pre_attn:
-            shapes[p + norms.pre_attn + ".weight"] = (hidden,)
+            shapes.update(norm_shapes(spec, p + norms.pre_attn, hidden))
         if spec.fused_qkv:
             shapes[p + spec.fused_qkv + ".weight"] = (q_size + 2 * kv_size, hidden)
             if spec.qkv_bias:
@@ -46,16 +72,14 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
             if spec.qkv_bias:
                 for name, rows in zip(names, (q_size, kv_size, kv_size)):
                     shapes[p + name + ".bias"] = (rows,)
-        if spec.qk_norm != "none":
-            full = spec.qk_norm == "full"
-            shapes[p + "self_attn.q_norm.weight"] = (q_size if full else hd,)
-            shapes[p + "self_attn.k_norm.weight"] = (kv_size if full else hd,)
+        for qk_shapes in qk_norm_shapes(spec, config):
+            shapes.update({p + name: shape for name, shape in qk_shapes.items()})
         shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
         if spec.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         for norm in (norms.post_attn, norms.pre_mlp):
             if norm:
-                shapes[p + norm + ".weight"] = (hidden,)
+                shapes.update(norm_shapes(spec, p + norm, hidden))
         if spec.fused_gate_up:
             shapes[p + spec.fused_gate_up + ".weight"] = (2 * inter, hidden)
         else:
@@ -63,8 +87,8 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
                 shapes[p + name + ".weight"] = (inter, hidden)
         shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
         if norms.post_mlp:
-            shapes[p + norms.post_mlp + ".weight"] = (hidden,)
-    shapes["model.norm.weight"] = (hidden,)
+            shapes.update(norm_shapes(spec, p + norms.post_mlp, hidden))
+    shapes.update(norm_shapes(spec, "model.norm", hidden))
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes

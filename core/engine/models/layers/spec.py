@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-#: ``head``: one RMSNorm of ``head_dim`` per head (Qwen3, Gemma3); ``full``: over all heads (OLMo2)
-QKNorm = Literal["none", "head", "full"]
+#: ``head``: one norm of ``head_dim`` shared by every head (Qwen3, Gemma3); ``full``: over all heads (OLMo2);
+#: ``each_head``: over ``head_dim`` with a scale of its own per head, ``[heads, head_dim]`` (StableLM, Cohere)
+QKNorm = Literal["none", "head", "full", "each_head"]
+#: ``rms``: RMSNorm; ``layer``: LayerNorm (mean removed), with a bias where :attr:`DecoderSpec.norm_bias`
+NormKind = Literal["rms", "layer"]
 #: ``silu``: SwiGLU; ``gelu_tanh``: GeGLU with the tanh approximation (Gemma)
 Activation = Literal["silu", "gelu_tanh"]
 
@@ -72,7 +75,14 @@ class DecoderSpec:
         ropes: the rotary embeddings layers refer to.
         norms: per-layer norm names.
         gemma_norms: RMSNorm scales are stored as ``w`` and applied as ``1 + w`` (made ``1 + w`` at load).
-        qk_norm: RMSNorm on queries and keys before the rotary.
+        norm: every norm's kind (layer, q/k and final norms alike).
+        norm_bias: LayerNorms have a ``.bias`` next to their ``.weight`` (StableLM).
+        qk_norm: a norm on queries and keys before the rotary.
+        qk_norm_names: the q and k norms' names after the layer prefix.
+        qk_norm_split: ``each_head`` scales are stored one tensor per head, ``{name}.norms.{h}.weight``
+            (StableLM), not as one ``[heads, head_dim]`` tensor (Cohere).
+        parallel: attention and MLP both read the pre-attention norm's output and their outputs are
+            added to the residual together (GPT-NeoX style: StableLM's ``use_parallel_residual``, Cohere).
         fused_qkv: the name of a fused q/k/v projection (Phi3's ``self_attn.qkv_proj``), else separate
             ``self_attn.{q,k,v}_proj``.
         qkv_bias: q/k/v projections have biases.
@@ -84,6 +94,7 @@ class DecoderSpec:
         embed_scale: embeddings are multiplied by this (rounded to the model dtype first, as HF does).
         residual_multiplier: each branch output is multiplied by this before the residual add (Granite).
         logits_divisor: logits are divided by this (Granite's ``logits_scaling``).
+        logit_scale: logits are multiplied by this (Cohere's ``logit_scale``).
         final_soft_cap: final logits soft-cap (Gemma2).
     """
 
@@ -91,7 +102,12 @@ class DecoderSpec:
     ropes: tuple[RopeSpec, ...]
     norms: NormNames = field(default_factory=NormNames)
     gemma_norms: bool = False
+    norm: NormKind = "rms"
+    norm_bias: bool = False
     qk_norm: QKNorm = "none"
+    qk_norm_names: tuple[str, str] = ("self_attn.q_norm", "self_attn.k_norm")
+    qk_norm_split: bool = False
+    parallel: bool = False
     fused_qkv: str | None = None
     qkv_bias: bool = False
     o_bias: bool = False
@@ -102,4 +118,5 @@ class DecoderSpec:
     embed_scale: float | None = None
     residual_multiplier: float | None = None
     logits_divisor: float | None = None
+    logit_scale: float | None = None
     final_soft_cap: float | None = None

@@ -16,6 +16,7 @@ from engine_plugin_sdk.gpu.triton_kernels.launch import (
 from engine_plugin_sdk.gpu.triton_kernels.launchers import (
     fused_add_rms_norm,
     gelu_tanh_and_mul,
+    layer_norm,
     paged_decode,
     paged_prefill,
     rms_norm,
@@ -30,6 +31,7 @@ __all__ = [
     "KernelTuning",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",
+    "layer_norm",
     "next_power_of_2",
     "paged_decode",
     "paged_prefill",

@@ -1,4 +1,4 @@
-"""Triton kernels for the small fused ops: RMSNorm (with residual add), rotary embedding, SiLU-and-mul.
+"""Triton kernels for the small fused ops: RMSNorm (with residual add), LayerNorm, rotary embedding, SiLU-and-mul.
 
 Every kernel computes in float32 and stores in the output's dtype; one program handles one row (one
 token), so the launch grid is the number of tokens and the kernels need no vendor-specific tuning.
@@ -26,6 +26,27 @@ def rms_norm_kernel(
     inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / HIDDEN + eps)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + offs, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_kernel(
+    out_ptr, x_ptr, weight_ptr, bias_ptr, eps,
+    stride_x, stride_out,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """``(x - mean) / sqrt(var + eps) * weight (+ bias)`` for one row, in float32 (biased variance)."""
+    pdl_begin(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HIDDEN
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    # the padding lanes must not enter the variance: zero them after centring
+    centred = tl.where(mask, x - tl.sum(x, 0) / HIDDEN, 0.0)
+    inv = 1.0 / tl.sqrt(tl.sum(centred * centred, 0) / HIDDEN + eps)
+    y = centred * inv * tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

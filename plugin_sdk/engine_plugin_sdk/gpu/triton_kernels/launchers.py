@@ -214,6 +214,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last axis (``bias`` None for none), in float32, returned in x's dtype."""
+    rows = rows_of(x)
+    hidden = rows.shape[1]
+    out = torch.empty_like(rows)
+    if rows.shape[0]:
+        block = next_power_of_2(hidden)
+        # without a bias the weight stands in for the pointer; HAS_BIAS keeps the kernel from reading it
+        ek.layer_norm_kernel[(rows.shape[0],)](
+            out, rows, weight, weight if bias is None else bias, eps, rows.stride(0), out.stride(0),
+            HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=_row_warps(block), **pdl.launch_options(),
+        )  # fmt: skip
+    return out.view(x.shape)
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
