@@ -114,38 +114,33 @@ def rotary_kernel(
                   NUM_KV_HEADS, HALF)
 
 
+#: the ``ACT`` of :func:`gated_activation_kernel`: SwiGLU or GeGLU with the tanh GELU
+SILU = 0
+GELU_TANH = 1
+# a kernel may read a global only as a constexpr
+_GELU_TANH = tl.constexpr(GELU_TANH)
+
+
 @triton.jit
-def silu_and_mul_kernel(
+def gated_activation_kernel(
     out_ptr, x_ptr, stride_x, stride_out,
-    D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """``silu(x[:, :D]) * x[:, D:]`` for one row and one column tile."""
+    """``act(x[:, :D]) * x[:, D:]`` for one row and one column tile, in float32: SwiGLU (``ACT`` =
+    :data:`SILU`) or GeGLU with the tanh GELU (:data:`GELU_TANH`)."""
     pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
-    result = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + row * stride_out + offs, result.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def gelu_tanh_and_mul_kernel(
-    out_ptr, x_ptr, stride_x, stride_out,
-    D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """``gelu_tanh(x[:, :D]) * x[:, D:]`` (GeGLU) for one row and one column tile, in float32."""
-    pdl_begin(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < D
-    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
-    inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-    # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflows to inf, giving 1)
-    tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-    result = 0.5 * gate * (1.0 + tanh) * up
+    if ACT == _GELU_TANH:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflows to inf, giving 1)
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        result = 0.5 * gate * (1.0 + tanh) * up
+    else:
+        result = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * stride_out + offs, result.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -275,26 +275,22 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]``."""
-    rows = rows_of(x)
-    d = rows.shape[1] // 2
-    out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
-    if rows.shape[0]:
-        block = min(1024, next_power_of_2(d))
-        ek.silu_and_mul_kernel[(rows.shape[0], triton_cdiv(d, block))](
-            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4, **pdl.launch_options(),
-        )  # fmt: skip
-    return out.view(*x.shape[:-1], d)
+    return _gated_activation(x, ek.SILU)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(x[..., :d]) * x[..., d:]`` (GeGLU, Gemma's MLP)."""
+    return _gated_activation(x, ek.GELU_TANH)
+
+
+def _gated_activation(x: torch.Tensor, act: int) -> torch.Tensor:
     rows = rows_of(x)
     d = rows.shape[1] // 2
     out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = min(1024, next_power_of_2(d))
-        ek.gelu_tanh_and_mul_kernel[(rows.shape[0], triton_cdiv(d, block))](
-            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, num_warps=4, **pdl.launch_options(),
+        ek.gated_activation_kernel[(rows.shape[0], triton_cdiv(d, block))](
+            out, rows, rows.stride(0), out.stride(0), D=d, BLOCK=block, ACT=act, num_warps=4, **pdl.launch_options(),
         )  # fmt: skip
     return out.view(*x.shape[:-1], d)
 
