@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dense_model_utils import hf_greedy
 
 from engine import LLM, SamplingParams
 from engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -28,19 +29,6 @@ def tiny(request, tiny_llama_dir, tiny_qwen2_dir):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(model=path, device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20)
     return path, hf, llm
-
-
-def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
 
 
 def test_prefill_logits_match_hf(tiny):

@@ -52,7 +52,7 @@ def parse_memory(text: str) -> tuple[int | None, float | None]:
     return size, None
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -63,7 +63,7 @@ def _positive_int(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
     return value
@@ -74,14 +74,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default="auto", help=f"device to run on: {DEVICE_CHOICES_HELP} (default: auto)")
     parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
-    parser.add_argument("--max-model-len", type=_positive_int, default=None, help="context length limit in tokens")
+    parser.add_argument("--max-model-len", type=positive_int, default=None, help="context length limit in tokens")
     parser.add_argument("--kv-cache-memory", type=parse_memory, default=None,
                         help="KV cache budget: a size (2GiB, 512MB) or a fraction of free device memory (0.3)")
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=None, help="most sequences running at once")
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
-    parser.add_argument("--max-waiting-requests", type=_positive_int, default=None,
+    parser.add_argument("--max-num-seqs", type=positive_int, default=None, help="most sequences running at once")
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="token budget per step")
+    parser.add_argument("--max-waiting-requests", type=positive_int, default=None,
                         help="queued requests beyond which new ones get 503 (default: unbounded)")
-    parser.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV block")
+    parser.add_argument("--block-size", type=positive_int, default=None, help="tokens per KV block")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not reuse the KV blocks of shared prompt prefixes (on by default)")
     parser.add_argument("--no-async-scheduling", action="store_true",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from engine.entrypoints.cli import positive_int
+
 #: mirrors of the server's defaults, so that ``--help`` answers without importing the server
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -24,16 +26,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
@@ -56,11 +48,11 @@ def add_serve_hardening_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
                        help="abort a request that runs longer than this once queued; its response ends with "
                             "finish_reason 'abort' (default: no deadline; max_tokens bounds a request's work)")
-    serve.add_argument("--max-n", type=_count, default=DEFAULT_MAX_N,
+    serve.add_argument("--max-n", type=positive_int, default=DEFAULT_MAX_N,
                        help=f"most completions or beams per prompt (n) (default: {DEFAULT_MAX_N})")
-    serve.add_argument("--max-prompts-per-request", type=_count, default=DEFAULT_MAX_PROMPTS,
+    serve.add_argument("--max-prompts-per-request", type=positive_int, default=DEFAULT_MAX_PROMPTS,
                        help=f"most prompts in one /v1/completions request (default: {DEFAULT_MAX_PROMPTS})")
-    serve.add_argument("--max-tokens-per-request", type=_count, default=None,
+    serve.add_argument("--max-tokens-per-request", type=positive_int, default=None,
                        help="most tokens one request may occupy: prompts x n x (prompt + max_tokens) "
                             "(default: --max-n x the context length)")
     serve.add_argument("--allowed-hosts", type=_names, default=None, metavar="HOST[,HOST...]",
