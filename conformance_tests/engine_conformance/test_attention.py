@@ -141,6 +141,17 @@ def test_sliding_window(platform: Platform, caps: Capabilities, device: Any, rec
     run_problem(platform, problem, "attention.sliding_window")
 
 
+@pytest.mark.capability("attention.sliding_window.released_blocks")
+def test_sliding_window_with_released_blocks(platform: Platform, caps: Capabilities, device: Any) -> None:
+    """Blocks that fell out of the window are released by the engine and their table entries point at a
+    block holding someone else's keys: no backend may let them change the output."""
+    if not caps.sliding_window:
+        not_claimed("sliding windows are not claimed")
+    for lens, seed in ((MIXED, 13), (DECODE, 14), (DECODE_ROWS_FIRST, 15)):
+        problem = build(caps, device, lens, seed=seed, sliding_window=8, release_out_of_window=True)
+        run_problem(platform, problem, "attention.sliding_window.released_blocks")
+
+
 @pytest.mark.capability("attention.logits_soft_cap")
 def test_logits_soft_cap(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
     problem = build(caps, device, MIXED, seed=11, soft_cap=1.5)

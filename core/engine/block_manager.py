@@ -11,6 +11,13 @@ looked-up one, so even a hash collision cannot hand a sequence another prefix's 
 prompt starts with the same blocks takes them by reference instead of computing them. A cached block
 whose last user is gone is not forgotten: it waits in an LRU list, still counted as free, until an
 allocation needs it and evicts the least recently used one.
+
+Sliding windows: when every layer of the model attends over the same window of ``W`` tokens, a block whose
+tokens all lie before the window of a sequence's next query is never read again. Its table entry then
+points at the *null block* (a block reserved up front, never written, so it holds zeros) and the block
+goes back to the pool (or, if it is in the prefix cache, to the LRU list), so a long sequence holds about
+``W / block_size`` blocks however long it grows. Attention backends honour the window, so they never let
+an entry before it affect the output (see ``AttentionMetadata.sliding_window``).
 """
 
 from __future__ import annotations
@@ -184,21 +191,36 @@ class BlockManager:
         num_blocks: physical blocks in the pool.
         block_size: tokens per block.
         enable_prefix_caching: share full blocks of identical prefixes between sequences.
+        sliding_window: the window every layer attends over, or None; when set, blocks that fall out of
+            a sequence's window are released (one block of the pool is then reserved as the null block).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, sliding_window: int | None = None
+    ) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        if sliding_window is not None and num_blocks < 2:
+            raise ValueError("a sliding-window model needs at least two KV blocks (one is the null block)")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self.allocator = BlockAllocator(num_blocks)
+        #: the block out-of-window table entries point at; never handed out, never written
+        self.null_block: int | None = self.allocator.allocate() if sliding_window is not None else None
         self.block_tables: dict[int, list[int]] = {}
         self._hashes: dict[int, list[bytes]] = {}
+        # per sequence under a window: table entries below this index are the null block
+        self._released: dict[int, int] = {}
         self.prefix_stats = PrefixCacheStats()
+        self.num_window_releases = 0
         # a full block's token ids as little-endian int64 (fixed width, whatever the platform)
         self._pack_tokens = struct.Struct(f"<{block_size}q").pack
 
     @property
     def num_total_blocks(self) -> int:
-        return self.allocator.num_blocks
+        """Blocks sequences can use (the null block, when reserved, is not one)."""
+        return self.allocator.num_blocks - (self.null_block is not None)
 
     @property
     def num_free_blocks(self) -> int:
@@ -235,6 +257,34 @@ class BlockManager:
         table.extend(new)
         return new
 
+    def allocate_entries(self, seq_id: int, live: list[bool]) -> list[int]:
+        """Give ``seq_id``, which holds no blocks, a table of ``len(live)`` entries: a new block where
+        ``live`` is True, the null block elsewhere (a sequence coming back from host memory whose early
+        blocks were released out of its window).
+
+        Returns:
+            The new blocks, in table order.
+
+        Raises:
+            NoFreeBlocksError: if the pool cannot cover it (nothing is allocated then).
+            ValueError: the sequence already holds blocks, or an entry is not live without a window.
+        """
+        if self.block_tables.get(seq_id):
+            raise ValueError(f"sequence {seq_id} already holds blocks")
+        if not all(live) and self.null_block is None:
+            raise ValueError("only a sliding-window block manager has released entries")
+        need = sum(live)
+        if need > self.num_free_blocks:
+            raise NoFreeBlocksError(f"sequence {seq_id} needs {need} blocks, {self.num_free_blocks} free")
+        table = [self.allocator.allocate() if keep else self.null_block for keep in live]
+        self.block_tables[seq_id] = table  # type: ignore[assignment]
+        released = 0
+        while released < len(live) and not live[released]:
+            released += 1
+        if released:
+            self._released[seq_id] = released
+        return [block for block, keep in zip(table, live) if keep]  # type: ignore[misc]
+
     def has_private_slot(self, seq_id: int, position: int) -> bool:
         """Whether token ``position`` of ``seq_id`` can be written now: its block is allocated and not
         shared (the common decode step, which then needs neither a new block nor a copy)."""
@@ -267,9 +317,12 @@ class BlockManager:
         """Let ``child_id`` share every block of ``parent_id`` (reference counted)."""
         table = self.block_tables[parent_id]
         for block in table:
-            self.allocator.incref(block)
+            if block != self.null_block:
+                self.allocator.incref(block)
         self.block_tables[child_id] = list(table)
         self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
+        if parent_id in self._released:
+            self._released[child_id] = self._released[parent_id]
 
     def free(self, seq_id: int) -> None:
         """Release every block of ``seq_id``; unknown ids are ignored (a sequence may never have run).
@@ -278,8 +331,47 @@ class BlockManager:
         blocks are evicted last.
         """
         self._hashes.pop(seq_id, None)
+        self._released.pop(seq_id, None)
         for block in reversed(self.block_tables.pop(seq_id, [])):
-            self.allocator.decref(block)
+            if block != self.null_block:
+                self.allocator.decref(block)
+
+    def release_out_of_window(self, seq_id: int, first_query_position: int) -> int:
+        """Release the blocks of ``seq_id`` that no query at or after ``first_query_position`` can see.
+
+        A query at position ``p`` sees positions ``> p - sliding_window``, so a block whose last position is
+        at most ``first_query_position - sliding_window`` is never read again; its table entry becomes the
+        null block. Without a window this does nothing.
+
+        Args:
+            seq_id: the sequence.
+            first_query_position: the position of the first token the sequence's next step computes.
+
+        Returns:
+            How many blocks were released.
+        """
+        if self.sliding_window is None:
+            return 0
+        table = self.block_tables.get(seq_id)
+        if not table:
+            return 0
+        # blocks [0, stop) end at or before the window's start
+        stop = min(len(table), max(0, first_query_position - self.sliding_window + 1) // self.block_size)
+        start = self._released.get(seq_id, 0)
+        if stop <= start:
+            return 0
+        null = self.null_block
+        assert null is not None
+        released = 0
+        for j in range(start, stop):
+            block = table[j]
+            if block != null:
+                self.allocator.decref(block)
+                table[j] = null
+                released += 1
+        self._released[seq_id] = stop
+        self.num_window_releases += released
+        return released
 
     def slot(self, seq_id: int, position: int) -> int:
         """The cache slot of token ``position`` of ``seq_id``."""
@@ -310,23 +402,53 @@ class BlockManager:
         extra = encode_extra_key(extra_key)
         parent = ROOT_HASH
         hashes: list[bytes] = []
-        blocks: list[int] = []
+        found: list[int | None] = []
         for j in range(max_blocks):
             content = block_content(parent, j, self._pack_tokens(*token_ids[j * bs : (j + 1) * bs]), extra)
             h = content_hash(content)
             block = self.allocator.lookup(h, content)
-            if block is None:
-                break
-            self.allocator.acquire_cached(block)
+            if block is None and self.sliding_window is None:
+                break  # without a window every block of the prefix is needed
             hashes.append(h)
-            blocks.append(block)
+            found.append(block)
             parent = h
+        num_blocks = self._longest_usable_prefix(found)
         self.prefix_stats.queried_tokens += len(token_ids)
-        self.prefix_stats.hit_tokens += len(blocks) * bs
-        if blocks:
-            self.block_tables[seq_id] = blocks
-            self._hashes[seq_id] = hashes
-        return len(blocks) * bs
+        self.prefix_stats.hit_tokens += num_blocks * bs
+        if num_blocks:
+            first_live = self._first_visible_block(num_blocks * bs)
+            table: list[int] = []
+            for j in range(num_blocks):
+                block = found[j]
+                if j < first_live:
+                    table.append(self.null_block)  # type: ignore[arg-type]
+                else:
+                    assert block is not None
+                    self.allocator.acquire_cached(block)
+                    table.append(block)
+            self.block_tables[seq_id] = table
+            self._hashes[seq_id] = hashes[:num_blocks]
+            if first_live:
+                self._released[seq_id] = first_live
+        return num_blocks * bs
+
+    def _first_visible_block(self, first_query_position: int) -> int:
+        """Index of the first block a query at ``first_query_position`` (or later) can see."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, first_query_position - self.sliding_window + 1) // self.block_size
+
+    def _longest_usable_prefix(self, found: list[int | None]) -> int:
+        """The most leading blocks a sequence can take: every block its next query sees must be cached.
+
+        Without a window that is the run of hits from the start. With one, blocks before the window of
+        the first uncomputed token need not be cached (the sequence never reads them), so the answer is
+        the largest ``k`` whose blocks ``[first visible, k)`` are all hits.
+        """
+        for k in range(len(found), 0, -1):
+            if all(block is not None for block in found[self._first_visible_block(k * self.block_size) : k]):
+                return k
+        return 0
 
     def register_computed(
         self, seq_id: int, token_slice: Callable[[int, int], list[int]], num_computed: int, extra_key: object = None
@@ -350,6 +472,7 @@ class BlockManager:
         for j in range(len(hashes), full):
             content = block_content(parent, j, self._pack_tokens(*token_slice(j * bs, (j + 1) * bs)), extra)
             h = content_hash(content)
-            self.allocator.register(table[j], h, content)
+            if table[j] != self.null_block:
+                self.allocator.register(table[j], h, content)
             hashes.append(h)
             parent = h

@@ -143,9 +143,13 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         model.load_weights(weights)
 
     block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention)
-    block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-    capacity = num_blocks * config.cache.block_size
-    max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)
+    window = model_config.sliding_window
+    block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, window)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    per_sequence = _blocks_per_sequence(config, window, max_model_len)
+    if per_sequence > block_manager.num_total_blocks:
+        # a sequence must fit the pool alone; under a window it needs only its window's blocks
+        max_model_len = block_manager.num_total_blocks * config.cache.block_size
     scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks)
     sampler = Sampler(eos_token_ids, model_config.vocab_size, ops.greedy_pick)
     runner = ModelRunner(model, block_cache, block_manager, sampler, device, model_config.sliding_window)
@@ -219,11 +223,29 @@ def _make_kv_pool(
         block_size=config.cache.block_size,
         dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
     )
-    num_blocks = _num_kv_blocks(config, platform, spec, config.max_model_len or model_config.max_position_embeddings)
+    max_len = config.max_model_len or model_config.max_position_embeddings
+    num_blocks = _num_kv_blocks(config, platform, spec, max_len, model_config.sliding_window)
     return platform.make_block_cache(spec, num_blocks, attention), num_blocks
 
 
-def _num_kv_blocks(config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int) -> int:
+def _blocks_per_sequence(config: EngineConfig, window: int | None, max_len: int) -> int:
+    """The most blocks one sequence of up to ``max_len`` tokens holds at once.
+
+    Under a sliding window a sequence keeps only the blocks its next step can see: those of the window
+    before the step's first token, plus the step's own tokens (up to a whole chunk), plus one for the
+    block boundaries the window and the chunk may straddle.
+    """
+    bs = config.cache.block_size
+    whole = -(-max_len // bs)
+    if window is None:
+        return whole
+    step = min(max_len, config.scheduler.max_num_batched_tokens)
+    return min(whole, -(-(window - 1 + step) // bs) + 1)
+
+
+def _num_kv_blocks(
+    config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int, window: int | None
+) -> int:
     """Blocks in the KV pool: the override, else the memory budget's worth, never more than can be used.
 
     Raises:
@@ -237,8 +259,9 @@ def _num_kv_blocks(config: EngineConfig, platform: Platform, spec: KVCacheSpec, 
     if budget is None:
         budget = int(platform.free_memory_bytes() * cache.memory_fraction)
     num_blocks = budget // per_block
-    # More blocks than every sequence at full length could use is memory taken for nothing.
-    useful = config.scheduler.max_num_seqs * -(-max_len // spec.block_size)
+    # More blocks than every sequence at full length could use is memory taken for nothing (one more
+    # is the null block of a sliding-window model).
+    useful = config.scheduler.max_num_seqs * _blocks_per_sequence(config, window, max_len) + (window is not None)
     num_blocks = min(num_blocks, useful)
     if num_blocks < 1:
         raise EngineConfigError(f"the KV cache budget of {budget} bytes is smaller than one block ({per_block} bytes)")

@@ -84,7 +84,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[int] | Seq[str] | Seq[list[int]],
+        prompts: str | list[int] | dict[str, Any] | Seq[str | list[int] | dict[str, Any]],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
@@ -93,7 +93,8 @@ class LLM:
         """Complete each prompt; outputs come back in prompt order.
 
         Args:
-            prompts: one prompt or a list; each a string or a list of token ids.
+            prompts: one prompt or a list; each a string, a list of token ids, ``{"prompt": text}`` or
+                ``{"prompt_token_ids": ids}``.
             sampling_params: one for all prompts, or one per prompt; default
                 :meth:`get_default_sampling_params` (the checkpoint's generation defaults).
             use_tqdm: show a progress bar.
@@ -104,9 +105,9 @@ class LLM:
         Raises:
             InvalidRequestError: for a bad prompt or settings; raised before any prompt runs.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
+        prompts = [_unwrap_prompt(p) for p in prompts]
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -192,3 +193,19 @@ class LLM:
             engine.abort_request(ids)  # leave no request (and no KV block) behind on an error or Ctrl-C
             raise
         return [results[rid] for rid in ids]
+
+
+def _unwrap_prompt(prompt: Any) -> Any:
+    """A ``{"prompt": ...}`` or ``{"prompt_token_ids": ...}`` dict as its text or ids; others unchanged.
+
+    Raises:
+        ValueError: a dict with another shape (a key this engine does not take is named).
+    """
+    if not isinstance(prompt, dict):
+        return prompt
+    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+    if unknown:
+        raise ValueError(f"prompt dicts take 'prompt' or 'prompt_token_ids'; unsupported key(s): {', '.join(unknown)}")
+    if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        raise ValueError("a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'")
+    return prompt["prompt"] if "prompt" in prompt else list(prompt["prompt_token_ids"])

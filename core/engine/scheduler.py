@@ -171,7 +171,8 @@ class Scheduler(SchedulerInterface):
         if config.preemption_mode == "swap" and not use_swap:
             raise ValueError("preemption_mode='swap' needs a platform block cache that supports swapping")
         self.host_allocator = BlockAllocator(num_host_blocks) if use_swap else None
-        self.host_tables: dict[int, list[int]] = {}
+        #: per swapped-out sequence, the host block of each table entry (None: released out of the window)
+        self.host_tables: dict[int, list[int | None]] = {}
         self.num_preemptions = 0
         self.num_swaps_out = 0
         self.num_steps = 0
@@ -214,7 +215,8 @@ class Scheduler(SchedulerInterface):
     def _free_host(self, seq_id: int) -> None:
         assert self.host_allocator is not None
         for block in self.host_tables.pop(seq_id, []):
-            self.host_allocator.decref(block)
+            if block is not None:
+                self.host_allocator.decref(block)
 
     def _waiting_key(self, seq: Sequence) -> tuple[float, int]:
         waited = self.num_steps - seq.enqueued_step
@@ -229,6 +231,7 @@ class Scheduler(SchedulerInterface):
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         order = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.priority, s.arrival))
+        windowed = bm.sliding_window is not None
         for seq in order:
             if budget <= 0:
                 break
@@ -236,6 +239,8 @@ class Scheduler(SchedulerInterface):
                 continue  # preempted earlier in this step
             n = min(seq.num_uncomputed_tokens, budget)
             start = seq.num_computed_tokens
+            if windowed:
+                bm.release_out_of_window(seq.seq_id, start)
             if n == 1 and bm.has_private_slot(seq.seq_id, start):
                 # a decode into a block it owns: nothing to allocate or copy (most rows of a big batch)
                 out.scheduled.append(ScheduledSequence(seq, 1, start + 1 == seq.num_tokens))
@@ -294,10 +299,13 @@ class Scheduler(SchedulerInterface):
         self.num_preemptions += 1
         out.preempted.append(seq)
         table = self.block_manager.block_tables.get(seq.seq_id, [])
+        null = self.block_manager.null_block
+        live = [block for block in table if block != null]
         host = self.host_allocator
-        if host is not None and 0 < len(table) <= host.num_free_blocks:
-            host_table = [host.allocate() for _ in table]
-            out.swap_out.extend(zip(table, host_table))
+        if host is not None and 0 < len(live) <= host.num_free_blocks:
+            # entries released out of a sliding window stay released: only live blocks travel
+            host_table = [None if block == null else host.allocate() for block in table]
+            out.swap_out.extend((d, h) for d, h in zip(table, host_table) if h is not None)
             self.host_tables[seq.seq_id] = host_table
             self.block_manager.free(seq.seq_id)
             seq.status = SequenceStatus.SWAPPED
@@ -318,11 +326,12 @@ class Scheduler(SchedulerInterface):
             n = min(seq.num_uncomputed_tokens, budget)
             # Its blocks come back first, then the blocks its next tokens need.
             extra = -(-(seq.num_computed_tokens + n) // bm.block_size) - len(host_table)
-            if len(host_table) + max(0, extra) > bm.num_free_blocks:
+            live = [block is not None for block in host_table]
+            if sum(live) + max(0, extra) > bm.num_free_blocks:
                 break
             self.swapped.pop(0)
-            device_table = bm.allocate(seq.seq_id, len(host_table) * bm.block_size)
-            out.swap_in.extend(zip(host_table, device_table))
+            device_blocks = bm.allocate_entries(seq.seq_id, live)
+            out.swap_in.extend(zip([h for h in host_table if h is not None], device_blocks))
             self._free_host(seq.seq_id)
             bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING

@@ -129,6 +129,7 @@ def make_attention_problem(
     kv_cache_dtype: torch.dtype | None = None,
     block_pool: Sequence[int] | None = None,
     extra_table_columns: int = 1,
+    release_out_of_window: bool = False,
 ) -> AttentionProblem:
     """Build a random paged-attention problem.
 
@@ -151,6 +152,9 @@ def make_attention_problem(
         block_pool: physical block ids to draw from (default: all); the suite passes the top of a huge pool
             to test 64-bit cache offsets.
         extra_table_columns: padding columns (zeros) appended to every block table row.
+        release_out_of_window: with a window, point the table entries of blocks wholly before each
+            sequence's first query's window at one shared block of unrelated values, as the engine does
+            once it released them (their tokens are never written): the output must not change.
 
     Returns:
         The :class:`AttentionProblem`.
@@ -173,9 +177,11 @@ def make_attention_problem(
     blocks_per_seq = [-(-c // block_size) for c in context_lens]
     pool = torch.tensor(list(block_pool), dtype=torch.long) if block_pool is not None else None
     pool_size = len(pool) if pool is not None else num_blocks
-    if sum(blocks_per_seq) > pool_size:
-        raise ValueError(f"the batch needs {sum(blocks_per_seq)} blocks but the pool has {pool_size}")
-    chosen = torch.randperm(pool_size, generator=gen)[: sum(blocks_per_seq)]
+    release = release_out_of_window and sliding_window is not None
+    needed = sum(blocks_per_seq) + release
+    if needed > pool_size:
+        raise ValueError(f"the batch needs {needed} blocks but the pool has {pool_size}")
+    chosen = torch.randperm(pool_size, generator=gen)[:needed]
     physical = (pool[chosen] if pool is not None else chosen).tolist()
     if physical and max(physical) >= num_blocks:
         raise ValueError(f"block_pool holds ids >= num_blocks ({num_blocks})")
@@ -190,19 +196,30 @@ def make_attention_problem(
     for q_len, ctx, n_blocks in zip(query_lens, context_lens, blocks_per_seq, strict=True):
         table = physical[cursor : cursor + n_blocks]
         cursor += n_blocks
+        cached = ctx - q_len
+        released = 0
+        if release:
+            assert sliding_window is not None
+            released = max(0, cached - sliding_window + 1) // block_size
+            table[:released] = [physical[-1]] * released
         block_tables.append(table)
         keys, values = randn(ctx, num_kv_heads, head_dim), randn(ctx, num_kv_heads, head_dim)
         key_history.append(keys)
         value_history.append(values)
         slots = [table[p // block_size] * block_size + p % block_size for p in range(ctx)]
-        cached = ctx - q_len
-        prefix_keys.append(keys[:cached])
-        prefix_values.append(values[:cached])
-        prefix_slots += slots[:cached]
+        kept = released * block_size  # released tokens are never written
+        prefix_keys.append(keys[kept:cached])
+        prefix_values.append(values[kept:cached])
+        prefix_slots += slots[kept:cached]
         new_keys.append(keys[cached:])
         new_values.append(values[cached:])
         new_slots += slots[cached:]
 
+    if release:
+        # what another sequence left in the shared block: finite (an FP8 cache holds it) but unrelated
+        prefix_keys.append(randn(block_size, num_kv_heads, head_dim) * 8)
+        prefix_values.append(randn(block_size, num_kv_heads, head_dim) * 8)
+        prefix_slots += [physical[-1] * block_size + i for i in range(block_size)]
     num_tokens = sum(query_lens)
     query = randn(num_tokens, num_heads, head_dim)
     width = max(blocks_per_seq) + extra_table_columns

@@ -29,6 +29,10 @@ class AttentionMetadata:
         scale: softmax scale, usually ``head_dim ** -0.5``.
         causal: whether a query token attends only to positions at or before its own.
         sliding_window: if set, a query at position p attends only to positions > p - sliding_window.
+            Table entries of blocks that lie wholly before the window of a sequence's first query are
+            released by the engine and point at an unrelated block (its null block): a backend must not
+            let their contents reach the output (skip them, or mask them before the softmax and the
+            value product).
         logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` before the softmax.
         extras: free-form, per-step scratch a backend may cache its own plans in; no contract.
         graph_capture: the step is recorded into a graph replayed with other context lengths, so the
