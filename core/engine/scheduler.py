@@ -15,7 +15,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockAllocator, BlockManager
+from engine.block_allocator import BlockAllocator
+from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 
