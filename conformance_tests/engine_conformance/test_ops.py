@@ -13,6 +13,7 @@ from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
+    ref_apply_token_bitmask,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
@@ -29,6 +30,8 @@ FP8 = torch.float8_e4m3fn
 #: logits width and the real vocabulary inside it (the columns past it are padding, never picked)
 LOGITS_WIDTH, VOCAB = 300, 280
 GRAPH_BUCKETS = [1, 2, 4, 8]
+#: token bitmask words covering VOCAB (xgrammar's packing: 32 tokens per int32, least significant bit first)
+BITMASK_WORDS = -(-VOCAB // 32)
 
 
 def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tuple]:
@@ -72,7 +75,30 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
         raw = torch.log_softmax(logits[:, :VOCAB].double(), dim=-1)
         ids = raw.argmax(dim=-1)
         return (logits, VOCAB), (ids, raw.gather(1, ids.unsqueeze(1)).squeeze(1))
+    if op_name == "apply_token_bitmask":
+        return _bitmask_case(gen, dtype, device)
     raise ValueError(f"no test case for op {op_name!r}")
+
+
+def _bitmask_case(gen: torch.Generator, dtype: torch.dtype, device: Any) -> tuple[tuple, tuple]:
+    """Logits ``[8, LOGITS_WIDTH]`` (width not a multiple of 32, padding past VOCAB) and a bitmask over
+    VOCAB: random rows of several densities, a row allowing one token only, a row allowing all of VOCAB;
+    a subset of rows masked, so the others must come back untouched."""
+    rows = 8
+    logits = (torch.randn(rows, LOGITS_WIDTH, generator=gen) * 4).to(dtype)
+    density = torch.tensor([0.5, 0.05, 0.9, 0.5, 0.3, 0.5, 0.7, 0.5]).unsqueeze(1)
+    allowed = torch.rand(rows, VOCAB, generator=gen) < density
+    allowed[1] = False
+    allowed[1, int(torch.randint(0, VOCAB, (1,), generator=gen))] = True
+    allowed[2] = True
+    bits = torch.zeros(rows, 32 * BITMASK_WORDS, dtype=torch.int64)
+    bits[:, :VOCAB] = allowed.long()
+    packed = (bits.view(rows, BITMASK_WORDS, 32) << torch.arange(32)).sum(-1)
+    # the words as int32 (bit 31 makes a negative int32), as xgrammar stores them
+    bitmask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    indices = torch.tensor([0, 1, 2, 4, 5, 7])
+    expected = ref_apply_token_bitmask(logits, bitmask, indices)
+    return (logits.to(device), bitmask.to(device), indices.to(device)), (expected,)
 
 
 @pytest.mark.parametrize("op_name", OP_NAMES)
@@ -86,7 +112,11 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
         dtype = torch_dtype(dtype_name)
         args, expected = op_cases(op_name, dtype, platform.torch_device())
         # ops may work in place; keep the inputs the reference saw
-        result = op(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        call_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        result = op(*call_args)
+        if op_name == "apply_token_bitmask":
+            _check_masked(call_args[0], expected[0], dtype, f"ops.{op_name} {dtype_name}")
+            continue
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(expected):
             pytest.fail(
@@ -122,6 +152,18 @@ def _dequantized(got: RowQuantizedActivations, dtype: torch.dtype, label: str) -
 def _fp8_rows_tolerance(dtype: torch.dtype) -> Tolerance:
     base = get_tolerance(dtype)
     return Tolerance(base.atol + FP8_ROWS_EXTRA.atol, base.rtol + FP8_ROWS_EXTRA.rtol, 0.0)
+
+
+def _check_masked(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, label: str) -> None:
+    """The logits masked in place: exactly ``-inf`` where disallowed, every other value unchanged."""
+    if got.dtype != dtype:
+        pytest.fail(f"{label}: the logits became {got.dtype}, expected {dtype} masked in place", pytrace=False)
+    got64 = got.double().cpu()
+    wrong = (got64 != want) & ~(got64.isnan() & want.isnan())
+    if wrong.any():
+        row, col = (int(v) for v in wrong.nonzero()[0])
+        pytest.fail(f"{label}: {int(wrong.sum())} logits differ, first at row {row} column {col}: "
+                    f"{got64[row, col].item()} where {want[row, col].item()} was expected", pytrace=False)
 
 
 def _check_pick(got: torch.Tensor, want: torch.Tensor, i: int, label: str) -> None:

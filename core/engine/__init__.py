@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from engine.outputs import CompletionOutput, RequestOutput
     from engine.plugins import DeviceNotAvailableError, PluginManager, select_platform
     from engine.sampling.params import SamplingParams
+    from engine.structured_output.params import StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -23,6 +24,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SchedulerConfig",
+    "StructuredOutputsParams",
     "__version__",
     "select_platform",
 ]
@@ -38,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from engine.sampling.params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from engine.structured_output.params import StructuredOutputsParams
+
+        return StructuredOutputsParams
     if name in ("CompletionOutput", "RequestOutput"):
         from engine import outputs
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.block_manager import BlockManager
+from engine.hybrid_block_manager import HybridBlockManager
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling.params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.structured_output.params import StructuredOutputsParams
 
 
 class BeamSearchParams(BaseModel):
@@ -31,6 +33,8 @@ class BeamSearchParams(BaseModel):
         length_penalty: exponent of the length normalisation; above 1 favours longer outputs.
         early_stopping: stop a prompt as soon as ``beam_width`` hypotheses have finished.
         ignore_eos: never finish a hypothesis on EOS.
+        structured_outputs: refused: beams rank their candidates by raw logprobs, which a grammar's mask
+            would have to reshape; the field exists so the refusal names the combination.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -40,6 +44,15 @@ class BeamSearchParams(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool = False
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
+
+    @model_validator(mode="after")
+    def _refuse_structured_outputs(self) -> BeamSearchParams:
+        if self.structured_outputs is not None:
+            raise ValueError(
+                "beam search with structured_outputs is not supported; sample with SamplingParams instead"
+            )
+        return self
 
     def step_params(self) -> SamplingParams:
         """What each beam asks of the sampler: its top ``2 * beam_width`` next tokens."""
@@ -89,7 +102,7 @@ class BeamSearcher:
     def __init__(
         self,
         scheduler: Scheduler,
-        block_manager: BlockManager,
+        block_manager: BlockManager | HybridBlockManager,
         eos_token_ids: list[int],
         next_seq_id: Callable[[], int],
         next_arrival: Callable[[], int],

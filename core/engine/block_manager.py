@@ -43,21 +43,38 @@ class BlockManager:
         enable_prefix_caching: share full blocks of identical prefixes between sequences.
         sliding_window: the window every layer attends over, or None; when set, blocks that fall out of
             a sequence's window are released (one block of the pool is then reserved as the null block).
+        shared: the allocator and null block of a pool this manager shares with others (one per KV group,
+            see :class:`engine.hybrid_block_manager.HybridBlockManager`); ``num_blocks`` is then ignored.
+        group: the KV group this manager keeps tables for; part of its prefix-cache keys, so groups sharing
+            an allocator never take each other's blocks.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, sliding_window: int | None = None
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        sliding_window: int | None = None,
+        shared: tuple[BlockAllocator, int | None] | None = None,
+        group: int = 0,
     ) -> None:
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {sliding_window}")
-        if sliding_window is not None and num_blocks < 2:
-            raise ValueError("a sliding-window model needs at least two KV blocks (one is the null block)")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.sliding_window = sliding_window
-        self.allocator = BlockAllocator(num_blocks)
+        self.group = group
+        if shared is not None:
+            self.allocator, null = shared
+            if sliding_window is not None and null is None:
+                raise ValueError("a sliding-window group needs the pool's null block")
+        else:
+            if sliding_window is not None and num_blocks < 2:
+                raise ValueError("a sliding-window model needs at least two KV blocks (one is the null block)")
+            self.allocator = BlockAllocator(num_blocks)
+            null = self.allocator.allocate() if sliding_window is not None else None
         #: the block out-of-window table entries point at; never handed out, never written
-        self.null_block: int | None = self.allocator.allocate() if sliding_window is not None else None
+        self.null_block: int | None = null
         self.block_tables: dict[int, list[int]] = {}
         self._hashes: dict[int, list[bytes]] = {}
         # per sequence under a window: table entries below this index are the null block
@@ -66,6 +83,16 @@ class BlockManager:
         self.num_window_releases = 0
         # a full block's token ids as little-endian int64 (fixed width, whatever the platform)
         self._pack_tokens = struct.Struct(f"<{block_size}q").pack
+
+    @property
+    def groups(self) -> tuple[BlockManager, ...]:
+        """The per-group managers whose tables a step's metadata is built from: this one alone."""
+        return (self,)
+
+    @property
+    def releases_blocks(self) -> bool:
+        """Whether :meth:`release_out_of_window` can free anything (the scheduler calls it only then)."""
+        return self.sliding_window is not None
 
     @property
     def num_total_blocks(self) -> int:
@@ -163,6 +190,11 @@ class BlockManager:
         table[index] = dst
         return src, dst
 
+    def copies_for_write(self, seq_id: int, position: int) -> list[tuple[int, int]]:
+        """:meth:`copy_on_write` as a list (empty, or the one copy), as every block manager returns it."""
+        copy = self.copy_on_write(seq_id, position)
+        return [] if copy is None else [copy]
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """Let ``child_id`` share every block of ``parent_id`` (reference counted)."""
         table = self.block_tables[parent_id]
@@ -247,13 +279,22 @@ class BlockManager:
         """
         if not self.enable_prefix_caching or self.block_tables.get(seq_id):
             return 0
+        hashes, found = self.lookup_prefix(token_ids, extra_key)
+        num_blocks = next((k for k in range(len(found), 0, -1) if self.can_take(found, k)), 0)
+        self.prefix_stats.queried_tokens += len(token_ids)
+        self.prefix_stats.hit_tokens += num_blocks * self.block_size
+        self.take_prefix(seq_id, hashes, found, num_blocks)
+        return num_blocks * self.block_size
+
+    def lookup_prefix(self, token_ids: list[int], extra_key: object = None) -> tuple[list[bytes], list[int | None]]:
+        """The chained hashes of the prompt's full blocks (all but its last token) and the cached block
+        of each (None: not cached); without a window the lists stop at the first miss."""
         bs = self.block_size
-        max_blocks = (len(token_ids) - 1) // bs
-        extra = encode_extra_key(extra_key)
+        extra = encode_extra_key(extra_key if self.group == 0 else (self.group, extra_key))
         parent = ROOT_HASH
         hashes: list[bytes] = []
         found: list[int | None] = []
-        for j in range(max_blocks):
+        for j in range((len(token_ids) - 1) // bs):
             content = block_content(parent, j, self._pack_tokens(*token_ids[j * bs : (j + 1) * bs]), extra)
             h = content_hash(content)
             block = self.allocator.lookup(h, content)
@@ -262,43 +303,35 @@ class BlockManager:
             hashes.append(h)
             found.append(block)
             parent = h
-        num_blocks = self._longest_usable_prefix(found)
-        self.prefix_stats.queried_tokens += len(token_ids)
-        self.prefix_stats.hit_tokens += num_blocks * bs
-        if num_blocks:
-            first_live = self._first_visible_block(num_blocks * bs)
-            table: list[int] = []
-            for j in range(num_blocks):
-                block = found[j]
-                if j < first_live:
-                    table.append(self.null_block)  # type: ignore[arg-type]
-                else:
-                    assert block is not None
-                    self.allocator.acquire_cached(block)
-                    table.append(block)
-            self.block_tables[seq_id] = table
-            self._hashes[seq_id] = hashes[:num_blocks]
-            if first_live:
-                self._released[seq_id] = first_live
-        return num_blocks * bs
+        return hashes, found
+
+    def can_take(self, found: list[int | None], k: int) -> bool:
+        """Whether a sequence can start with the first ``k`` blocks of a lookup: every block its next
+        query sees is cached (under a window, blocks before that window need not be)."""
+        return k <= len(found) and all(block is not None for block in found[self._first_visible_block(k * self.block_size) : k])
+
+    def take_prefix(self, seq_id: int, hashes: list[bytes], found: list[int | None], k: int) -> None:
+        """Give ``seq_id`` (holding no blocks) the first ``k`` blocks of a lookup (see :meth:`can_take`)."""
+        if not k:
+            return
+        first_live = self._first_visible_block(k * self.block_size)
+        table: list[int] = []
+        for j in range(k):
+            block = self.null_block if j < first_live else found[j]
+            assert block is not None
+            if j >= first_live:
+                self.allocator.acquire_cached(block)
+            table.append(block)
+        self.block_tables[seq_id] = table
+        self._hashes[seq_id] = hashes[:k]
+        if first_live:
+            self._released[seq_id] = first_live
 
     def _first_visible_block(self, first_query_position: int) -> int:
         """Index of the first block a query at ``first_query_position`` (or later) can see."""
         if self.sliding_window is None:
             return 0
         return max(0, first_query_position - self.sliding_window + 1) // self.block_size
-
-    def _longest_usable_prefix(self, found: list[int | None]) -> int:
-        """The most leading blocks a sequence can take: every block its next query sees must be cached.
-
-        Without a window that is the run of hits from the start. With one, blocks before the window of
-        the first uncomputed token need not be cached (the sequence never reads them), so the answer is
-        the largest ``k`` whose blocks ``[first visible, k)`` are all hits.
-        """
-        for k in range(len(found), 0, -1):
-            if all(block is not None for block in found[self._first_visible_block(k * self.block_size) : k]):
-                return k
-        return 0
 
     def register_computed(
         self, seq_id: int, token_slice: Callable[[int, int], list[int]], num_computed: int, extra_key: object = None
@@ -317,7 +350,7 @@ class BlockManager:
         full = min(num_computed // bs, len(table))
         if len(hashes) >= full:
             return  # the common decode step: no block became full
-        extra = encode_extra_key(extra_key)
+        extra = encode_extra_key(extra_key if self.group == 0 else (self.group, extra_key))
         parent = hashes[-1] if hashes else ROOT_HASH
         for j in range(len(hashes), full):
             content = block_content(parent, j, self._pack_tokens(*token_slice(j * bs, (j + 1) * bs)), extra)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.graph_capture import GraphCapture
+from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class DecodeGraphs:
         block_size: tokens per KV block.
         device: where the static inputs live.
         sliding_window: the model's attention window, if any.
+        kv_layout: the model's KV groups, if it keeps a block table per group: each group then has its
+            own static slot mapping and block table.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         sliding_window: int | None = None,
+        kv_layout: KVGroupLayout | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -64,6 +68,8 @@ class DecodeGraphs:
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
         self.sliding_window = sliding_window
+        self.kv_layout = kv_layout
+        self.num_groups = len(kv_layout.groups) if kv_layout is not None else 1
         self._query_start = torch.arange(self.buckets[-1] + 1, dtype=torch.int32, device=device)
 
     @torch.inference_mode()
@@ -75,43 +81,46 @@ class DecodeGraphs:
         logger.info("decode graphs: %d buckets up to batch %d captured in %.1f s", len(self.buckets), self.buckets[-1], seconds)
         return seconds
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor | None:
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata | GroupedAttentionMetadata
+    ) -> torch.Tensor | None:
         """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
         step is not a pure decode or does not fit a bucket (the caller then runs it eagerly)."""
-        n = metadata.num_seqs
-        if not metadata.is_pure_decode or input_ids.shape[0] != n or n > self.buckets[-1]:
+        groups = metadata.by_group if isinstance(metadata, GroupedAttentionMetadata) else [metadata]
+        first = groups[0]
+        n = first.num_seqs
+        if not first.is_pure_decode or input_ids.shape[0] != n or n > self.buckets[-1] or len(groups) != self.num_groups:
             return None
-        width = metadata.block_tables.shape[1]
-        if width > self.max_blocks:
+        if any(meta.block_tables.shape[1] > self.max_blocks for meta in groups):
             return None
         bucket = next(b for b in self.buckets if b >= n)
         pad = bucket - n
-        inputs = (
-            F.pad(input_ids, (0, pad)),
-            F.pad(positions, (0, pad)),
-            F.pad(metadata.slot_mapping, (0, pad), value=-1),
-            F.pad(metadata.seq_lens, (0, pad)),
-            F.pad(metadata.block_tables, (0, self.max_blocks - width, 0, pad)),
-        )
+        inputs = [F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(first.seq_lens, (0, pad))]
+        for meta in groups:
+            inputs.append(F.pad(meta.slot_mapping, (0, pad), value=-1))
+            inputs.append(F.pad(meta.block_tables, (0, self.max_blocks - meta.block_tables.shape[1], 0, pad)))
         return self.graphs.run(bucket, *inputs)[:n]
 
     def _make_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         dev = self.device
-        return (
+        inputs = [
             torch.zeros(batch, dtype=torch.int64, device=dev),
             torch.zeros(batch, dtype=torch.int64, device=dev),
-            torch.full((batch,), -1, dtype=torch.int64, device=dev),
             torch.zeros(batch, dtype=torch.int32, device=dev),
-            torch.zeros((batch, self.max_blocks), dtype=torch.int32, device=dev),
-        )
+        ]
+        for _ in range(self.num_groups):  # each group's slot mapping and block table
+            inputs.append(torch.full((batch,), -1, dtype=torch.int64, device=dev))
+            inputs.append(torch.zeros((batch, self.max_blocks), dtype=torch.int32, device=dev))
+        return tuple(inputs)
 
     def _step(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        slot_mapping: torch.Tensor,
         seq_lens: torch.Tensor,
+        slot_mapping: torch.Tensor,
         block_tables: torch.Tensor,
+        *other_groups: torch.Tensor,
     ) -> torch.Tensor:
         batch = input_ids.shape[0]
         # host-side fields describe the bucket, not the data: the graph must not depend on context lengths
@@ -130,4 +139,9 @@ class DecodeGraphs:
             # tells backends to pick launch shapes from the bucket alone (the warm-up runs too)
             graph_capture=True,
         )
-        return self.model.forward(input_ids, positions, self.kv_caches, metadata)
+        if self.kv_layout is None:
+            return self.model.forward(input_ids, positions, self.kv_caches, metadata)
+        grouped = grouped_metadata(
+            metadata, self.kv_layout, [block_tables, *other_groups[1::2]], [slot_mapping, *other_groups[0::2]]
+        )
+        return self.model.forward(input_ids, positions, self.kv_caches, grouped)

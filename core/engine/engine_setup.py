@@ -17,12 +17,14 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import KV_CACHE_DTYPES, EngineConfig
 from engine.decode_graphs import DecodeGraphs
+from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Platform
+from engine.kv_groups import KVGroupLayout, plan_kv_groups
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
 from engine.loader.paths import default_served_name
@@ -81,7 +83,7 @@ class EngineParts:
     eos_token_ids: list[int]
     model: Any
     block_cache: BlockCache
-    block_manager: BlockManager
+    block_manager: BlockManager | HybridBlockManager
     max_model_len: int
     scheduler: Scheduler
     sampler: Sampler
@@ -142,17 +144,30 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     with timed_phase(f"loading the weights of {model_path}", "loaded the weights"):
         model.load_weights(weights)
 
-    block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention)
-    window = model_config.sliding_window
-    block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, window)
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    per_sequence = _blocks_per_sequence(config, window, max_model_len)
-    if per_sequence > block_manager.num_total_blocks:
-        # a sequence must fit the pool alone; under a window it needs only its window's blocks
-        max_model_len = block_manager.num_total_blocks * config.cache.block_size
-    scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks)
+    layout = _kv_group_layout(model)
+    windows = layout.windows if layout is not None else [model_config.sliding_window]
+    block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention, layout)
+    block_manager: BlockManager | HybridBlockManager
+    if layout is None:
+        block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, windows[0])
+    else:
+        block_manager = HybridBlockManager(num_blocks, config.cache.block_size, windows, config.cache.enable_prefix_caching)
+    # a sequence must fit the pool alone; under a window it needs only its window's blocks
+    max_model_len = _longest_fitting_len(
+        config, windows, config.max_model_len or model_config.max_position_embeddings, block_manager.num_total_blocks
+    )
+    # a manager with a table per KV group never swaps: its sequences are recomputed
+    scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks if layout is None else 0)
     sampler = Sampler(eos_token_ids, model_config.vocab_size, ops.greedy_pick)
-    runner = ModelRunner(model, block_cache, block_manager, sampler, device, model_config.sliding_window)
+    runner = ModelRunner(
+        model, block_cache, block_manager, sampler, device, model_config.sliding_window, ops.apply_token_bitmask
+    )
+    if layout is not None:
+        runner.use_kv_groups(layout)
+        logger.info(
+            "KV cache: %d groups of %d layers (windows %s); sliding groups release blocks out of their window",
+            len(layout.groups), layout.slots, ", ".join(str(w or "global") for w in windows),
+        )
     if not isinstance(model, PlatformModelRunner):
         _capture_and_warm_up(config, platform, model_config, runner, max_model_len)
     return EngineParts(
@@ -212,19 +227,47 @@ def _fp8_quantizer(platform_name: str, gemm: GemmBackend, model: object) -> Call
     return quantize_fp8_per_channel
 
 
+def _kv_group_layout(model: object) -> KVGroupLayout | None:
+    """The KV groups of a core model that mixes windows across layers (None: one table per sequence)."""
+    if isinstance(model, PlatformModelRunner) or not getattr(type(model), "supports_kv_groups", False):
+        return None
+    windows = getattr(model, "layer_windows", None)
+    return plan_kv_groups(windows) if windows else None
+
+
+def _longest_fitting_len(config: EngineConfig, windows: list[int | None], max_len: int, num_blocks: int) -> int:
+    """``max_len``, or less if one sequence of that length would need more than ``num_blocks`` blocks."""
+    def need(length: int) -> int:
+        return sum(_blocks_per_sequence(config, window, length) for window in windows)
+
+    if need(max_len) <= num_blocks:
+        return max_len
+    low, high = 1, max_len  # need() grows with the length: the longest that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if need(mid) <= num_blocks else (low, mid - 1)
+    return low
+
+
 def _make_kv_pool(
-    config: EngineConfig, platform: Platform, model_config: ModelConfig, attention: AttentionBackend
+    config: EngineConfig,
+    platform: Platform,
+    model_config: ModelConfig,
+    attention: AttentionBackend,
+    layout: KVGroupLayout | None = None,
 ) -> tuple[BlockCache, int]:
-    """The platform's KV pool, sized from the configured budget, and its number of blocks."""
+    """The platform's KV pool, sized from the configured budget, and its number of blocks (with KV groups,
+    a block spans one group's layers: the pool has ``layout.slots`` layer tensors)."""
     spec = KVCacheSpec(
-        num_layers=model_config.num_layers,
+        num_layers=layout.slots if layout is not None else model_config.num_layers,
         num_kv_heads=model_config.num_kv_heads,
         head_dim=model_config.head_dim,
         block_size=config.cache.block_size,
         dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
     )
     max_len = config.max_model_len or model_config.max_position_embeddings
-    num_blocks = _num_kv_blocks(config, platform, spec, max_len, model_config.sliding_window)
+    windows = layout.windows if layout is not None else [model_config.sliding_window]
+    num_blocks = _num_kv_blocks(config, platform, spec, max_len, windows)
     return platform.make_block_cache(spec, num_blocks, attention), num_blocks
 
 
@@ -244,7 +287,7 @@ def _blocks_per_sequence(config: EngineConfig, window: int | None, max_len: int)
 
 
 def _num_kv_blocks(
-    config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int, window: int | None
+    config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int, windows: list[int | None]
 ) -> int:
     """Blocks in the KV pool: the override, else the memory budget's worth, never more than can be used.
 
@@ -261,7 +304,9 @@ def _num_kv_blocks(
     num_blocks = budget // per_block
     # More blocks than every sequence at full length could use is memory taken for nothing (one more
     # is the null block of a sliding-window model).
-    useful = config.scheduler.max_num_seqs * _blocks_per_sequence(config, window, max_len) + (window is not None)
+    per_sequence = sum(_blocks_per_sequence(config, window, max_len) for window in windows)
+    reserved = any(window is not None for window in windows)
+    useful = config.scheduler.max_num_seqs * per_sequence + reserved
     num_blocks = min(num_blocks, useful)
     if num_blocks < 1:
         raise EngineConfigError(f"the KV cache budget of {budget} bytes is smaller than one block ({per_block} bytes)")
@@ -276,11 +321,11 @@ def _capture_and_warm_up(
     Raises:
         EngineConfigError: the largest step does not fit in the device memory beside the KV cache.
     """
-    model, kv_caches, block_size = runner.model, runner.block_cache.kv_caches, config.cache.block_size
+    model, kv_caches, block_size = runner.model, runner.layer_caches, config.cache.block_size
     if not config.enforce_eager and platform.capabilities().graph_capture:
         runner.decode_graphs = DecodeGraphs(
             model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
-            max_model_len, block_size, runner.device, model_config.sliding_window,
+            max_model_len, block_size, runner.device, model_config.sliding_window, runner.kv_layout,
         )  # fmt: skip
         # DecodeGraphs.capture logs what it captured and how long it took
         logger.info("capturing decode graphs (batches of up to %d sequences)...", config.scheduler.max_num_seqs)
@@ -292,7 +337,9 @@ def _capture_and_warm_up(
         )  # fmt: skip
         try:
             with timed_phase(f"warming up the kernels ({len(batches)} steps of the shapes serving runs)", "warmed up"):
-                run_warm_up(model, kv_caches, batches, block_size, runner.device, model_config.sliding_window)
+                run_warm_up(
+                    model, kv_caches, batches, block_size, runner.device, model_config.sliding_window, runner.kv_layout
+                )
         except torch.OutOfMemoryError as exc:
             # found at start-up rather than by the first long prompt mid-serving
             raise EngineConfigError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from engine.beam_search import BeamSearcher, BeamSearchParams
 from engine.config import EngineConfig
@@ -27,8 +28,13 @@ from engine.plugins.selection import select_platform
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import SampleResult, make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
+from engine.structured_output.backend import StructuredOutputBackend
+from engine.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+
+#: how long an otherwise idle step waits for a grammar to compile before returning (seconds)
+GRAMMAR_WAIT_S = 0.05
 
 __all__ = ["EngineConfigError", "LLMEngine"]
 
@@ -66,6 +72,10 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        #: structured output: compiled grammars and the constrained sequences' matchers
+        self.structured = StructuredOutputManager(self._make_structured_backend)
+        #: constrained requests whose grammar is still compiling, kept out of the scheduler until it is
+        self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         #: the overlapped step whose tokens are still on the device (see :meth:`step`)
         self._in_flight: LaunchedStep | None = None
         self._seq_ids = itertools.count()
@@ -116,7 +126,27 @@ class LLMEngine:
             InvalidRequestError: for an empty prompt, token ids outside the vocabulary, a prompt that
                 (with ``max_tokens``) does not fit the context, or an empty ``cache_salt``.
         """
-        return self.input_processor.validate(prompt, params, cache_salt)
+        token_ids = self.input_processor.validate(prompt, params, cache_salt)
+        self._compile_constraint(params)
+        return token_ids
+
+    def _compile_constraint(self, params: SamplingParams) -> Future | None:
+        """Check a request's structured output now and compile it in the background (None: unconstrained).
+
+        Raises:
+            InvalidRequestError: the constraint is invalid; the message names the problem.
+        """
+        if params.structured_outputs is None:
+            return None
+        try:
+            return self.structured.compile(params.structured_outputs)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param="structured_outputs") from None
+
+    def _make_structured_backend(self) -> StructuredOutputBackend:
+        from engine.structured_output.xgrammar_backend import XgrammarBackend
+
+        return XgrammarBackend(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids)
 
     def add_request(
         self,
@@ -171,8 +201,42 @@ class LLMEngine:
         # done (copy-on-write on the shared last block), and sample their first token from its logits.
         first, *siblings = request.sequences
         first.pending_forks = siblings
-        self.scheduler.add(first)
         self.requests[request_id] = request
+        grammar = self._compile_constraint(params)
+        if grammar is not None:
+            # it waits here, not in the scheduler, so the other requests run while its grammar compiles;
+            # the next step queues it once it is (at once for a grammar compiled before)
+            self._awaiting_grammar[request_id] = (request, grammar)
+            return
+        self.scheduler.add(first)
+
+    def _admit_compiled(self) -> list[Request]:
+        """Queue the requests whose grammar compiled; end those whose compilation failed.
+
+        Returns:
+            The requests ended (finish reason ``"abort"``); their outputs go out with this step's.
+        """
+        if not self._awaiting_grammar:
+            return []
+        if not self.scheduler.has_work() and self._in_flight is None and not self.beams.groups:
+            # nothing else to run: wait a little for a grammar rather than spin
+            wait([f for _, f in self._awaiting_grammar.values()], GRAMMAR_WAIT_S, FIRST_COMPLETED)
+        failed = []
+        for request_id, (request, grammar) in list(self._awaiting_grammar.items()):
+            if not grammar.done():
+                continue
+            del self._awaiting_grammar[request_id]
+            try:
+                self.structured.start(request.sequences, grammar.result())
+            except ValueError as exc:
+                logger.error("request %s: its grammar failed to compile: %s", request_id, exc)
+                for seq in request.sequences:
+                    seq.status = SequenceStatus.FINISHED
+                    self.output_processor.state(seq).finish_reason = "abort"
+                failed.append(request)
+                continue
+            self.scheduler.add(request.sequences[0])
+        return failed
 
     def _admit(self, num_seqs: int, what: str) -> None:
         """Check a request of ``num_seqs`` sequences against the waiting queue's limit.
@@ -202,10 +266,12 @@ class LLMEngine:
             request = self.requests.pop(rid, None)
             if request is None:
                 continue
+            self._awaiting_grammar.pop(rid, None)
             for seq in request.sequences:
                 if not seq.is_finished:
                     self.scheduler.remove(seq)
                     seq.status = SequenceStatus.FINISHED
+            self.structured.release(request.sequences)
             # nothing reports on it any more: its output state goes with it
             self.output_processor.release(request)
 
@@ -219,15 +285,17 @@ class LLMEngine:
         only then reads them back, so the host's work overlaps the device's. Outputs then arrive one
         call later; the tokens are the same.
         """
+        failed = self._admit_compiled()
         plan = self.scheduler.schedule()
         previous, self._in_flight = self._in_flight, None
         launched = None
         if not plan.is_empty:
             overlap = self.config.scheduler.async_scheduling and not self.beams.groups
             launched = self.runner.launch(
-                plan, self.generator, previous, overlap=overlap, generator_of=self.output_processor.generator_of
-            )
-        touched: dict[str, Request] = {}
+                plan, self.generator, previous, overlap=overlap, generator_of=self.output_processor.generator_of,
+                token_bitmask=self.structured.fill_bitmask if self.structured.num_matchers else None,
+            )  # fmt: skip
+        touched: dict[str, Request] = {r.request_id: r for r in failed}
         if previous is not None:
             self._take_samples(previous, touched)
         if launched is not None:
@@ -280,10 +348,13 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, result: SampleResult, i: int) -> None:
         """Give ``seq`` the token of row ``i``; once output processing finds it finished, free its blocks."""
-        seq.output_token_ids.append(result.token_ids[i])
-        if self.output_processor.process_token(seq, result, i):
+        token = result.token_ids[i]
+        seq.output_token_ids.append(token)
+        grammar_ended = self.structured.constrains(seq) and self.structured.accept(seq, token)
+        if self.output_processor.process_token(seq, result, i, grammar_ended):
             seq.status = SequenceStatus.FINISHED
             self.scheduler.remove(seq)
+            self.structured.release((seq,))
 
     def stats(self) -> dict[str, int | float]:
         """Counters for the server's metrics."""

@@ -11,9 +11,12 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.decode_graphs import DecodeGraphs
+from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
+from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
+from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow, greedy_result
 from engine.scheduler import SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence
@@ -25,7 +28,8 @@ class StepInputs:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    metadata: AttentionMetadata
+    #: one metadata, or one per KV group for a model with groups
+    metadata: AttentionMetadata | GroupedAttentionMetadata
     logits_indices: torch.Tensor
     #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
     #: siblings waiting to fork from it (they sample their first token from the same logits)
@@ -75,16 +79,18 @@ class ModelRunner:
         sampler: turns logits into tokens.
         device: where input tensors go.
         sliding_window: the model's attention window, if any.
+        apply_token_bitmask: the op table's token mask for structured output (the core's when None).
     """
 
     def __init__(
         self,
         model: object,
         block_cache: BlockCache,
-        block_manager: BlockManager,
+        block_manager: BlockManager | HybridBlockManager,
         sampler: Sampler,
         device: torch.device,
         sliding_window: int | None = None,
+        apply_token_bitmask: Callable[..., None] | None = None,
     ) -> None:
         self.model = model
         self.block_cache = block_cache
@@ -92,21 +98,37 @@ class ModelRunner:
         self.sampler = sampler
         self.device = device
         self.sliding_window = sliding_window
+        #: the model's KV groups (None: one table per sequence); set with :meth:`use_kv_groups`
+        self.kv_layout: KVGroupLayout | None = None
+        self.apply_token_bitmask = apply_token_bitmask or reference_apply_token_bitmask
         #: set by the engine when the platform records graphs: pure-decode steps replay through it
         self.decode_graphs: DecodeGraphs | None = None
+
+    @property
+    def layer_caches(self) -> list[Any]:
+        """Each layer's KV cache tensor (with KV groups, layers of different groups share tensors)."""
+        caches = self.block_cache.kv_caches
+        return caches if self.kv_layout is None else self.kv_layout.layer_caches(caches)
+
+    def use_kv_groups(self, layout: KVGroupLayout) -> None:
+        """Run the model with one block table per KV group (the block manager must keep them)."""
+        if len(self.block_manager.groups) != len(layout.groups):
+            raise ValueError(f"the block manager keeps {len(self.block_manager.groups)} groups, the layout has {len(layout.groups)}")
+        self.kv_layout = layout
 
     def prepare(self, step: SchedulerOutput, previous: LaunchedStep | None = None) -> StepInputs:
         # Host work here is per sequence and per step, so at a few hundred sequences it competes with the
         # GPU's step time: one-token rows (decodes) take a short path, and tensors cross in two copies.
         bm = self.block_manager
         bs = bm.block_size
-        block_tables = bm.block_tables
+        # one table (and one slot per new token) per KV group; models without groups have one
+        group_tables = [group.block_tables for group in bm.groups]
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        slots: list[list[int]] = [[] for _ in group_tables]
         query_lens: list[int] = []
         seq_lens: list[int] = []
-        tables: list[list[int]] = []
+        tables: list[list[list[int]]] = [[] for _ in group_tables]
         logits_indices: list[int] = []
         targets: list[Sequence] = []
         # rows whose input is the previous (overlapped) step's sample, still only on the device
@@ -116,8 +138,9 @@ class ModelRunner:
         for item in step.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
-            table = block_tables[seq.seq_id]
-            tables.append(table)
+            seq_tables = [by_seq[seq.seq_id] for by_seq in group_tables]
+            for rows, table in zip(tables, seq_tables):
+                rows.append(table)
             query_lens.append(n)
             if n == 1:
                 prompt_len = len(seq.prompt_token_ids)
@@ -130,20 +153,23 @@ class ModelRunner:
                     token = 0
                 input_ids.append(token)
                 positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
+                block_idx, within = divmod(start, bs)
+                for out, table in zip(slots, seq_tables):
+                    out.append(table[block_idx] * bs + within)
                 seq_lens.append(start + 1)
             else:
                 end = start + n
                 input_ids.extend(seq.token_slice(start, end))
                 positions.extend(range(start, end))
-                # slots block by block rather than token by token: a long prefill is a few list extends
-                pos = start
-                while pos < end:
-                    block_idx, within = divmod(pos, bs)
-                    run = min(bs - within, end - pos)
-                    base = table[block_idx] * bs + within
-                    slots.extend(range(base, base + run))
-                    pos += run
+                for out, table in zip(slots, seq_tables):
+                    # slots block by block rather than token by token: a long prefill is a few list extends
+                    pos = start
+                    while pos < end:
+                        block_idx, within = divmod(pos, bs)
+                        run = min(bs - within, end - pos)
+                        base = table[block_idx] * bs + within
+                        out.extend(range(base, base + run))
+                        pos += run
                 seq_lens.append(end)
             offset += n
             if item.samples:
@@ -155,27 +181,31 @@ class ModelRunner:
         qsl = [0]
         for q in query_lens:
             qsl.append(qsl[-1] + q)
-        width = max(len(t) for t in tables)
-        padded_tables = chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in tables)
+        widths = [max(len(t) for t in rows) for rows in tables]
+        padded_tables = [
+            chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in rows)
+            for rows, width in zip(tables, widths)
+        ]
         # Everything crosses in one int64 transfer (each copy is a fixed cost that batch-1 decode pays
         # every token); the int32 fields are cast on the device.
-        parts = (input_ids, positions, slots, logits_indices, qsl, seq_lens, fill_rows, fill_from)
-        sizes = [len(p) for p in parts] + [len(tables) * width]
-        packed = torch.tensor(list(chain(*parts, padded_tables)), dtype=torch.int64)
+        parts = (input_ids, positions, logits_indices, qsl, seq_lens, fill_rows, fill_from, *slots)
+        sizes = [len(p) for p in parts] + [len(query_lens) * width for width in widths]
+        packed = torch.tensor(list(chain(*parts, *padded_tables)), dtype=torch.int64)
         if self.device.type != "cpu":
             # from pageable memory the copy would wait for the step in flight; pinned, it queues behind it
             packed = packed.pin_memory()
         packed = packed.to(self.device, non_blocking=True)
-        ids_t, pos_t, slots_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, tables_t = packed.split(sizes)
+        ids_t, pos_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, *rest = packed.split(sizes)
+        slots_t, tables_t = rest[: len(slots)], rest[len(slots) :]
         if fill_rows:
             assert previous is not None and previous.token_ids is not None
             ids_t[fill_rows_t] = previous.token_ids[fill_from_t]
-        table_tensor = tables_t.view(len(tables), width).to(torch.int32)
-        metadata = AttentionMetadata(
+        table_tensors = [t.view(len(query_lens), width).to(torch.int32) for t, width in zip(tables_t, widths)]
+        metadata: AttentionMetadata | GroupedAttentionMetadata = AttentionMetadata(
             query_start_loc=qsl_t.to(torch.int32),
             seq_lens=seq_lens_t.to(torch.int32),
-            block_tables=table_tensor,
-            slot_mapping=slots_t,
+            block_tables=table_tensors[0],
+            slot_mapping=slots_t[0],
             query_lens_cpu=query_lens,
             seq_lens_cpu=seq_lens,
             max_query_len=max(query_lens),
@@ -184,6 +214,8 @@ class ModelRunner:
             scale=self.model.scale,
             sliding_window=self.sliding_window,
         )
+        if self.kv_layout is not None:
+            metadata = grouped_metadata(metadata, self.kv_layout, table_tensors, slots_t)
         return StepInputs(
             input_ids=ids_t,
             positions=pos_t,
@@ -200,6 +232,7 @@ class ModelRunner:
         previous: LaunchedStep | None = None,
         overlap: bool = False,
         generator_of: Callable[[Sequence], torch.Generator | None] | None = None,
+        token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None] | None = None,
     ) -> LaunchedStep:
         """Issue the step to the device.
 
@@ -211,6 +244,9 @@ class ModelRunner:
                 without host-side processing); otherwise the step is read back before returning.
             generator_of: a sequence's own generator (its request has a seed) or None; None: no
                 sequence has one.
+            token_bitmask: fills the host bitmask of the sampled rows (structured output): returns it
+                with the constrained rows, or None when no row is constrained. It is called once the
+                forward is issued, so on an asynchronous device the host fills it meanwhile.
 
         Returns:
             The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
@@ -233,13 +269,22 @@ class ModelRunner:
             if self.decode_graphs is not None:
                 hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
             if hidden is None:
-                hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+                hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
             if not inputs.sample_targets:
                 return LaunchedStep([])
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
+        mask = token_bitmask(targets) if token_bitmask is not None else None
+        raw_logits = None
+        if mask is not None:
+            # a masked row's next token depends on the host's matcher: never left in flight
+            overlap = False
+            raw_logits, logits = logits, logits.clone()
+            bitmask, masked_rows = mask
+            indices = torch.tensor(masked_rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+            self.apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True), indices)
         if overlap and self._can_overlap(targets, rows):
             token_ids, logprobs = self.sampler.greedy_on_device(logits)
             both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
@@ -251,7 +296,8 @@ class ModelRunner:
         if not self.sampler.runs_on_any_device(rows):
             # seeded and processed rows sample with host generators and host-side bookkeeping
             logits = logits.cpu()
-        return LaunchedStep(targets, result=self.sampler(logits, rows, generator))
+            raw_logits = raw_logits.cpu() if raw_logits is not None else None
+        return LaunchedStep(targets, result=self.sampler(logits, rows, generator, raw_logits))
 
     def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow]) -> bool:
         """Rows that need nothing from the host to sample: greedy, unprocessed, no top logprobs, no forks."""
@@ -267,10 +313,11 @@ class ModelRunner:
         inputs = self.prepare(step)
         if isinstance(self.model, PlatformModelRunner):
             return self._platform_logits(inputs, torch.arange(inputs.input_ids.shape[0]))
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.block_cache.kv_caches, inputs.metadata)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
         return self.model.compute_logits(hidden).cpu()
 
     def _platform_logits(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
+        assert isinstance(inputs.metadata, AttentionMetadata), "a platform-run model has no KV groups"
         step = FlatStep.from_step_tensors(inputs.input_ids, inputs.positions, inputs.metadata, logits_indices)
         return self.model.compute_logits(step, self.block_cache)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.output.detokenizer import IncrementalDetokenizer
 from engine.output.state import SequenceOutputState
-from engine.output.stop import StopChecker
+from engine.output.stop import StopChecker, StopDecision
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sampling.sampler import SampleResult, make_generator
 
@@ -72,12 +72,13 @@ class OutputProcessor:
         state = self._states.get(seq.seq_id)
         return state.generator if state is not None else None
 
-    def process_token(self, seq: Sequence, result: SampleResult, i: int) -> bool:
+    def process_token(self, seq: Sequence, result: SampleResult, i: int, grammar_ended: bool = False) -> bool:
         """Record the token of row ``i`` of ``result``, already appended to ``seq.output_token_ids``.
 
         Adds its logprob (and the logprob entry, when asked for), decodes its text (unless the text is
         deferred) and checks the stop conditions; when they end the sequence, fixes its final text and
-        finish reason.
+        finish reason. ``grammar_ended``: the sequence's grammar took its stop token (structured
+        output), which ends it with ``"stop"`` even where the stop conditions would not (``ignore_eos``).
 
         Returns:
             Whether the sequence is finished (the caller then marks it so and frees its blocks).
@@ -90,6 +91,10 @@ class OutputProcessor:
         new_text = "" if state.defer_text else state.detokenizer.step(token)
         state.text += new_text
         decision = state.stop_checker.check(seq.output_token_ids, seq.num_tokens, state.text, len(new_text))
+        if decision is None and grammar_ended:
+            # the stop token's text is cut as an EOS's is
+            keep = seq.params.include_stop_str_in_output or state.defer_text
+            decision = StopDecision("stop", None, None if keep else len(state.text) - len(new_text))
         if decision is None:
             return False
         if state.defer_text:

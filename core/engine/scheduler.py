@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.block_allocator import BlockAllocator
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.hybrid_block_manager import HybridBlockManager
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -158,19 +159,25 @@ class Scheduler(SchedulerInterface):
 
     Args:
         config: token budget, sequence limit, aging, preemption mode.
-        block_manager: the KV block bookkeeping shared with the engine.
+        block_manager: the KV block bookkeeping shared with the engine (one table per sequence, or one per
+            KV group: such a manager never swaps).
         num_host_blocks: size of the platform's host swap pool; 0 means preemption always recomputes.
     """
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_host_blocks: int = 0) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager | HybridBlockManager, num_host_blocks: int = 0
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         use_swap = config.preemption_mode != "recompute" and num_host_blocks > 0
+        if config.preemption_mode == "swap" and isinstance(block_manager, HybridBlockManager):
+            raise ValueError("preemption_mode='swap' is not supported for models mixing sliding-window and global layers")
         if config.preemption_mode == "swap" and not use_swap:
             raise ValueError("preemption_mode='swap' needs a platform block cache that supports swapping")
+        use_swap = use_swap and isinstance(block_manager, BlockManager)
         self.host_allocator = BlockAllocator(num_host_blocks) if use_swap else None
         #: per swapped-out sequence, the host block of each table entry (None: released out of the window)
         self.host_tables: dict[int, list[int | None]] = {}
@@ -232,7 +239,7 @@ class Scheduler(SchedulerInterface):
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         order = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.priority, s.arrival))
-        windowed = bm.sliding_window is not None
+        windowed = bm.releases_blocks
         for seq in order:
             if budget <= 0:
                 break
@@ -256,9 +263,7 @@ class Scheduler(SchedulerInterface):
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            copy = bm.copy_on_write(seq.seq_id, start)
-            if copy is not None:
-                out.copies.append(copy)
+            out.copies.extend(bm.copies_for_write(seq.seq_id, start))
             bm.allocate(seq.seq_id, start + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             scheduled.add(seq.seq_id)
@@ -299,16 +304,16 @@ class Scheduler(SchedulerInterface):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
-        table = self.block_manager.block_tables.get(seq.seq_id, [])
-        null = self.block_manager.null_block
-        live = [block for block in table if block != null]
         host = self.host_allocator
+        bm = self.block_manager
+        table = bm.block_tables.get(seq.seq_id, []) if host is not None and isinstance(bm, BlockManager) else []
+        live = [block for block in table if block != bm.null_block]
         if host is not None and 0 < len(live) <= host.num_free_blocks:
             # entries released out of a sliding window stay released: only live blocks travel
-            host_table = [None if block == null else host.allocate() for block in table]
+            host_table = [None if block == bm.null_block else host.allocate() for block in table]
             out.swap_out.extend((d, h) for d, h in zip(table, host_table) if h is not None)
             self.host_tables[seq.seq_id] = host_table
-            self.block_manager.free(seq.seq_id)
+            bm.free(seq.seq_id)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)
             self.num_swaps_out += 1

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.interfaces.attention import AttentionMetadata
+from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def run_warm_up(
     block_size: int,
     device: torch.device,
     sliding_window: int | None = None,
+    kv_layout: KVGroupLayout | None = None,
 ) -> float:
     """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
 
@@ -107,17 +109,22 @@ def run_warm_up(
         block_size: tokens per KV block.
         device: where the inputs go.
         sliding_window: the model's attention window, if any.
+        kv_layout: the model's KV groups, if it keeps a block table per group.
     """
     start = time.perf_counter()
     for batch in batches:
-        metadata = _metadata(batch, block_size, model.scale, sliding_window, device)
+        metadata: AttentionMetadata | GroupedAttentionMetadata = _metadata(batch, block_size, model.scale, sliding_window, device)
+        if kv_layout is not None:
+            n = len(kv_layout.groups)
+            metadata = grouped_metadata(metadata, kv_layout, [metadata.block_tables] * n, [metadata.slot_mapping] * n)
         positions = torch.cat([
             torch.arange(s - n, s, dtype=torch.int64) for n, s in zip(batch.query_lens, batch.seq_lens, strict=True)
         ]).to(device)
         # token ids cycle through a small range that every vocabulary has
         input_ids = positions % 97
         hidden = model.forward(input_ids, positions, kv_caches, metadata)
-        last = metadata.query_start_loc[1:].to(torch.int64) - 1
+        first = metadata.primary if isinstance(metadata, GroupedAttentionMetadata) else metadata
+        last = first.query_start_loc[1:].to(torch.int64) - 1
         # reading the logits back waits for the step on any device: the time below is the real one
         model.compute_logits(hidden.index_select(0, last)).cpu()
     seconds = time.perf_counter() - start

@@ -253,3 +253,21 @@ def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     centred = xf - xf.mean(-1, keepdim=True)
     out = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight.to(F64)
     return out if bias is None else out + bias.to(F64)
+
+
+def ref_apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+    """The logits in float64 with every token the bitmask disallows at ``-inf`` (a new tensor).
+
+    Bit ``c % 32`` of word ``c // 32`` allows column ``c``; columns past the bitmask's ``32 * words``
+    are disallowed; only the rows in ``indices`` (all when None) are masked.
+    """
+    out = logits.to(F64).cpu().clone()
+    words = bitmask.cpu().to(torch.int64) & 0xFFFFFFFF  # the unsigned word, so shifts need no sign care
+    cols = torch.arange(out.shape[1])
+    covered = cols < 32 * words.shape[1]
+    word_of = cols.clamp(max=32 * words.shape[1] - 1) // 32
+    rows = range(out.shape[0]) if indices is None else indices.cpu().tolist()
+    for r in rows:
+        allowed = ((words[r, word_of] >> (cols % 32)) & 1).bool() & covered
+        out[r, ~allowed] = float("-inf")
+    return out

@@ -130,6 +130,35 @@ def argmax_with_logprob(raw_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch
     return token_ids, raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
 
 
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None) -> None:
+    """Set the logits of the tokens a bitmask disallows to ``-inf``, in place (structured output).
+
+    The bitmask is packed as xgrammar packs it: bit ``j`` (least significant first) of word ``w`` of a
+    row allows token ``32 * w + j``. Columns at or past ``32 * words`` (the padding of a logits width
+    wider than the vocabulary) are disallowed, so they can never be sampled.
+
+    Args:
+        logits: float ``[rows, width]``, changed in place.
+        bitmask: int32 ``[rows, words]`` on the logits' device; row ``i`` masks logits row ``i``.
+        indices: int64 rows to mask (on the logits' device); None masks every row.
+    """
+    rows = indices if indices is not None else torch.arange(logits.shape[0], device=logits.device)
+    if rows.numel() == 0:
+        return
+    allowed = unpack_token_bitmask(bitmask.index_select(0, rows), logits.shape[1])
+    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(~allowed, float("-inf")))
+
+
+def unpack_token_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """bool ``[rows, width]`` from an int32 ``[rows, words]`` bitmask (see :func:`apply_token_bitmask`)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    # arithmetic shifts of negative words fill with sign bits, but ``& 1`` keeps only the bit asked for
+    bits = ((bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    if bits.shape[1] >= width:
+        return bits[:, :width]
+    return torch.nn.functional.pad(bits, (0, width - bits.shape[1]), value=False)
+
+
 @dataclass(frozen=True, slots=True)
 class OpTable:
     """The op implementations a model calls; start from :func:`reference_ops` and override by name."""
@@ -143,6 +172,7 @@ class OpTable:
     silu_and_mul_fp8: Callable[..., RowQuantizedActivations]
     greedy_pick: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     layer_norm: Callable[..., torch.Tensor]
+    apply_token_bitmask: Callable[..., None]
 
     def with_overrides(self, overrides: dict[str, Callable]) -> OpTable:
         """A copy with some ops replaced.
@@ -163,7 +193,8 @@ CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and
 #: row-quantized inputs) and the greedy pick of an overlapped decode step; new ops go last, so the
 #: conformance seeds of the earlier ones (drawn from their index here) stay put
 OP_NAMES = (
-    *CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul", "layer_norm"
+    *CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul", "layer_norm",
+    "apply_token_bitmask",
 )
 
 
@@ -179,4 +210,5 @@ def reference_ops() -> OpTable:
         silu_and_mul_fp8=silu_and_mul_fp8,
         greedy_pick=greedy_pick,
         layer_norm=layer_norm,
+        apply_token_bitmask=apply_token_bitmask,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.structured_output.params import StructuredOutputsParams
+
 #: the seeds a generator takes: any 64-bit integer, signed or not (a negative seed counts modulo 2**64)
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
@@ -33,6 +35,8 @@ class SamplingParams(BaseModel):
         include_stop_str_in_output: keep the matched stop string in the text.
         logprobs: also return this many most likely tokens' logprobs per step (0: just the sampled one).
         skip_special_tokens: leave special tokens out of the text.
+        structured_outputs: constrain the output to a JSON schema, a regex, a choice or a grammar
+            (exactly one; see :class:`StructuredOutputsParams`).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -55,6 +59,7 @@ class SamplingParams(BaseModel):
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     @field_validator("top_p")
     @classmethod

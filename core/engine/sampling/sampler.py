@@ -4,9 +4,10 @@ Logprobs, ranks and top logprobs are always taken from ``log_softmax`` of the *r
 logit bias, penalties, temperature or truncation: they report what the model thinks, which is what
 OpenAI-style clients expect, and they stay comparable across requests with different sampling settings.
 
-Processing order for a row: logit bias, min_tokens suppression of EOS and stop tokens, repetition penalty
-(prompt + output), presence and frequency penalties (output), then either argmax (greedy) or temperature,
-top-k, top-p, min-p and a draw.
+A structured-output row arrives with its disallowed tokens' logits at ``-inf`` (the runner masks them and
+keeps the raw logits for the logprobs). Processing order for a row: logit bias, min_tokens suppression of
+EOS and stop tokens, repetition penalty (prompt + output), presence and frequency penalties (output), then
+either argmax (greedy) or temperature, top-k, top-p, min-p and a draw.
 """
 
 from __future__ import annotations
@@ -110,7 +111,11 @@ class Sampler:
         self._greedy_pick = greedy_pick or reference_greedy_pick
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None = None
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        generator: torch.Generator | None = None,
+        raw_logits: torch.Tensor | None = None,
     ) -> SampleResult:
         """Sample one token per row.
 
@@ -118,6 +123,8 @@ class Sampler:
             logits: ``[len(rows), width]`` with ``width >= vocab_size``; extra columns are padding.
             rows: per row settings and history, in the order of the logits rows.
             generator: the engine's generator for rows without a seed (None: torch's default).
+            raw_logits: the model's logits when ``logits`` were masked (structured output): the pick
+                uses ``logits``, the reported logprobs and ranks these; None: ``logits`` are raw.
 
         Returns:
             The sampled tokens with their raw logprobs, ranks and requested top logprobs.
@@ -135,13 +142,16 @@ class Sampler:
         if not rows:
             return SampleResult([], [], [], [])
         logits = logits[:, : self.vocab_size].float()
+        raw = logits if raw_logits is None else raw_logits[:, : self.vocab_size].float()
 
         if self.runs_on_any_device(rows):
-            return self._greedy_fast_path(logits, rows)
-
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        processed = self._process(logits, rows) if any(_needs_processing(r) for r in rows) else logits
-        token_ids = self._pick(processed, rows, generator)
+            if raw_logits is None:
+                return self._greedy_fast_path(logits, rows)
+            token_ids = logits.argmax(dim=-1)
+        else:
+            processed = self._process(logits, rows) if any(_needs_processing(r) for r in rows) else logits
+            token_ids = self._pick(processed, rows, generator)
+        raw_logprobs = torch.log_softmax(raw, dim=-1)
         sampled_logprobs = raw_logprobs.gather(1, token_ids.unsqueeze(1))
         ranks = (raw_logprobs > sampled_logprobs).sum(dim=-1) + 1
         return SampleResult(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine_plugin_cpu.token_bitmask import apply_token_bitmask
 from engine_plugin_sdk import silu_and_mul
 
 if TYPE_CHECKING:
@@ -131,9 +132,11 @@ def cpu_op_overrides(native: NativeKernels | None = None) -> dict[str, Callable[
             "fused_add_rms_norm": ops.fused_add_rms_norm,
             "rotary_embedding": ops.rotary_embedding,
             "silu_and_mul": ops.silu_and_mul,
+            "apply_token_bitmask": apply_token_bitmask,
         }
     return {
         "rms_norm": rms_norm,
         "fused_add_rms_norm": fused_add_rms_norm,
         "rotary_embedding": rotary_embedding,
+        "apply_token_bitmask": apply_token_bitmask,
     }

@@ -18,6 +18,7 @@ import torch
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.ops import OpTable
+from engine.kv_groups import GroupedAttentionMetadata
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.layers.blocks import DecoderLayer, LayerLoader
@@ -39,6 +40,8 @@ class DenseDecoder(CausalLM):
         device: where tensors live.
     """
 
+    #: the forward takes one metadata per KV group, so interleaved windows free memory (engine.kv_groups)
+    supports_kv_groups: ClassVar[bool] = True
     #: ``tie_word_embeddings`` when a config.json leaves it out (the HF config class's default)
     tie_embeddings_default: ClassVar[bool] = False
 
@@ -79,7 +82,8 @@ class DenseDecoder(CausalLM):
         """The architecture's :class:`DecoderSpec` for ``config``.
 
         Args:
-            config: the model config (``hf_config`` holds the raw keys; empty for GGUF files).
+            config: the model config (``hf_config`` holds the raw keys, or those a GGUF file's metadata
+                stands for).
 
         Returns:
             The spec.
@@ -176,15 +180,24 @@ class DenseDecoder(CausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[Any],
-        metadata: AttentionMetadata,
+        metadata: AttentionMetadata | GroupedAttentionMetadata,
     ) -> torch.Tensor:
-        """Hidden states ``[num_tokens, hidden]`` after the final norm, for a flat batch of tokens."""
+        """Hidden states ``[num_tokens, hidden]`` after the final norm, for a flat batch of tokens.
+
+        ``metadata`` is one per KV group when the engine keeps a table per group (see
+        :mod:`engine.kv_groups`; :attr:`supports_kv_groups`), and ``kv_caches`` then holds each layer's
+        tensor of the shared pool."""
         ops, eps = self.ops, self.config.rms_norm_eps
         hidden = self.embed_tokens.index_select(0, input_ids)
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
+        if isinstance(metadata, GroupedAttentionMetadata):
+            # one table per KV group: each layer attends with its group's tables and window
+            layer_metadata = metadata.for_layers(self.spec.attn_soft_cap)
+            metadata = metadata.primary
+        else:
+            layer_metadata = self._layer_metadata(metadata)
         tables = [rotary.step_table(positions, metadata) for rotary in self.rotaries]
-        layer_metadata = self._layer_metadata(metadata)
         residual: torch.Tensor | None = None
         for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
             hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)

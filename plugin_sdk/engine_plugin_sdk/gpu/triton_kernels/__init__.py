@@ -24,11 +24,13 @@ from engine_plugin_sdk.gpu.triton_kernels.launchers import (
     silu_and_mul,
     write_kv,
 )
+from engine_plugin_sdk.gpu.triton_kernels.token_bitmask import apply_token_bitmask
 
 __all__ = [
     "INTERPRETER_TUNING",
     "AttentionTiles",
     "KernelTuning",
+    "apply_token_bitmask",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",
     "layer_norm",

@@ -1,0 +1,108 @@
+"""The structured-output backend contract: constraints compiled to grammars, and one matcher per sequence."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from engine.structured_output.params import GrammarSpec
+
+
+class GrammarMatcher(ABC):
+    """One sequence's position in a compiled grammar: which tokens may come next, and when it is done."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one sampled token.
+
+        Args:
+            token_id: the token the sequence generated.
+
+        Returns:
+            Whether the grammar accepted it (on False the state is unchanged).
+        """
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> bool:
+        """Advance by several tokens, all or none.
+
+        Args:
+            token_ids: the tokens, in order.
+
+        Returns:
+            Whether every token was accepted; on False the matcher is back where it started.
+        """
+        for done, token_id in enumerate(token_ids):
+            if not self.accept_token(token_id):
+                if done:
+                    self.rollback(done)
+                return False
+        return True
+
+    @abstractmethod
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into row ``row`` of ``bitmask``.
+
+        Args:
+            bitmask: host int32 ``[rows, words]``; bit ``j`` of word ``w`` allows token ``32 * w + j``.
+            row: the row to fill (the others are left alone).
+        """
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """Whether the grammar is complete and its stop token was accepted: nothing may follow."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens.
+
+        Raises:
+            ValueError: for more tokens than were accepted.
+        """
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the grammar's start, as if no token had been accepted."""
+
+
+class StructuredOutputBackend(ABC):
+    """Compiles constraints for one model's vocabulary and makes matchers on the compiled grammars.
+
+    ``parse`` and ``compile`` may run on worker threads at the same time; ``make_matcher`` and the
+    matchers run on the engine's thread.
+    """
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """The tokens a bitmask row covers: the model's vocabulary (its logits without padding)."""
+
+    @property
+    def bitmask_words(self) -> int:
+        """int32 words per bitmask row."""
+        return -(-self.vocab_size // 32)
+
+    @abstractmethod
+    def parse(self, spec: GrammarSpec) -> object:
+        """Check a constraint and turn it into the backend's grammar (fast: no token masks yet).
+
+        Raises:
+            ValueError: the constraint is invalid (the message names the problem).
+        """
+
+    @abstractmethod
+    def compile(self, grammar: object) -> object:
+        """Compile a parsed grammar against the vocabulary (slow: token masks; run on a worker thread).
+
+        Raises:
+            ValueError: the grammar cannot be compiled.
+        """
+
+    @abstractmethod
+    def make_matcher(self, compiled: object) -> GrammarMatcher:
+        """A fresh matcher at the start of a compiled grammar."""
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        """A host int32 ``[rows, bitmask_words]`` bitmask, every token allowed."""
+        return torch.full((rows, self.bitmask_words), -1, dtype=torch.int32)

@@ -1,0 +1,141 @@
+"""An engine's structured output: compiled grammars (cached, compiled off the engine's thread), one
+matcher per constrained sequence, and each step's bitmask."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
+from engine.structured_output.params import GrammarSpec, StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class StructuredOutputManager:
+    """Compiles requests' constraints and keeps their sequences' matchers.
+
+    The backend is built on the first constrained request (reading the vocabulary costs a fraction of a
+    second that engines serving no such request never pay); so is the pool of compile threads.
+
+    Args:
+        make_backend: builds the backend for the engine's model and tokenizer.
+        max_workers: grammars compiled at the same time.
+        cache_size: compiled grammars kept, least recently used dropped first.
+    """
+
+    def __init__(
+        self, make_backend: Callable[[], StructuredOutputBackend], max_workers: int = 2, cache_size: int = 256
+    ) -> None:
+        self._make_backend = make_backend
+        self._max_workers = max_workers
+        self._cache_size = cache_size
+        # the HTTP layer may validate requests on worker threads while the engine's thread steps
+        self._lock = threading.Lock()
+        self._backend: StructuredOutputBackend | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiled: OrderedDict[GrammarSpec, Future] = OrderedDict()
+        self._matchers: dict[int, GrammarMatcher] = {}
+
+    @property
+    def backend(self) -> StructuredOutputBackend:
+        with self._lock:
+            if self._backend is None:
+                self._backend = self._make_backend()
+            return self._backend
+
+    def compile(self, params: StructuredOutputsParams) -> Future:
+        """Check a constraint now and compile it in the background (once per distinct constraint).
+
+        Returns:
+            A future of the compiled grammar.
+
+        Raises:
+            ValueError: the constraint is invalid (or an earlier compilation of it failed); the message
+                names the problem.
+        """
+        spec = params.spec()
+        with self._lock:
+            future = self._compiled.get(spec)
+            if future is not None:
+                self._compiled.move_to_end(spec)
+        if future is None:
+            backend = self.backend
+            grammar = backend.parse(spec)  # syntax errors surface here, before the request is queued
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="grammar-compile")
+                future = self._compiled.get(spec) or self._pool.submit(backend.compile, grammar)
+                self._compiled[spec] = future
+                while len(self._compiled) > self._cache_size:
+                    self._compiled.popitem(last=False)  # a request still waiting on it holds its future
+        if future.done() and future.exception() is not None:
+            raise ValueError(str(future.exception()))
+        return future
+
+    def start(self, sequences: Iterable[Sequence], compiled: object) -> None:
+        """Give each sequence its own matcher at the grammar's start (``n > 1`` siblings diverge)."""
+        backend = self.backend
+        for seq in sequences:
+            self._matchers[seq.seq_id] = backend.make_matcher(compiled)
+
+    def constrains(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._matchers
+
+    @property
+    def num_matchers(self) -> int:
+        """Sequences holding a matcher (tests check that finished requests hold none)."""
+        return len(self._matchers)
+
+    def fill_bitmask(self, targets: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
+        """The bitmask of a step's sampled rows: filled for the constrained rows, which are returned too.
+
+        Args:
+            targets: the sequence of each logits row.
+
+        Returns:
+            ``(host int32 [len(targets), words], the constrained rows)``, or None when no row is constrained.
+        """
+        rows = [i for i, seq in enumerate(targets) if seq.seq_id in self._matchers]
+        if not rows:
+            return None
+        bitmask = self.backend.allocate_bitmask(len(targets))
+        for i in rows:
+            self._matchers[targets[i].seq_id].fill_next_token_bitmask(bitmask, i)
+        return bitmask, rows
+
+    def accept(self, seq: Sequence, token_id: int) -> bool:
+        """Advance the sequence's matcher by its sampled token.
+
+        Returns:
+            Whether the grammar ends the sequence: it accepted its stop token, or (which the mask
+            should make impossible) it refused the token, so nothing valid can follow.
+        """
+        matcher = self._matchers[seq.seq_id]
+        if not matcher.accept_token(token_id):
+            logger.warning(
+                "sequence %d sampled token %d, which its grammar refuses; ending it", seq.seq_id, token_id
+            )
+            return True
+        return matcher.is_terminated()
+
+    def release(self, sequences: Iterable[Sequence]) -> None:
+        """Drop the matchers of sequences that finished or were aborted."""
+        for seq in sequences:
+            self._matchers.pop(seq.seq_id, None)
+
+    def shutdown(self) -> None:
+        """Stop the compile threads (compilations in progress finish; none start)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,209 @@
+"""Structured output's parts: the xgrammar backend's matchers, the compile cache, the token-mask op, the
+sampler's raw logprobs, and constrained sequences surviving preemption (tiny model)."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.interfaces.ops import apply_token_bitmask, unpack_token_bitmask
+from engine.sampling.sampler import Sampler, SamplingRow
+from engine.structured_output import StructuredOutputManager
+from engine.structured_output.params import GrammarSpec
+from engine_plugin_sdk.reference_ops import ref_apply_token_bitmask
+from engine_test_utils import assert_all_blocks_free
+
+xgr = pytest.importorskip("xgrammar")
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm_gguf_path):
+    from engine.loader import load_tokenizer
+
+    return load_tokenizer(smollm_gguf_path)
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    from engine.structured_output.xgrammar_backend import XgrammarBackend
+
+    return XgrammarBackend(tokenizer.hf, VOCAB, tokenizer.eos_token_ids)
+
+
+def allowed_ids(backend, matcher) -> set[int]:
+    bitmask = backend.allocate_bitmask(2)
+    matcher.fill_next_token_bitmask(bitmask, 1)
+    assert (bitmask[0] == -1).all()  # the other row untouched
+    return set(unpack_token_bitmask(bitmask[1:], VOCAB)[0].nonzero().flatten().tolist())
+
+
+def matcher_for(backend, **kind):
+    spec = StructuredOutputsParams(**kind).spec()
+    return backend.make_matcher(backend.compile(backend.parse(spec)))
+
+
+def test_bitmask_termination_rollback_and_reset(backend, tokenizer):
+    eos = tokenizer.eos_token_ids[0]
+    matcher = matcher_for(backend, regex=r"ab[0-9]{2}")
+    start = allowed_ids(backend, matcher)
+    ids = tokenizer.encode("ab12", add_special_tokens=False)
+    assert ids[0] in start and eos not in start
+    assert all(tokenizer.decode([t]).startswith("a") or "ab".startswith(tokenizer.decode([t])) for t in start)
+    assert matcher.accept_tokens(ids)
+    assert allowed_ids(backend, matcher) == {eos} and not matcher.is_terminated()
+    matcher.rollback(1)
+    after_rollback = allowed_ids(backend, matcher)
+    assert ids[-1] in after_rollback and eos not in after_rollback
+    assert matcher.accept_token(ids[-1]) and matcher.accept_token(eos) and matcher.is_terminated()
+    matcher.reset()
+    assert allowed_ids(backend, matcher) == start and not matcher.is_terminated()
+
+
+def test_refused_tokens_leave_the_state_alone(backend, tokenizer):
+    matcher = matcher_for(backend, choice=["yes", "no"])
+    before = allowed_ids(backend, matcher)
+    bad = tokenizer.encode("maybe", add_special_tokens=False)
+    assert not matcher.accept_tokens(bad)
+    good = tokenizer.encode("yes", add_special_tokens=False)
+    assert not matcher.accept_tokens([*good, bad[0]])  # all or none
+    assert allowed_ids(backend, matcher) == before
+    assert matcher.accept_tokens(good)
+
+
+def test_compact_json_and_free_whitespace(backend, tokenizer):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for compact, text in ((True, '{"a":1}'), (False, '{ "a" : 1 }')):
+        matcher = matcher_for(backend, json=schema, disable_any_whitespace=compact)
+        assert matcher.accept_tokens(tokenizer.encode(text, add_special_tokens=False)), text
+    assert not matcher_for(backend, json=schema).accept_tokens(
+        tokenizer.encode('{"a": 1}', add_special_tokens=False)
+    )
+
+
+def test_parse_errors_name_the_problem(backend):
+    with pytest.raises(ValueError, match=r'invalid structured_outputs.grammar: .*Rule "foo" is not defined'):
+        backend.parse(GrammarSpec("grammar", "root ::= foo"))
+
+
+class _CountingBackend:
+    """Counts compilations; ``compile`` waits for ``gate``."""
+
+    vocab_size, bitmask_words = 64, 2
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.compiled: list[object] = []
+
+    def parse(self, spec):
+        if spec.text == "bad":
+            raise ValueError("bad constraint")
+        return spec
+
+    def compile(self, grammar):
+        self.gate.wait(10)
+        self.compiled.append(grammar)
+        if grammar.text == "fails":
+            raise ValueError("does not compile")
+        return grammar
+
+
+def test_manager_compiles_once_in_the_background_and_caches():
+    backend = _CountingBackend()
+    manager = StructuredOutputManager(lambda: backend, cache_size=2)
+    try:
+        first = manager.compile(StructuredOutputsParams(regex="a+"))
+        assert not first.done()  # the caller's thread is not held up
+        assert manager.compile(StructuredOutputsParams(regex="a+")) is first
+        with pytest.raises(ValueError, match="bad constraint"):
+            manager.compile(StructuredOutputsParams(regex="bad"))
+        backend.gate.set()
+        assert first.result(10).text == "a+"
+        failing = manager.compile(StructuredOutputsParams(regex="fails"))
+        with pytest.raises(ValueError):
+            failing.result(10)
+        with pytest.raises(ValueError, match="does not compile"):
+            manager.compile(StructuredOutputsParams(regex="fails"))  # a known failure: refused at once
+        manager.compile(StructuredOutputsParams(regex="b+")).result(10)
+        manager.compile(StructuredOutputsParams(regex="c+")).result(10)
+        assert manager.compile(StructuredOutputsParams(regex="a+")) is not first  # evicted (cache of 2)
+        assert len(backend.compiled) == 4
+    finally:
+        backend.gate.set()
+        manager.shutdown()
+
+
+def packed(allowed: torch.Tensor) -> torch.Tensor:
+    rows, vocab = allowed.shape
+    words = -(-vocab // 32)
+    bits = torch.zeros(rows, 32 * words, dtype=torch.int64)
+    bits[:, :vocab] = allowed.long()
+    w = (bits.view(rows, words, 32) << torch.arange(32)).sum(-1)
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_matches_the_reference_and_xgrammar(dtype):
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 300, generator=gen).to(dtype)
+    allowed = torch.rand(6, 280, generator=gen) < 0.3
+    allowed[2] = False
+    allowed[2, 279] = True
+    bitmask = packed(allowed)
+    for indices in (None, torch.tensor([1, 2, 5])):
+        got = logits.clone()
+        apply_token_bitmask(got, bitmask, indices)
+        assert torch.equal(got.double(), ref_apply_token_bitmask(logits, bitmask, indices))
+    # the packing is xgrammar's: its own CPU op masks the vocabulary's columns alike
+    theirs = logits[:, :280].float().clone()
+    xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=280)
+    ours = logits.float().clone()
+    apply_token_bitmask(ours, bitmask)
+    assert torch.equal(ours[:, :280], theirs)
+    assert torch.isinf(ours[:, 280:]).all()
+
+
+def test_sampler_reports_raw_logprobs_of_masked_picks():
+    raw = torch.tensor([[5.0, 1.0, 0.0, -1.0], [0.0, 3.0, 2.0, 1.0]])
+    masked = raw.clone()
+    masked[0, 0] = masked[1, 1] = float("-inf")
+    sampler = Sampler([3], 4)
+    greedy = SamplingParams(temperature=0.0, logprobs=1)
+    rows = [SamplingRow(greedy, [1], [], None), SamplingRow(SamplingParams(temperature=0.0), [1], [], None)]
+    result = sampler(masked, rows, raw_logits=raw)
+    assert result.token_ids == [1, 2]
+    raw_lp = torch.log_softmax(raw, dim=-1)
+    assert result.logprobs == pytest.approx([raw_lp[0, 1].item(), raw_lp[1, 2].item()])
+    assert result.ranks == [2, 2]
+    assert result.top_logprobs[0][0][0] == 0  # the model's favourite, though masked
+
+
+def test_preemption_keeps_constrained_outputs(tiny_llama_dir):
+    # a random tiny model: only the grammar makes its output valid; 12 blocks of 8 tokens force preemption
+    prompts = ["Phone number:", "Another one, please:", "A third number to call:", "And one more:"]
+    params = SamplingParams(
+        max_tokens=24,
+        temperature=0.0,
+        structured_outputs=StructuredOutputsParams(regex=r"\d{3}-\d{4}( ext \d{1,3})?"),
+    )
+    roomy = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20)
+    expected = [o.outputs[0].text for o in roomy.generate(prompts, params, use_tqdm=False)]
+    small = LLM(
+        model=tiny_llama_dir,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_blocks_override=6,
+        max_num_batched_tokens=64,
+    )
+    outs = small.generate(prompts, params, use_tqdm=False)
+    assert small.llm_engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].text for o in outs] == expected
+    for text in expected:
+        assert re.fullmatch(r"\d{3}-\d{4}( ext \d{1,3})?", text), text
+    assert small.llm_engine.structured.num_matchers == 0
+    assert_all_blocks_free(small)
