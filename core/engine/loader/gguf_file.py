@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
+from engine.loader.gguf_config import GGUF_KINDS, field_value, gguf_hf_config
 from engine.loader.quantized import gguf_quantized_weight, gguf_scheme, map_rows
 from engine.models.config import ModelConfig
 
@@ -37,8 +38,11 @@ DEQUANTIZABLE_TYPES = frozenset(
     }
 )  # fmt: skip
 
-# Tensors llama.cpp stores that the HF model recomputes (rotary frequencies).
-SKIPPED_TENSOR_PATTERN = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
+# Tensors llama.cpp stores that the HF model recomputes (rotary frequencies; Phi-3's longrope factors are
+# read into the config).
+SKIPPED_TENSOR_PATTERN = re.compile(
+    r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$"
+)
 READER_ERRORS = (ValueError, OSError, struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError)
 
 
@@ -59,16 +63,6 @@ def open_gguf(path: str) -> GGUFReader:
     return reader
 
 
-def field_value(field: ReaderField) -> str | int | float | bool:
-    """Decode a scalar or string metadata field."""
-    kind = field.types[0]
-    if kind == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    if kind == GGUFValueType.ARRAY:
-        raise ModelLoadError(f"GGUF field '{field.name}' is an array, expected a single value")
-    return field.parts[field.data[0]][0].item()
-
-
 def gguf_architecture(reader: GGUFReader, path: str) -> str:
     """Return a GGUF file's ``general.architecture`` (``"llama"``, ``"qwen2"``, ...).
 
@@ -84,8 +78,10 @@ def gguf_architecture(reader: GGUFReader, path: str) -> str:
 def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelConfig:
     """Build a ModelConfig from a GGUF file's metadata, checking every tensor can be dequantised.
 
-    The sizes come from llama.cpp's common metadata keys (``<arch>.embedding_length``, ``block_count``,
-    ``attention.head_count``, ...), which every llama.cpp architecture uses.
+    The metadata becomes the HF config dict it was converted from (:func:`gguf_hf_config`, one table
+    entry per llama.cpp architecture), read by the model class's ``config_from_hf`` as a HF folder's
+    would be. A kind the table does not list (a plugin's) gets the common keys read as Llama-family keys,
+    with an empty ``hf_config``.
 
     Args:
         path: the ``.gguf`` file.
@@ -100,60 +96,29 @@ def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelC
     """
     reader = open_gguf(path)
     gguf_arch = gguf_architecture(reader, path)
-    hf_arch = registry_or_core(registry).resolve_gguf(gguf_arch, path)
+    models = registry_or_core(registry)
+    hf_arch = models.resolve_gguf(gguf_arch, path)
     for tensor in reader.tensors:
         if tensor.tensor_type not in DEQUANTIZABLE_TYPES:
             raise ModelLoadError(
                 f"tensor '{tensor.name}' in {path} has GGUF type {tensor.tensor_type.name}, which the "
                 f"loader cannot dequantise; supported: {', '.join(t.name for t in DEQUANTIZABLE_TYPES)}"
             )
-
-    def meta(key: str, default: str | int | float | bool | None = None) -> str | int | float | bool:
-        field = reader.fields.get(f"{gguf_arch}.{key}") or reader.fields.get(key)
-        if field is None:
-            if default is None:
-                raise ModelLoadError(f"GGUF file {path} lacks metadata '{gguf_arch}.{key}'")
-            return default
-        return field_value(field)
-
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise ModelLoadError(f"GGUF file {path} has no 'token_embd.weight' tensor")
-    # The embedding's row count, not the token list, since some files pad the matrix past the tokens;
-    # ggml lists dimensions innermost first, so the row count is the last one.
-    vocab_size = int(tensors["token_embd.weight"].shape[-1])
-    hidden = int(meta("embedding_length"))
-    num_heads = int(meta("attention.head_count"))
-    rope_scaling = None
-    scaling_type = reader.fields.get(f"{gguf_arch}.rope.scaling.type")
-    if scaling_type is not None and field_value(scaling_type) == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
-    eos_ids: list[int] = []
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        if key in reader.fields and int(field_value(reader.fields[key])) not in eos_ids:
-            eos_ids.append(int(field_value(reader.fields[key])))
-    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
-    sliding = reader.fields.get(f"{gguf_arch}.attention.sliding_window")
-    return ModelConfig(
-        architecture=hf_arch,
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=int(meta("feed_forward_length")),
-        num_layers=int(meta("block_count")),
-        num_heads=num_heads,
-        num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
-        head_dim=int(meta("attention.key_length", hidden // num_heads)),
-        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta("rope.freq_base", 10000.0)),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=int(meta("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensors,
-        attention_bias=hf_arch == "Qwen2ForCausalLM" or "blk.0.attn_q.bias" in tensors,
-        sliding_window=int(field_value(sliding)) if sliding is not None else None,
-        bos_token_id=int(field_value(bos)) if bos is not None else None,
-        eos_token_ids=eos_ids,
-        torch_dtype="float32",
-    )
+    hf = gguf_hf_config(reader, gguf_arch, hf_arch, path)
+    try:
+        if gguf_arch not in GGUF_KINDS:
+            config = ModelConfig.from_hf_dict(hf)
+            config.hf_config = {}
+            return config
+        config = models.resolve(hf_arch, path).config_from_hf(hf)
+    except KeyError as err:
+        raise ModelLoadError(f"GGUF file {path} lacks the metadata for {err.args[0]!r}") from None
+    except (TypeError, ValueError) as err:
+        raise ModelLoadError(f"GGUF file {path} has an invalid value: {err}") from None
+    # the file decides these, whatever the class's defaults for a config.json that leaves them out
+    config.vocab_size, config.tie_word_embeddings, config.torch_dtype = int(hf["vocab_size"]), bool(hf["tie_word_embeddings"]), "float32"
+    config.hf_config = hf
+    return config
 
 
 def hf_tensor_name(gguf_name: str, model_class: type[CausalLM]) -> str | None:
@@ -211,7 +176,8 @@ def iter_gguf_weights(
     model_class: type[CausalLM],
     keep_quantized: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
-    """Yield a GGUF file's tensors by HF name as float32, Q/K rows in HF order.
+    """Yield a GGUF file's tensors by HF name as float32, Q/K rows in HF order, the converter's value
+    changes undone (``CausalLM.gguf_restore``).
 
     Args:
         path: the ``.gguf`` file.
@@ -241,7 +207,7 @@ def iter_gguf_weights(
         heads = model_class.gguf_permuted_heads(gguf_arch, name, config)
         if heads:
             weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
-        yield name, weight
+        yield from model_class.gguf_restore(gguf_arch, name, weight, config)
 
 
 def reorder_rows(

@@ -177,6 +177,26 @@ class CausalLM(ABC):
         return 0
 
     @classmethod
+    def gguf_restore(
+        cls, gguf_architecture: str, name: str, weight: torch.Tensor | QuantizedWeight, config: ModelConfig
+    ) -> list[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """Undo the value changes llama.cpp's converter made to one tensor (after renaming and rows).
+
+        Some converters change values (Gemma stores norm scales as ``1 + w``) or merge HF tensors into one
+        (StableLM stacks its per-head q/k norm scales); the GGUF loader calls this on every tensor.
+
+        Args:
+            gguf_architecture: the file's ``general.architecture``.
+            name: the tensor's HF name (from :meth:`gguf_tensor_name`).
+            weight: the tensor, Q/K rows already in HF order.
+            config: the model config.
+
+        Returns:
+            The HF tensors it stands for; the default keeps ``(name, weight)`` as it is.
+        """
+        return [(name, weight)]
+
+    @classmethod
     def required_features(cls, config: ModelConfig) -> dict[str, str]:
         """Attention features the model needs from the platform.
 

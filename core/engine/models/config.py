@@ -23,8 +23,9 @@ class ModelConfig:
         bos_token_id: beginning-of-sequence id, if any.
         eos_token_ids: ids that end generation.
         torch_dtype: the checkpoint's dtype name, e.g. ``"bfloat16"``.
-        hf_config: the raw HF ``config.json`` dict (empty for GGUF files), so that an architecture can
-            read its own keys; not part of equality or the repr.
+        hf_config: the raw HF ``config.json`` dict, so that an architecture can read its own keys (for a
+            GGUF file of a core kind, the HF keys its metadata stands for; empty for other GGUF kinds);
+            not part of equality or the repr.
     """
 
     architecture: str

@@ -3,10 +3,15 @@ global layers, attention and final logit soft-caps, ``query_pre_attn_scalar``.""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import ClassVar
 
+import torch
+
+from engine.interfaces.gemm import QuantizedWeight
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.hf_config import FULL, SLIDING, layer_windows
 from engine.models.layers.spec import Activation, DecoderSpec, LayerSpec, NormNames
 from engine.models.llama import standard_rope
@@ -17,6 +22,16 @@ GEMMA_NORMS = NormNames(
     post_attn="post_attention_layernorm",
     pre_mlp="pre_feedforward_layernorm",
     post_mlp="post_feedforward_layernorm",
+)
+
+#: llama.cpp's names of Gemma's four norms (``ffn_norm`` is the pre-MLP one)
+GEMMA_GGUF_LAYER_NAMES = extend(
+    LAYER_NAMES,
+    {
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
 )
 
 
@@ -38,9 +53,22 @@ def optional_float(value: object) -> float | None:
 
 
 class Gemma2ForCausalLM(DenseDecoder):
-    """``Gemma2ForCausalLM``."""
+    """``Gemma2ForCausalLM``. Loads llama.cpp's ``gemma2`` GGUF files, whose converter stores every norm
+    scale as ``1 + w`` (undone at load)."""
 
     tie_embeddings_default: ClassVar[bool] = True
+    gguf_architectures = MappingProxyType({"gemma2": "Gemma2ForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = GEMMA_GGUF_LAYER_NAMES
+
+    @classmethod
+    def gguf_restore(
+        cls, gguf_architecture: str, name: str, weight: torch.Tensor | QuantizedWeight, config: ModelConfig
+    ) -> list[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """Norm scales back from llama.cpp's ``1 + w`` to HF's ``w`` (norms are never quantized)."""
+        if name.endswith("norm.weight") and isinstance(weight, torch.Tensor):
+            return [(name, weight - 1.0)]
+        return [(name, weight)]
 
     @classmethod
     def is_norm_scale(cls, name: str) -> bool:

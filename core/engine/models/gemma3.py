@@ -3,15 +3,28 @@ the local and the global layers."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from engine.models.config import ModelConfig
-from engine.models.gemma2 import GEMMA_NORMS, Gemma2ForCausalLM, gemma_activation, optional_float
+from engine.models.gemma2 import (
+    GEMMA_GGUF_LAYER_NAMES,
+    GEMMA_NORMS,
+    Gemma2ForCausalLM,
+    gemma_activation,
+    optional_float,
+)
+from engine.models.layers.gguf_names import QK_NORM_NAMES, extend
 from engine.models.layers.hf_config import FULL, SLIDING, layer_types, sliding_window
 from engine.models.layers.spec import DecoderSpec, LayerSpec, RopeSpec
 from engine.models.llama import standard_rope
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
-    """``Gemma3ForCausalLM`` (the text-only model, ``Gemma3TextConfig``)."""
+    """``Gemma3ForCausalLM`` (the text-only model, ``Gemma3TextConfig``). Loads llama.cpp's ``gemma3`` GGUF
+    files (norm scales, q/k norms included, stored as ``1 + w``)."""
+
+    gguf_architectures = MappingProxyType({"gemma3": "Gemma3ForCausalLM"})
+    gguf_layer_tensor_names = extend(GEMMA_GGUF_LAYER_NAMES, QK_NORM_NAMES)
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:

@@ -3,8 +3,11 @@ a fused gate/up projection; GLM-4 adds norms on each branch's output."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.spec import DecoderSpec, LayerSpec, NormNames
 from engine.models.llama import standard_rope
 
@@ -36,7 +39,21 @@ class GlmForCausalLM(DenseDecoder):
 
 
 class Glm4ForCausalLM(GlmForCausalLM):
-    """``Glm4ForCausalLM``: GLM with ``post_self_attn_layernorm`` and ``post_mlp_layernorm``."""
+    """``Glm4ForCausalLM``: GLM with ``post_self_attn_layernorm`` and ``post_mlp_layernorm``. Loads
+    llama.cpp's ``glm4`` GGUF files: rows as HF stores them (llama.cpp's rotary pairs adjacent dims as
+    GLM's does), the fused gate/up as ``ffn_up``."""
+
+    gguf_architectures = MappingProxyType({"glm4": "Glm4ForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = extend(
+        LAYER_NAMES,
+        {
+            "post_attention_norm.weight": "post_self_attn_layernorm.weight",
+            "ffn_up.weight": "mlp.gate_up_proj.weight",
+            "post_ffw_norm.weight": "post_mlp_layernorm.weight",
+        },
+        drop=("ffn_gate.weight",),
+    )
 
     norm_names = NormNames(
         pre_attn="input_layernorm",

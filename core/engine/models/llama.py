@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, llama_permuted_heads
 from engine.models.layers.hf_config import rope_parameters, scaling_of
 from engine.models.layers.spec import DecoderSpec, LayerSpec, RopeSpec
 
@@ -45,32 +46,11 @@ class LlamaForCausalLM(DenseDecoder):
     loads GGUF files of llama.cpp's ``llama`` and ``qwen2`` architectures.
     """
 
-    # Mistral GGUFs say "llama"
+    # Mistral GGUFs say "llama" (llama.cpp's converter writes no sliding window for them; a file that has
+    # ``llama.attention.sliding_window`` gets it on every layer)
     gguf_architectures = MappingProxyType({"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"})
-    gguf_global_tensor_names = MappingProxyType(
-        {
-            "token_embd.weight": "model.embed_tokens.weight",
-            "output_norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight",
-        }
-    )
-    gguf_layer_tensor_names = MappingProxyType(
-        {
-            "attn_norm.weight": "input_layernorm.weight",
-            "attn_q.weight": "self_attn.q_proj.weight",
-            "attn_q.bias": "self_attn.q_proj.bias",
-            "attn_k.weight": "self_attn.k_proj.weight",
-            "attn_k.bias": "self_attn.k_proj.bias",
-            "attn_v.weight": "self_attn.v_proj.weight",
-            "attn_v.bias": "self_attn.v_proj.bias",
-            "attn_output.weight": "self_attn.o_proj.weight",
-            "attn_output.bias": "self_attn.o_proj.bias",
-            "ffn_norm.weight": "post_attention_layernorm.weight",
-            "ffn_gate.weight": "mlp.gate_proj.weight",
-            "ffn_up.weight": "mlp.up_proj.weight",
-            "ffn_down.weight": "mlp.down_proj.weight",
-        }
-    )
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = LAYER_NAMES
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
@@ -86,6 +66,4 @@ class LlamaForCausalLM(DenseDecoder):
     @classmethod
     def gguf_permuted_heads(cls, gguf_architecture: str, name: str, config: ModelConfig) -> int:
         """llama.cpp's converter permuted the Q/K rows of ``llama`` files (not ``qwen2``) for its rotary layout."""
-        if gguf_architecture != "llama":
-            return 0
-        return config.num_heads if ".q_proj." in name else config.num_kv_heads if ".k_proj." in name else 0
+        return llama_permuted_heads(name, config) if gguf_architecture == "llama" else 0

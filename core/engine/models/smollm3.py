@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import ClassVar
 
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, llama_permuted_heads
 from engine.models.layers.hf_config import layer_windows
 from engine.models.layers.spec import DecoderSpec, LayerSpec
 from engine.models.llama import standard_rope
@@ -13,7 +15,12 @@ from engine.models.llama import standard_rope
 
 class SmolLM3ForCausalLM(DenseDecoder):
     """``SmolLM3ForCausalLM``: ``no_rope_layers[i]`` is 1 for a layer with RoPE, 0 for one without
-    (every ``no_rope_layer_interval``-th layer when the list is absent)."""
+    (every ``no_rope_layer_interval``-th layer when the list is absent). Loads llama.cpp's ``smollm3`` GGUF
+    files, whose converter permutes the Q/K rows as for ``llama``."""
+
+    gguf_architectures = MappingProxyType({"smollm3": "SmolLM3ForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = LAYER_NAMES
 
     tie_embeddings_default: ClassVar[bool] = True
 
@@ -30,3 +37,8 @@ class SmolLM3ForCausalLM(DenseDecoder):
             qkv_bias=config.attention_bias,
             o_bias=config.attention_bias,
         )
+
+    @classmethod
+    def gguf_permuted_heads(cls, gguf_architecture: str, name: str, config: ModelConfig) -> int:
+        """The ``smollm3`` converter is the ``llama`` one: Q/K rows interleaved per head."""
+        return llama_permuted_heads(name, config)

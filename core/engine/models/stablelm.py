@@ -3,10 +3,15 @@ per-head q/k LayerNorms and GPT-NeoX's parallel residual."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
+import torch
+
+from engine.interfaces.gemm import QuantizedWeight
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.spec import DecoderSpec, LayerSpec, NormNames
 from engine.models.llama import standard_rope
 
@@ -17,7 +22,20 @@ DEFAULT_PARTIAL_ROTARY = 0.25
 class StableLmForCausalLM(DenseDecoder):
     """``StableLmForCausalLM``: ``use_qkv_bias``, ``qk_layernorm`` (one LayerNorm scale per head, stored
     per head) and ``use_parallel_residual`` (attention and MLP from the one input norm; no
-    ``post_attention_layernorm`` then)."""
+    ``post_attention_layernorm`` then). Loads llama.cpp's ``stablelm`` GGUF files, whose converter stacks
+    the per-head q/k norm scales into one ``[heads, head_dim]`` tensor (split again at load)."""
+
+    gguf_architectures = MappingProxyType({"stablelm": "StableLmForCausalLM"})
+    gguf_global_tensor_names = extend(GLOBAL_NAMES, {"output_norm.bias": "model.norm.bias"})
+    gguf_layer_tensor_names = extend(
+        LAYER_NAMES,
+        {
+            "attn_norm.bias": "input_layernorm.bias",
+            "ffn_norm.bias": "post_attention_layernorm.bias",
+            "attn_q_norm.weight": "self_attn.q_layernorm.weight",
+            "attn_k_norm.weight": "self_attn.k_layernorm.weight",
+        },
+    )
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
@@ -52,3 +70,14 @@ class StableLmForCausalLM(DenseDecoder):
     def is_norm_scale(cls, name: str) -> bool:
         """The per-head q/k scales (``q_layernorm.norms.{h}.weight``) are norm scales too."""
         return super().is_norm_scale(name) or (".norms." in name and name.endswith(".weight"))
+
+    @classmethod
+    def gguf_restore(
+        cls, gguf_architecture: str, name: str, weight: torch.Tensor | QuantizedWeight, config: ModelConfig
+    ) -> list[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """The stacked q/k norm scales back into HF's one tensor per head (``{norm}.norms.{h}.weight``)."""
+        if not name.endswith(("self_attn.q_layernorm.weight", "self_attn.k_layernorm.weight")):
+            return [(name, weight)]
+        dense = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
+        stem = name[: -len(".weight")]
+        return [(f"{stem}.norms.{h}.weight", row.contiguous()) for h, row in enumerate(dense)]

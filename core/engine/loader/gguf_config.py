@@ -1,0 +1,246 @@
+"""GGUF metadata as a Hugging Face ``config.json`` dict: one table entry per llama.cpp architecture.
+
+llama.cpp's converters write the HF config as ``<arch>.<key>`` metadata (names in gguf-py's
+``Keys``); a few values its runtime assumes per architecture rather than reads. :data:`GGUF_KINDS` maps
+both back to the keys the model classes read, so a GGUF file goes through the same
+``config_from_hf`` as the HF checkpoint it was converted from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, ReaderField, ReaderTensor
+from gguf.quants import dequantize
+
+from engine.loader.errors import ModelLoadError
+
+#: metadata every kind writes (``<arch>.`` + key) -> HF key
+COMMON_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "context_length": "max_position_embeddings",
+        "embedding_length": "hidden_size",
+        "feed_forward_length": "intermediate_size",
+        "block_count": "num_hidden_layers",
+        "attention.head_count": "num_attention_heads",
+        "attention.head_count_kv": "num_key_value_heads",
+        "attention.key_length": "head_dim",
+        "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+        "rope.freq_base": "rope_theta",
+        "attention.sliding_window": "sliding_window",
+    }
+)
+#: the common keys a file must have
+REQUIRED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
+#: HF values for common keys a file leaves out
+COMMON_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+)
+
+Derive = Callable[[dict[str, Any], Mapping[str, ReaderTensor]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GgufKind:
+    """How the metadata of one llama.cpp architecture reads as HF config keys.
+
+    Attributes:
+        keys: ``<arch>.<key>`` -> HF key, beyond :data:`COMMON_KEYS`.
+        fixed: HF values llama.cpp's runtime assumes for the kind instead of reading them (a key in
+            ``keys`` that the file has overrides one).
+        tensor_flags: HF boolean key -> a GGUF tensor whose presence sets it (optional q/k norms, biases).
+        partial_rotary: ``rope.dimension_count`` is the rotated part of each head, i.e. HF's
+            ``partial_rotary_factor`` times ``head_dim``.
+        derive: sets keys computed from the others or from tensors, or None.
+    """
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    tensor_flags: Mapping[str, str] = field(default_factory=dict)
+    partial_rotary: bool = False
+    derive: Derive | None = None
+
+
+def gemma_attention_scalar(layers_of_27b: int) -> Derive:
+    """llama.cpp's ``query_pre_attn_scalar`` for Gemma 2/3, which the converter does not write: the head
+    size, except ``hidden / heads`` for the 27B model (recognised by its layer count)."""
+
+    def derive(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+        if int(hf["num_hidden_layers"]) == layers_of_27b:
+            hf["query_pre_attn_scalar"] = int(hf["hidden_size"]) // int(hf["num_attention_heads"])
+        else:
+            hf["query_pre_attn_scalar"] = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
+
+    return derive
+
+
+def phi3_longrope(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+    """Phi-3's ``longrope`` factors travel as the ``rope_factors_long/short`` tensors."""
+    if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
+        hf["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": factor_list(tensors["rope_factors_long.weight"]),
+            "short_factor": factor_list(tensors["rope_factors_short.weight"]),
+        }
+
+
+def stablelm_residual(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+    """llama.cpp runs StableLM's layers in parallel exactly when they have no ``ffn_norm``."""
+    hf["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors
+
+
+def factor_list(tensor: ReaderTensor) -> list[float]:
+    """A 1-D tensor's values as floats."""
+    return [float(v) for v in np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(-1)]
+
+
+_LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
+
+#: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
+GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
+    {
+        "llama": GgufKind(),
+        "qwen2": GgufKind(),
+        "qwen3": GgufKind(),
+        "gemma2": GgufKind(
+            keys={"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"},
+            derive=gemma_attention_scalar(46),
+        ),
+        # llama.cpp: every 6th layer global, local layers on a fixed 10000 base unless the file says
+        "gemma3": GgufKind(
+            keys={"final_logit_softcapping": "final_logit_softcapping", "rope.freq_base_swa": "rope_local_base_freq"},
+            fixed={"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0},
+            derive=gemma_attention_scalar(62),
+        ),
+        "phi3": GgufKind(
+            keys={"rope.scaling.original_context_length": "original_max_position_embeddings"},
+            partial_rotary=True,
+            derive=phi3_longrope,
+        ),
+        "olmo2": GgufKind(),
+        "granite": GgufKind(
+            keys={
+                "attention.scale": "attention_multiplier",
+                "embedding_scale": "embedding_multiplier",
+                "residual_scale": "residual_multiplier",
+                "logit_scale": "logits_scaling",
+            }
+        ),
+        "glm4": GgufKind(partial_rotary=True),
+        "stablelm": GgufKind(
+            keys=_LAYER_NORM_EPS,
+            tensor_flags={"use_qkv_bias": "blk.0.attn_q.bias", "qk_layernorm": "blk.0.attn_q_norm.weight"},
+            partial_rotary=True,
+            derive=stablelm_residual,
+        ),
+        "command-r": GgufKind(
+            keys={**_LAYER_NORM_EPS, "logit_scale": "logit_scale"},
+            tensor_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
+        ),
+        # llama.cpp's smollm3 drops the rotary of every 4th layer: SmolLM3's default no_rope_layers
+        "smollm3": GgufKind(),
+    }
+)
+
+
+def field_value(field_: ReaderField) -> str | int | float | bool:
+    """Decode a scalar or string metadata field.
+
+    Raises:
+        ModelLoadError: the field is an array.
+    """
+    kind = field_.types[0]
+    if kind == GGUFValueType.STRING:
+        return bytes(field_.parts[field_.data[0]]).decode("utf-8")
+    if kind == GGUFValueType.ARRAY:
+        raise ModelLoadError(f"GGUF field '{field_.name}' is an array, expected a single value")
+    return field_.parts[field_.data[0]][0].item()
+
+
+def rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> dict[str, Any] | None:
+    """HF ``rope_scaling`` from ``rope.scaling.*`` (``linear`` and ``yarn``; llama.cpp's other types travel
+    as tensors or are not scalings), None without one."""
+
+    def get(key: str) -> Any:
+        found = reader.fields.get(f"{arch}.rope.scaling.{key}")
+        return None if found is None else field_value(found)
+
+    kind = get("type")
+    if kind == "linear" and get("factor") is not None:
+        return {"rope_type": "linear", "factor": float(get("factor"))}
+    if kind == "yarn" and get("factor") is not None:
+        scaling: dict[str, Any] = {
+            "rope_type": "yarn",
+            "factor": float(get("factor")),
+            "original_max_position_embeddings": int(get("original_context_length") or max_positions),
+        }
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"), ("yarn_attn_factor", "attention_factor")):
+            if get(gguf_key) is not None:
+                scaling[hf_key] = float(get(gguf_key))
+        return scaling
+    return None
+
+
+def gguf_hf_config(reader: GGUFReader, arch: str, hf_arch: str, path: str) -> dict[str, Any]:
+    """The HF config dict a GGUF file's metadata and tensors stand for.
+
+    Args:
+        reader: the open file.
+        arch: its ``general.architecture``.
+        hf_arch: the HF architecture name it loads as.
+        path: the file, for messages.
+
+    Returns:
+        A ``config.json``-style dict (``architectures``, sizes, rotary, special tokens, the kind's own keys);
+        ``vocab_size`` is the embedding's row count, ``torch_dtype`` float32 (tensors are dequantised).
+
+    Raises:
+        ModelLoadError: a required key or the token embedding is missing.
+    """
+    kind = GGUF_KINDS.get(arch, GgufKind())
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"GGUF file {path} has no 'token_embd.weight' tensor")
+    for key in REQUIRED_KEYS:
+        if f"{arch}.{key}" not in reader.fields:
+            raise ModelLoadError(f"GGUF file {path} lacks metadata '{arch}.{key}'")
+    # ggml lists dimensions innermost first: the embedding's row count is the last one (it may pad past the
+    # token list, so the list's length is not the vocabulary size)
+    hf: dict[str, Any] = {
+        "architectures": [hf_arch],
+        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
+        **COMMON_DEFAULTS,
+        **kind.fixed,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "torch_dtype": "float32",
+    }
+    for gguf_key, hf_key in {**COMMON_KEYS, **kind.keys}.items():
+        found = reader.fields.get(f"{arch}.{gguf_key}")
+        if found is not None:
+            hf[hf_key] = field_value(found)
+    for hf_key, tensor_name in kind.tensor_flags.items():
+        hf[hf_key] = tensor_name in tensors
+    if kind.partial_rotary and f"{arch}.rope.dimension_count" in reader.fields:
+        head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
+        hf["partial_rotary_factor"] = int(field_value(reader.fields[f"{arch}.rope.dimension_count"])) / head_dim
+    scaling = rope_scaling(reader, arch, int(hf["max_position_embeddings"]))
+    if scaling is not None:
+        hf["rope_scaling"] = scaling
+    if not hf.get("sliding_window"):
+        hf.pop("sliding_window", None)  # Phi-3's converter writes 0 for "none"
+    eos_ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in reader.fields and int(field_value(reader.fields[key])) not in eos_ids:
+            eos_ids.append(int(field_value(reader.fields[key])))
+    if eos_ids:
+        hf["eos_token_id"] = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+    if "tokenizer.ggml.bos_token_id" in reader.fields:
+        hf["bos_token_id"] = int(field_value(reader.fields["tokenizer.ggml.bos_token_id"]))
+    if kind.derive is not None:
+        kind.derive(hf, tensors)
+    return hf

@@ -1,0 +1,224 @@
+"""GGUF files of llama.cpp's architectures beyond ``llama``/``qwen2``, written as its converter would.
+
+Each kind: a tiny seeded HF model, written to GGUF by :func:`write_gguf` (gguf-py's own tensor-name map,
+the converter's metadata keys and value transforms); transformers reads the file back where it knows the
+kind (a check of the writer, independent of the engine), and the engine, loading the file, matches the
+HF model's prefill logits and greedy tokens in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from dense_model_utils import PROMPTS, hf_greedy, load_hf, max_logit_diff, save_tiny
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from engine import LLM, SamplingParams
+from engine.loader import load_model_config
+from engine_test_utils import assert_all_blocks_free
+
+WINDOW = 8
+#: tiny sizes (head size 32: the smallest the CPU plugin runs)
+SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+F32, F16, Q8_0 = GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.Q8_0
+
+#: case -> (llama.cpp kind, HF architecture, config overrides, type of the matrices)
+CASES: dict[str, tuple[str, str, dict[str, Any], GGMLQuantizationType]] = {
+    "llama": ("llama", "LlamaForCausalLM", dict(attention_bias=True), F16),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", dict(), Q8_0),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM", dict(
+        sliding_window=WINDOW, query_pre_attn_scalar=32, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+    ), F32),
+    # six layers: the sixth is Gemma3's global layer, on the linearly scaled base
+    "gemma3": ("gemma3", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=6, sliding_window=WINDOW, query_pre_attn_scalar=32,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+        },
+    ), F32),
+    "phi3": ("phi3", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, sliding_window=WINDOW, pad_token_id=0), F32),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", dict(), F32),
+    "granite": ("granite", "GraniteForCausalLM", dict(
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=2.0,
+    ), F32),
+    "glm4": ("glm4", "Glm4ForCausalLM", dict(pad_token_id=0), F32),
+    "stablelm": ("stablelm", "StableLmForCausalLM", dict(use_qkv_bias=True, qk_layernorm=True), F32),
+    "command-r": ("command-r", "CohereForCausalLM", dict(use_qk_norm=True, logit_scale=0.5), F32),
+    # four layers: llama.cpp's smollm3 drops the rotary of every 4th
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM", dict(num_hidden_layers=4, pad_token_id=0), F32),
+}
+#: the kinds transformers' GGUF loader reads
+TRANSFORMERS_KINDS = {"llama", "qwen3", "gemma2", "gemma3", "phi3", "stablelm"}
+#: converters derived from llama.cpp's LlamaModel interleave the rotary halves of Q/K rows per head
+PERMUTED_KINDS = {"llama", "granite", "smollm3"}
+#: Gemma's converters store norm scales as 1 + w
+PLUS_ONE_KINDS = {"gemma2", "gemma3"}
+
+
+def permute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: each head's two rotary halves interleaved."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def roundtrip(array: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray]:
+    """(the stored data, what it dequantises to) of a float32 array in ``qtype``."""
+    if qtype == F32:
+        return array, array
+    data = array.astype(np.float16) if qtype == F16 else quantize(array, qtype)
+    return data, dequantize(data, qtype).reshape(array.shape).astype(np.float32)
+
+
+def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
+    """The keys llama.cpp's converter writes for ``kind`` (``convert_hf_to_gguf``'s set_gguf_parameters)."""
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads if kind == "granite" else cfg.head_dim
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if kind in ("stablelm", "command-r"):
+        writer.add_layer_norm_eps(cfg.layer_norm_eps)
+    else:
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if kind != "granite":  # the granite converter drops head_dim
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    extra: dict[str, Callable[[], None]] = {
+        "gemma2": lambda: (
+            writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping),
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping),
+            writer.add_sliding_window(cfg.sliding_window),
+        ),
+        "gemma3": lambda: writer.add_sliding_window(cfg.sliding_window),
+        "phi3": lambda: (
+            writer.add_rope_dimension_count(int(rope["partial_rotary_factor"] * cfg.hidden_size) // cfg.num_attention_heads),
+            writer.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings),
+            writer.add_sliding_window(cfg.sliding_window or 0),
+        ),
+        "granite": lambda: (
+            writer.add_attention_scale(cfg.attention_multiplier),
+            writer.add_embedding_scale(cfg.embedding_multiplier),
+            writer.add_residual_scale(cfg.residual_multiplier),
+            writer.add_logit_scale(cfg.logits_scaling),
+        ),
+        "glm4": lambda: writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"])),
+        "stablelm": lambda: (
+            writer.add_rope_dimension_count(int(rope["partial_rotary_factor"] * head_dim)),
+            writer.add_parallel_residual(cfg.use_parallel_residual),
+        ),
+        "command-r": lambda: writer.add_logit_scale(cfg.logit_scale),
+    }
+    if kind in PERMUTED_KINDS:
+        writer.add_rope_dimension_count(head_dim)
+    extra.get(kind, lambda: None)()
+    # no token list (the engine takes the HF tokenizer folder, and 49152 strings make every open slow), so
+    # the vocabulary size transformers would count from it is written as the llama converter writes it
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+
+
+def write_gguf(path: Path, kind: str, model: torch.nn.Module, qtype: GGMLQuantizationType) -> dict[str, torch.Tensor]:
+    """Write ``model`` as llama.cpp's converter would, matrices in ``qtype``.
+
+    Returns:
+        The HF state the file holds (the model's tensors after the ``qtype`` round trip).
+    """
+    cfg = model.config
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == kind), cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), kind)
+    write_metadata(writer, kind, cfg)
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    expected: dict[str, torch.Tensor] = {}
+    stacked: dict[str, list[np.ndarray]] = {}
+    for name, array in state.items():
+        data, back = roundtrip(array, qtype if array.ndim == 2 and "norm" not in name else F32)
+        expected[name] = torch.from_numpy(np.ascontiguousarray(back))
+        if ".norms." in name:  # StableLM's per-head q/k norms: the converter stacks them
+            stacked.setdefault(name.split(".norms.")[0] + ".weight", []).append(data)
+            continue
+        if kind in PERMUTED_KINDS and (".q_proj." in name or ".k_proj." in name):
+            data = permute_rows(data, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
+        if kind in PLUS_ONE_KINDS and name.endswith("norm.weight"):
+            data = data + 1.0
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data, raw_dtype=qtype if data.dtype != np.float32 else F32)
+    for name, rows in stacked.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), np.stack(rows))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory, hf_tokenizer_dir):
+    kind, arch, overrides, qtype = CASES[request.param]
+    folder = save_tiny(arch, str(tmp_path_factory.mktemp(request.param)), hf_tokenizer_dir, seed=3, **{**SIZES, **overrides})
+    hf = load_hf(folder)
+    path = Path(folder) / f"{request.param}.gguf"
+    expected = write_gguf(path, kind, hf, qtype)
+    # the HF reference holds exactly what the file holds (F16 / Q8_0 values)
+    hf.load_state_dict(expected, strict=not hf.config.tie_word_embeddings)
+    return kind, path, hf, expected, hf_tokenizer_dir
+
+
+def test_transformers_reads_the_written_file(case):
+    kind, path, _, expected, _ = case
+    if kind not in TRANSFORMERS_KINDS:
+        pytest.skip(f"transformers has no GGUF loader for {kind!r}")
+    if kind == "qwen3":
+        pytest.skip("transformers' qwen3 GGUF mapping drops attention.key_length (head_dim becomes Qwen3Config's 128)")
+    pytest.importorskip("accelerate", reason="transformers' GGUF loading needs accelerate")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    state = loaded.state_dict()
+    # transformers reads no attention-bias key and does not split StableLM's stacked q/k norms: those
+    # tensors stay at its initial values
+    missing = sorted(set(expected) - set(state))
+    assert all(name.endswith(".bias") or ".norms." in name for name in missing), (kind, missing)
+    for name in set(expected) & set(state):
+        torch.testing.assert_close(state[name], expected[name], rtol=0, atol=1e-6, msg=f"{kind}: {name}")
+
+
+def test_engine_loads_the_file_as_hf_runs_the_model(case):
+    kind, path, hf, _, tokenizer_dir = case
+    config = load_model_config(str(path))
+    assert config.architecture == hf.config.architectures[0] and config.num_layers == hf.config.num_hidden_layers
+    llm = LLM(model=str(path), tokenizer=tokenizer_dir, device="cpu", dtype="float32", quantization="none",
+              kv_cache_memory_bytes=16 << 20)  # fmt: skip
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    assert max(len(t) for t in ids) > WINDOW
+    diff = max_logit_diff(llm, hf, ids)
+    assert diff < 1e-4, f"{kind}: max |logit - HF| = {diff:.2e}"
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    for prompt, out in zip(PROMPTS[:2], outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, llm.tokenizer.encode(prompt), 6), (kind, prompt)
+    assert_all_blocks_free(llm)
+
+
+def test_models_command_lists_the_gguf_kinds(capsys):
+    from engine.entrypoints.cli import main
+
+    assert main(["models"]) == 0
+    rows = {line.split()[0]: line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]}
+    for kind, arch, _, _ in CASES.values():
+        assert kind in " ".join(rows[arch]).replace(",", " ").split(), (arch, rows[arch])
