@@ -17,6 +17,7 @@ from engine_plugin_sdk.reference_ops import (
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
+    ref_post_norm_add_rms_norm,
     ref_rms_norm,
     ref_rotary_embedding,
     ref_silu_and_mul,
@@ -77,6 +78,12 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
         return (logits, VOCAB), (ids, raw.gather(1, ids.unsqueeze(1)).squeeze(1))
     if op_name == "apply_token_bitmask":
         return _bitmask_case(gen, dtype, device)
+    if op_name == "post_norm_add_rms_norm":
+        # a width that is not a power of two, and a branch far larger than the residual: a kernel that
+        # adds before the post-norm, or skips it, is off by the branch's scale
+        x, residual = rand(9, HIDDEN + 96) * 20, rand(9, HIDDEN + 96)
+        post_w, w = rand(HIDDEN + 96), rand(HIDDEN + 96)
+        return (x, residual, post_w, w, EPS), ref_post_norm_add_rms_norm(x, residual, post_w, w, EPS)
     raise ValueError(f"no test case for op {op_name!r}")
 
 
@@ -131,7 +138,8 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
                 _check_pick(got, want, i, label)
                 continue
             # the residual sum may be kept in float32 (core/interfaces/ops.py)
-            wider_ok = op_name.startswith("fused_add_rms_norm") and i == 1 and got.dtype == torch.float32
+            sums = op_name.startswith("fused_add_rms_norm") or op_name == "post_norm_add_rms_norm"
+            wider_ok = sums and i == 1 and got.dtype == torch.float32
             if got.dtype != dtype and not wider_ok:
                 pytest.fail(
                     f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False

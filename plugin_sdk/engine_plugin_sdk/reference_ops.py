@@ -203,6 +203,14 @@ def ref_fused_add_rms_norm(
     return ref_rms_norm(summed, weight, eps), summed
 
 
+def ref_post_norm_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, post_weight: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(rms_norm(x, post_weight) + residual, weight), rms_norm(x, post_weight) + residual)`` in
+    float64."""
+    return ref_fused_add_rms_norm(ref_rms_norm(x, post_weight, eps), residual, weight, eps)
+
+
 def make_cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
     """float32 ``[max_position, rotary_dim]``: cos of every (position, frequency) then sin, as the core's op takes."""
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim))

@@ -30,6 +30,18 @@ def fused_add_rms_norm(
     return rms_norm(summed, weight, eps), summed
 
 
+def post_norm_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, post_weight: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A branch's post-norm, its residual add and the next block's pre-norm (Gemma 2 and 3) in one op.
+
+    Returns ``fused_add_rms_norm(rms_norm(x, post_weight), residual, weight)``: the normalised sum and the
+    sum, which is the next residual. The post-normed branch is rounded to ``x``'s dtype before the add, as
+    the two separate ops round it; the sum may be float32, as :func:`fused_add_rms_norm`'s may.
+    """
+    return fused_add_rms_norm(rms_norm(x, post_weight, eps), residual, weight, eps)
+
+
 def rotary_embedding(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +185,7 @@ class OpTable:
     greedy_pick: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     layer_norm: Callable[..., torch.Tensor]
     apply_token_bitmask: Callable[..., None]
+    post_norm_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def with_overrides(self, overrides: dict[str, Callable]) -> OpTable:
         """A copy with some ops replaced.
@@ -194,7 +207,7 @@ CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and
 #: conformance seeds of the earlier ones (drawn from their index here) stay put
 OP_NAMES = (
     *CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul", "layer_norm",
-    "apply_token_bitmask",
+    "apply_token_bitmask", "post_norm_add_rms_norm",
 )
 
 
@@ -211,4 +224,5 @@ def reference_ops() -> OpTable:
         greedy_pick=greedy_pick,
         layer_norm=layer_norm,
         apply_token_bitmask=apply_token_bitmask,
+        post_norm_add_rms_norm=post_norm_add_rms_norm,
     )

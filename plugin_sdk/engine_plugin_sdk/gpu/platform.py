@@ -290,6 +290,7 @@ class TorchGpuPlatform(Platform):
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
         from engine_plugin_sdk.gpu.triton_kernels import launchers
+        from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
         from engine_plugin_sdk.gpu.triton_kernels.token_bitmask import apply_token_bitmask
 
         return {
@@ -301,6 +302,7 @@ class TorchGpuPlatform(Platform):
             "layer_norm": launchers.layer_norm,
             "greedy_pick": launchers.greedy_pick,
             "apply_token_bitmask": apply_token_bitmask,
+            "post_norm_add_rms_norm": post_norm_add_rms_norm,
         }
 
     def make_communicator(self, world_size: int, rank: int, init_method: str) -> TorchDistCommunicator:

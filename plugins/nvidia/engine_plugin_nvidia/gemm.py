@@ -35,6 +35,12 @@ GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2}
 #: is being captured: eagerly, the host launches the step, and a Triton launch costs it more than cuBLAS's
 #: (eager batch-1 decode fell from 86 to 66 tok/s with it)
 GEMV_WIDE_TILE: dict | None = GEMV_TILE
+#: the tile of the batch-1 LM head (``logits``), or None for cuBLAS plus a float32 copy. The logits run
+#: after the decode graph, eagerly, but they are one launch a step, not a layer's many: the host cost
+#: is one Triton launch, hidden behind the step in flight, while cuBLAS streams this widest weight
+#: slowest (3.3-3.9 TB/s against the GEMV's 4.4 at Llama-3-8B's lm_head; Gemma-2's tied head is 1.8 GB).
+#: The GEMV also writes float32 straight from its accumulator: no bf16 rounding and no cast kernel
+LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -72,18 +78,30 @@ class CudaGemmBackend(TorchGemmBackend):
             return gemv(x, weight, bias, **tile)
         return super().linear(x, weight, bias)
 
+    def logits(self, x: Any, weight: Any) -> Any:
+        if LOGITS_GEMV_TILE is not None and _gemv_fits(x, weight):
+            from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
+
+            return gemv(x, weight, out_dtype=torch.float32, **LOGITS_GEMV_TILE)
+        return super().logits(x, weight)
+
 
 def _gemv_tile(x: Any, weight: Any) -> dict | None:
     """The Triton GEMV's tile for a batch-1 product on a GPU in bf16/fp16, or None for cuBLAS
     (``GEMV_TILE`` for narrow weights, ``GEMV_WIDE_TILE`` for wide ones inside a graph capture)."""
-    if not (
+    if not _gemv_fits(x, weight):
+        return None
+    if weight.shape[0] <= weight.shape[1]:
+        return GEMV_TILE
+    return GEMV_WIDE_TILE if torch.cuda.is_current_stream_capturing() else None
+
+
+def _gemv_fits(x: Any, weight: Any) -> bool:
+    """Whether the GEMV can run ``x @ weight.T``: one bf16/fp16 row against a plain weight of its dtype."""
+    return (
         isinstance(weight, torch.Tensor)
         and weight.is_cuda
         and weight.dtype in _GEMV_DTYPES
         and x.dtype == weight.dtype
         and x.numel() == weight.shape[1]
-    ):
-        return None
-    if weight.shape[0] <= weight.shape[1]:
-        return GEMV_TILE
-    return GEMV_WIDE_TILE if torch.cuda.is_current_stream_capturing() else None
+    )

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from engine_plugin_sdk.gpu.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
+from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
+    ref_post_norm_add_rms_norm,
     ref_rms_norm,
     ref_rotary_embedding,
     ref_silu_and_mul,
@@ -158,6 +160,14 @@ def test_fused_ops(device, kernel_dtypes):
         ref_out, ref_sum = ref_fused_add_rms_norm(x, residual, w, 1e-6)
         assert not compare(out, ref_out, tol, "fused_add_rms_norm")
         assert torch.equal(summed, x + residual)
+        # Gemma's post-norm + add + pre-norm: a branch much larger than the residual, so that adding it
+        # un-normalised (or normalising after the add only) is far off
+        post_w, branch = rand(200), rand(5, 200) * 30
+        out, summed = post_norm_add_rms_norm(branch, residual, post_w, w, 1e-6)
+        ref_out, ref_sum = ref_post_norm_add_rms_norm(branch, residual, post_w, w, 1e-6)
+        assert not compare(out, ref_out, tol, "post_norm_add_rms_norm")
+        assert not compare(summed, ref_sum, tol, "post_norm_add_rms_norm sum")
+        assert out.dtype == summed.dtype == dtype
         # 200 is not a power of two: the padding lanes must stay out of the mean and the variance
         shifted, b = x + 2.0, rand(200)
         assert not compare(launchers.layer_norm(shifted, w, b, 1e-5), ref_layer_norm(shifted, w, b, 1e-5), tol, "layer_norm")
@@ -177,17 +187,21 @@ def test_fused_ops(device, kernel_dtypes):
         assert not compare(got_q, ref_q, tol, "rotary q") and not compare(got_k, ref_k, tol, "rotary k")
 
 
-@pytest.mark.parametrize("vocab,width", [(1000, 1000), (5000, 5120)])
-def test_greedy_pick(device, vocab, width):
+@pytest.mark.parametrize("split", [False, True])  # the one-pass kernel, and split chunks plus a merge
+@pytest.mark.parametrize("vocab,width", [(1000, 1000), (5000, 5120), (9000, 9000)])
+def test_greedy_pick(device, monkeypatch, vocab, width, split):
+    monkeypatch.setattr(launchers, "GREEDY_SPLIT", split)
     gen = torch.Generator().manual_seed(vocab)
     dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
     for dtype in dtypes:
         logits = (torch.randn(6, width, generator=gen) * 5).to(dtype)
         logits[:, vocab:] = 1e4  # padding columns: never picked, never in the sum
-        logits[3, 17] = logits[3, 4000 % vocab] = 60.0  # a tie across chunks: the first position wins
+        logits[3, 17] = logits[3, 4000 % vocab] = 60.0  # a tie inside a chunk: the first position wins
+        logits[2, 100] = logits[2, vocab - 3] = 60.0  # a tie across chunks (for the wider vocabularies)
+        logits[4, : vocab // 2] = float("-inf")  # whole chunks masked out (a grammar's bitmask)
         ids, logprobs = launchers.greedy_pick(logits.to(device), vocab)
         raw = torch.log_softmax(logits[:, :vocab].double(), dim=-1)
-        assert ids.tolist() == raw.argmax(dim=-1).tolist() and ids[3] == min(17, 4000 % vocab)
+        assert ids.tolist() == raw.argmax(dim=-1).tolist() and ids[3] == min(17, 4000 % vocab) and ids[2] == 100
         want = raw.gather(1, ids.cpu()[:, None]).squeeze(1)
         assert logprobs.dtype == torch.float32
         torch.testing.assert_close(logprobs.cpu().double(), want, rtol=1e-5, atol=1e-5)
@@ -248,6 +262,11 @@ def test_batch1_products_take_the_gemv_on_a_gpu(device):
         out = gemm.CudaGemmBackend(device).linear(x, weight)
         ref = x.double() @ weight.double().T
         torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+        # the LM head: float32 logits (on a GPU straight from the GEMV's accumulator, eagerly too)
+        logits = gemm.CudaGemmBackend(device).logits(x, weight)
+        assert logits.dtype == torch.float32 and logits.shape == (1, out_features)
+        tol = 1e-5 if device.type == "cuda" else 2e-3  # the CPU's fallback rounds through float16
+        torch.testing.assert_close(logits.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("num_decodes", [2, 6])

@@ -141,6 +141,37 @@ class DecoderLayer:
         return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
 
 
+    def forward_post_normed(
+        self,
+        model: DenseDecoder,
+        branch: torch.Tensor,
+        residual: torch.Tensor | None,
+        pending_post: torch.Tensor | None,
+        tables: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: Any,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer of a model with pre- and post-norms around both branches (Gemma 2/3, GLM4), each
+        post-norm fused with its residual add and the next pre-norm (``post_norm_add_rms_norm``).
+
+        Args:
+            branch: the previous layer's MLP output before its post-norm (the embeddings for layer 0).
+            residual: the residual stream, None for layer 0.
+            pending_post: the previous layer's post-MLP norm scale, None for layer 0.
+
+        Returns:
+            This layer's MLP output before its post-norm (``self.post_mlp``), and the residual stream.
+        """
+        ops, eps = model.ops, model.config.rms_norm_eps
+        if residual is None:
+            x, residual = ops.rms_norm(branch, self.pre_attn, eps), branch
+        else:
+            x, residual = ops.post_norm_add_rms_norm(branch, residual, pending_post, self.pre_attn, eps)
+        attn = self.attention(model, x, tables, kv_cache, meta)
+        x, residual = ops.post_norm_add_rms_norm(attn, residual, self.post_attn, self.pre_mlp, eps)
+        return self.mlp(model, x), residual
+
+
 class LayerLoader:
     """Takes one model's tensors out of the checkpoint dict into :class:`DecoderLayer` objects.
 

@@ -69,6 +69,7 @@ class DenseDecoder(CausalLM):
             torch.tensor(self.spec.embed_scale, dtype=dtype, device=device) if self.spec.embed_scale is not None else None
         )
         self.layers: list[DecoderLayer] = []
+        self._fuses_post_norms: bool | None = None
         self.embed_tokens: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         self.final_norm_bias: torch.Tensor | None = None
@@ -199,12 +200,39 @@ class DenseDecoder(CausalLM):
             layer_metadata = self._layer_metadata(metadata)
         tables = [rotary.step_table(positions, metadata) for rotary in self.rotaries]
         residual: torch.Tensor | None = None
+        if self.fuses_post_norms:
+            pending: torch.Tensor | None = None
+            for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
+                hidden, residual = layer.forward_post_normed(self, hidden, residual, pending, tables, kv_cache, meta)
+                pending = layer.post_mlp
+            out, _ = ops.post_norm_add_rms_norm(hidden, residual, pending, self.final_norm, eps)
+            return out
         for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
             hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)
         if self.spec.norm == "layer":
             return ops.layer_norm(hidden + residual, self.final_norm, self.final_norm_bias, eps)
         out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
         return out
+
+    @property
+    def fuses_post_norms(self) -> bool:
+        """Whether each branch's post-norm, residual add and the next pre-norm run as one op: RMS norms
+        before and after both branches, no residual scale, and no FP8 producer that the pre-norms would
+        have to write (those keep the unfused path). Decided once the weights are loaded."""
+        if self._fuses_post_norms is None:
+            self._fuses_post_norms = self._can_fuse_post_norms()
+        return self._fuses_post_norms
+
+    def _can_fuse_post_norms(self) -> bool:
+        spec, norms = self.spec, self.spec.norms
+        return (
+            spec.norm == "rms"
+            and not spec.parallel
+            and spec.residual_multiplier is None
+            and None not in (norms.pre_attn, norms.post_attn, norms.pre_mlp, norms.post_mlp)
+            and bool(self.layers)
+            and all(layer.qkv_fp8 is None and layer.gate_up_fp8 is None for layer in self.layers)
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap."""

@@ -24,6 +24,7 @@ from engine_plugin_sdk.gpu.triton_kernels.launchers import (
     silu_and_mul,
     write_kv,
 )
+from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
 from engine_plugin_sdk.gpu.triton_kernels.token_bitmask import apply_token_bitmask
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "next_power_of_2",
     "paged_decode",
     "paged_prefill",
+    "post_norm_add_rms_norm",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",

@@ -293,16 +293,11 @@ def paged_decode_kernel(
 
 
 @triton.jit
-def decode_merge_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr,
-    stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+def _merge_head(
+    out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
 ):
     """Join the splits of one head of one sequence: rescale each by exp(m_s - max m) and normalise."""
-    pdl_begin(USE_PDL)
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    num_heads = tl.num_programs(1)
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
@@ -319,6 +314,18 @@ def decode_merge_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=offs_d < HEAD_DIM,
     )
+
+
+@triton.jit
+def decode_merge_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr,
+    stride_o_tok, stride_o_head,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Join the splits of one head of one sequence (see :func:`_merge_head`)."""
+    pdl_begin(USE_PDL)
+    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
+                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, HEAD_DIM, D_PAD)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)

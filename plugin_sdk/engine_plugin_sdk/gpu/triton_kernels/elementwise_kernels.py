@@ -207,6 +207,30 @@ def silu_and_mul_fp8_kernel(
 
 
 @triton.jit
+def _greedy_scan(row_ptr, lo, hi, vocab_size, BLOCK: tl.constexpr):
+    """Over columns ``[lo, hi)`` of one row: the first maximum's column, the maximum, and the sum of
+    ``exp(x - max)`` (a running max and sum, rescaled when the max grows; an all ``-inf`` range gives
+    ``-inf`` and a sum of 0, not NaN)."""
+    offs0 = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    best = tl.sum(tl.zeros([BLOCK], tl.int64), 0) + lo
+    for start in range(lo, hi, BLOCK):
+        offs = start + offs0
+        x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+        chunk_max = tl.max(x, 0)
+        # the first position of the chunk's max; a later chunk takes over only with a strictly larger one
+        chunk_best = tl.min(tl.where(x == chunk_max, offs, vocab_size), 0).to(tl.int64)
+        best = tl.where(chunk_max > m, chunk_best, best)
+        m_new = tl.maximum(m, chunk_max)
+        # while everything seen is -inf, exp(-inf - -inf) would be NaN: shift by 0 instead
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        total = total * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), 0)
+        m = m_new
+    return best, m, total
+
+
+@triton.jit
 def greedy_pick_kernel(
     ids_ptr, logprob_ptr, logits_ptr, stride_row, vocab_size,
     BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
@@ -215,19 +239,49 @@ def greedy_pick_kernel(
     running max and a running sum of exponentials (rescaled when the max grows)."""
     pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs0 = tl.arange(0, BLOCK)
-    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
-    total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
-    best = tl.sum(tl.zeros([BLOCK], tl.int64), 0)
-    for start in range(0, vocab_size, BLOCK):
-        offs = start + offs0
-        x = tl.load(logits_ptr + row * stride_row + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        chunk_max = tl.max(x, 0)
-        # the first position of the chunk's max; a later chunk takes over only with a strictly larger one
-        chunk_best = tl.min(tl.where(x == chunk_max, offs, vocab_size), 0).to(tl.int64)
-        best = tl.where(chunk_max > m, chunk_best, best)
-        m_new = tl.maximum(m, chunk_max)
-        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-        m = m_new
+    best, m, total = _greedy_scan(logits_ptr + row * stride_row, 0, vocab_size, vocab_size, BLOCK)
     tl.store(ids_ptr + row, best)
+    tl.store(logprob_ptr + row, -tl.log(total))
+
+
+@triton.jit
+def greedy_pick_partial_kernel(
+    part_best_ptr, part_m_ptr, part_sum_ptr, logits_ptr, stride_row, vocab_size,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """:func:`greedy_pick_kernel` over one ``CHUNK`` of columns of one row (a row's chunks in parallel:
+    at small batches one program per row left most of the GPU idle); :func:`greedy_pick_merge_kernel`
+    joins the partials ``[rows, chunks]``."""
+    pdl_begin(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    lo = chunk * CHUNK
+    hi = tl.minimum(lo + CHUNK, vocab_size)
+    best, m, total = _greedy_scan(logits_ptr + row * stride_row, lo, hi, vocab_size, BLOCK)
+    part = row * tl.num_programs(1) + chunk
+    tl.store(part_best_ptr + part, best)
+    tl.store(part_m_ptr + part, m)
+    tl.store(part_sum_ptr + part, total)
+
+
+@triton.jit
+def greedy_pick_merge_kernel(
+    ids_ptr, logprob_ptr, part_best_ptr, part_m_ptr, part_sum_ptr, num_chunks, vocab_size,
+    CHUNKS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """One row's partials: the earliest chunk holding the global maximum gives the token (so ties go to
+    the first column, as in one pass), and the chunks' sums rescaled to that maximum give its log-softmax."""
+    pdl_begin(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, CHUNKS_PAD)
+    ok = offs < num_chunks
+    part = row * num_chunks + offs
+    m = tl.load(part_m_ptr + part, mask=ok, other=float("-inf"))
+    sums = tl.load(part_sum_ptr + part, mask=ok, other=0.0)
+    bests = tl.load(part_best_ptr + part, mask=ok, other=0)
+    m_max = tl.max(m, 0)
+    best = tl.min(tl.where(ok & (m == m_max), bests, vocab_size), 0)
+    shift = tl.where(m_max == float("-inf"), 0.0, m_max)
+    total = tl.sum(sums * tl.exp(m - shift), 0)
+    tl.store(ids_ptr + row, best.to(tl.int64))
     tl.store(logprob_ptr + row, -tl.log(total))

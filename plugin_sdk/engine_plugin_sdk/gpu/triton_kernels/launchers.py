@@ -339,6 +339,14 @@ def quantize_rows_fp8(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -
     return out, scale
 
 
+#: columns per program of the greedy pick
+GREEDY_BLOCK = 4096
+#: the greedy pick splits each row's columns across programs (False: one program a row, the earlier path).
+#: At every batch size, not only small ones: a row-count threshold would make a batch that first crosses it
+#: compile the other kernel mid-serving; large batches read the same bytes either way
+GREEDY_SPLIT = True
+
+
 def greedy_pick(logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's first maximum over the first ``vocab_size`` columns and its log-softmax value, one pass
     over the logits (torch's path writes a log-softmax copy and reads it twice more).
@@ -356,12 +364,28 @@ def greedy_pick(logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, to
     rows = logits.shape[0]
     ids = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    if rows:
-        block = min(4096, next_power_of_2(vocab_size))
+    if not rows:
+        return ids, logprobs
+    block = min(GREEDY_BLOCK, next_power_of_2(vocab_size))
+    warps = min(8, max(1, block // 256))
+    chunks = triton_cdiv(vocab_size, block)
+    if not GREEDY_SPLIT or chunks == 1:
         ek.greedy_pick_kernel[(rows,)](
-            ids, logprobs, logits, logits.stride(0), vocab_size,
-            BLOCK=block, num_warps=min(8, max(1, block // 256)), **pdl.launch_options(),
+            ids, logprobs, logits, logits.stride(0), vocab_size, BLOCK=block, num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
+        return ids, logprobs
+    # one program per BLOCK columns of each row, then a merge: at batch 1 the one-pass kernel ran a 256k
+    # vocabulary's 63 tiles one after another on one multiprocessor
+    best = torch.empty((rows, chunks), dtype=torch.int64, device=logits.device)
+    m, total = torch.empty((2, rows, chunks), dtype=torch.float32, device=logits.device)
+    ek.greedy_pick_partial_kernel[(rows, chunks)](
+        best, m, total, logits, logits.stride(0), vocab_size,
+        CHUNK=block, BLOCK=block, num_warps=warps, **pdl.launch_options(),
+    )  # fmt: skip
+    ek.greedy_pick_merge_kernel[(rows,)](
+        ids, logprobs, best, m, total, chunks, vocab_size,
+        CHUNKS_PAD=next_power_of_2(chunks), num_warps=1 if chunks <= 256 else 4, **pdl.launch_options(),
+    )  # fmt: skip
     return ids, logprobs
 
 
@@ -373,8 +397,10 @@ def triton_cdiv(a: int, b: int) -> int:
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     block_n: int = 16, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``.
+    """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``,
+    in ``out_dtype`` (default: x's; float32 stores the accumulator unrounded, as logits want).
 
     Raises:
         ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
@@ -389,7 +415,7 @@ def gemv(
     flat = x.reshape(k)
     if flat.stride(0) != 1:
         flat = flat.contiguous()
-    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    y = torch.empty(n, dtype=out_dtype or x.dtype, device=x.device)
     gk.gemv_kernel[(-(-n // block_n),)](
         flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
