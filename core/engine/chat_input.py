@@ -17,13 +17,15 @@ Every chat-shaped input (OpenAI chat, and the Anthropic and Responses APIs) goes
 
 from __future__ import annotations
 
+import functools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from engine.chat_tools import check_no_special_text, prepare_chat
 from engine.errors import InvalidRequestError
 from engine.input_processor import check_prompt_chars
-from engine.loader.tokenizer import Tokenizer, normalize_message
+from engine.loader.tokenizer import Tokenizer
 
 #: how a template may have changed a message's text on the way in: kept, or trimmed (``| trim``)
 _TEXT_VARIANTS = (lambda s: s, str.strip, str.lstrip, str.rstrip)
@@ -35,6 +37,8 @@ def encode_conversation(
     add_generation_prompt: bool = True,
     allow_special_tokens: bool = False,
     max_model_len: int | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render ``messages`` with the model's chat template and tokenize the result.
 
@@ -46,6 +50,9 @@ def encode_conversation(
             callers only: any message can then end its turn and start another).
         max_model_len: refuse, before tokenizing it, a rendering whose characters alone cannot fit in a
             context of this many tokens (``check_prompt_chars``); None: no bound.
+        tools: OpenAI function tools, rendered by the template or in the Hermes format
+            (:func:`engine.chat_tools.prepare_chat`, which also handles messages with tool calls).
+        template_kwargs: extra template variables (``{"enable_thinking": False}``).
 
     Returns:
         The prompt's token ids (no BOS added beyond what the template writes).
@@ -54,11 +61,18 @@ def encode_conversation(
         ValueError: the template refused the conversation, or a message is malformed.
         InvalidRequestError: the rendering cannot fit ``max_model_len`` (``context_length_exceeded``), or a
             message holds special-token text that this template does not keep apart from its own
-            markers (it rewrites message text in a way this module does not follow).
+            markers (it rewrites message text in a way this module does not follow), or tools, call
+            arguments or template variables hold special-token text; or a reserved template variable.
         engine.loader.errors.ModelLoadError: the model has no chat template.
     """
-    normalized = [normalize_message(message, index) for index, message in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(normalized, add_generation_prompt=add_generation_prompt)
+    prepared = prepare_chat(tokenizer, messages, tools, template_kwargs)
+    if not allow_special_tokens:
+        check_no_special_text(tokenizer, prepared)
+    normalized = prepared.messages
+    render = functools.partial(
+        tokenizer.apply_chat_template, tools=prepared.tools, template_kwargs=prepared.template_kwargs
+    )
+    rendered = render(normalized, add_generation_prompt=add_generation_prompt)
     if max_model_len is not None:
         check_prompt_chars(len(rendered), max_model_len, tokenizer.max_token_chars, "messages")
     ids = tokenizer.encode(rendered, add_special_tokens=False)
@@ -66,7 +80,7 @@ def encode_conversation(
     if allow_special_tokens or not special:
         return ids
     texts = [message["content"] for message in normalized]
-    pieces = _template_pieces(tokenizer, normalized, add_generation_prompt)
+    pieces = _template_pieces(render, normalized, add_generation_prompt)
     if pieces is None:
         # The template does not place each message's text once, in order: it cannot be split apart.
         if not any(_holds_special_text(tokenizer, text) for text in texts):
@@ -87,7 +101,7 @@ def encode_conversation(
 
 
 def _template_pieces(
-    tokenizer: Tokenizer, normalized: list[dict[str, Any]], add_generation_prompt: bool
+    render: Callable[..., str], normalized: list[dict[str, Any]], add_generation_prompt: bool
 ) -> list[str] | None:
     """The template's own text around the messages' texts (one more piece than non-empty messages).
 
@@ -106,7 +120,7 @@ def _template_pieces(
             skeleton_messages.append({**message, "content": marks[-1]})
         else:
             skeleton_messages.append(message)
-    skeleton = tokenizer.apply_chat_template(skeleton_messages, add_generation_prompt=add_generation_prompt)
+    skeleton = render(skeleton_messages, add_generation_prompt=add_generation_prompt)
     pieces: list[str] = []
     start = 0
     for mark in marks:

@@ -129,6 +129,8 @@ class LLM:
         add_generation_prompt: bool = True,
         cache_salt: str | None = None,
         allow_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation or a batch of them, using the model's chat template.
 
@@ -142,12 +144,21 @@ class LLM:
             allow_special_tokens: read special-token strings in message text (``<|im_end|>``) as special
                 tokens; by default they stay plain text, as the server keeps them
                 (``engine.chat_input.encode_conversation``).
+            tools: OpenAI function tools (``{"type": "function", "function": {...}}``) for every
+                conversation, rendered by the template or, if it has no tool support, in the Hermes
+                format (``engine.chat_tools``); the outputs are text, to be parsed with a tool parser
+                (``engine.tool_parsers``) if wanted.
+            chat_template_kwargs: extra template variables, such as ``{"enable_thinking": False}``.
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (or a list of such lists)")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         token_prompts = [
-            encode_conversation(self.tokenizer, c, add_generation_prompt, allow_special_tokens) for c in conversations
+            encode_conversation(
+                self.tokenizer, c, add_generation_prompt, allow_special_tokens,
+                tools=tools, template_kwargs=chat_template_kwargs,
+            )  # fmt: skip
+            for c in conversations
         ]
         return self.generate(token_prompts, sampling_params, use_tqdm, cache_salt=cache_salt)
 

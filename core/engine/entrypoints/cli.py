@@ -7,6 +7,7 @@ Heavy imports (torch, transformers, the server) happen inside the subcommands, s
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -171,13 +172,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from engine.async_engine import AsyncLLMEngine
     from engine.entrypoints.openai.server import build_app, serve_app
-    from engine.entrypoints.serve_args import app_options
+    from engine.entrypoints.serve_args import app_options, chat_parsers
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = AsyncLLMEngine(load_engine(args))
     names = [args.served_model_name] if args.served_model_name else None
     app = build_app(engine, served_model_names=names, api_key=args.api_key, access_log=not args.disable_log_requests,
-                    allow_special_tokens_in_messages=args.allow_special_tokens_in_messages, **app_options(args))
+                    allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
+                    chat_parsers=chat_parsers(args, engine.tokenizer), **app_options(args))
     print(f"serving {names[0] if names else engine.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
         serve_app(
@@ -212,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read special-token strings typed in chat messages (<|im_end|>, ...) as the special "
                             "tokens themselves, so a message can end its turn and open another; for trusted "
                             "clients only (default: they stay plain text)")
-    serve.set_defaults(func=cmd_serve)
+    serve_args.add_serve_parser_args(serve)
+    # the parser names are checked once the plugin files they may come from are loaded
+    serve.set_defaults(func=cmd_serve, check_args=functools.partial(serve_args.check_parser_args, serve))
 
     cli_commands.add_subcommands(sub, add_engine_args)
     return parser
@@ -225,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_args: Callable[[argparse.Namespace], None] | None = getattr(args, "check_args", None)
+    if check_args is not None:
+        check_args(args)  # a usage mistake exits 2 with one line, as argparse's own do
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -88,3 +88,68 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
         "allowed_origins": args.allowed_origins,
         "body_timeout_s": args.body_timeout,
     }
+
+
+def add_serve_parser_args(serve: argparse.ArgumentParser) -> None:
+    """Add the tool-call and reasoning parser options to ``engine serve``."""
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="read tool calls out of the replies of requests with tools and tool_choice 'auto' "
+                            "(the default), with --tool-call-parser; without it such requests get a 400")
+    serve.add_argument("--tool-call-parser", "--tool-parser", dest="tool_call_parser", default=None, metavar="NAME",
+                       help="how the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a name "
+                            "a --tool-parser-plugin file registers")
+    serve.add_argument("--tool-parser-plugin", default=None, metavar="FILE",
+                       help="a Python file defining register_tool_parsers(registry), which registers more "
+                            "--tool-call-parser names")
+    serve.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                       help="split replies into reasoning_content and content: deepseek_r1, qwen3, or a name a "
+                            "--reasoning-parser-plugin file registers")
+    serve.add_argument("--reasoning-parser-plugin", default=None, metavar="FILE",
+                       help="a Python file defining register_reasoning_parsers(registry)")
+
+
+def check_parser_args(serve: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the parser options once the command line is read, as a usage mistake (one line, exit 2).
+
+    Plugin files are loaded here, so that a name they register is known; the registries are kept on
+    ``args`` (``tool_parser_registry``, ``reasoning_parser_registry``) for :func:`chat_parsers`.
+    """
+    from engine.named_registry import NamedRegistry, PluginFileError
+    from engine.reasoning import default_reasoning_parser_registry
+    from engine.tool_parsers import default_tool_parser_registry
+
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        serve.error("--enable-auto-tool-choice needs --tool-call-parser NAME (how the model writes its calls)")
+
+    def registry(make: Any, plugin: str | None, name: str | None, option: str, plugin_option: str) -> NamedRegistry[Any]:
+        found = make()
+        try:
+            if plugin is not None:
+                found.load_plugin_file(plugin)
+        except PluginFileError as exc:
+            serve.error(f"{plugin_option}: {' '.join(str(exc).split())}")
+        if name is not None and name not in found:
+            serve.error(f"{option} {name}: unknown {found.kind}; known: {', '.join(found.names())}")
+        return found
+
+    args.tool_parser_registry = registry(
+        default_tool_parser_registry, args.tool_parser_plugin, args.tool_call_parser, "--tool-call-parser",
+        "--tool-parser-plugin",
+    )
+    args.reasoning_parser_registry = registry(
+        default_reasoning_parser_registry, args.reasoning_parser_plugin, args.reasoning_parser, "--reasoning-parser",
+        "--reasoning-parser-plugin",
+    )
+
+
+def chat_parsers(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """The server's :class:`~engine.entrypoints.openai.serving_tools.ChatParsers` for the options above,
+    built with the model's tokenizer (after :func:`check_parser_args`)."""
+    from engine.entrypoints.openai.serving_tools import ChatParsers
+
+    tool_name, reasoning_name = args.tool_call_parser, args.reasoning_parser
+    return ChatParsers(
+        tool_parser=args.tool_parser_registry.create(tool_name, tokenizer) if tool_name else None,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser_registry.create(reasoning_name, tokenizer) if reasoning_name else None,
+    )

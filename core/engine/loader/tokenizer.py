@@ -103,13 +103,23 @@ class Tokenizer:
         """Return the vocabulary strings of ``ids`` (e.g. for logprobs)."""
         return list(self.hf.convert_ids_to_tokens(ids))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """Render chat ``messages`` to a prompt string with the model's chat template.
 
         Args:
             messages: dicts with ``role`` (system/user/assistant/tool) and ``content`` (a string or a
                 list of ``{"type": "text", "text": ...}`` parts, which are joined).
             add_generation_prompt: end with the header that starts the assistant's turn.
+            tools: OpenAI function tools, given to the template as ``tools`` (as HF's own
+                ``apply_chat_template`` does); None renders no tools.
+            template_kwargs: more variables for the template (``enable_thinking``); the caller keeps
+                out names that are HF's own parameters (``engine.chat_tools.check_template_kwargs``).
 
         Returns:
             The prompt text (special tokens included as text).
@@ -127,7 +137,8 @@ class Tokenizer:
             raise ValueError("messages must be a non-empty list")
         try:
             return self.hf.apply_chat_template(
-                normalized, tokenize=False, add_generation_prompt=add_generation_prompt
+                normalized, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
+                **(template_kwargs or {}),
             )
         except TemplateSyntaxError:
             raise  # the model's template is broken: not the caller's mistake

@@ -153,7 +153,10 @@ class Sampler:
             token_ids = self._pick(processed, rows, generator)
         raw_logprobs = torch.log_softmax(raw, dim=-1)
         sampled_logprobs = raw_logprobs.gather(1, token_ids.unsqueeze(1))
-        ranks = (raw_logprobs > sampled_logprobs).sum(dim=-1) + 1
+        if any(r.params.logprobs is not None for r in rows):
+            ranks = (raw_logprobs > sampled_logprobs).sum(dim=-1) + 1
+        else:  # ranks are reported with logprobs only: spare the pass over the vocabulary
+            ranks = torch.ones(len(rows), dtype=torch.int64)
         return SampleResult(
             token_ids=token_ids.tolist(),
             logprobs=sampled_logprobs.squeeze(1).tolist(),

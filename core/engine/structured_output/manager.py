@@ -8,17 +8,38 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from engine.structured_output.params import GrammarSpec, StructuredOutputsParams
+from engine.structured_output.params import GrammarSpec, ReasoningGate, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Gated:
+    """A sequence's matcher held back while its model thinks.
+
+    Attributes:
+        matcher: at the grammar's start until the thinking ends.
+        gate: when it ends.
+        undecided: no token yet, and the model may answer at once or open a thinking block.
+    """
+
+    matcher: GrammarMatcher
+    gate: ReasoningGate
+    undecided: bool
+
+
+def _bit(position: int) -> int:
+    """Bit ``position`` of an int32 bitmask word, as the signed value torch stores."""
+    return (1 << position) - (1 << 32) if position == 31 else 1 << position
 
 
 class StructuredOutputManager:
@@ -45,6 +66,8 @@ class StructuredOutputManager:
         self._pool: ThreadPoolExecutor | None = None
         self._compiled: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._matchers: dict[int, GrammarMatcher] = {}
+        #: sequences whose constraint waits for the end of their thinking (``ReasoningGate``)
+        self._gated: dict[int, _Gated] = {}
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -83,21 +106,34 @@ class StructuredOutputManager:
         return future
 
     def start(self, sequences: Iterable[Sequence], compiled: object) -> None:
-        """Give each sequence its own matcher at the grammar's start (``n > 1`` siblings diverge)."""
+        """Give each sequence its own matcher at the grammar's start (``n > 1`` siblings diverge); a
+        constraint with a reasoning gate holds its matcher back until the thinking ends."""
         backend = self.backend
         for seq in sequences:
-            self._matchers[seq.seq_id] = backend.make_matcher(compiled)
+            matcher = backend.make_matcher(compiled)
+            constraint = seq.params.structured_outputs
+            gate = constraint.reasoning_gate if constraint is not None else None
+            if gate is None:
+                self._matchers[seq.seq_id] = matcher
+            else:
+                self._gated[seq.seq_id] = _Gated(
+                    matcher, gate, undecided=gate.optional_start_token is not None
+                )
 
     def constrains(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._matchers
+        return seq.seq_id in self._matchers or seq.seq_id in self._gated
 
     @property
     def num_matchers(self) -> int:
         """Sequences holding a matcher (tests check that finished requests hold none)."""
-        return len(self._matchers)
+        return len(self._matchers) + len(self._gated)
 
     def fill_bitmask(self, targets: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
         """The bitmask of a step's sampled rows: filled for the constrained rows, which are returned too.
+
+        A thinking row gets a row allowing every token: any mask keeps the step's tokens off the
+        device's overlap, so the token that ends the thinking opens the grammar before the next step's
+        mask is filled.
 
         Args:
             targets: the sequence of each logits row.
@@ -105,21 +141,47 @@ class StructuredOutputManager:
         Returns:
             ``(host int32 [len(targets), words], the constrained rows)``, or None when no row is constrained.
         """
-        rows = [i for i, seq in enumerate(targets) if seq.seq_id in self._matchers]
+        rows = [i for i, seq in enumerate(targets) if self.constrains(seq)]
         if not rows:
             return None
         bitmask = self.backend.allocate_bitmask(len(targets))
         for i in rows:
-            self._matchers[targets[i].seq_id].fill_next_token_bitmask(bitmask, i)
+            seq_id = targets[i].seq_id
+            matcher = self._matchers.get(seq_id)
+            if matcher is not None:
+                matcher.fill_next_token_bitmask(bitmask, i)
+                continue
+            gated = self._gated[seq_id]
+            if gated.undecided:
+                # the grammar's first tokens, or the token that opens a thinking block
+                gated.matcher.fill_next_token_bitmask(bitmask, i)
+                token = gated.gate.optional_start_token
+                assert token is not None
+                bitmask[i, token // 32] |= _bit(token % 32)
         return bitmask, rows
 
     def accept(self, seq: Sequence, token_id: int) -> bool:
-        """Advance the sequence's matcher by its sampled token.
+        """Advance the sequence's matcher by its sampled token (``seq.output_token_ids`` ends with it).
 
         Returns:
             Whether the grammar ends the sequence: it accepted its stop token, or (which the mask
             should make impossible) it refused the token, so nothing valid can follow.
         """
+        gated = self._gated.get(seq.seq_id)
+        if gated is not None:
+            if gated.undecided:
+                gated.undecided = False
+                if token_id == gated.gate.optional_start_token:
+                    return False  # thinking
+                # answered at once: this token is the grammar's first
+                del self._gated[seq.seq_id]
+                self._matchers[seq.seq_id] = gated.matcher
+            else:
+                if gated.gate.is_reasoning_end(seq.output_token_ids):
+                    # the grammar applies from the next token; the one that ended the thinking is not its
+                    del self._gated[seq.seq_id]
+                    self._matchers[seq.seq_id] = gated.matcher
+                return False
         matcher = self._matchers[seq.seq_id]
         if not matcher.accept_token(token_id):
             logger.warning(
@@ -132,6 +194,7 @@ class StructuredOutputManager:
         """Drop the matchers of sequences that finished or were aborted."""
         for seq in sequences:
             self._matchers.pop(seq.seq_id, None)
+            self._gated.pop(seq.seq_id, None)
 
     def shutdown(self) -> None:
         """Stop the compile threads (compilations in progress finish; none start)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as json_module
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,22 @@ class GrammarSpec:
     compact_json: bool = True
 
 
+@dataclass(frozen=True)
+class ReasoningGate:
+    """Hold a constraint back while the model thinks: it applies from the token after the thinking.
+
+    Attributes:
+        is_reasoning_end: whether the thinking is over, given the output's token ids so far (a reasoning
+            parser's ``is_reasoning_end``); called once per token until it says True.
+        optional_start_token: for models that may answer at once or open a thinking block with this
+            token: the first token is then the grammar's first or this one (None: the output starts
+            inside the thinking).
+    """
+
+    is_reasoning_end: Callable[[Sequence[int]], bool]
+    optional_start_token: int | None = None
+
+
 @pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class StructuredOutputsParams:
     """Constrain a request's output; exactly one of the constraint fields must be set.
@@ -42,6 +59,8 @@ class StructuredOutputsParams:
         disable_any_whitespace: JSON output without whitespace between tokens (the default), so that
             small models cannot wander into endless whitespace; False lets the model put whitespace
             wherever JSON allows it.
+        reasoning_gate: apply the constraint only once the model's thinking ended (None: from the
+            first token); it does not change the compiled grammar.
     """
 
     json: dict[str, Any] | str | None = None
@@ -51,6 +70,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool = True
+    reasoning_gate: ReasoningGate | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsParams:

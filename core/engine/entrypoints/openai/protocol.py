@@ -2,17 +2,20 @@
 in the serving modules, in OpenAI's exact shape).
 
 Requests are validated strictly from JSON (``"5"`` is not a number, ``1.5`` is not a count), because a
-client that sends the wrong type should hear about it rather than get a guess. Unknown fields are
-ignored, as OpenAI's own SDKs send fields this server has no use for.
+client that sends the wrong type should hear about it rather than get a guess. The chat and completion
+requests keep the fields they do not declare (``model_extra``): ``request_fields`` refuses the OpenAI
+ones this server does not implement and logs the others, so that nothing is dropped unnoticed.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.entrypoints.openai.protocol_tools import ChatTool, MessageToolCall, ToolChoice
+from engine.entrypoints.openai.structured_fields import ResponseFormat, StructuredOutputsField
 from engine.sampling.params import MAX_LOGIT_BIAS, SEED_MAX, SEED_MIN
 
 #: most stop strings one request may carry
@@ -46,11 +49,41 @@ class ContentPart(_Request):
 
 
 class ChatMessage(_Request):
-    """One message of a conversation; ``developer`` is OpenAI's newer name for ``system``."""
+    """One message of a conversation; ``developer`` is OpenAI's newer name for ``system``.
 
-    role: Literal["system", "developer", "user", "assistant"]
+    An assistant message may carry the ``tool_calls`` it made (its content then may be null), and a
+    ``tool`` message answers one of them by its ``tool_call_id``; ``reasoning_content`` of an earlier
+    assistant turn goes to templates that render it (Qwen 3's).
+    """
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: list[ContentPart] | str | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        if self.role == "tool" and self.content is None:
+            raise ValueError("a tool message needs content (the tool's result)")
+        return self
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as the chat template reads it: text content, the optional fields when set."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.content is None and self.tool_calls:
+            out["content"] = None
+        for name in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -92,6 +125,15 @@ class SamplingFields(_Request):
     # prefix-cache isolation: cached KV blocks are shared only between requests with the same salt
     # (checked by the engine's validator: an empty string is refused)
     cache_salt: str | None = None
+    # output constraints, one per request (``structured_fields``): OpenAI's, this engine's, the older names
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -119,7 +161,14 @@ class SamplingFields(_Request):
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
+    model_config = ConfigDict(extra="allow")
+
     messages: list[ChatMessage] = Field(..., min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # variables for the chat template (``{"enable_thinking": false}``), as the leading engine takes them
+    chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -129,6 +178,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions; ``prompt`` is text, token ids, or a batch of either."""
+
+    model_config = ConfigDict(extra="allow")
 
     # ``examples`` only document (``/openapi.json``), and give schema fuzzers a valid starting point
     prompt: str | list[str] | list[int] | list[list[int]] = Field(..., examples=["Once upon a time"])

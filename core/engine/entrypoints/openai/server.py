@@ -32,6 +32,7 @@ from engine.entrypoints.openai.serving_chat import ChatHandler
 from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
+from engine.entrypoints.openai.serving_tools import ChatParsers
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def build_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     access_log: bool = True,
     allow_special_tokens_in_messages: bool = False,
+    chat_parsers: ChatParsers | None = None,
 ) -> FastAPI:
     """Create the app around a (not yet started) async engine; the app starts and stops its thread.
 
@@ -82,6 +84,8 @@ def build_app(
         access_log: log one line per request (logger ``engine.access``); ``--disable-log-requests`` turns it off.
         allow_special_tokens_in_messages: read special-token strings typed in chat messages as special
             tokens, as the template's own markers are (trusted clients only; off: they stay plain text).
+        chat_parsers: the tool-call and reasoning parsers chat responses are read with
+            (``--tool-call-parser``, ``--enable-auto-tool-choice``, ``--reasoning-parser``); None: none.
 
     Returns:
         The ASGI app.
@@ -127,7 +131,7 @@ def build_app(
     if access_log:
         # added last, so it runs first and logs what every other middleware answers too
         app.add_middleware(AccessLogMiddleware)
-    chat = ChatHandler(ctx)
+    chat = ChatHandler(ctx, chat_parsers)
     completion = CompletionHandler(ctx)
     tokenizing = TokenizeHandler(ctx)
 

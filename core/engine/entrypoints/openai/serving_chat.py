@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from engine.entrypoints.openai.content_parts import check_content_parts
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from engine.entrypoints.openai.request_body import parse_body
+from engine.entrypoints.openai.request_fields import UNSUPPORTED_CHAT_FIELDS, check_extra_fields
 from engine.entrypoints.openai.serving_common import (
     DeltaTracker,
     ServingContext,
@@ -31,6 +33,16 @@ from engine.entrypoints.openai.serving_common import (
     token_logprobs,
     usage,
 )
+from engine.entrypoints.openai.serving_tools import (
+    ChatOutputParser,
+    ChatParsers,
+    ToolPlan,
+    apply_tool_plan,
+    finish_reason,
+    plan_tools,
+    whole_message,
+)
+from engine.entrypoints.openai.structured_fields import apply_reasoning_gate, constraint_field
 from engine.errors import InvalidRequestError
 from engine.input_processor import check_prompt_chars
 from engine.outputs import CompletionOutput, RequestOutput
@@ -40,7 +52,12 @@ _TEMPLATE_CHARS_PER_MESSAGE = 32
 
 
 async def chat_prompt_ids(
-    ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool, bounded: bool = True
+    ctx: ServingContext,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    bounded: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Render the conversation with the model's chat template and tokenize it (``encode_conversation``:
     text typed in a message never becomes a special token, unless the server allows it).
@@ -53,32 +70,42 @@ async def chat_prompt_ids(
         add_generation_prompt: end with the header of the assistant's turn.
         bounded: refuse, before any work, a conversation whose characters alone cannot fit the
             context (``/tokenize`` counts any conversation, so it passes False).
+        tools: OpenAI function tools for the template (``engine.chat_tools``).
+        template_kwargs: the request's ``chat_template_kwargs``.
 
     Raises:
-        OpenAIError: 400 naming ``messages``.
+        OpenAIError: 400 naming ``messages`` (or ``tools``, ``chat_template_kwargs``).
     """
     check_content_parts(messages)
     tokenizer = ctx.engine.tokenizer
-    conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages
-    ]
-    num_chars = sum(len(m["content"]) for m in conversation)
+    conversation = [m.to_template() for m in messages]
+    # what the template renders besides message text counts too: tool definitions and earlier calls
+    extras = [m["tool_calls"] for m in conversation if m.get("tool_calls")] + [v for v in (tools, template_kwargs) if v]
+    num_chars = sum(len(m["content"] or "") for m in conversation) + sum(len(json.dumps(v)) for v in extras)
     max_model_len = ctx.engine.max_model_len if bounded else None
     if max_model_len is not None:
         with refused_as_bad_request():
             check_prompt_chars(num_chars, max_model_len, tokenizer.max_token_chars, "messages")
     # the template's own text grows with the number of messages
     size = num_chars + _TEMPLATE_CHARS_PER_MESSAGE * len(conversation)
-    return await ctx.off_loop(size, _encode_chat, ctx, conversation, add_generation_prompt, max_model_len)
+    return await ctx.off_loop(
+        size, _encode_chat, ctx, conversation, add_generation_prompt, max_model_len, tools, template_kwargs
+    )
 
 
 def _encode_chat(
-    ctx: ServingContext, conversation: list[dict[str, Any]], add_generation_prompt: bool, max_model_len: int | None
+    ctx: ServingContext,
+    conversation: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    max_model_len: int | None,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
 ) -> list[int]:
     try:
         return encode_conversation(
-            ctx.engine.tokenizer, conversation, add_generation_prompt, ctx.allow_special_tokens_in_messages, max_model_len
-        )
+            ctx.engine.tokenizer, conversation, add_generation_prompt, ctx.allow_special_tokens_in_messages,
+            max_model_len, tools=tools, template_kwargs=template_kwargs,
+        )  # fmt: skip
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param=exc.param, code=exc.code) from None
     except ValueError as exc:  # the template rejected the conversation (e.g. roles out of order)
@@ -102,13 +129,16 @@ def _chat_logprobs(items: list[TokenLogprobs]) -> dict[str, Any]:
 class ChatHandler:
     """Serves chat completions for one server."""
 
-    def __init__(self, ctx: ServingContext) -> None:
+    def __init__(self, ctx: ServingContext, parsers: ChatParsers | None = None) -> None:
         self.ctx = ctx
+        self.parsers = parsers or ChatParsers()
 
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
         ctx = self.ctx
         req = await parse_body(request, ChatCompletionRequest, ctx.max_body_bytes)
         ctx.check_model(req.model)
+        check_extra_fields(req, "/v1/chat/completions", ctx.unknown_fields, UNSUPPORTED_CHAT_FIELDS)
+        plan = plan_tools(req, self.parsers)
         if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
             raise bad_request("max_tokens and max_completion_tokens disagree; send one of them", param="max_tokens")
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -116,12 +146,17 @@ class ChatHandler:
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         params = sampling_params(req, ctx, max_tokens, num_top if req.logprobs else None)
-        prompt_ids = await chat_prompt_ids(ctx, req.messages, req.add_generation_prompt)
+        params = apply_tool_plan(params, plan, self.parsers)
+        constraint_param = constraint_field(req)
+        params = apply_reasoning_gate(params, self.parsers.reasoning_parser, constraint_param)
+        prompt_ids = await chat_prompt_ids(
+            ctx, req.messages, req.add_generation_prompt, tools=plan.tools, template_kwargs=req.chat_template_kwargs
+        )
         check_prompt(prompt_ids, max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_completion_tokens")
         ctx.limits.check_total_tokens([len(prompt_ids)], req.n, max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt)
-        call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top)
+        stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt, constraint_param)
+        call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top, plan, self.parsers)
         record_usage(request, len(prompt_ids), 0)
         if req.stream:
             return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")
@@ -131,8 +166,13 @@ class ChatHandler:
 class _ChatCall:
     """One chat request's response, whole or as server-sent events."""
 
-    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, request_id: str, num_prompt: int, num_top: int):
+    def __init__(
+        self, ctx: ServingContext, req: ChatCompletionRequest, request_id: str, num_prompt: int, num_top: int,
+        plan: ToolPlan, parsers: ChatParsers,
+    ) -> None:  # fmt: skip
         self.ctx = ctx
+        self.plan = plan
+        self.parsers = parsers
         self.req = req
         self.request_id = request_id
         self.num_prompt = num_prompt
@@ -156,12 +196,13 @@ class _ChatCall:
             logprobs = None
             if self.req.logprobs:
                 logprobs = _chat_logprobs(token_logprobs(out, 0, len(out.token_ids), self.num_top, self._decode))
+            parser = ChatOutputParser(self.plan, self.parsers)
             choices.append(
                 {
                     "index": out.index,
-                    "message": {"role": "assistant", "content": out.text},
+                    "message": whole_message(parser, out.text),
                     "logprobs": logprobs,
-                    "finish_reason": out.finish_reason or ("abort" if stream.aborted else None),
+                    "finish_reason": finish_reason(parser, out.finish_reason) or ("abort" if stream.aborted else None),
                 }
             )
         record_usage(request, self.num_prompt, sum(len(o.token_ids) for o in outputs))
@@ -190,6 +231,7 @@ class _ChatCall:
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
         hold = stop_hold_back(self.req.stop)
         trackers = [DeltaTracker(hold_back=hold) for _ in range(self.req.n)]
+        parsers = [ChatOutputParser(self.plan, self.parsers) for _ in range(self.req.n)]
         finished = [False] * self.req.n
         completion_tokens = [0] * self.req.n
         async with abort_on_disconnect(request, self.ctx.engine, [self.request_id]):
@@ -205,7 +247,7 @@ class _ChatCall:
                             continue
                         completion_tokens[out.index] = len(out.token_ids)
                         record_usage(request, self.num_prompt, sum(completion_tokens))
-                        chunk_choices = self._delta_choices(out, trackers[out.index])
+                        chunk_choices = self._delta_choices(out, trackers[out.index], parsers[out.index])
                         if out.finished:
                             finished[out.index] = True
                         for choice in chunk_choices:
@@ -222,15 +264,28 @@ class _ChatCall:
                 yield sse(self._chunk([], True, usage(self.num_prompt, sum(completion_tokens))))
             yield sse("[DONE]")
 
-    def _delta_choices(self, out: CompletionOutput, tracker: DeltaTracker) -> list[dict[str, Any]]:
+    def _delta_choices(self, out: CompletionOutput, tracker: DeltaTracker, parser: ChatOutputParser) -> list[dict[str, Any]]:
         text = tracker.next_text(out)
         start, end = tracker.next_tokens(out)
         logprobs = None
         if self.req.logprobs and end > start:
             logprobs = _chat_logprobs(token_logprobs(out, start, end, self.num_top, self._decode))
-        choices = []
-        if text or logprobs is not None:
-            choices.append({"index": out.index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None})
+        # the parsers hold back text that may still be a marker or a call; what they release goes out
+        delta = parser.feed(text) if text else {}
         if out.finished:
-            choices.append({"index": out.index, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason})
+            delta = _joined(delta, parser.finish())
+        choices = []
+        if delta or logprobs is not None:
+            choices.append({"index": out.index, "delta": delta or {"content": ""}, "logprobs": logprobs, "finish_reason": None})
+        if out.finished:
+            reason = finish_reason(parser, out.finish_reason)
+            choices.append({"index": out.index, "delta": {}, "logprobs": None, "finish_reason": reason})
         return choices
+
+
+def _joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two deltas of one step as one (texts concatenated, call pieces listed in order)."""
+    out = dict(first)
+    for key, value in second.items():
+        out[key] = out[key] + value if key in out else value
+    return out

@@ -25,6 +25,8 @@ from engine.entrypoints.openai.errors import OpenAIError, bad_request, from_vali
 from engine.entrypoints.openai.limits import RequestLimits
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
+from engine.entrypoints.openai.request_fields import UnknownFieldLog
+from engine.entrypoints.openai.structured_fields import constraint_field, request_constraint
 from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from engine.input_processor import (
     check_cache_salt,
@@ -64,6 +66,7 @@ class ServingContext:
         created: when the server started (unix seconds), reported as the model's ``created``.
         generation_defaults: the checkpoint's sampling defaults (``LLMEngine.generation_defaults``), used
             for each of those fields a request leaves unset.
+        unknown_fields: the undeclared request fields already logged (``request_fields``).
     """
 
     engine: AsyncLLMEngine
@@ -75,6 +78,7 @@ class ServingContext:
     executor: ThreadPoolExecutor = field(default_factory=lambda: tokenizer_pool())
     created: int = field(default_factory=lambda: int(time.time()))
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
+    unknown_fields: UnknownFieldLog = field(default_factory=UnknownFieldLog)
 
     @property
     def model_name(self) -> str:
@@ -133,7 +137,11 @@ def sampling_params(
     with refused_as_bad_request():
         check_cache_salt(req.cache_salt)
     ctx.limits.check_n(req.n)
+    constraint = request_constraint(req)
     if req.use_beam_search:
+        if constraint is not None:
+            field = constraint_field(req)
+            raise bad_request(f"{field} is not supported with use_beam_search", param=field)
         return beam_search_params(req, max_tokens, logprobs)
     # the keys were checked to be short ASCII integers when the body was parsed (``protocol``)
     bias = {int(key): value for key, value in req.logit_bias.items()} if req.logit_bias else None
@@ -155,6 +163,7 @@ def sampling_params(
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "logprobs": logprobs,
         "skip_special_tokens": req.skip_special_tokens,
+        "structured_outputs": constraint,
     }
     try:
         params = SamplingParams(**fields)
@@ -227,11 +236,19 @@ async def add_request(
     prompt: list[int],
     params: SamplingParams | BeamSearchParams,
     cache_salt: str | None = None,
+    constraint_param: str | None = None,
 ) -> RequestStream:
-    """Hand a request to the engine, mapping its refusals to HTTP errors."""
+    """Hand a request to the engine, mapping its refusals to HTTP errors.
+
+    Args:
+        constraint_param: the request field that set ``params.structured_outputs``
+            (:func:`constraint_field`): the engine's refusal of the constraint names it instead.
+    """
     try:
         stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt)
     except InvalidRequestError as exc:
+        if constraint_param is not None and exc.param == "structured_outputs" and constraint_param != exc.param:
+            raise bad_request(f"{constraint_param}: {exc}", param=constraint_param, code=exc.code) from None
         raise bad_request(str(exc), param=exc.param, code=exc.code) from None
     except QueueFullError as exc:
         raise OpenAIError(

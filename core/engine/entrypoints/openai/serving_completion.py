@@ -15,6 +15,7 @@ from engine.entrypoints.openai.access_log import record_usage
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.entrypoints.openai.request_body import parse_body
+from engine.entrypoints.openai.request_fields import check_extra_fields
 from engine.entrypoints.openai.serving_common import (
     DeltaTracker,
     ServingContext,
@@ -30,6 +31,7 @@ from engine.entrypoints.openai.serving_common import (
     token_logprobs,
     usage,
 )
+from engine.entrypoints.openai.structured_fields import constraint_field
 from engine.input_processor import check_prompt_chars, check_prompt_token_ids, check_text_prompt
 from engine.outputs import CompletionOutput, RequestOutput
 
@@ -91,6 +93,7 @@ class CompletionHandler:
         ctx = self.ctx
         req = await parse_body(request, CompletionRequest, ctx.max_body_bytes)
         ctx.check_model(req.model)
+        check_extra_fields(req, "/v1/completions", ctx.unknown_fields)
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -98,6 +101,7 @@ class CompletionHandler:
         if req.echo and req.logprobs is not None:
             raise bad_request("echo together with logprobs is not supported", param="echo")
         params = sampling_params(req, ctx, req.max_tokens, req.logprobs)
+        constraint_param = constraint_field(req)
         batch = self._batch(req)
         prompts = await ctx.off_loop(sum(len(p) for p in batch), self._tokenize, batch, req.echo)
         for ids, _ in prompts:
@@ -110,7 +114,7 @@ class CompletionHandler:
         streams: list[RequestStream] = []
         try:
             for rid, (ids, _) in zip(request_ids, prompts, strict=False):
-                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt))
+                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt, constraint_param))
         except BaseException:
             for rid in request_ids[: len(streams)]:
                 ctx.engine.abort(rid)
