@@ -289,15 +289,20 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         previous, self._in_flight = self._in_flight, None
         launched = None
+        token_bitmask = self.structured.fill_bitmask if self.structured.num_matchers else None
         if not plan.is_empty:
             overlap = self.config.scheduler.async_scheduling and not self.beams.groups
             launched = self.runner.launch(
                 plan, self.generator, previous, overlap=overlap, generator_of=self.output_processor.generator_of,
-                token_bitmask=self.structured.fill_bitmask if self.structured.num_matchers else None,
+                token_bitmask=token_bitmask, defer_bitmask=previous is not None,
             )  # fmt: skip
         touched: dict[str, Request] = {r.request_id: r for r in failed}
         if previous is not None:
             self._take_samples(previous, touched)
+        if launched is not None and launched.deferred is not None:
+            # the matchers have now seen the previous step's tokens: this step's masks can be filled
+            assert token_bitmask is not None
+            self.runner.sample_deferred(launched, token_bitmask)
         if launched is not None:
             self.scheduler.advance(plan)
             if not launched.overlapped:

@@ -37,6 +37,23 @@ class StepInputs:
 
 
 @dataclass(slots=True)
+class DeferredSampling:
+    """What a step needs to sample once its constrained rows' masks can be filled.
+
+    Attributes:
+        logits: the sampled rows' logits, on the device.
+        rows: their sampling settings.
+        generator: the engine's generator for unseeded random rows.
+        in_flight: the rows sample greedily on the device, so the tokens stay in flight.
+    """
+
+    logits: torch.Tensor
+    rows: list[SamplingRow]
+    generator: torch.Generator | None
+    in_flight: bool
+
+
+@dataclass(slots=True)
 class LaunchedStep:
     """A step issued to the device. A synchronous step carries its result; an overlapped one carries its
     sampled tokens on the device (the next step reads them there) and a host copy in flight.
@@ -54,10 +71,13 @@ class LaunchedStep:
     row_of: dict[int, int] = field(default_factory=dict)
     _host: torch.Tensor | None = None
     _ready: Any = None
+    #: a step whose sampling waits for its token bitmask (:meth:`ModelRunner.sample_deferred`)
+    deferred: DeferredSampling | None = None
 
     @property
     def overlapped(self) -> bool:
-        return self.token_ids is not None
+        """Whether the tokens are (or, for a deferred step, may be) left in flight."""
+        return self.token_ids is not None or (self.deferred is not None and self.deferred.in_flight)
 
     def resolve(self) -> SampleResult | None:
         """The sampled tokens (None if no row sampled); waits only for this step's copy to land."""
@@ -233,6 +253,7 @@ class ModelRunner:
         overlap: bool = False,
         generator_of: Callable[[Sequence], torch.Generator | None] | None = None,
         token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None] | None = None,
+        defer_bitmask: bool = False,
     ) -> LaunchedStep:
         """Issue the step to the device.
 
@@ -247,6 +268,9 @@ class ModelRunner:
             token_bitmask: fills the host bitmask of the sampled rows (structured output): returns it
                 with the constrained rows, or None when no row is constrained. It is called once the
                 forward is issued, so on an asynchronous device the host fills it meanwhile.
+            defer_bitmask: the matchers have not seen the tokens of the step in flight (``previous``):
+                with ``token_bitmask`` the step is returned unsampled, and the caller, once it has read
+                those tokens, calls :meth:`sample_deferred`.
 
         Returns:
             The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
@@ -276,28 +300,80 @@ class ModelRunner:
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
+        in_flight = overlap and self._can_overlap(targets, rows)
+        if token_bitmask is not None and defer_bitmask:
+            # the masks read the matchers, which have not seen the step in flight's tokens yet: the engine
+            # reads those, then samples this step (sample_deferred) while the device may still run it
+            return LaunchedStep(targets, deferred=DeferredSampling(logits, rows, generator, in_flight))
+        if in_flight:
+            return self._greedy_in_flight(targets, logits, token_bitmask)
+        return LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        generator: torch.Generator | None,
+        token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None] | None,
+        targets: list[Sequence],
+    ) -> SampleResult:
+        """The sampler on the step's (masked) logits; logprobs from the raw ones."""
         mask = token_bitmask(targets) if token_bitmask is not None else None
         raw_logits = None
         if mask is not None:
-            # a masked row's next token depends on the host's matcher: never left in flight
-            overlap = False
-            raw_logits, logits = logits, logits.clone()
-            bitmask, masked_rows = mask
-            indices = torch.tensor(masked_rows, dtype=torch.int64).to(logits.device, non_blocking=True)
-            self.apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True), indices)
-        if overlap and self._can_overlap(targets, rows):
-            token_ids, logprobs = self.sampler.greedy_on_device(logits)
-            both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
-            # a non-blocking copy to (pinned) host memory plus an event: reading it later waits for
-            # this step only, not for the next step issued behind it
-            host, ready = _copy_to_host_async(both)
-            row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
-            return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
+            raw_logits, logits = logits, self._masked(logits, mask)
         if not self.sampler.runs_on_any_device(rows):
             # seeded and processed rows sample with host generators and host-side bookkeeping
             logits = logits.cpu()
             raw_logits = raw_logits.cpu() if raw_logits is not None else None
-        return LaunchedStep(targets, result=self.sampler(logits, rows, generator, raw_logits))
+        return self.sampler(logits, rows, generator, raw_logits)
+
+    def sample_deferred(
+        self, step: LaunchedStep, token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None]
+    ) -> None:
+        """Sample a step launched with ``defer_bitmask`` now that its masks can be filled: greedily on the
+        device with its tokens left in flight when its rows allow, else read back at once."""
+        deferred, step.deferred = step.deferred, None
+        if deferred is None:
+            raise ValueError("the step has no deferred sampling")
+        if not deferred.in_flight:
+            step.result = self._sample(deferred.logits, deferred.rows, deferred.generator, token_bitmask, step.targets)
+            return
+        done = self._greedy_in_flight(step.targets, deferred.logits, token_bitmask)
+        step.token_ids, step.row_of, step._host, step._ready = done.token_ids, done.row_of, done._host, done._ready
+
+    def _greedy_in_flight(
+        self,
+        targets: list[Sequence],
+        logits: torch.Tensor,
+        token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None] | None,
+    ) -> LaunchedStep:
+        """Greedy picks left on the device (masked where a row is constrained; logprobs from the raw
+        logits), with a non-blocking copy to (pinned) host memory and an event: reading it later waits
+        for this step only, not for the next step issued behind it."""
+        mask = token_bitmask(targets) if token_bitmask is not None else None
+        if mask is None:
+            token_ids, logprobs = self.sampler.greedy_on_device(logits)
+        else:
+            token_ids, _ = self.sampler.greedy_on_device(self._masked(logits, mask))
+            logprobs = self.sampler.raw_logprobs_of(logits, token_ids)
+        both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
+        host, ready = _copy_to_host_async(both)
+        row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
+        return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
+
+    def _masked(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
+        """A copy of ``logits`` with each constrained row's disallowed tokens at ``-inf``."""
+        masked = logits.clone()
+        bitmask, masked_rows = mask
+        indices = torch.tensor(masked_rows, dtype=torch.int64)
+        if logits.device.type != "cpu":
+            # from pageable memory a copy waits for the device to reach it (the forward in flight): pinned,
+            # it queues behind it and the host goes on
+            bitmask, indices = bitmask.pin_memory(), indices.pin_memory()
+        device = logits.device
+        self.apply_token_bitmask(masked, bitmask.to(device, non_blocking=True), indices.to(device, non_blocking=True))
+        return masked
 
     def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow]) -> bool:
         """Rows that need nothing from the host to sample: greedy, unprocessed, no top logprobs, no forks."""

@@ -278,6 +278,9 @@ class _GatedBackend:
     def allocate_bitmask(self, rows):
         return self._inner.allocate_bitmask(rows)
 
+    def fill_bitmasks(self, matchers, bitmask, rows):
+        return self._inner.fill_bitmasks(matchers, bitmask, rows)
+
 
 def test_a_compiling_grammar_does_not_hold_up_other_requests(llm):
     engine = llm.llm_engine

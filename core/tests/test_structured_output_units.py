@@ -207,3 +207,84 @@ def test_preemption_keeps_constrained_outputs(tiny_llama_dir):
         assert re.fullmatch(r"\d{3}-\d{4}( ext \d{1,3})?", text), text
     assert small.llm_engine.structured.num_matchers == 0
     assert_all_blocks_free(small)
+
+
+def test_many_rows_are_filled_together_as_one_by_one(backend, tokenizer):
+    """A step's rows filled on xgrammar's threads give the bitmask the rows filled in turn give, rows
+    in any order and at any state of their grammars; unconstrained rows stay all-allowed."""
+    from engine.structured_output.xgrammar_backend import BATCH_FILL_MIN_ROWS
+
+    kinds = [dict(regex=r"ab[0-9]{2}"), dict(choice=["yes", "no", "maybe"]), dict(json={"type": "object"})]
+    matchers = []
+    for i in range(BATCH_FILL_MIN_ROWS + 4):
+        matcher = matcher_for(backend, **kinds[i % len(kinds)])
+        if i % 3 == 0:  # some rows a token into their grammar
+            allowed = sorted(allowed_ids(backend, matcher))
+            first = allowed[i % len(allowed)]
+            assert matcher.accept_token(first)
+        matchers.append(matcher)
+    rows = [2 * i + 1 for i in range(len(matchers))][::-1]
+    together = backend.allocate_bitmask(2 * len(matchers) + 1)
+    backend.fill_bitmasks(matchers, together, rows)
+    one_by_one = backend.allocate_bitmask(2 * len(matchers) + 1)
+    for matcher, row in zip(matchers, rows):
+        matcher.fill_next_token_bitmask(one_by_one, row)
+    assert torch.equal(together, one_by_one)
+    assert (together[0::2] == -1).all()
+
+
+def test_constrained_greedy_steps_overlap_the_host(tiny_llama_dir, monkeypatch):
+    """With async scheduling, constrained greedy steps stay in flight: each is sampled (masks filled)
+    once the step before it has been read, and the outputs are those of synchronous steps, for every
+    kind of constraint in one batch, next to an unconstrained row."""
+    kinds = [dict(regex=r"\d{3}-\d{4}"), dict(choice=["alpha", "beta", "gamma"]), dict(json={"type": "object"}),
+             dict(grammar='root ::= "x" [a-z]* "."'), None]
+    prompts = ["Phone:", "Pick one:", "As JSON:", "Word:", "Plain text:"]
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.0, **({"structured_outputs": StructuredOutputsParams(**k)} if k else {}))
+        for k in kinds
+    ]
+    sync = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20, async_scheduling=False)
+    expected = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in sync.generate(prompts, params, use_tqdm=False)]
+    overlapped = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20)
+    runner = overlapped.llm_engine.runner
+    deferred = []
+    real = runner.sample_deferred
+    monkeypatch.setattr(runner, "sample_deferred", lambda step, fill: (deferred.append(len(step.targets)), real(step, fill)))
+    outs = overlapped.generate(prompts, params, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == expected
+    assert len(deferred) >= 10  # nearly every step of the batch was sampled after the one before was read
+    assert re.fullmatch(r"\d{3}-\d{4}", outs[0].outputs[0].text) and outs[1].outputs[0].text in ("alpha", "beta", "gamma")
+    assert overlapped.llm_engine.structured.num_matchers == 0
+    assert_all_blocks_free(overlapped)
+
+
+def test_a_sampled_row_joining_overlapped_constrained_steps(tiny_llama_dir):
+    """Greedy constrained rows run overlapped; then a seeded, sampled constrained request joins, so a step
+    that cannot stay in flight follows one that did: its masks must still wait for the tokens in flight.
+    Every output is the one the same schedule gives without async scheduling."""
+    regex = r"\\d{3}-\\d{4}( ext \\d{1,3})?"
+
+    def run(async_scheduling: bool) -> dict[str, list[int]]:
+        llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20,
+                  async_scheduling=async_scheduling)  # fmt: skip
+        engine = llm.llm_engine
+        greedy = SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=StructuredOutputsParams(regex=regex))
+        sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=3, structured_outputs=StructuredOutputsParams(json={"type": "object"}))
+        engine.add_request("a", "Phone:", greedy)
+        engine.add_request("b", "Another phone:", greedy)
+        done: dict[str, list[int]] = {}
+        for step in range(40):
+            if step == 4:
+                engine.add_request("c", "As JSON:", sampled)
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+            if not engine.has_unfinished_requests():
+                break
+        assert engine.structured.num_matchers == 0
+        assert_all_blocks_free(llm)
+        return done
+
+    overlapped, synchronous = run(True), run(False)
+    assert overlapped == synchronous and set(overlapped) == {"a", "b", "c"}

@@ -103,6 +103,20 @@ class StructuredOutputBackend(ABC):
     def make_matcher(self, compiled: object) -> GrammarMatcher:
         """A fresh matcher at the start of a compiled grammar."""
 
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Fill row ``rows[i]`` of ``bitmask`` from ``matchers[i]``, for every ``i``.
+
+        A step's constrained rows are filled together: a backend may spread them over threads (the
+        default fills them one after another).
+
+        Args:
+            matchers: this backend's matchers.
+            bitmask: the host bitmask of the step (see :meth:`allocate_bitmask`).
+            rows: the row of each matcher.
+        """
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_next_token_bitmask(bitmask, row)
+
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         """A host int32 ``[rows, bitmask_words]`` bitmask, every token allowed."""
         return torch.full((rows, self.bitmask_words), -1, dtype=torch.int32)

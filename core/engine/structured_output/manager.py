@@ -145,11 +145,14 @@ class StructuredOutputManager:
         if not rows:
             return None
         bitmask = self.backend.allocate_bitmask(len(targets))
+        plain: list[GrammarMatcher] = []
+        plain_rows: list[int] = []
         for i in rows:
             seq_id = targets[i].seq_id
             matcher = self._matchers.get(seq_id)
             if matcher is not None:
-                matcher.fill_next_token_bitmask(bitmask, i)
+                plain.append(matcher)
+                plain_rows.append(i)
                 continue
             gated = self._gated[seq_id]
             if gated.undecided:
@@ -158,6 +161,7 @@ class StructuredOutputManager:
                 token = gated.gate.optional_start_token
                 assert token is not None
                 bitmask[i, token // 32] |= _bit(token % 32)
+        self.backend.fill_bitmasks(plain, bitmask, plain_rows)
         return bitmask, rows
 
     def accept(self, seq: Sequence, token_id: int) -> bool:
