@@ -82,21 +82,21 @@ def _add_rms_norm_row(
 
 
 @triton.jit
-def _rotate_heads(ptr, stride_tok, stride_head, tok, cos, sin, offs_h, offs_r,
+def _rotate_heads(ptr, stride_tok, stride_head, stride_dim, tok, cos, sin, offs_h, offs_r,
                   NUM_HEADS: tl.constexpr, HALF: tl.constexpr):
     mask = (offs_h[:, None] < NUM_HEADS) & (offs_r[None, :] < HALF)
-    base = ptr + tok * stride_tok + offs_h[:, None] * stride_head + offs_r[None, :]
+    base = ptr + tok * stride_tok + offs_h[:, None] * stride_head + offs_r[None, :] * stride_dim
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF * stride_dim, mask=mask, other=0.0).to(tl.float32)
     tl.store(base, (x1 * cos - x2 * sin).to(ptr.dtype.element_ty), mask=mask)
-    tl.store(base + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(base + HALF * stride_dim, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
 
 
 # the positions are a slice of the step's packed inputs, aligned or not by the batch's make-up
 @triton.jit(do_not_specialize=["positions_ptr"])
 def rotary_kernel(
     q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
-    stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cs,
+    stride_q_tok, stride_q_head, stride_q_dim, stride_k_tok, stride_k_head, stride_k_dim, stride_cs,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     H_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -108,9 +108,9 @@ def rotary_kernel(
     r_ok = offs_r < HALF
     cos = tl.load(cos_sin_ptr + pos * stride_cs + offs_r, mask=r_ok, other=0.0)[None, :]
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs_r, mask=r_ok, other=0.0)[None, :]
-    _rotate_heads(q_ptr, stride_q_tok, stride_q_head, tok, cos, sin, tl.arange(0, H_PAD), offs_r,
+    _rotate_heads(q_ptr, stride_q_tok, stride_q_head, stride_q_dim, tok, cos, sin, tl.arange(0, H_PAD), offs_r,
                   NUM_HEADS, HALF)
-    _rotate_heads(k_ptr, stride_k_tok, stride_k_head, tok, cos, sin, tl.arange(0, KV_PAD), offs_r,
+    _rotate_heads(k_ptr, stride_k_tok, stride_k_head, stride_k_dim, tok, cos, sin, tl.arange(0, KV_PAD), offs_r,
                   NUM_KV_HEADS, HALF)
 
 

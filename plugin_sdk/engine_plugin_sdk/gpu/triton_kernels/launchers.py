@@ -258,14 +258,13 @@ def rotary_embedding(
     tokens, num_heads, head_dim = query.shape
     if cos_sin_cache.shape[-1] != head_dim:
         raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[-1]} differs from head_dim {head_dim}")
-    if query.stride(-1) != 1 or key.stride(-1) != 1:
-        raise ValueError("rotary_embedding needs query and key with a unit last stride")
     if tokens:
         half = head_dim // 2
         num_kv = key.shape[1]
         ek.rotary_kernel[(tokens,)](
             query, key, positions, cos_sin_cache,
-            query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
+            query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+            cos_sin_cache.stride(0),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv, HALF=half,
             H_PAD=next_power_of_2(num_heads), KV_PAD=next_power_of_2(num_kv), HALF_PAD=next_power_of_2(half),
             num_warps=4, **pdl.launch_options(),

@@ -23,6 +23,7 @@ def apply_token_bitmask_kernel(
     bitmask_ptr,
     indices_ptr,
     stride_logits,
+    stride_col,
     stride_bitmask,
     width,
     num_words,
@@ -43,7 +44,7 @@ def apply_token_bitmask_kernel(
     )
     allowed = ((words >> (cols % 32)) & 1) != 0
     neg_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * stride_logits + cols, neg_inf, mask=in_row & ~allowed)
+    tl.store(logits_ptr + row * stride_logits + cols * stride_col, neg_inf, mask=in_row & ~allowed)
 
 
 def apply_token_bitmask(
@@ -53,16 +54,15 @@ def apply_token_bitmask(
     bit ``j`` of word ``w`` allows column ``32 * w + j``; columns past ``32 * words`` are disallowed).
 
     Args:
-        logits: float ``[rows, width]`` with unit column stride.
+        logits: float ``[rows, width]``, any strides.
         bitmask: int32 ``[rows, words]`` on the logits' device.
         indices: int rows to mask, or None for every row.
 
     Raises:
-        ValueError: for logits that are not a 2-D tensor with unit column stride, or a bitmask of the wrong
-            dtype or row count.
+        ValueError: for logits that are not a 2-D tensor, or a bitmask of the wrong dtype or row count.
     """
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [rows, width] with unit column stride, got {tuple(logits.shape)}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, width], got {tuple(logits.shape)}")
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[0] != logits.shape[0]:
         raise ValueError(
             f"bitmask must be int32 [{logits.shape[0]}, words], got {bitmask.dtype} {tuple(bitmask.shape)}"
@@ -75,6 +75,6 @@ def apply_token_bitmask(
     grid = (rows, -(-logits.shape[1] // BLOCK))
     apply_token_bitmask_kernel[grid](
         logits, bitmask, indices if indices is not None else bitmask,
-        logits.stride(0), bitmask.stride(0), logits.shape[1], bitmask.shape[1],
+        logits.stride(0), logits.stride(1), bitmask.stride(0), logits.shape[1], bitmask.shape[1],
         HAS_INDICES=indices is not None, BLOCK=BLOCK, num_warps=8, **pdl.launch_options(),
     )  # fmt: skip
