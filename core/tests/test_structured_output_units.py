@@ -288,3 +288,20 @@ def test_a_sampled_row_joining_overlapped_constrained_steps(tiny_llama_dir):
 
     overlapped, synchronous = run(True), run(False)
     assert overlapped == synchronous and set(overlapped) == {"a", "b", "c"}
+
+
+def test_structural_tag_output(tiny_llama_dir):
+    """A structural tag (xgrammar's format: a fixed prefix, then a number between tags) shapes the whole
+    output of a random tiny model; given as a dict or as JSON text."""
+    import json
+
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "tag", "begin": "<n>", "end": "</n>", "content": {"type": "regex", "pattern": "[0-9]{1,4}"}},
+    ]}}  # fmt: skip
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20)
+    for given in (tag, json.dumps(tag)):
+        params = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=StructuredOutputsParams(structural_tag=given))
+        out = llm.generate(["Count:"], params, use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason == "stop" and re.fullmatch(r"Answer: <n>[0-9]{1,4}</n>", out.text), out.text
+    assert_all_blocks_free(llm)
