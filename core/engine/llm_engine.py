@@ -19,8 +19,8 @@ from engine.engine_setup import EngineConfigError, build_engine_parts
 from engine.errors import InvalidRequestError, QueueFullError
 from engine.input_processor import InputProcessor
 from engine.interfaces.platform import Platform
+from engine.launched_step import LaunchedStep
 from engine.loader.generation_defaults import format_generation_defaults, read_generation_defaults
-from engine.model_runner import LaunchedStep
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.plugins.manager import PluginManager

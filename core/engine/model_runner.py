@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -17,7 +17,8 @@ from engine.interfaces.block_cache import BlockCache
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
-from engine.sampling.sampler import Sampler, SampleResult, SamplingRow, greedy_result
+from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
+from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence
 
@@ -34,59 +35,6 @@ class StepInputs:
     #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
     #: siblings waiting to fork from it (they sample their first token from the same logits)
     sample_targets: list[Sequence]
-
-
-@dataclass(slots=True)
-class DeferredSampling:
-    """What a step needs to sample once its constrained rows' masks can be filled.
-
-    Attributes:
-        logits: the sampled rows' logits, on the device.
-        rows: their sampling settings.
-        generator: the engine's generator for unseeded random rows.
-        in_flight: the rows sample greedily on the device, so the tokens stay in flight.
-    """
-
-    logits: torch.Tensor
-    rows: list[SamplingRow]
-    generator: torch.Generator | None
-    in_flight: bool
-
-
-@dataclass(slots=True)
-class LaunchedStep:
-    """A step issued to the device. A synchronous step carries its result; an overlapped one carries its
-    sampled tokens on the device (the next step reads them there) and a host copy in flight.
-
-    Attributes:
-        targets: the sequence of each sampled row.
-        result: the sampled tokens, once read (always set for a synchronous step).
-        token_ids: the overlapped step's int64 token ids ``[rows]`` on the device, else None.
-        row_of: seq_id -> row of ``token_ids``.
-    """
-
-    targets: list[Sequence]
-    result: SampleResult | None = None
-    token_ids: torch.Tensor | None = None
-    row_of: dict[int, int] = field(default_factory=dict)
-    _host: torch.Tensor | None = None
-    _ready: Any = None
-    #: a step whose sampling waits for its token bitmask (:meth:`ModelRunner.sample_deferred`)
-    deferred: DeferredSampling | None = None
-
-    @property
-    def overlapped(self) -> bool:
-        """Whether the tokens are (or, for a deferred step, may be) left in flight."""
-        return self.token_ids is not None or (self.deferred is not None and self.deferred.in_flight)
-
-    def resolve(self) -> SampleResult | None:
-        """The sampled tokens (None if no row sampled); waits only for this step's copy to land."""
-        if self.result is None and self._host is not None:
-            if self._ready is not None:
-                self._ready.synchronize()
-            self.result = greedy_result(self._host)
-            self._host = self._ready = None
-        return self.result
 
 
 class ModelRunner:
@@ -358,7 +306,7 @@ class ModelRunner:
             token_ids, _ = self.sampler.greedy_on_device(self._masked(logits, mask))
             logprobs = self.sampler.raw_logprobs_of(logits, token_ids)
         both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
-        host, ready = _copy_to_host_async(both)
+        host, ready = copy_to_host_async(both)
         row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
         return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
 
@@ -400,18 +348,3 @@ class ModelRunner:
 
 def _no_generator(seq: Sequence) -> None:
     return None
-
-
-def _copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """A non-blocking copy to (pinned) host memory and an event marking its end; a device whose torch
-    backend has no generic events gets a blocking copy instead (correct, just not overlapped)."""
-    if tensor.device.type == "cpu":
-        return tensor, None
-    try:
-        ready = torch.Event(device=tensor.device)
-    except (RuntimeError, ValueError, TypeError):
-        return tensor.cpu(), None
-    host = tensor.to("cpu", non_blocking=True)
-    ready.record()
-    return host, ready
-

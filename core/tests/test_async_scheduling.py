@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.model_runner import LaunchedStep
+from engine.launched_step import LaunchedStep
 from engine_test_utils import assert_all_blocks_free
 
 PROMPTS = [
