@@ -39,12 +39,18 @@ install-test: $(TEST_STAMP)
 serve: $(SERVE_STAMP)
 	$(PY) -m engine.entrypoints.cli serve $(SERVE_ARGS)
 
+# The conformance suite runs apart, for this machine's CPU and strict (--conformance-strict): a check that cannot run
+# here fails instead of skipping (the GPU/TPU/NPU plugins run it from their own tests, in interpreters).
+CONFORMANCE := conformance_tests/engine_conformance --device cpu --conformance-strict
+
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=conformance_tests
+	$(PY) -m pytest -q $(CONFORMANCE)
 
 # Without the end-to-end tests that load the model (for a quick loop while editing).
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q -m 'not slow' --ignore=conformance_tests
+	$(PY) -m pytest -q -m 'not slow' $(CONFORMANCE)
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .

@@ -10,5 +10,7 @@ from engine_conformance.pytest_plugin import (  # noqa: F401  (pytest finds hook
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_generate_tests,
+    pytest_runtest_makereport,
     pytest_sessionstart,
+    pytest_terminal_summary,
 )

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.interfaces.platform import Capabilities
+from engine.interfaces.platform import Capabilities, Platform
 from engine_plugin_sdk.dtypes import torch_dtype as sdk_torch_dtype
+from engine_plugin_sdk.problems import AttentionProblem
 from engine_plugin_sdk.tolerances import Tolerance, compare
 
 
@@ -67,3 +68,37 @@ def assert_equal(actual: torch.Tensor, expected: torch.Tensor, capability: str) 
             f"{capability}: {int((~same).sum())}/{a.numel()} elements differ from the expected cache",
             pytrace=False,
         )
+
+
+def run_attention_problem(
+    platform: Platform, problem: AttentionProblem, capability: str, context: str = ""
+) -> None:
+    """Run ``problem`` on a fresh backend of ``platform`` and fail unless it matches the float64 reference.
+
+    The failure reads ``<capability>: <worst mismatch> [<context>]``: the context (geometry, batch) comes
+    last so that a report's shortened detail keeps the mismatch itself.
+    """
+    out = problem.run(platform.make_attention_backend())
+    mismatch = compare(out, problem.reference_output(), problem.tolerance(), capability)
+    if mismatch:
+        pytest.fail(f"{mismatch} [{context}]" if context else mismatch, pytrace=False)
+
+
+def check_unclaimed_attention_feature(
+    platform: Platform, problem: AttentionProblem, capability: str, record_property: Any
+) -> None:
+    """An unclaimed feature must be refused (ValueError / NotImplementedError), never silently ignored.
+
+    Records the ``not_claimed`` property, which the runner reports as "not claimed" with its text; fails
+    when the backend accepted the feature and returned a wrong result.
+    """
+    try:
+        out = problem.run(platform.make_attention_backend())
+    except (ValueError, NotImplementedError) as exc:
+        record_property("not_claimed", f"rejected: {type(exc).__name__}: {exc}")
+        return
+    if compare(out, problem.reference_output(), problem.tolerance(), capability):
+        pytest.fail(
+            f"{capability}: not claimed, yet forward() accepted it and returned a wrong result", pytrace=False
+        )
+    record_property("not_claimed", "not claimed, but computed correctly")

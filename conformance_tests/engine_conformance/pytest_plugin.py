@@ -7,6 +7,12 @@ Options:
         installed entry points; the environment variable ``ENGINE_CONFORMANCE_PLUGIN_MODULES``
         (comma-separated) does the same.
     ``--capability PREFIX``: run only tests whose capability name starts with PREFIX (repeatable).
+    ``--strict`` (pytest's own option, which also turns on its strict markers and config) or
+        ``--conformance-strict`` (only this): a check that cannot run here fails instead of skipping.
+        Only "not claimed" may skip; CI and the published reports run this way.
+
+Without strictness a test skipped for any other reason than "not claimed" still shows as "not runnable
+here" in the terminal summary and in the report, with its reason and a count: it never passes silently.
 
 A test names what it checks with ``@pytest.mark.capability("attention.head_size.{head_size}")``;
 the braces are filled from the test's parameters. A test skips with a reason starting "not claimed"
@@ -74,6 +80,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="register a plugin module in-process (repeatable)",
     )
     group.addoption(
+        "--conformance-strict",
+        action="store_true",
+        default=False,
+        help="fail every check that cannot run here instead of skipping it (pytest's --strict does too)",
+    )
+    group.addoption(
         "--capability",
         action="append",
         default=[],
@@ -84,6 +96,69 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "capability(name): the plugin capability a conformance test checks")
     config.addinivalue_line("markers", "slow: end-to-end tests that build and run a model")
+
+
+def strict_mode(config: pytest.Config) -> bool:
+    """Whether a check that cannot run here fails the run (``--conformance-strict`` or pytest's ``--strict``).
+
+    pytest owns ``--strict``: since pytest 9 it sets the ``strict`` ini option, before that it is an
+    option of its own; either way the suite reads it rather than registering the name twice.
+    """
+    if config.getoption("conformance_strict", default=False):
+        return True
+    try:
+        if config.getini("strict") is True:
+            return True
+    except ValueError:  # pytest < 9 has no "strict" ini option
+        pass
+    return bool(config.getoption("strict", default=False))
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "")
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Under strictness, turn every skip that is not "not claimed" into a failure that keeps its reason.
+
+    ``trylast`` makes this the innermost wrapper, so the collector and pytest's terminal see the
+    converted report.
+    """
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if not report.skipped or not strict_mode(item.config) or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if reason.startswith(NOT_CLAIMED):
+        return
+    if not reason.startswith(NOT_RUNNABLE):
+        reason = f"{NOT_RUNNABLE}: {reason}"
+    report.outcome = "failed"
+    report.longrepr = f"strict conformance: {reason}"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Count the suite's skips by kind, listing each check that could not run here with its reason."""
+    claimed, runnable = [], []
+    for report in terminalreporter.stats.get("skipped", []):
+        props = dict(getattr(report, "user_properties", []))
+        if "capability" not in props and "device" not in props:
+            continue  # another suite's skip, in a run that collected more than the conformance suite
+        reason = _skip_reason(report)
+        (claimed if reason.startswith(NOT_CLAIMED) else runnable).append((report.nodeid, reason))
+    if not claimed and not runnable:
+        return
+    terminalreporter.section("engine conformance: skipped checks")
+    terminalreporter.write_line(
+        f"{len(claimed)} {NOT_CLAIMED}, {len(runnable)} {NOT_RUNNABLE}"
+        + ("" if strict_mode(config) else " (run with --strict to fail on the latter)")
+    )
+    for nodeid, reason in runnable:
+        terminalreporter.write_line(f"{nodeid}: {reason}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

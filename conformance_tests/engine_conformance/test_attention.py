@@ -1,18 +1,22 @@
 """Paged attention against the float64 reference: decode, prefill, chunked prefill, GQA/MQA, every claimed
-head size, block size and dtype, sliding window, soft-cap, and cache offsets beyond 32 bits."""
+head size, block size and dtype, sliding window (with released blocks), soft-cap. The coverage matrix, the
+long contexts and the offsets beyond 32 bits have modules of their own."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-import torch
 
 from engine.interfaces.platform import Capabilities, Platform
-from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
-from engine_conformance.pytest_plugin import not_claimed, not_runnable
+from engine_conformance.helpers import (
+    check_unclaimed_attention_feature,
+    default_geometry,
+    run_attention_problem,
+    torch_dtype,
+)
+from engine_conformance.pytest_plugin import not_claimed
 from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
-from engine_plugin_sdk.tolerances import compare
 
 NUM_BLOCKS = 512
 # (query_lens, context_lens) batches; every one mixes lengths that are not multiples of a block
@@ -22,12 +26,6 @@ MIXED = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
 #: a continuous-batching step as the scheduler orders it: running decodes first, then prompt chunks (one of
 #: them a single token, which is not a decode row of the leading run)
 DECODE_ROWS_FIRST = ([1, 1, 1, 1, 7, 1, 12], [40, 9, 77, 33, 7, 30, 60])
-
-
-def run_problem(platform: Platform, problem: AttentionProblem, capability: str) -> None:
-    backend = platform.make_attention_backend()
-    out = problem.run(backend)
-    assert_close(out, problem.reference_output(), problem.tolerance(), capability)
 
 
 def build(
@@ -55,33 +53,33 @@ def build(
 
 @pytest.mark.capability("attention.decode")
 def test_decode(platform: Platform, caps: Capabilities, device: Any) -> None:
-    run_problem(platform, build(caps, device, DECODE, num_kv_heads=8, seed=1), "attention.decode")
+    run_attention_problem(platform, build(caps, device, DECODE, num_kv_heads=8, seed=1), "attention.decode")
 
 
 @pytest.mark.capability("attention.prefill")
 def test_prefill(platform: Platform, caps: Capabilities, device: Any) -> None:
-    run_problem(platform, build(caps, device, PREFILL, num_kv_heads=8, seed=2), "attention.prefill")
+    run_attention_problem(platform, build(caps, device, PREFILL, num_kv_heads=8, seed=2), "attention.prefill")
 
 
 @pytest.mark.capability("attention.chunked_prefill")
 def test_chunked_prefill_mixed_with_decode(platform: Platform, caps: Capabilities, device: Any) -> None:
-    run_problem(platform, build(caps, device, MIXED, num_kv_heads=8, seed=3), "attention.chunked_prefill")
+    run_attention_problem(platform, build(caps, device, MIXED, num_kv_heads=8, seed=3), "attention.chunked_prefill")
 
 
 @pytest.mark.capability("attention.decode_rows_first")
 def test_decode_rows_ahead_of_prefill_chunks(platform: Platform, caps: Capabilities, device: Any) -> None:
     problem = build(caps, device, DECODE_ROWS_FIRST, num_heads=8, num_kv_heads=2, seed=12)
-    run_problem(platform, problem, "attention.decode_rows_first")
+    run_attention_problem(platform, problem, "attention.decode_rows_first")
 
 
 @pytest.mark.capability("attention.gqa")
 def test_grouped_query_attention(platform: Platform, caps: Capabilities, device: Any) -> None:
-    run_problem(platform, build(caps, device, MIXED, num_heads=8, num_kv_heads=2, seed=4), "attention.gqa")
+    run_attention_problem(platform, build(caps, device, MIXED, num_heads=8, num_kv_heads=2, seed=4), "attention.gqa")
 
 
 @pytest.mark.capability("attention.mqa")
 def test_multi_query_attention(platform: Platform, caps: Capabilities, device: Any) -> None:
-    run_problem(platform, build(caps, device, MIXED, num_heads=4, num_kv_heads=1, seed=5), "attention.mqa")
+    run_attention_problem(platform, build(caps, device, MIXED, num_heads=4, num_kv_heads=1, seed=5), "attention.mqa")
 
 
 @pytest.mark.capability("attention.head_size.{head_size}")
@@ -89,19 +87,19 @@ def test_head_size(platform: Platform, caps: Capabilities, device: Any, head_siz
     if head_size not in caps.head_sizes:
         not_claimed(f"head size {head_size} (claimed: {list(caps.head_sizes)})")
     problem = build(caps, device, MIXED, num_heads=4, num_kv_heads=2, seed=6, head_dim=head_size)
-    run_problem(platform, problem, f"attention.head_size.{head_size}")
+    run_attention_problem(platform, problem, f"attention.head_size.{head_size}")
 
 
 @pytest.mark.capability("attention.block_size.{block_size}")
 def test_block_size(platform: Platform, caps: Capabilities, device: Any, block_size: int) -> None:
     problem = build(caps, device, MIXED, seed=7, block_size=block_size)
-    run_problem(platform, problem, f"attention.block_size.{block_size}")
+    run_attention_problem(platform, problem, f"attention.block_size.{block_size}")
 
 
 @pytest.mark.capability("attention.dtype.{dtype_name}")
 def test_dtype(platform: Platform, caps: Capabilities, device: Any, dtype_name: str) -> None:
     problem = build(caps, device, MIXED, seed=8, dtype=torch_dtype(dtype_name))
-    run_problem(platform, problem, f"attention.dtype.{dtype_name}")
+    run_attention_problem(platform, problem, f"attention.dtype.{dtype_name}")
 
 
 @pytest.mark.capability("attention.kv_cache_dtype.{kv_cache_dtype_name}")
@@ -112,33 +110,16 @@ def test_kv_cache_dtype(
     # a cache as wide as a claimed model dtype runs with that dtype; a narrower one under the default dtype
     dtype = kv if kv_cache_dtype_name in caps.dtypes else default_geometry(caps).dtype
     problem = build(caps, device, MIXED, seed=9, dtype=dtype, kv_cache_dtype=kv)
-    run_problem(platform, problem, f"attention.kv_cache_dtype.{kv_cache_dtype_name}")
-
-
-def check_unclaimed_feature_rejected(
-    platform: Platform, problem: AttentionProblem, feature: str, record_property: Any
-) -> None:
-    """An unclaimed feature must be refused (ValueError / NotImplementedError), never silently ignored."""
-    backend = platform.make_attention_backend()
-    try:
-        out = problem.run(backend)
-    except (ValueError, NotImplementedError) as exc:
-        record_property("not_claimed", f"rejected: {type(exc).__name__}: {exc}")
-        return
-    if compare(out, problem.reference_output(), problem.tolerance(), feature):
-        pytest.fail(
-            f"{feature}: not claimed, yet forward() accepted it and returned a wrong result", pytrace=False
-        )
-    record_property("not_claimed", "not claimed, but computed correctly")
+    run_attention_problem(platform, problem, f"attention.kv_cache_dtype.{kv_cache_dtype_name}")
 
 
 @pytest.mark.capability("attention.sliding_window")
 def test_sliding_window(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
     problem = build(caps, device, MIXED, seed=10, sliding_window=8)
     if not caps.sliding_window:
-        check_unclaimed_feature_rejected(platform, problem, "attention.sliding_window", record_property)
+        check_unclaimed_attention_feature(platform, problem, "attention.sliding_window", record_property)
         return
-    run_problem(platform, problem, "attention.sliding_window")
+    run_attention_problem(platform, problem, "attention.sliding_window")
 
 
 @pytest.mark.capability("attention.sliding_window.released_blocks")
@@ -149,59 +130,13 @@ def test_sliding_window_with_released_blocks(platform: Platform, caps: Capabilit
         not_claimed("sliding windows are not claimed")
     for lens, seed in ((MIXED, 13), (DECODE, 14), (DECODE_ROWS_FIRST, 15)):
         problem = build(caps, device, lens, seed=seed, sliding_window=8, release_out_of_window=True)
-        run_problem(platform, problem, "attention.sliding_window.released_blocks")
+        run_attention_problem(platform, problem, "attention.sliding_window.released_blocks")
 
 
 @pytest.mark.capability("attention.logits_soft_cap")
 def test_logits_soft_cap(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
     problem = build(caps, device, MIXED, seed=11, soft_cap=1.5)
     if not caps.logits_soft_cap:
-        check_unclaimed_feature_rejected(platform, problem, "attention.logits_soft_cap", record_property)
+        check_unclaimed_attention_feature(platform, problem, "attention.logits_soft_cap", record_property)
         return
-    run_problem(platform, problem, "attention.logits_soft_cap")
-
-
-@pytest.mark.capability("attention.large_block_index")
-def test_cache_offsets_beyond_32_bits(platform: Platform, caps: Capabilities, device: Any) -> None:
-    """Blocks whose element offset ``block * stride`` does not fit in int32 (a classic kernel overflow).
-
-    The cache tensor really has more than 2**31 elements, but only the few blocks in use are written,
-    so on hosts that allocate pages lazily it costs little physical memory. It runs only where the
-    device has room for the whole tensor, so even a backend that touches every page cannot exhaust it.
-    """
-    backend = platform.make_attention_backend()
-    # the narrowest claimed dtype and the smallest claimed head keep the tensor as small as possible
-    dtype = min((torch_dtype(d) for d in caps.dtypes), key=lambda d: torch.empty((), dtype=d).element_size())
-    head_dim = min(caps.head_sizes)
-    block_size = max(caps.block_sizes)
-    per_block = _numel(backend.kv_cache_shape(2, block_size, 1, head_dim)) - _numel(
-        backend.kv_cache_shape(1, block_size, 1, head_dim)
-    )
-    num_blocks = 2**31 // per_block + 64
-    need = (
-        _numel(backend.kv_cache_shape(num_blocks, block_size, 1, head_dim))
-        * torch.empty((), dtype=dtype).element_size()
-    )
-    free = platform.free_memory_bytes()
-    if free < 1.5 * need:
-        not_runnable(
-            f"a cache with more than 2**31 elements needs {need / 2**30:.1f} GiB; "
-            f"{free / 2**30:.1f} GiB free on {platform.name}"
-        )
-    problem = make_attention_problem(
-        2, [1, 6], [40, 70], 2, 1, head_dim, block_size, num_blocks,
-        dtype=dtype, device=device, seed=12, block_pool=range(num_blocks - 64, num_blocks),
-    )  # fmt: skip
-    cache = problem.allocate_cache(backend, fill_random=False)
-    try:
-        out = problem.run(backend, cache)
-        assert_close(out, problem.reference_output(), problem.tolerance(), "attention.large_block_index")
-    finally:
-        del cache
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    run_attention_problem(platform, problem, "attention.logits_soft_cap")

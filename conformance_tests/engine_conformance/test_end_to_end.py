@@ -24,7 +24,7 @@ from engine_plugin_sdk.tolerances import get_tolerance
 
 
 def engine_generate(
-    platform_target: PlatformTarget, manager: Any, folder: Path, dtype: str, block_size: int
+    platform_target: PlatformTarget, manager: Any, folder: Path, dtype: str, block_size: int, n: int = 1
 ) -> list[Any]:
     """Run the prompts through the engine on this plugin's platform (the same path as ``engine.LLM``)."""
     try:
@@ -37,7 +37,9 @@ def engine_generate(
         model=str(folder), device=platform_target.name, dtype=dtype, cache=CacheConfig(block_size=block_size)
     )
     engine = LLMEngine.from_config(config, manager)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP_LOGPROBS)
+    params = SamplingParams(
+        n=n, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP_LOGPROBS
+    )
     return run_to_completion(engine, PROMPTS, params)
 
 
@@ -87,4 +89,38 @@ def test_tiny_llama_matches_transformers(
                 assert math.isclose(logprob.logprob, want, abs_tol=atol), (
                     f"e2e.logprobs: step {step} token {token_id}: logprob {logprob.logprob:.6f}, "
                     f"transformers {want:.6f} (atol {atol})"
+                )
+
+
+@pytest.mark.slow
+@pytest.mark.capability("e2e.greedy.n2")
+def test_two_greedy_samples_agree(
+    platform: Platform,
+    caps: Capabilities,
+    platform_target: PlatformTarget,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """``n=2`` at temperature 0: both samples share the prompt's blocks (forked copy-on-write when the
+    last one is partly filled) and must generate the same tokens with the same logprobs."""
+    geo = default_geometry(caps)
+    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+    build_tiny_llama(tmp_path, geo.head_size)
+    outputs = engine_generate(
+        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size, n=2
+    )
+    atol = get_tolerance(dtype_name).logits_atol
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert len(out.outputs) == 2, f"e2e.greedy.n2: {len(out.outputs)} samples for n=2"
+        first, second = out.outputs
+        assert list(first.token_ids) == list(second.token_ids), (
+            f"e2e.greedy.n2: prompt {prompt[:4]}... gave {list(first.token_ids)} and {list(second.token_ids)}"
+        )
+        assert len(first.token_ids) == MAX_TOKENS, f"e2e.greedy.n2: {len(first.token_ids)} tokens"
+        for step, (a, b) in enumerate(zip(first.logprobs or [], second.logprobs or [], strict=True)):
+            for token_id, logprob in a.items():
+                other = b.get(token_id)
+                assert other is not None and math.isclose(logprob.logprob, other.logprob, abs_tol=atol), (
+                    f"e2e.greedy.n2: step {step} token {token_id}: logprobs {logprob.logprob:.6f} and "
+                    f"{None if other is None else round(other.logprob, 6)}"
                 )

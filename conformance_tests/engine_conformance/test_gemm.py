@@ -89,3 +89,68 @@ def test_quantized_linear(platform: Platform, caps: Capabilities, device: Any, q
         check_output(
             gemm.linear(x, prepared), ref_quantized_linear(x, weight), x, tol, f"{capability} {dtype_name}"
         )
+
+
+#: a small model's MLP projection: neither width a power of two
+SHAPE_K, SHAPE_N = 576, 1536
+#: a decode row, a few, just over a 32-row tile, a prefill chunk
+SHAPE_ROWS = (1, 7, 33, 100)
+#: a 7B-class hidden size and a slice of its projection, for the quantized kernels
+QUANT_K, QUANT_N = 4096, 512
+#: rows around the packed kernels' crossovers to their dense copies (CPU: 2 / 12 / 24 / 32 rows)
+QUANT_ROWS = (1, 7, 33)
+
+
+def strided_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [rows, k]`` as a view into wider rows at an offset (a slice of a fused output)."""
+    buf = torch.zeros(x.shape[0], x.shape[1] + 24, dtype=x.dtype, device=x.device)
+    view = buf[:, 8 : 8 + x.shape[1]]
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.capability("gemm.{dtype_name}.shapes")
+def test_dense_linear_shapes(platform: Platform, device: Any, dtype_name: str) -> None:
+    """K=576, N=1536 at 1, 7, 33 and 100 rows, contiguous and as a strided view."""
+    capability = f"gemm.{dtype_name}.shapes"
+    dtype = torch_dtype(dtype_name)
+    gemm = platform.make_gemm_backend()
+    gen = torch.Generator().manual_seed(53)
+    weight = (torch.randn(SHAPE_N, SHAPE_K, generator=gen) * SHAPE_K**-0.5).to(dtype).to(device)
+    bias = torch.randn(SHAPE_N, generator=gen).to(dtype).to(device)
+    prepared = gemm.prepare_weight(weight, dtype)
+    tol = get_tolerance(dtype)
+    for rows in SHAPE_ROWS:
+        x = torch.randn(rows, SHAPE_K, generator=gen).to(dtype).to(device)
+        expected = ref_linear(x, weight, bias)
+        check_output(gemm.linear(x, prepared, bias), expected, x, tol, f"{capability} M={rows}")
+        view = strided_rows(x)
+        check_output(
+            gemm.linear(view, prepared, bias), expected, x, tol, f"{capability} M={rows} strided view"
+        )
+
+
+@pytest.mark.capability("gemm.quant.{quant_scheme}.shapes")
+def test_quantized_linear_shapes(
+    platform: Platform, caps: Capabilities, device: Any, quant_scheme: str
+) -> None:
+    """A claimed scheme at K=4096, N=512 and 1, 7 and 33 rows, in every claimed dtype."""
+    if quant_scheme == "any":
+        not_claimed("no quantization schemes are claimed (weights are dequantized at load)")
+    capability = f"gemm.quant.{quant_scheme}.shapes"
+    gemm = platform.make_gemm_backend()
+    if quant_scheme not in gemm.supported_quant_schemes:
+        pytest.fail(f"{capability}: claimed, but supported_quant_schemes lacks it", pytrace=False)
+    try:
+        weight = make_quantized_weight(quant_scheme, QUANT_N, QUANT_K, seed=63, device=device)
+    except UnknownSchemeError as exc:
+        not_runnable(str(exc))
+    gen = torch.Generator().manual_seed(64)
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        prepared = gemm.prepare_weight(weight, dtype)
+        tol = get_tolerance(dtype, quantized=True)
+        for rows in QUANT_ROWS:
+            x = torch.randn(rows, QUANT_K, generator=gen).to(dtype).to(device)
+            label = f"{capability} {dtype_name} M={rows}"
+            check_output(gemm.linear(x, prepared), ref_quantized_linear(x, weight), x, tol, label)

@@ -116,23 +116,56 @@ def move_blocks(
 
 
 def assert_pool_equals(
-    backend: AttentionBackend, pool: Any, expected: list[tuple[Any, Any]], capability: str
+    backend: AttentionBackend, pool: Any, expected: list[tuple[Any, Any]], capability: str, moved: set[int]
 ) -> None:
+    """Every block of every layer equals ``expected``, checked block by block.
+
+    Args:
+        moved: the destination blocks of the operation; a difference elsewhere is reported as a write to a
+            block that had to stay untouched.
+    """
+    bs = expected[0][0].shape[0] // NUM_BLOCKS
     for layer, (cache, (keys, values)) in enumerate(zip(pool.kv_caches, expected, strict=True)):
         got_keys, got_values = gather_all(backend, cache, NUM_BLOCKS, capability)
-        assert_equal(got_keys, keys, f"{capability} (layer {layer} keys)")
-        assert_equal(got_values, values, f"{capability} (layer {layer} values)")
+        for block in range(NUM_BLOCKS):
+            rows = slice(block * bs, (block + 1) * bs)
+            role = "destination block" if block in moved else "untouched block"
+            assert_equal(got_keys[rows], keys[rows], f"{capability} (layer {layer} keys, {role} {block})")
+            assert_equal(
+                got_values[rows], values[rows], f"{capability} (layer {layer} values, {role} {block})"
+            )
+
+
+#: copy-on-write batches of 1, 2, 3 and 5 pairs, unsorted; one source forks into two destinations
+COPY_ROUNDS = (
+    [(29, 4)],
+    [(40, 3), (2, 33)],
+    [(45, 12), (6, 47), (45, 0)],
+    [(31, 9), (1, 44), (27, 18), (13, 37), (46, 22)],
+)
+#: swap batches of (device block out, host block, device block in): 1, 2, 3 and 5, unsorted, scattered
+#: host ids (the host pool is NUM_BLOCKS // 4 blocks, as the default pools make it)
+SWAP_ROUNDS = (
+    [(7, 9, 30)],
+    [(40, 2, 5), (3, 11, 41)],
+    [(33, 6, 7), (20, 0, 21), (8, 10, 9)],
+    [(44, 3, 12), (1, 8, 46), (25, 1, 25), (17, 11, 2), (36, 5, 30)],
+)
 
 
 @pytest.mark.capability("block_cache.copy")
 def test_copy_blocks(platform: Platform, caps: Capabilities) -> None:
     backend, pool = make_pool(platform, caps, seed=31)
-    before = snapshot(backend, pool, "block_cache.copy")
-    pairs = [(3, 17), (5, 0), (40, 41), (12, 47)]
-    pool.copy_blocks(pairs)
-    expected = [(k.clone(), v.clone()) for k, v in before]
-    move_blocks(expected, pairs, before, default_geometry(caps).block_size)
-    assert_pool_equals(backend, pool, expected, "block_cache.copy")
+    bs = default_geometry(caps).block_size
+    state = snapshot(backend, pool, "block_cache.copy")
+    for pairs in COPY_ROUNDS:
+        pool.copy_blocks(pairs)
+        expected = [(k.clone(), v.clone()) for k, v in state]
+        move_blocks(expected, pairs, state, bs)
+        assert_pool_equals(
+            backend, pool, expected, f"block_cache.copy ({len(pairs)} pairs)", {d for _, d in pairs}
+        )
+        state = expected
 
 
 @pytest.mark.capability("block_cache.swap")
@@ -145,13 +178,21 @@ def test_swap_out_and_in(platform: Platform, caps: Capabilities, record_property
         not_claimed("swapping blocks to host memory")
     if not pool.supports_swap:
         pytest.fail("block_cache.swap: claimed, but BlockCache.supports_swap is false", pytrace=False)
-    bs = default_geometry(caps).block_size
-    original = snapshot(backend, pool, "block_cache.swap")
-    pool.swap_out([(7, 0), (20, 1), (33, 2)])
-    # the device blocks are reused by other sequences meanwhile
-    random_fill_pool(backend, pool, bs, default_geometry(caps).head_size, seed=42)
-    overwritten = snapshot(backend, pool, "block_cache.swap")
-    pool.swap_in([(0, 9), (1, 21), (2, 7)])
-    expected = [(k.clone(), v.clone()) for k, v in overwritten]
-    move_blocks(expected, [(7, 9), (20, 21), (33, 7)], original, bs)
-    assert_pool_equals(backend, pool, expected, "block_cache.swap")
+    host_needed = 1 + max(host for round_ in SWAP_ROUNDS for _, host, _ in round_)
+    if pool.num_host_blocks < host_needed:
+        not_runnable(
+            f"the check swaps to host block ids up to {host_needed - 1}; this pool has {pool.num_host_blocks}"
+        )
+    geo = default_geometry(caps)
+    for round_index, triples in enumerate(SWAP_ROUNDS):
+        capability = f"block_cache.swap ({len(triples)} pairs)"
+        original = snapshot(backend, pool, capability)
+        pool.swap_out([(out, host) for out, host, _ in triples])
+        # the device blocks are reused by other sequences meanwhile
+        random_fill_pool(backend, pool, geo.block_size, geo.head_size, seed=42 + round_index)
+        overwritten = snapshot(backend, pool, capability)
+        # back in the reverse order: pairs need not come in the order they went out
+        pool.swap_in([(host, back) for _, host, back in reversed(triples)])
+        expected = [(k.clone(), v.clone()) for k, v in overwritten]
+        move_blocks(expected, [(out, back) for out, _, back in triples], original, geo.block_size)
+        assert_pool_equals(backend, pool, expected, capability, {back for _, _, back in triples})

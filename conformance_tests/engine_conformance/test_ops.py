@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine.interfaces.gemm import RowQuantizedActivations
 from engine.interfaces.ops import OP_NAMES, reference_ops
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
+from engine_conformance.op_checks import FP8, check_op_result
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_apply_token_bitmask,
@@ -22,12 +22,10 @@ from engine_plugin_sdk.reference_ops import (
     ref_rotary_embedding,
     ref_silu_and_mul,
 )
-from engine_plugin_sdk.tolerances import FP8_ROWS_EXTRA, Tolerance, get_tolerance
+from engine_plugin_sdk.tolerances import get_tolerance
 
 HIDDEN = 256
 EPS = 1e-5
-#: the FP8 producer ops write this flavour (the reference quantizes to any e4m3)
-FP8 = torch.float8_e4m3fn
 #: logits width and the real vocabulary inside it (the columns past it are padding, never picked)
 LOGITS_WIDTH, VOCAB = 300, 280
 GRAPH_BUCKETS = [1, 2, 4, 8]
@@ -121,69 +119,7 @@ def test_fused_op(platform: Platform, caps: Capabilities, op_name: str, record_p
         # ops may work in place; keep the inputs the reference saw
         call_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         result = op(*call_args)
-        if op_name == "apply_token_bitmask":
-            _check_masked(call_args[0], expected[0], dtype, f"ops.{op_name} {dtype_name}")
-            continue
-        results = result if isinstance(result, tuple) else (result,)
-        if len(results) != len(expected):
-            pytest.fail(
-                f"ops.{op_name}: returned {len(results)} tensors, expected {len(expected)}", pytrace=False
-            )
-        for i, (got, want) in enumerate(zip(results, expected, strict=True)):
-            label = f"ops.{op_name} {dtype_name} output {i}"
-            if isinstance(got, RowQuantizedActivations):
-                assert_close(_dequantized(got, dtype, label), want, _fp8_rows_tolerance(dtype), label)
-                continue
-            if op_name == "greedy_pick":
-                _check_pick(got, want, i, label)
-                continue
-            # the residual sum may be kept in float32 (core/interfaces/ops.py)
-            sums = op_name.startswith("fused_add_rms_norm") or op_name == "post_norm_add_rms_norm"
-            wider_ok = sums and i == 1 and got.dtype == torch.float32
-            if got.dtype != dtype and not wider_ok:
-                pytest.fail(
-                    f"ops.{op_name}: output {i} has dtype {got.dtype}, expected {dtype}", pytrace=False
-                )
-            assert_close(got, want, get_tolerance(dtype), label)
-
-
-def _dequantized(got: RowQuantizedActivations, dtype: torch.dtype, label: str) -> torch.Tensor:
-    """The float64 values FP8 rows stand for, after checking their dtypes and shapes."""
-    if got.data.dtype != FP8 or got.dtype != dtype or got.scale.dtype != torch.float32:
-        pytest.fail(f"{label}: FP8 rows of {got.data.dtype} (scale {got.scale.dtype}) for {got.dtype}; "
-                    f"expected {FP8} (scale float32) for {dtype}", pytrace=False)
-    if got.scale.shape != (got.data.shape[0], 1):
-        pytest.fail(f"{label}: scale shape {tuple(got.scale.shape)} for {got.data.shape[0]} rows", pytrace=False)
-    return got.data.double().cpu() * got.scale.double().cpu()
-
-
-def _fp8_rows_tolerance(dtype: torch.dtype) -> Tolerance:
-    base = get_tolerance(dtype)
-    return Tolerance(base.atol + FP8_ROWS_EXTRA.atol, base.rtol + FP8_ROWS_EXTRA.rtol, 0.0)
-
-
-def _check_masked(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, label: str) -> None:
-    """The logits masked in place: exactly ``-inf`` where disallowed, every other value unchanged."""
-    if got.dtype != dtype:
-        pytest.fail(f"{label}: the logits became {got.dtype}, expected {dtype} masked in place", pytrace=False)
-    got64 = got.double().cpu()
-    wrong = (got64 != want) & ~(got64.isnan() & want.isnan())
-    if wrong.any():
-        row, col = (int(v) for v in wrong.nonzero()[0])
-        pytest.fail(f"{label}: {int(wrong.sum())} logits differ, first at row {row} column {col}: "
-                    f"{got64[row, col].item()} where {want[row, col].item()} was expected", pytrace=False)
-
-
-def _check_pick(got: torch.Tensor, want: torch.Tensor, i: int, label: str) -> None:
-    """Token ids exactly (int64), their log-probabilities at float32's tolerance (float32)."""
-    expected_dtype = torch.int64 if i == 0 else torch.float32
-    if got.dtype != expected_dtype or got.shape != want.shape:
-        pytest.fail(f"{label}: {got.dtype} {tuple(got.shape)}, expected {expected_dtype} {tuple(want.shape)}",
-                    pytrace=False)
-    if i == 0 and not torch.equal(got.cpu(), want.cpu()):
-        pytest.fail(f"{label}: picked tokens {got.tolist()}, expected {want.tolist()}", pytrace=False)
-    if i == 1:
-        assert_close(got, want, get_tolerance(torch.float32), label)
+        check_op_result(op_name, result, expected, dtype, call_args, f"ops.{op_name} {dtype_name}")
 
 
 def graph_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -218,3 +154,35 @@ def test_graph_replay_matches_eager(
         x, w = make_inputs(batch_size)
         replayed = capture.run(batch_size, x, w).clone()
         assert_close(replayed, graph_step(x, w), tol, f"graph_capture (batch size {batch_size})")
+
+
+#: (row of tied maxima, the columns holding them) for the tie check: the first column must win. The
+#: vocabulary spans several 4096-column tiles, so ties across tiles of a split pick are covered too.
+TIE_VOCAB, TIE_WIDTH = 2 * 4096 + 300, 2 * 4096 + 320
+TIE_COLUMNS = (
+    (10, 4100),  # tiles 0 and 1
+    (5000, 8300),  # tiles 1 and 2
+    (7, 8, 9),  # neighbours
+    (4095, 4096),  # the last column of a tile and the first of the next
+    (TIE_VOCAB - 1,),  # the last real column; the padding after it holds the same value
+    (3, 2000, 6000, 8400),  # one in every tile
+)
+
+
+@pytest.mark.capability("ops.greedy_pick.ties")
+def test_greedy_pick_ties(platform: Platform) -> None:
+    """Several equal maxima in a row: the first index wins (core/engine/interfaces/ops.py), as torch's
+    argmax picks it; a constant row picks column 0."""
+    op = reference_ops().with_overrides(platform.op_overrides()).greedy_pick
+    gen = torch.Generator().manual_seed(91)
+    rows = len(TIE_COLUMNS) + 1
+    logits = torch.randn(rows, TIE_WIDTH, generator=gen) * 4
+    for row, columns in enumerate(TIE_COLUMNS):
+        logits[row, list(columns)] = 50.0
+    logits[:, TIE_VOCAB:] = 50.0  # padding equal to the maxima: still never picked
+    logits[-1, :TIE_VOCAB] = 1.5  # every real column tied
+    raw = torch.log_softmax(logits[:, :TIE_VOCAB].double(), dim=-1)
+    ids = torch.tensor([columns[0] for columns in TIE_COLUMNS] + [0])
+    expected = (ids, raw.gather(1, ids.unsqueeze(1)).squeeze(1))
+    result = op(logits.to(platform.torch_device()), TIE_VOCAB)
+    check_op_result("greedy_pick", result, expected, torch.float32, [], "ops.greedy_pick.ties")

@@ -144,10 +144,11 @@ def test_fp8_options_on_a_device_without_them_are_one_line_errors(tiny_llama_dir
 def test_conformance_is_wired_to_the_runner(monkeypatch, tmp_path):
     calls = []
     runner = types.ModuleType("engine_conformance.runner")
-    runner.run_conformance = lambda device, md, js: calls.append((device, md, js)) or 3
+    runner.run_conformance = lambda device, md, js, strict=False: calls.append((device, md, js, strict)) or 3
     monkeypatch.setitem(sys.modules, "engine_conformance.runner", runner)
     assert main(["conformance", "--device", "cpu", "--report", str(tmp_path / "r.md"), "--json", "r.json"]) == 3
-    assert calls == [("cpu", str(tmp_path / "r.md"), "r.json")]
+    assert main(["conformance", "--device", "cpu", "--strict"]) == 3
+    assert calls == [("cpu", str(tmp_path / "r.md"), "r.json", False), ("cpu", None, None, True)]
 
 
 def test_conformance_missing_runner_is_a_clear_error(monkeypatch, capsys):

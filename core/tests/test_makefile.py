@@ -25,6 +25,11 @@ PROJECT_FILES = [
 ]  # fmt: skip
 # installs become no-ops; the venv is a folder with an interpreter path that is never run
 DRY = ["UV=", "PIP=true", "CREATE_VENV=mkdir -p .venv/bin"]
+#: what ``make test`` runs once installed: the tests, then the CPU conformance suite under --strict
+TEST_COMMANDS = [
+    ".venv/bin/python -m pytest -q --ignore=conformance_tests",
+    ".venv/bin/python -m pytest -q conformance_tests/engine_conformance --device cpu --conformance-strict",
+]
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
@@ -55,7 +60,7 @@ def test_a_fresh_clone_installs_everything_through_the_venv(project: Path):
     pip = [c for c in planned if "pip install" in c]
     assert pip and all(c.startswith(".venv/bin/python -m pip install ") for c in pip), pip
     assert pip[0] == ".venv/bin/python -m pip install torch==2.13.0", "torch comes first, pinned"
-    assert planned[-1] == ".venv/bin/python -m pytest -q"
+    assert planned[-2:] == TEST_COMMANDS
 
 
 def test_uv_installs_into_the_venv_but_never_torch(project: Path):
@@ -69,7 +74,7 @@ def test_uv_installs_into_the_venv_but_never_torch(project: Path):
 def test_installed_once_serve_and_test_install_nothing(project: Path):
     make(project, *DRY, "install-test")
     assert make(project, "-n", *DRY, "serve") == [".venv/bin/python -m engine.entrypoints.cli serve "]
-    assert make(project, "-n", *DRY, "test") == [".venv/bin/python -m pytest -q"]
+    assert make(project, "-n", *DRY, "test") == TEST_COMMANDS
     assert installs(make(project, "-n", *DRY, "test-fast", "lint", "bench")) == []
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from engine_conformance.runner import (
     FAIL,
     NOT_CLAIMED,
@@ -70,3 +73,77 @@ def test_unknown_device_is_a_clear_usage_error(capfd) -> None:
     captured = capfd.readouterr()
     assert code == 4
     assert "no installed plugin provides device 'no-such-device-xyz'" in captured.out + captured.err
+
+
+def test_attention_matrix_cells_fold_into_one_table() -> None:
+    rows = summarize(
+        [
+            outcome("attention.decode", "passed"),
+            outcome("attention.matrix.float32.float32.decode.plain", "passed"),
+            outcome("attention.matrix.bfloat16.float32.decode.plain", "passed"),
+            outcome(
+                "attention.matrix.float32.float32.decode.window",
+                "failed",
+                "attention.matrix.float32.float32.decode.window: 3/9 elements out of tolerance",
+            ),
+            outcome("attention.matrix.bfloat16.float32.decode.window", "skipped", "not claimed: no windows"),
+        ]
+    )
+    table = format_table(rows)
+    lines = table.splitlines()
+    # a failing cell keeps its own line with its detail; passing cells appear only in the grid
+    assert any(
+        line.startswith("attention.matrix.float32.float32.decode.window") and " fail " in line
+        for line in lines
+    )
+    assert not any(line.startswith("attention.matrix.float32.float32.decode.plain") for line in lines)
+    grid = lines[lines.index(next(line for line in lines if line.startswith("shape / feature"))) :]
+    assert "float32 / float32" in grid[0] and "bfloat16 / float32" in grid[0]
+    assert grid[1].split() == ["decode", "/", "plain", "pass", "pass"]
+    assert grid[2].split() == ["decode", "/", "window", "FAIL", "n/c"]
+    assert "3 pass, 1 fail, 1 not claimed, 0 not runnable here" in table
+    markdown = format_markdown("x", rows, [])
+    assert "| `attention.decode` | pass |" in markdown
+    assert "## Attention coverage matrix" in markdown
+    assert "| decode / window | FAIL | n/c |" in markdown
+    assert "| `attention.matrix.float32.float32.decode.window` | fail |" in markdown
+    assert "| `attention.matrix.float32.float32.decode.plain` |" not in markdown
+
+
+UNAVAILABLE_PLUGIN = """
+from engine.interfaces.platform import DetectResult
+from engine.plugins.hookspecs import hookimpl
+from engine_plugin_sdk.reference_platform import ReferencePlatform
+
+ENGINE_PLUGIN_API = ">=2.0,<3"
+
+
+class AbsentPlatform(ReferencePlatform):
+    name = "absent-device"
+
+    @classmethod
+    def detect(cls) -> DetectResult:
+        return DetectResult(False, "the test's device is never present")
+
+
+@hookimpl
+def engine_register_platforms() -> list[type]:
+    return [AbsentPlatform]
+"""
+
+
+def test_strict_fails_what_cannot_run_here(tmp_path, monkeypatch, capfd) -> None:
+    (tmp_path / "absent_device_plugin.py").write_text(UNAVAILABLE_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    args = ["--plugin-module", "absent_device_plugin", "--capability", "attention.decode"]
+    report = tmp_path / "r.json"
+    assert run_conformance("absent-device", None, str(report), args) == 0
+    rows = json.loads(report.read_text())["capabilities"]
+    assert {r["status"] for r in rows} == {NOT_RUNNABLE}
+    assert "0 fail, 0 not claimed, 2 not runnable here" in capfd.readouterr().out
+    assert run_conformance("absent-device", None, str(report), args, strict=True) == 1
+    rows = json.loads(report.read_text())["capabilities"]
+    assert {r["status"] for r in rows} == {FAIL}
+    assert rows[0]["detail"].startswith(
+        "strict conformance: not runnable here: absent-device is not available"
+    )

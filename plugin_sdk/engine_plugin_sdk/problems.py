@@ -130,6 +130,7 @@ def make_attention_problem(
     block_pool: Sequence[int] | None = None,
     extra_table_columns: int = 1,
     release_out_of_window: bool = False,
+    scale: float | None = None,
 ) -> AttentionProblem:
     """Build a random paged-attention problem.
 
@@ -155,6 +156,8 @@ def make_attention_problem(
         release_out_of_window: with a window, point the table entries of blocks wholly before each
             sequence's first query's window at one shared block of unrelated values, as the engine does
             once it released them (their tokens are never written): the output must not change.
+        scale: softmax scale; ``head_dim ** -0.5`` when None. Models such as Gemma use another one, so a
+            backend that recomputes the default instead of reading ``metadata.scale`` must fail.
 
     Returns:
         The :class:`AttentionProblem`.
@@ -241,7 +244,7 @@ def make_attention_problem(
         max_query_len=max(query_lens),
         max_seq_len=max(context_lens),
         block_size=block_size,
-        scale=head_dim**-0.5,
+        scale=head_dim**-0.5 if scale is None else scale,
         causal=True,
         sliding_window=sliding_window,
         logits_soft_cap=soft_cap,

@@ -20,10 +20,25 @@ PROMPTS = [
 MAX_TOKENS = 8
 TOP_LOGPROBS = 3
 VOCAB = 128
+#: a 217-token prompt: its prefill spans several query tiles and KV blocks (none of them a power of two)
+LONG_PROMPT = [1] + [3 + (i * 37) % (VOCAB - 3) for i in range(216)]
 
 
-def build_tiny_llama(folder: Path, head_dim: int, seed: int = 0) -> Any:
-    """Save a random two-layer Llama (GQA, untied head) and a word-level tokenizer; return the HF model."""
+def build_tiny_llama(
+    folder: Path,
+    head_dim: int,
+    seed: int = 0,
+    *,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 256,
+) -> Any:
+    """Save a random two-layer Llama (GQA, untied head) and a word-level tokenizer; return the HF model.
+
+    The hidden size is ``num_heads * head_dim``: e.g. 9 heads of 64 give 576, a width that is not a power
+    of two (as in SmolLM2-135M), with an intermediate size such as 960 that is not one either.
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -36,13 +51,13 @@ def build_tiny_llama(folder: Path, head_dim: int, seed: int = 0) -> Any:
     tokenizer.save_pretrained(folder)
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=4 * head_dim,
-        intermediate_size=256,
+        hidden_size=num_heads * head_dim,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=256,
+        max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-5,
         # wide initial weights give peaked logits, so greedy choices are not near-ties decided by rounding
         initializer_range=0.3,

@@ -208,7 +208,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         from engine_conformance.runner import run_conformance
     except ImportError as exc:
         raise CliError(f"the conformance suite is not available ({exc}); reinstall the engine: pip install -e .") from None
-    return int(run_conformance(args.device, args.report, args.json))
+    return int(run_conformance(args.device, args.report, args.json, strict=args.strict))
 
 
 def cmd_plugin_new(args: argparse.Namespace) -> int:
@@ -284,6 +284,9 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     conf.add_argument("--device", required=True, help="device or plugin name to test")
     conf.add_argument("--report", default=None, help="write a Markdown report here")
     conf.add_argument("--json", default=None, help="write a JSON report here")
+    conf.add_argument(
+        "--strict", action="store_true", help="fail checks that cannot run here instead of reporting them"
+    )
     conf.set_defaults(func=cmd_conformance)
 
     plugin = sub.add_parser("plugin", help="plugin development tools")

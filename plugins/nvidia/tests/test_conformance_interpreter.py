@@ -24,6 +24,8 @@ HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 def run_suite(capabilities: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, ENGINE_NVIDIA_INTERPRET="1", TRITON_INTERPRET="1")
     args = [sys.executable, "-m", "pytest", str(suite_dir()), "-q", "--no-header", "-p", "no:cacheprovider", "--device", "cuda"]
+    # strict: a check that cannot run in the interpreter fails here rather than skipping unseen
+    args.append("--conformance-strict")
     for cap in capabilities:
         args += ["--capability", cap]
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
@@ -40,6 +42,8 @@ def test_op_level_suite_in_interpreter() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(HAS_GPU, reason="on a GPU, run `engine conformance --device cuda` instead")
 def test_tiny_llama_in_interpreter_matches_transformers() -> None:
-    proc = run_suite(["e2e"])
+    # e2e.greedy (and e2e.greedy.n2); e2e.long_prompt's 217-token prefill of a 576-wide model is too slow
+    # for the interpreter and runs on the GPU suite
+    proc = run_suite(["e2e.greedy"])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-    assert proc.returncode == 0 and "1 passed" in tail, f"e2e (interpreter) failed:\n{tail}"
+    assert proc.returncode == 0 and " passed" in tail and "failed" not in tail, f"e2e (interpreter) failed:\n{tail}"
