@@ -151,6 +151,17 @@ def format_markdown(
     return "\n".join(out) + "\n"
 
 
+#: the op-level capability prefixes without the attention matrix and long-context rows, for CI runs of a
+#: plugin's kernels in an interpreter or on reference kernels (the matrix takes minutes there; the
+#: published reports run everything)
+QUICK_OP_LEVEL = (
+    "attention.decode", "attention.prefill", "attention.chunked_prefill", "attention.decode_rows_first",
+    "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
+    "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
+    "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "graph_capture", "contract",
+)  # fmt: skip
+
+
 def run_conformance(
     device: str,
     report_md: str | None = None,

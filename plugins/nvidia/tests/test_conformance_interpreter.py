@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from engine_conformance.runner import suite_dir
+from engine_conformance.runner import QUICK_OP_LEVEL, suite_dir
 
-OP_LEVEL = ["attention", "kv_write", "block_cache", "ops", "gemm", "graph_capture", "contract"]
+OP_LEVEL = list(QUICK_OP_LEVEL)
 
 HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 
