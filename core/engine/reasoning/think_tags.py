@@ -32,8 +32,8 @@ class ThinkTagReasoningParser(ReasoningParser):
 
     def __init__(self, tokenizer: Any = None) -> None:
         super().__init__(tokenizer)
-        self._start_id = _single_token_id(tokenizer, self.start_marker)
-        self._end_id = _single_token_id(tokenizer, self.end_marker)
+        self._start_id = single_token_id(tokenizer, self.start_marker)
+        self._end_id = single_token_id(tokenizer, self.end_marker)
 
     def extract_reasoning(self, model_output: str) -> tuple[str | None, str | None]:
         stream = ThinkTagStream(self)
@@ -68,7 +68,7 @@ class ThinkTagReasoningParser(ReasoningParser):
         return self.end_marker in text
 
 
-def _single_token_id(tokenizer: Any, marker: str) -> int | None:
+def single_token_id(tokenizer: Any, marker: str) -> int | None:
     """The id of ``marker`` when the tokenizer has it as one token, else None."""
     convert = getattr(tokenizer, "convert_tokens_to_ids", None)
     if convert is None:

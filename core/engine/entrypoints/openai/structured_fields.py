@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engine.entrypoints.openai.errors import bad_request
 from engine.reasoning import ReasoningParser, ThinkTagReasoningParser
+from engine.reasoning.think_tags import single_token_id
 from engine.sampling.params import SamplingParams
 from engine.structured_output.params import ReasoningGate, StructuredOutputsParams
 
@@ -163,7 +164,7 @@ def gate_after_reasoning(
     """
     start: int | None = None
     if isinstance(parser, ThinkTagReasoningParser) and parser.start_marker_required:
-        start = _single_token_id(parser.tokenizer, parser.start_marker)
+        start = single_token_id(parser.tokenizer, parser.start_marker)
         if start is None:
             raise bad_request(
                 f"{field} with this server's reasoning parser needs its start marker "
@@ -200,16 +201,3 @@ def apply_reasoning_gate(
 def _fields(params: StructuredOutputsParams) -> dict[str, Any]:
     names = ("json", "json_object", "regex", "choice", "grammar", "structural_tag", "disable_any_whitespace")
     return {name: getattr(params, name) for name in names}
-
-
-def _single_token_id(tokenizer: Any, marker: str) -> int | None:
-    """The id of ``marker`` when the tokenizer has it as one token, else None."""
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    if convert is None:
-        return None
-    try:
-        token_id = convert(marker)
-    except (KeyError, ValueError, TypeError):
-        return None
-    unk = getattr(tokenizer, "unk_token_id", None)
-    return token_id if isinstance(token_id, int) and token_id != unk else None
