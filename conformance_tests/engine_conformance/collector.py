@@ -1,7 +1,11 @@
 """A pytest plugin (``-p engine_conformance.collector``) that records each test's capability and outcome.
 
 It writes JSON to the path in ``ENGINE_CONFORMANCE_RESULTS`` at the end of the session:
-``{"tests": [{"nodeid", "capability", "device", "outcome", "message", "properties"}]}``.
+``{"tests": [{"nodeid", "index", "capability", "device", "outcome", "message", "properties"}]}``, where
+``index`` is the test's place in the whole suite's collection order.
+
+``--conformance-shard I/N`` keeps every N-th test from the I-th on (0-based), so that N processes run the
+suite between them (the runner's ``--workers``); their results merge back in suite order by ``index``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,42 @@ import pytest
 
 RESULTS_ENV = "ENGINE_CONFORMANCE_RESULTS"
 _results_key = pytest.StashKey[dict[str, dict[str, Any]]]()
+_index_key = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--conformance-shard", default=None, metavar="I/N",
+        help="run only the tests whose collection index is I modulo N (the runner's --workers)",
+    )  # fmt: skip
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as ``(I, N)``.
+
+    Raises:
+        pytest.UsageError: not two integers with ``0 <= I < N``.
+    """
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--conformance-shard takes I/N, got {text!r}") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--conformance-shard {text}: I must be in [0, N)")
+    return index, count
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[_index_key] = {item.nodeid: i for i, item in enumerate(items)}
+    shard = config.getoption("--conformance-shard")
+    if shard is None:
+        return
+    index, count = parse_shard(shard)
+    keep = [item for i, item in enumerate(items) if i % count == index]
+    dropped = [item for i, item in enumerate(items) if i % count != index]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -44,6 +84,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.nodeid,
         {
             "nodeid": report.nodeid,
+            "index": item.config.stash.get(_index_key, {}).get(report.nodeid),
             "capability": props.get("capability"),
             "device": props.get("device"),
             "outcome": "passed",

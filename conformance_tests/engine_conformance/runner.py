@@ -168,6 +168,7 @@ def run_conformance(
     report_json: str | None = None,
     extra_pytest_args: list[str] | None = None,
     strict: bool = False,
+    workers: int = 1,
 ) -> int:
     """Run the conformance suite for one device and print its capability table.
 
@@ -179,13 +180,14 @@ def run_conformance(
             ``["--plugin-module", "my_plugin.hooks"]``.
         strict: a check that cannot run here fails (``--conformance-strict``) instead of being reported
             "not runnable here"; CI and the published reports run this way.
+        workers: pytest processes sharing the suite (``--conformance-shard``); on a GPU host most of a
+            run is kernel compilation and float64 references on the host's cores, which they share.
 
     Returns:
         0 when every test passed or was skipped as not claimed / not runnable; pytest's exit code otherwise
         (1: failures, 4: usage error such as an unknown device, 5: nothing selected).
     """
     with tempfile.TemporaryDirectory(prefix="engine-conformance-") as tmp:
-        results_path = os.path.join(tmp, "results.json")
         cmd = [
             sys.executable, "-m", "pytest", str(suite_dir()),
             "-p", "engine_conformance.collector",
@@ -196,15 +198,29 @@ def run_conformance(
             *(["--conformance-strict"] if strict else []),
             *(extra_pytest_args or []),
         ]  # fmt: skip
-        env = dict(os.environ, **{RESULTS_ENV: results_path})
-        code = subprocess.call(cmd, env=env)
-        if not os.path.exists(results_path):
+        shards = [[f"--conformance-shard={i}/{workers}"] for i in range(workers)] if workers > 1 else [[]]
+        paths = [os.path.join(tmp, f"results-{i}.json") for i in range(len(shards))]
+        procs = [
+            subprocess.Popen([*cmd, *shard], env=dict(os.environ, **{RESULTS_ENV: path}))
+            for shard, path in zip(shards, paths)
+        ]
+        codes = [proc.wait() for proc in procs]
+        # 5 (nothing selected) from a shard that drew no test is no failure when another shard ran some
+        ran = [c for c in codes if c != 5] or codes
+        code = max(ran)
+        missing = [path for path in paths if not os.path.exists(path)]
+        if missing:
             print(
                 f"engine conformance: the suite did not run for device {device!r} (pytest exit code {code})"
             )
             return code or 1
-        with open(results_path, encoding="utf-8") as fh:
-            results = json.load(fh)
+        results = {"tests": [], "platforms": []}
+        for path in paths:
+            with open(path, encoding="utf-8") as fh:
+                part = json.load(fh)
+            results["tests"] += part["tests"]
+            results["platforms"] = results["platforms"] or part.get("platforms", [])
+        results["tests"].sort(key=lambda t: t.get("index") if t.get("index") is not None else -1)
     rows = summarize(results["tests"])
     print()
     print(f"Conformance of device {device!r}:")
@@ -239,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strict", action="store_true", help="fail checks that cannot run here instead of reporting them"
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="pytest processes sharing the suite (default 1)"
+    )
     args, rest = parser.parse_known_args(argv)
-    return run_conformance(args.device, args.report, args.json, [a for a in rest if a != "--"], args.strict)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    extra = [a for a in rest if a != "--"]
+    return run_conformance(args.device, args.report, args.json, extra, args.strict, args.workers)
 
 
 if __name__ == "__main__":

@@ -144,11 +144,14 @@ def test_fp8_options_on_a_device_without_them_are_one_line_errors(tiny_llama_dir
 def test_conformance_is_wired_to_the_runner(monkeypatch, tmp_path):
     calls = []
     runner = types.ModuleType("engine_conformance.runner")
-    runner.run_conformance = lambda device, md, js, strict=False: calls.append((device, md, js, strict)) or 3
+    runner.run_conformance = lambda device, md, js, strict=False, workers=1: (
+        calls.append((device, md, js, strict, workers)) or 3
+    )
     monkeypatch.setitem(sys.modules, "engine_conformance.runner", runner)
     assert main(["conformance", "--device", "cpu", "--report", str(tmp_path / "r.md"), "--json", "r.json"]) == 3
-    assert main(["conformance", "--device", "cpu", "--strict"]) == 3
-    assert calls == [("cpu", str(tmp_path / "r.md"), "r.json", False), ("cpu", None, None, True)]
+    assert main(["conformance", "--device", "cpu", "--strict", "--workers", "4"]) == 3
+    assert calls == [("cpu", str(tmp_path / "r.md"), "r.json", False, 1), ("cpu", None, None, True, 4)]
+    assert main(["conformance", "--device", "cpu", "--workers", "0"]) == 1
 
 
 def test_conformance_missing_runner_is_a_clear_error(monkeypatch, capsys):

@@ -147,3 +147,18 @@ def test_strict_fails_what_cannot_run_here(tmp_path, monkeypatch, capfd) -> None
     assert rows[0]["detail"].startswith(
         "strict conformance: not runnable here: absent-device is not available"
     )
+
+
+def test_workers_share_the_suite_and_merge_in_suite_order(tmp_path) -> None:
+    # two tests over three workers: one shard draws none (pytest's "nothing selected" is no failure there)
+    args = ["--capability", "attention.decode"]
+    one, three = tmp_path / "one.json", tmp_path / "three.json"
+    assert run_conformance("cpu", None, str(one), args, strict=True) == 0
+    assert run_conformance("cpu", None, str(three), args, strict=True, workers=3) == 0
+    serial, sharded = json.loads(one.read_text()), json.loads(three.read_text())
+    assert len(serial["tests"]) == 2
+    assert [t["nodeid"] for t in sharded["tests"]] == [t["nodeid"] for t in serial["tests"]]
+    assert [t["index"] for t in sharded["tests"]] == [0, 1]
+    assert {t["outcome"] for t in sharded["tests"]} == {"passed"}
+    assert sharded["capabilities"] == serial["capabilities"]
+    assert sharded["platforms"] == serial["platforms"]

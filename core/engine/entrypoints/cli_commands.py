@@ -208,7 +208,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         from engine_conformance.runner import run_conformance
     except ImportError as exc:
         raise CliError(f"the conformance suite is not available ({exc}); reinstall the engine: pip install -e .") from None
-    return int(run_conformance(args.device, args.report, args.json, strict=args.strict))
+    if args.workers < 1:
+        raise CliError("--workers must be at least 1")
+    return int(run_conformance(args.device, args.report, args.json, strict=args.strict, workers=args.workers))
 
 
 def cmd_plugin_new(args: argparse.Namespace) -> int:
@@ -287,6 +289,7 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     conf.add_argument(
         "--strict", action="store_true", help="fail checks that cannot run here instead of reporting them"
     )
+    conf.add_argument("--workers", type=int, default=1, help="pytest processes sharing the suite (default 1)")
     conf.set_defaults(func=cmd_conformance)
 
     plugin = sub.add_parser("plugin", help="plugin development tools")
