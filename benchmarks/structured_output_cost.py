@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
 
@@ -61,6 +64,59 @@ def timed_run(llm: LLM, params: SamplingParams, batch: int, max_tokens: int) -> 
     return batch * max_tokens / elapsed
 
 
+#: host phases timed by ``--phases``: (module, class, method)
+PHASES = (
+    ("engine.llm_engine", "LLMEngine", "step"),
+    ("engine.scheduler", "Scheduler", "schedule"),
+    ("engine.model_runner", "ModelRunner", "launch"),
+    ("engine.model_runner", "ModelRunner", "sample_deferred"),
+    ("engine.model_runner", "ModelRunner", "_masked"),
+    ("engine.launched_step", "LaunchedStep", "resolve"),
+    ("engine.structured_output.manager", "StructuredOutputManager", "fill_bitmask"),
+    ("engine.structured_output.manager", "StructuredOutputManager", "accept_step"),
+    ("engine.llm_engine", "LLMEngine", "_take_samples"),
+)
+
+
+def install_phase_timers() -> dict[str, float]:
+    """Wrap the host phases with wall-clock timers; returns the dict their seconds accumulate in."""
+    import importlib
+
+    totals: dict[str, float] = defaultdict(float)
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+
+        return wrapper
+
+    for module, cls_name, method in PHASES:
+        cls = getattr(importlib.import_module(module), cls_name)
+        setattr(cls, method, timed(f"{cls_name}.{method}", getattr(cls, method)))
+    return totals
+
+
+def print_phases(
+    llm: LLM, params: SamplingParams, batch: int, max_tokens: int, totals: dict[str, float]
+) -> None:
+    """One timed run per side with the phase timers on: host milliseconds per step of each phase."""
+    for name, side in (("unconstrained", params), ("constrained", None)):
+        sampling = side or SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+        )
+        totals.clear()
+        timed_run(llm, sampling, batch, max_tokens)
+        steps = max_tokens + 1  # the prefill step and one per further token, plus the last read
+        row = ", ".join(
+            f"{k} {1e3 * v / steps:.2f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])
+        )
+        print(f"{name} host ms/step: {row}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -71,7 +127,9 @@ def main() -> None:
     parser.add_argument("--load-format", default="auto", help="'dummy': random weights of the model's shapes")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--budget", type=float, default=0.10, help="the largest acceptable cost (default 0.10)")
+    parser.add_argument("--phases", action="store_true", help="also time the host's phases per step")
     args = parser.parse_args()
+    totals = install_phase_timers() if args.phases else None
 
     kv_bytes = (16 << 30) if args.device != "cpu" else (512 << 20)
     llm = LLM(
@@ -86,6 +144,8 @@ def main() -> None:
     timed_run(llm, plain, args.batch, args.max_tokens)
     timed_run(llm, constrained, args.batch, args.max_tokens)
 
+    if totals is not None:
+        print_phases(llm, plain, args.batch, args.max_tokens, totals)
     ratios = []
     print(f"batch {args.batch}, {args.max_tokens} tokens per row, device {args.device}")
     for pair in range(args.pairs):

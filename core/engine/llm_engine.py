@@ -26,7 +26,7 @@ from engine.outputs import RequestOutput
 from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
 from engine.sampling.params import SamplingParams
-from engine.sampling.sampler import SampleResult, make_generator
+from engine.sampling.sampler import make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 from engine.structured_output.backend import StructuredOutputBackend
 from engine.structured_output.manager import StructuredOutputManager
@@ -325,10 +325,12 @@ class LLMEngine:
         return outputs
 
     def _take_samples(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:
-        """Append a step's sampled tokens to their sequences (replacing the placeholders of an overlapped step)."""
+        """Append a step's sampled tokens to their sequences (replacing the placeholders of an overlapped
+        step), advance their grammars together, then process each sequence's output."""
         result = launched.resolve()
         if result is None:
             return
+        taken: list[tuple[int, Sequence]] = []
         for i, seq in enumerate(launched.targets):
             if launched.overlapped:
                 if seq.is_finished or not seq.output_token_ids or seq.output_token_ids[-1] != PENDING_TOKEN:
@@ -339,7 +341,17 @@ class LLMEngine:
                 continue
             if seq.pending_forks:
                 self._fork_siblings(seq)
-            self._append_token(seq, result, i)
+            seq.output_token_ids.append(result.token_ids[i])
+            taken.append((i, seq))
+        grammar_ended = (
+            self.structured.accept_step([seq for _, seq in taken]) if self.structured.num_matchers else ()
+        )
+        for i, seq in taken:
+            if self.output_processor.process_token(seq, result, i, seq.seq_id in grammar_ended):
+                # output processing found it finished: free its blocks
+                seq.status = SequenceStatus.FINISHED
+                self.scheduler.remove(seq)
+                self.structured.release((seq,))
             request = self.requests.get(seq.request_id)
             if request is not None:
                 touched[seq.request_id] = request
@@ -350,16 +362,6 @@ class LLMEngine:
             child.num_computed_tokens = parent.num_computed_tokens
             self.scheduler.add_running(child)
         parent.pending_forks = []
-
-    def _append_token(self, seq: Sequence, result: SampleResult, i: int) -> None:
-        """Give ``seq`` the token of row ``i``; once output processing finds it finished, free its blocks."""
-        token = result.token_ids[i]
-        seq.output_token_ids.append(token)
-        grammar_ended = self.structured.constrains(seq) and self.structured.accept(seq, token)
-        if self.output_processor.process_token(seq, result, i, grammar_ended):
-            seq.status = SequenceStatus.FINISHED
-            self.scheduler.remove(seq)
-            self.structured.release((seq,))
 
     def stats(self) -> dict[str, int | float]:
         """Counters for the server's metrics."""

@@ -281,6 +281,9 @@ class _GatedBackend:
     def fill_bitmasks(self, matchers, bitmask, rows):
         return self._inner.fill_bitmasks(matchers, bitmask, rows)
 
+    def advance(self, matchers, token_ids):
+        return self._inner.advance(matchers, token_ids)
+
 
 def test_a_compiling_grammar_does_not_hold_up_other_requests(llm):
     engine = llm.llm_engine

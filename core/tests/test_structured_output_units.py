@@ -210,9 +210,9 @@ def test_preemption_keeps_constrained_outputs(tiny_llama_dir):
 
 
 def test_many_rows_are_filled_together_as_one_by_one(backend, tokenizer):
-    """A step's rows filled on xgrammar's threads give the bitmask the rows filled in turn give, rows
+    """A step's rows filled in shards on several threads give the bitmask the rows filled in turn give, rows
     in any order and at any state of their grammars; unconstrained rows stay all-allowed."""
-    from engine.structured_output.xgrammar_backend import BATCH_FILL_MIN_ROWS
+    from engine.structured_output.xgrammar_backend import BATCH_FILL_MIN_ROWS, XgrammarBackend
 
     kinds = [dict(regex=r"ab[0-9]{2}"), dict(choice=["yes", "no", "maybe"]), dict(json={"type": "object"})]
     matchers = []
@@ -224,13 +224,15 @@ def test_many_rows_are_filled_together_as_one_by_one(backend, tokenizer):
             assert matcher.accept_token(first)
         matchers.append(matcher)
     rows = [2 * i + 1 for i in range(len(matchers))][::-1]
-    together = backend.allocate_bitmask(2 * len(matchers) + 1)
-    backend.fill_bitmasks(matchers, together, rows)
     one_by_one = backend.allocate_bitmask(2 * len(matchers) + 1)
     for matcher, row in zip(matchers, rows):
         matcher.fill_next_token_bitmask(one_by_one, row)
-    assert torch.equal(together, one_by_one)
-    assert (together[0::2] == -1).all()
+    sharded = XgrammarBackend(tokenizer.hf, VOCAB, tokenizer.eos_token_ids, fill_threads=3)
+    for filler in (backend, sharded):
+        together = filler.allocate_bitmask(2 * len(matchers) + 1)
+        filler.fill_bitmasks(matchers, together, rows)
+        assert torch.equal(together, one_by_one)
+        assert (together[0::2] == -1).all()
 
 
 def test_constrained_greedy_steps_overlap_the_host(tiny_llama_dir, monkeypatch):
@@ -254,6 +256,7 @@ def test_constrained_greedy_steps_overlap_the_host(tiny_llama_dir, monkeypatch):
     outs = overlapped.generate(prompts, params, use_tqdm=False)
     assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == expected
     assert len(deferred) >= 10  # nearly every step of the batch was sampled after the one before was read
+
     assert re.fullmatch(r"\d{3}-\d{4}", outs[0].outputs[0].text) and outs[1].outputs[0].text in ("alpha", "beta", "gamma")
     assert overlapped.llm_engine.structured.num_matchers == 0
     assert_all_blocks_free(overlapped)
@@ -304,4 +307,70 @@ def test_structural_tag_output(tiny_llama_dir):
         params = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=StructuredOutputsParams(structural_tag=given))
         out = llm.generate(["Count:"], params, use_tqdm=False)[0].outputs[0]
         assert out.finish_reason == "stop" and re.fullmatch(r"Answer: <n>[0-9]{1,4}</n>", out.text), out.text
+    assert_all_blocks_free(llm)
+
+
+def test_a_step_advances_together_as_one_by_one(backend, tokenizer):
+    """The backend's one call for a step's rows gives each row's accept and termination that the rows
+    advanced one by one give: refused tokens, stop tokens that end a grammar, and ones that cannot yet."""
+    from engine.structured_output.backend import StructuredOutputBackend
+
+    eos = tokenizer.eos_token_ids[0]
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    digits = tokenizer.encode("ab12", add_special_tokens=False)
+
+    def rows():
+        done_choice = matcher_for(backend, choice=["yes", "no"])
+        assert done_choice.accept_tokens(yes)
+        done_regex = matcher_for(backend, regex=r"ab[0-9]{2}")
+        assert done_regex.accept_tokens(digits)
+        early = matcher_for(backend, regex=r"ab[0-9]{2}")
+        return [done_choice, done_regex, early, matcher_for(backend, choice=["yes", "no"])], [eos, eos, eos, yes[0]]
+
+    matchers, tokens = rows()
+    together = backend.advance(matchers, tokens)
+    twins, _ = rows()
+    assert together == StructuredOutputBackend.advance(backend, twins, tokens)
+    assert together == [(True, True), (True, True), (False, False), (True, False)]
+    assert [m.is_terminated() for m in matchers] == [True, True, False, False]
+
+
+def test_the_bitmask_covers_the_tokenizer_not_the_padded_vocabulary(tokenizer, hf_tokenizer_dir, tmp_path):
+    """An embedding padded past the tokenizer: the bitmask covers the tokenizer's ids (matchers do not
+    carry the padding as special tokens), and a constrained model whose padded columns hold the largest
+    logits never samples one (an unconstrained one does)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import transformers
+
+    from engine.structured_output.xgrammar_backend import XgrammarBackend
+
+    padded = XgrammarBackend(tokenizer.hf, VOCAB + 320, tokenizer.eos_token_ids)
+    assert padded.vocab_size == VOCAB and padded.bitmask_words == VOCAB // 32
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB + 64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(7)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight[VOCAB:] *= 200  # the padding's logits dwarf every real token's
+    model.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(hf_tokenizer_dir) / name, tmp_path / name)
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20)
+    plain = llm.generate(["Hi"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert max(plain[0].outputs[0].token_ids) >= VOCAB  # the control: unmasked, the padding wins
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    out = llm.generate(
+        ["Hi"], SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema)),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert max(out.token_ids) < VOCAB
+    if out.finish_reason == "stop":
+        assert isinstance(json.loads(out.text)["a"], int)
+    assert llm.llm_engine.structured.num_matchers == 0
     assert_all_blocks_free(llm)

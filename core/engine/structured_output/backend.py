@@ -76,7 +76,8 @@ class StructuredOutputBackend(ABC):
     @property
     @abstractmethod
     def vocab_size(self) -> int:
-        """The tokens a bitmask row covers: the model's vocabulary (its logits without padding)."""
+        """The tokens a bitmask row covers: at most the model's vocabulary (its logits without padding);
+        columns past a row's words are never allowed (see the ``apply_token_bitmask`` op)."""
 
     @property
     def bitmask_words(self) -> int:
@@ -116,6 +117,20 @@ class StructuredOutputBackend(ABC):
         """
         for matcher, row in zip(matchers, rows, strict=True):
             matcher.fill_next_token_bitmask(bitmask, row)
+
+    def advance(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[bool, bool]]:
+        """Advance ``matchers[i]`` by ``token_ids[i]``, for every ``i`` (a step's constrained rows).
+
+        A backend may do it in one call into its library (the default advances them one by one).
+
+        Returns:
+            For each matcher: whether it accepted its token, and whether it is then terminated.
+        """
+        out = []
+        for matcher, token_id in zip(matchers, token_ids, strict=True):
+            accepted = matcher.accept_token(token_id)
+            out.append((accepted, accepted and matcher.is_terminated()))
+        return out
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         """A host int32 ``[rows, bitmask_words]`` bitmask, every token allowed."""

@@ -141,6 +141,13 @@ class StructuredOutputManager:
         Returns:
             ``(host int32 [len(targets), words], the constrained rows)``, or None when no row is constrained.
         """
+        started = self._start_fill(targets)
+        return self._finish_fill(*started) if started is not None else None
+
+    def _start_fill(
+        self, targets: list[Sequence]
+    ) -> tuple[torch.Tensor, list[int], list[GrammarMatcher], list[int]] | None:
+        """The bitmask allocated with its gated rows filled, and the plain rows' matchers still to fill."""
         rows = [i for i, seq in enumerate(targets) if self.constrains(seq)]
         if not rows:
             return None
@@ -161,6 +168,11 @@ class StructuredOutputManager:
                 token = gated.gate.optional_start_token
                 assert token is not None
                 bitmask[i, token // 32] |= _bit(token % 32)
+        return bitmask, rows, plain, plain_rows
+
+    def _finish_fill(
+        self, bitmask: torch.Tensor, rows: list[int], plain: list[GrammarMatcher], plain_rows: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
         self.backend.fill_bitmasks(plain, bitmask, plain_rows)
         return bitmask, rows
 
@@ -194,6 +206,34 @@ class StructuredOutputManager:
             return True
         return matcher.is_terminated()
 
+    def accept_step(self, sequences: list[Sequence]) -> set[int]:
+        """:meth:`accept` for a step's sequences at once (each one's last output token is its new one);
+        sequences holding no matcher are skipped.
+
+        Returns:
+            The ids of the sequences whose grammar ends them.
+        """
+        ended: set[int] = set()
+        plain: list[Sequence] = []
+        for seq in sequences:
+            if seq.seq_id in self._gated:
+                if self.accept(seq, seq.output_token_ids[-1]):
+                    ended.add(seq.seq_id)
+            elif seq.seq_id in self._matchers:
+                plain.append(seq)
+        if not plain:
+            return ended
+        tokens = [seq.output_token_ids[-1] for seq in plain]
+        outcomes = self.backend.advance([self._matchers[seq.seq_id] for seq in plain], tokens)
+        for seq, token, (accepted, terminated) in zip(plain, tokens, outcomes, strict=True):
+            if not accepted:
+                logger.warning(
+                    "sequence %d sampled token %d, which its grammar refuses; ending it", seq.seq_id, token
+                )
+            if terminated or not accepted:
+                ended.add(seq.seq_id)
+        return ended
+
     def release(self, sequences: Iterable[Sequence]) -> None:
         """Drop the matchers of sequences that finished or were aborted."""
         for seq in sequences:
@@ -206,3 +246,4 @@ class StructuredOutputManager:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
