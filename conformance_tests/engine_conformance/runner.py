@@ -159,6 +159,7 @@ QUICK_OP_LEVEL = (
     "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
     "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
     "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "graph_capture", "contract",
+    "distributed",
 )  # fmt: skip
 
 

@@ -3,11 +3,14 @@
 A plugin package imports ``engine_plugin_sdk`` and nothing else of the project (a test enforces it):
 
 - the contract: :class:`Platform`, :class:`Capabilities`, :class:`AttentionBackend`, :class:`GemmBackend`,
-  :class:`BlockCache`, :class:`GraphCapture`, :class:`PlatformModelRunner` and their data types;
+  :class:`BlockCache`, :class:`GraphCapture`, :class:`PlatformModelRunner`, :class:`Communicator` and their
+  data types;
 - the hook marker :data:`hookimpl`, the plugin API version this core implements and the range a new
   plugin declares (:data:`DEFAULT_API_SPEC`);
 - dtype helpers (:func:`torch_dtype`, :func:`dtype_name`, :func:`as_copyable`) and the one torch block pool
-  (:class:`TorchBlockCache`);
+  (:class:`TorchBlockCache`); the one ``torch.distributed`` communicator
+  (:class:`TorchDistributedCommunicator`, :mod:`engine_plugin_sdk.communicator`) and the collectives'
+  float64 references (:mod:`engine_plugin_sdk.reference_collectives`);
 - the model-building blocks for model plugins (:mod:`engine_plugin_sdk.models`: the model base class,
   :class:`ModelConfig`, weight helpers, rotary tables, the core's Llama family to subclass);
 - reference implementations of every op (:mod:`engine_plugin_sdk.reference_ops`), plain backends built
@@ -32,6 +35,7 @@ from engine.interfaces import (
     AttentionMetadata,
     BlockCache,
     Capabilities,
+    Communicator,
     DetectResult,
     EagerGraphCapture,
     GemmBackend,
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
     from engine.interfaces.ops import CORE_OP_NAMES, OP_NAMES, OpTable, silu_and_mul
     from engine.interfaces.ops import reference_ops as reference_op_table
+    from engine_plugin_sdk.communicator import TorchDistributedCommunicator
     from engine_plugin_sdk.dtypes import as_copyable, dtype_name, torch_dtype
     from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
     from engine_plugin_sdk.quant import make_quantized_weight
@@ -80,6 +85,7 @@ _LAZY = {
     "dtype_name": "engine_plugin_sdk.dtypes",
     "torch_dtype": "engine_plugin_sdk.dtypes",
     "TorchBlockCache": "engine_plugin_sdk.torch_block_cache",
+    "TorchDistributedCommunicator": "engine_plugin_sdk.communicator",
     "AttentionProblem": "engine_plugin_sdk.problems",
     "make_attention_problem": "engine_plugin_sdk.problems",
     "make_quantized_weight": "engine_plugin_sdk.quant",
@@ -103,6 +109,7 @@ __all__ = [
     "AttentionProblem",
     "BlockCache",
     "Capabilities",
+    "Communicator",
     "DetectResult",
     "EagerGraphCapture",
     "EngineConfig",
@@ -118,6 +125,7 @@ __all__ = [
     "RowQuantizedActivations",
     "Tolerance",
     "TorchBlockCache",
+    "TorchDistributedCommunicator",
     "as_copyable",
     "check_api_compatibility",
     "dtype_name",

@@ -44,4 +44,5 @@ EXPECTED_FAILURES = {
     "residual_store_outside_view": ("broken-residual-store", "ops.fused_add_rms_norm.strided"),
     "int32_slot_offsets": ("broken-int32-slots", "kv_write.large_block_index"),
     "greedy_pick_reads_padding": ("broken-greedy-padding", "ops.greedy_pick"),
+    "all_gather_rank_order": ("broken-all-gather", "distributed.all_gather"),
 }

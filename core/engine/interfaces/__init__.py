@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine.interfaces.communicator import Communicator
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 from engine.interfaces.platform import Capabilities, DetectResult, Platform
@@ -24,6 +25,7 @@ __all__ = [
     "AttentionMetadata",
     "BlockCache",
     "Capabilities",
+    "Communicator",
     "DetectResult",
     "EagerGraphCapture",
     "GemmBackend",

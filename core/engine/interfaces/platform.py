@@ -14,6 +14,7 @@ from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.interfaces.communicator import Communicator
     from engine.interfaces.model_runner import PlatformModelRunner
     from engine.models.config import ModelConfig
 
@@ -42,6 +43,8 @@ class Capabilities:
         swap: whether the block cache can swap blocks to host memory.
         warm_up: whether kernels compile on first use (per batch kind or launch shape), so the engine
             should run a few dummy steps at start-up to compile them before the first request.
+        distributed: whether :meth:`Platform.make_communicator` builds communicators (tensor, pipeline
+            and expert parallelism need them).
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -54,6 +57,7 @@ class Capabilities:
     logits_soft_cap: bool = False
     swap: bool = False
     warm_up: bool = False
+    distributed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -173,6 +177,21 @@ class Platform(ABC):
             ValueError: if the platform runs models itself but not this architecture.
         """
         return None
+
+    def make_communicator(self, world_size: int, rank: int, init_method: str, local_rank: int = 0) -> Communicator:
+        """This process's communicator in a group of ``world_size`` ranks (claim ``distributed``).
+
+        Args:
+            world_size: ranks in the group.
+            rank: this process's rank.
+            init_method: the rendezvous every rank of the group passes, e.g. ``"tcp://127.0.0.1:29500"``.
+            local_rank: this process's index among the ranks on its host (which device it drives).
+
+        Raises:
+            NotImplementedError: the platform does not claim ``distributed``.
+            RuntimeError: the group cannot be formed (the message says why).
+        """
+        raise NotImplementedError(f"platform {self.name!r} has no communicator (it does not claim 'distributed')")
 
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         """Ops (by name, see :mod:`engine.interfaces.ops`) this platform implements itself."""

@@ -159,7 +159,7 @@ class TorchGpuPlatform(Platform):
 
     @abstractmethod
     def communicator_class(self) -> type[TorchDistCommunicator]:
-        """The tensor-parallel communicator class, built with ``(world_size, rank, init_method)``."""
+        """The communicator class, built with ``(world_size, rank, init_method, local_rank)``."""
 
     # --- detection and claims -----------------------------------------------------------------------
 
@@ -210,6 +210,8 @@ class TorchGpuPlatform(Platform):
             swap=True,
             # Triton compiles each kernel variant on its first launch
             warm_up=True,
+            # NCCL (RCCL) needs the GPUs: the interpreter does not claim it
+            distributed=True,
             extra=self.device_extra(),
         )
 
@@ -305,15 +307,24 @@ class TorchGpuPlatform(Platform):
             "post_norm_add_rms_norm": post_norm_add_rms_norm,
         }
 
-    def make_communicator(self, world_size: int, rank: int, init_method: str) -> TorchDistCommunicator:
-        """A communicator for tensor parallelism, one process per GPU (:meth:`communicator_class`).
+    def make_communicator(
+        self, world_size: int, rank: int, init_method: str, local_rank: int = 0
+    ) -> TorchDistCommunicator:
+        """This process's communicator, one process per GPU (:meth:`communicator_class`).
 
         Args:
             world_size: processes (one GPU each).
             rank: this process's rank.
             init_method: rendezvous address, e.g. ``"tcp://127.0.0.1:29500"``.
+            local_rank: the GPU this process drives.
 
         Raises:
+            NotImplementedError: in interpreter mode, which has no GPU for the collective library.
             RuntimeError: when the torch build or the GPUs cannot run the vendor's collective library.
         """
-        return self.communicator_class()(world_size, rank, init_method)
+        if self.interpret:
+            raise NotImplementedError(
+                f"platform {self.name!r} in interpreter mode has no communicator "
+                "(it does not claim 'distributed')"
+            )
+        return self.communicator_class()(world_size, rank, init_method, local_rank)

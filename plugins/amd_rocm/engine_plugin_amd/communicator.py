@@ -1,4 +1,4 @@
-"""RCCL communicator for tensor parallelism (one process per AMD GPU).
+"""RCCL communicator for tensor, pipeline and expert parallelism (one process per AMD GPU).
 
 ROCm builds of torch register RCCL under the backend name ``"nccl"``, so the process group is created
 exactly as on NVIDIA (:mod:`engine_plugin_sdk.gpu.communicator`); what differs is the check
@@ -15,10 +15,10 @@ __all__ = ["RcclCommunicator"]
 
 
 class RcclCommunicator(TorchDistCommunicator):
-    """All-reduce and all-gather over RCCL through ``torch.distributed``, one process per GPU.
+    """Every collective of the contract over RCCL through ``torch.distributed``, one process per GPU.
 
-    Takes ``(world_size, rank, init_method)`` like :class:`TorchDistCommunicator`; raises RuntimeError
-    on a torch build without ROCm or RCCL, or when the GPU is missing.
+    Takes ``(world_size, rank, init_method, local_rank=0)`` like :class:`TorchDistCommunicator`; raises
+    RuntimeError on a torch build without ROCm or RCCL, or when the GPU is missing.
     """
 
     library = "RCCL"

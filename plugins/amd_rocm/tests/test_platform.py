@@ -79,7 +79,7 @@ def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: s
     plat = RocmPlatform()
     assert not plat.interpret and plat.torch_device() == torch.device("cuda", 0)
     caps = plat.capabilities()
-    assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap
+    assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap and caps.distributed
     assert plat.arch() == arch.split(":")[0] and plat.wavefront_size() == wave
     assert plat.fp8_dtype() == fp8 and (caps.quant_schemes == ("fp8_e4m3",)) == (fp8 is not None)
     # the labels `engine plugins list` shows say the same
@@ -105,3 +105,13 @@ def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -
     assert len(reasons) == 1 and "block size 24" in reasons[0]
     assert any("bfloat16" in r for r in plat.validate(EngineConfig(dtype="bfloat16")))
     assert plat.validate_head_size(72) and not plat.validate_head_size(128)
+
+
+def test_rccl_communicator_is_the_sdks_and_checks_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_plugin_amd.communicator import RcclCommunicator
+    from engine_plugin_sdk import TorchDistributedCommunicator
+
+    assert issubclass(RcclCommunicator, TorchDistributedCommunicator) and RcclCommunicator.backend == "nccl"
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(RuntimeError, match="RCCL needs a ROCm build"):
+        RcclCommunicator(2, 0, "tcp://127.0.0.1:1")

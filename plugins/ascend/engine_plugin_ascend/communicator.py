@@ -1,61 +1,67 @@
-"""Tensor-parallel collectives over HCCL (``torch.distributed`` with torch_npu's ``hccl`` backend)."""
+"""Collectives over HCCL (``torch.distributed`` with torch_npu's ``hccl`` backend), one process per NPU.
+
+**Unverified here** on an NPU: the collectives are the SDK's
+:class:`~engine_plugin_sdk.TorchDistributedCommunicator`; what is Ascend's is the backend and device,
+both taken from the kernel module (:mod:`engine_plugin_ascend.npu_kernels`: ``hccl`` on ``npu:local_rank``;
+the CPU substitute :mod:`engine_plugin_ascend.reference_kernels`: ``gloo`` on the host, which the tests run).
+"""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from engine_plugin_sdk import TorchDistributedCommunicator
 
-class AscendCommunicator:
-    """All-reduce and all-gather across the ranks of one tensor-parallel group.
+__all__ = ["AscendCommunicator"]
+
+
+class AscendCommunicator(TorchDistributedCommunicator):
+    """Every collective of the contract over the kernel module's backend (``hccl`` on NPUs).
 
     Args:
-        backend: the ``torch.distributed`` backend (``"hccl"`` on NPUs; the test substitute uses ``"gloo"``).
+        world_size: ranks in the group.
+        rank: this process's rank.
+        init_method: the rendezvous every rank passes, e.g. ``"tcp://127.0.0.1:29500"``.
+        local_rank: the NPU this process drives.
+        kernels: the platform's kernel module (its ``COMMUNICATOR_BACKEND`` and ``torch_device``).
+
+    Raises:
+        ValueError: for a rank outside ``[0, world_size)``.
+        RuntimeError: torch_npu cannot be imported (``hccl``), or the process group cannot be formed.
     """
 
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
+    def __init__(
+        self, world_size: int, rank: int, init_method: str, local_rank: int = 0, *, kernels: ModuleType
+    ) -> None:
+        # per instance: the same class drives hccl on an NPU and gloo on the CPU substitute
+        self.backend = kernels.COMMUNICATOR_BACKEND
+        self.library = "HCCL" if self.backend == "hccl" else self.backend
+        self._kernels = kernels
+        super().__init__(world_size, rank, init_method, local_rank)
 
-    def init(self, rank: int, world_size: int, init_method: str) -> None:
-        """Join the process group (once per process).
+    def check_backend_available(self) -> None:
+        """Raise RuntimeError when the ``hccl`` backend is not registered (torch_npu registers it)."""
+        if self.backend != "hccl":
+            super().check_backend_available()
+            return
+        try:
+            self._kernels.torch_device(self.local_rank)  # imports torch_npu, which registers hccl
+        except ImportError as exc:
+            raise RuntimeError(f"HCCL needs torch_npu, which cannot be imported: {exc}") from exc
+
+    def select_device(self, local_rank: int) -> torch.device:
+        """The kernel module's device for ``local_rank``, made current on an NPU.
 
         Raises:
-            ValueError: for a rank outside ``[0, world_size)``.
+            RuntimeError: torch_npu cannot be imported.
         """
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group(self.backend, init_method=init_method, rank=rank, world_size=world_size)
-
-    @property
-    def world_size(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_world_size() if dist.is_initialized() else 1
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over all ranks, in place; returns it."""
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Concatenate every rank's ``tensor`` along ``dim`` (rank order)."""
-        world = self.world_size
-        if world == 1:
-            return tensor
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(tensor) for _ in range(world)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts, dim=dim)
-
-    def shutdown(self) -> None:
-        """Leave the process group if this process joined one."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            device = self._kernels.torch_device(local_rank)
+        except ImportError as exc:
+            raise RuntimeError(f"HCCL needs torch_npu, which cannot be imported: {exc}") from exc
+        if device.type != "cpu":
+            # HCCL binds each rank's communicator to the current NPU; torch_npu adds ``torch.npu``
+            getattr(torch, device.type).set_device(device)
+        return device

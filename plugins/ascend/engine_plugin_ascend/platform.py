@@ -93,6 +93,7 @@ class AscendPlatform(Platform):
             sliding_window=False,
             logits_soft_cap=False,
             swap=True,
+            distributed=True,
             extra={"preferred_dtype": PREFERRED_DTYPE, "kernels": kernels},
         )
 
@@ -152,11 +153,24 @@ class AscendPlatform(Platform):
 
         return AscendGraphCapture(self.kernels)
 
-    def make_communicator(self) -> AscendCommunicator:
-        """The tensor-parallel communicator (HCCL; not part of plugin API 1.0, which has no such factory)."""
+    def make_communicator(
+        self, world_size: int, rank: int, init_method: str, local_rank: int = 0
+    ) -> AscendCommunicator:
+        """This process's communicator over HCCL (gloo on the reference kernels' CPU substitute).
+
+        Args:
+            world_size: ranks in the group.
+            rank: this process's rank.
+            init_method: the rendezvous every rank passes, e.g. ``"tcp://127.0.0.1:29500"``.
+            local_rank: the NPU this process drives.
+
+        Raises:
+            ValueError: for a rank outside ``[0, world_size)``.
+            RuntimeError: torch_npu cannot be imported, or the process group cannot be formed.
+        """
         from engine_plugin_ascend.communicator import AscendCommunicator
 
-        return AscendCommunicator(self.kernels.COMMUNICATOR_BACKEND)
+        return AscendCommunicator(world_size, rank, init_method, local_rank, kernels=self.kernels)
 
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         from engine_plugin_ascend.ops import AscendOps

@@ -85,7 +85,9 @@ def test_factories_and_memory(platform: AscendPlatform) -> None:
     assert set(platform.op_overrides()) == set(CORE_OP_NAMES)
     assert 0 < platform.free_memory_bytes() <= platform.total_memory_bytes()
     assert 0 < platform.default_kv_cache_bytes() <= 1024**3
-    assert platform.make_communicator().backend == "gloo"
+    assert platform.capabilities().distributed
+    comm = platform.make_communicator(1, 0, "tcp://127.0.0.1:1")  # one rank: no process group
+    assert isinstance(comm, AscendCommunicator) and comm.backend == "gloo" and comm.device.type == "cpu"
 
 
 def test_both_kernel_modules_offer_the_same_api() -> None:
@@ -177,16 +179,23 @@ def test_block_cache_rejects_bad_pairs(platform: AscendPlatform) -> None:
 
 
 def test_communicator_single_rank(tmp_path: Any) -> None:
-    comm = AscendCommunicator("gloo")
     with pytest.raises(ValueError, match="rank 1 is not in"):
-        comm.init(1, 1, f"file://{tmp_path}/store")
-    comm.init(0, 1, f"file://{tmp_path}/store")
+        AscendCommunicator(1, 1, f"file://{tmp_path}/store", kernels=reference_kernels)
+    comm = AscendCommunicator(1, 0, f"file://{tmp_path}/store", kernels=reference_kernels)
     try:
-        t = torch.randn(3, 4)
+        t = torch.randn(4, 4)
         assert torch.equal(comm.all_reduce(t.clone()), t)
         assert torch.equal(comm.all_gather(t), t) and comm.world_size == 1
+        assert torch.equal(comm.reduce_scatter(t), t) and torch.equal(comm.all_to_all(t), t)
     finally:
-        comm.shutdown()
+        comm.close()
+        comm.close()  # safe twice
+
+
+def test_communicator_needs_torch_npu_for_hccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # an import of it raises ImportError
+    with pytest.raises(RuntimeError, match="HCCL needs torch_npu"):
+        AscendCommunicator(2, 0, "tcp://127.0.0.1:1", kernels=npu_kernels)
 
 
 def test_memory_comes_from_the_npu_runtime(monkeypatch: pytest.MonkeyPatch) -> None:

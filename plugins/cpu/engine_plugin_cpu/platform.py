@@ -11,6 +11,7 @@ from engine_plugin_sdk import (
     AttentionBackend,
     BlockCache,
     Capabilities,
+    Communicator,
     DetectResult,
     EagerGraphCapture,
     GemmBackend,
@@ -78,6 +79,7 @@ class CpuPlatform(Platform):
             sliding_window=True,
             logits_soft_cap=True,
             swap=True,
+            distributed=True,
             extra={"preferred_dtype": preferred},
         )
 
@@ -158,6 +160,25 @@ class CpuPlatform(Platform):
         from engine_plugin_cpu.fast_ops import cpu_op_overrides
 
         return cpu_op_overrides(self.native_kernels())
+
+    def make_communicator(
+        self, world_size: int, rank: int, init_method: str, local_rank: int = 0
+    ) -> Communicator:
+        """This process's communicator over gloo (``torch.distributed``'s CPU backend).
+
+        Args:
+            world_size: ranks in the group (processes, on this host or others).
+            rank: this process's rank.
+            init_method: the rendezvous every rank passes, e.g. ``"tcp://127.0.0.1:29500"``.
+            local_rank: unused: every rank drives the host CPU.
+
+        Raises:
+            ValueError: for a rank outside ``[0, world_size)``.
+            RuntimeError: the group cannot be formed.
+        """
+        from engine_plugin_sdk import TorchDistributedCommunicator
+
+        return TorchDistributedCommunicator(world_size, rank, init_method, local_rank)
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_sdk import TorchBlockCache

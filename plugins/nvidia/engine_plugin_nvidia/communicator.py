@@ -1,4 +1,4 @@
-"""NCCL communicator for tensor parallelism (used once the core shards models; one process per GPU)."""
+"""NCCL communicator for tensor, pipeline and expert parallelism (one process per GPU)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ __all__ = ["NcclCommunicator"]
 
 
 class NcclCommunicator(TorchDistCommunicator):
-    """All-reduce and all-gather over NCCL through ``torch.distributed``, one process per GPU.
+    """Every collective of the contract over NCCL through ``torch.distributed``, one process per GPU.
 
-    Takes ``(world_size, rank, init_method)`` like :class:`TorchDistCommunicator`; raises RuntimeError
-    when torch has no NCCL backend or the GPU is missing.
+    Takes ``(world_size, rank, init_method, local_rank=0)`` like :class:`TorchDistCommunicator` and drives
+    ``cuda:local_rank``; raises RuntimeError when torch has no NCCL backend or the GPU is missing.
     """
 
     library = "NCCL"

@@ -99,6 +99,21 @@ def test_typed_factories_build_this_plugins_pieces(platform: CudaPlatform) -> No
     assert isinstance(platform.make_graph_capture(), EagerGraphCapture) == platform.interpret
 
 
+def test_communicator_is_the_sdks_and_needs_a_gpu(platform: CudaPlatform) -> None:
+    from engine_plugin_nvidia.communicator import NcclCommunicator
+    from engine_plugin_sdk import Communicator, TorchDistributedCommunicator
+
+    assert issubclass(NcclCommunicator, TorchDistributedCommunicator) and issubclass(NcclCommunicator, Communicator)
+    assert NcclCommunicator.backend == "nccl"
+    # the interpreter has no GPU for NCCL: not claimed, and refused as the contract says
+    assert not platform.capabilities().distributed
+    with pytest.raises(NotImplementedError, match="interpreter mode"):
+        platform.make_communicator(2, 0, "tcp://127.0.0.1:1")
+    if not HAS_GPU:
+        with pytest.raises(RuntimeError, match="has no GPU"):
+            NcclCommunicator(1, 0, "tcp://127.0.0.1:1")
+
+
 def test_block_cache_copy_and_swap(platform: CudaPlatform) -> None:
     backend = platform.make_attention_backend()
     spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16)
