@@ -46,6 +46,9 @@ class EngineCore(Protocol):
 
     def has_unfinished_requests(self) -> bool: ...
 
+    def shutdown(self) -> None:
+        """Stop what the engine started besides this thread (its tensor-parallel workers)."""
+
     @property
     def num_free_blocks(self) -> int: ...
 
@@ -225,17 +228,18 @@ class AsyncLLMEngine:
             self._thread.start()
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
-        """Abort whatever is in flight, stop the thread and wait for it.
+        """Abort whatever is in flight, stop the thread and wait for it, then stop the engine's workers.
 
         Args:
             timeout: seconds to wait for the current step to end.
         """
         self._shut_down = True
-        if self._thread is None:
-            return
-        self._commands.put(_Stop())
-        self._thread.join(timeout)
-        self._thread = None
+        if self._thread is not None:
+            self._commands.put(_Stop())
+            self._thread.join(timeout)
+            self._thread = None
+        # the tensor-parallel ranks' processes go with the engine
+        self.engine.shutdown()
 
     async def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -76,6 +76,37 @@ class SchedulerConfig(BaseModel):
     async_scheduling: bool = True
 
 
+class ParallelConfig(BaseModel):
+    """How the model is spread over devices and processes.
+
+    Attributes:
+        tensor_parallel_size: ranks each layer's heads and MLP columns are split across (one process and
+            one device each; the driver process is rank 0).
+        pipeline_parallel_size: stages the layers are split into (not implemented yet: must be 1).
+        data_parallel_size: engine replicas behind one server (not implemented yet: must be 1).
+        distributed_executor_backend: ``mp`` starts the ranks as local processes (``spawn``); ``ray`` is
+            not implemented yet. None picks ``mp``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    distributed_executor_backend: Literal["mp"] | None = None
+
+    @field_validator("pipeline_parallel_size", "data_parallel_size")
+    @classmethod
+    def _not_yet(cls, v: int, info: Any) -> int:
+        if v != 1:
+            raise ValueError(f"{info.field_name} > 1 is not implemented yet (only tensor parallelism is)")
+        return v
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 class EngineConfig(BaseModel):
     """Top-level engine settings.
 
@@ -113,6 +144,7 @@ class EngineConfig(BaseModel):
     generation_config: Literal["auto", "none"] = "auto"
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @field_validator("dtype")
     @classmethod

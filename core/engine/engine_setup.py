@@ -22,7 +22,7 @@ from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.model_runner import PlatformModelRunner
-from engine.interfaces.ops import reference_ops
+from engine.interfaces.ops import OpTable, reference_ops
 from engine.interfaces.platform import Platform
 from engine.kv_groups import KVGroupLayout, plan_kv_groups
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
@@ -32,6 +32,8 @@ from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.registry import ModelRegistry
+from engine.parallel.mp_workers import TensorParallelWorkers
+from engine.parallel.tensor_parallel import TensorParallel
 from engine.phases import timed_phase
 from engine.plugins.manager import PluginManager
 from engine.sampling.sampler import Sampler
@@ -70,6 +72,7 @@ class EngineParts:
         sampler: turns logits into tokens.
         runner: runs steps of the model (with decode graphs when captured).
         num_blocks: KV blocks in the pool.
+        workers: the other tensor-parallel ranks' processes (None: one process).
     """
 
     config: EngineConfig
@@ -89,6 +92,7 @@ class EngineParts:
     sampler: Sampler
     runner: ModelRunner
     num_blocks: int
+    workers: TensorParallelWorkers | None = None
 
 
 def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
@@ -107,6 +111,48 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
             not fit beside the KV cache.
         engine.loader.errors.ModelLoadError: the model cannot be found, read or is not supported.
     """
+    config, model_path, model_config, model_class, registry = resolve_model(config, platform, plugin_manager)
+    dtype = _DTYPES[config.dtype]
+    device = platform.torch_device()
+    with timed_phase(f"loading the tokenizer of {config.tokenizer or model_path}", "loaded the tokenizer"):
+        tokenizer = load_tokenizer(config.tokenizer or model_path)
+    if tokenizer.files_dir is not None:
+        logger.info("tokenizer files (for tools that load a tokenizer from a folder): %s", tokenizer.files_dir)
+    eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
+
+    workers: TensorParallelWorkers | None = None
+    tp = None
+    tp_size = config.parallel.tensor_parallel_size
+    if tp_size > 1:
+        # ranks 1.. in their own processes; this one is rank 0 (the scheduler and the sampler live here)
+        workers = TensorParallelWorkers.start(config, tp_size)
+    try:
+        if workers is not None:
+            comm = platform.make_communicator(tp_size, 0, workers.init_method, local_rank=0)
+            workers.communicators.append(comm)
+            tp = TensorParallel(0, tp_size, comm)
+        model, attention, ops = build_model(config, platform, registry, model_path, model_config, model_class, tp)
+        parts = _finish_parts(config, platform, model_path, model_config, dtype, device, tokenizer, eos_token_ids,
+                              model, attention, ops, workers)  # fmt: skip
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
+    return parts
+
+
+def resolve_model(
+    config: EngineConfig, platform: Platform, plugin_manager: PluginManager
+) -> tuple[EngineConfig, str, ModelConfig, type[CausalLM], ModelRegistry]:
+    """Find the model and its architecture, resolve ``dtype``, and check that it all runs here.
+
+    Returns:
+        ``(config with its dtype resolved, model path, model config, model class, registry)``; under
+        tensor parallelism the config also runs eagerly and schedules synchronously.
+
+    Raises:
+        EngineConfigError: the configuration cannot run here (every reason listed).
+    """
     model_path = resolve_model_path(config.model)
     # the core's architectures plus the plugins' (engine_register_models); every loader path resolves through it
     registry = ModelRegistry.from_plugins(plugin_manager)
@@ -117,25 +163,57 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
     _check_config(config, platform, model_config, model_class)
-    dtype = _DTYPES[dtype_name]
-    device = platform.torch_device()
-    with timed_phase(f"loading the tokenizer of {config.tokenizer or model_path}", "loaded the tokenizer"):
-        tokenizer = load_tokenizer(config.tokenizer or model_path)
-    if tokenizer.files_dir is not None:
-        logger.info("tokenizer files (for tools that load a tokenizer from a folder): %s", tokenizer.files_dir)
-    eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
+    if config.parallel.tensor_parallel_size > 1:
+        if not platform.capabilities().distributed:
+            raise EngineConfigError(
+                f"tensor_parallel_size {config.parallel.tensor_parallel_size} needs collectives, which "
+                f"{platform.name} does not claim (Capabilities.distributed)"
+            )
+        # the other ranks replay the driver's forward: no decode graphs (their collectives would need
+        # capturing on every rank) and no steps left in flight (the ranks take their inputs from the host)
+        config = config.model_copy(
+            update={"enforce_eager": True, "scheduler": config.scheduler.model_copy(update={"async_scheduling": False})}
+        )
+    return config, model_path, model_config, model_class, registry
 
+
+def build_model(
+    config: EngineConfig,
+    platform: Platform,
+    registry: ModelRegistry,
+    model_path: str,
+    model_config: ModelConfig,
+    model_class: type[CausalLM],
+    tp: TensorParallel | None = None,
+) -> tuple[Any, AttentionBackend, OpTable]:
+    """Build the model on the platform's backends and load its weights (this rank's slices under ``tp``).
+
+    Returns:
+        ``(model, attention backend, op table)``.
+
+    Raises:
+        EngineConfigError: the model cannot be split as ``tp`` asks.
+    """
+    dtype, device = _DTYPES[config.dtype], platform.torch_device()
     attention = platform.make_attention_backend()
     gemm = platform.make_gemm_backend()
     ops = reference_ops().with_overrides(platform.op_overrides())
     # a platform may run the whole forward itself (JAX); otherwise the core's torch model runs on its backends
-    model = platform.make_model_runner(model_config, dtype_name) or model_class(
+    model = platform.make_model_runner(model_config, config.dtype) or model_class(
         model_config, ops, attention, gemm, dtype, device
     )
+    if tp is not None:
+        if not hasattr(model, "use_tensor_parallel"):
+            raise EngineConfigError(f"{model_config.architecture} does not run tensor-parallel on {platform.name}")
+        try:
+            model.use_tensor_parallel(tp)
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from None
     if config.quantization == "fp8":
         model.linear_quantizer = _fp8_quantizer(platform.name, gemm, model)
-    # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself
-    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
+    # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself (and unsplit:
+    # tensor-parallel ranks slice dense matrices)
+    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" and tp is None else frozenset()
     weights = (
         dummy_weights(model_config, seed=config.seed, dtype=dtype, device=device, registry=registry)
         if config.load_format == "dummy"
@@ -143,10 +221,28 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     )
     with timed_phase(f"loading the weights of {model_path}", "loaded the weights"):
         model.load_weights(weights)
+    return model, attention, ops
 
-    layout = _kv_group_layout(model)
+
+def _finish_parts(
+    config: EngineConfig,
+    platform: Platform,
+    model_path: str,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    tokenizer: Any,
+    eos_token_ids: list[int],
+    model: Any,
+    attention: AttentionBackend,
+    ops: OpTable,
+    workers: TensorParallelWorkers | None,
+) -> EngineParts:
+    layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]
-    block_cache, num_blocks = _make_kv_pool(config, platform, model_config, attention, layout)
+    block_cache, num_blocks = make_kv_pool(config, platform, model_config, attention, layout, model)
+    if workers is not None:
+        workers.start_pools(num_blocks)
     block_manager: BlockManager | HybridBlockManager
     if layout is None:
         block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, windows[0])
@@ -162,13 +258,16 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     runner = ModelRunner(
         model, block_cache, block_manager, sampler, device, model_config.sliding_window, ops.apply_token_bitmask
     )
+    if workers is not None:
+        runner.mirror = workers.mirror
     if layout is not None:
         runner.use_kv_groups(layout)
         logger.info(
             "KV cache: %d groups of %d layers (windows %s); sliding groups release blocks out of their window",
             len(layout.groups), layout.slots, ", ".join(str(w or "global") for w in windows),
         )
-    if not isinstance(model, PlatformModelRunner):
+    if not isinstance(model, PlatformModelRunner) and workers is None:
+        # (tensor-parallel ranks skip the warm-up: its dummy steps would have to run on every rank)
         _capture_and_warm_up(config, platform, model_config, runner, max_model_len)
     return EngineParts(
         config=config,
@@ -188,6 +287,7 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         sampler=sampler,
         runner=runner,
         num_blocks=num_blocks,
+        workers=workers,
     )
 
 
@@ -227,7 +327,7 @@ def _fp8_quantizer(platform_name: str, gemm: GemmBackend, model: object) -> Call
     return quantize_fp8_per_channel
 
 
-def _kv_group_layout(model: object) -> KVGroupLayout | None:
+def kv_group_layout(model: object) -> KVGroupLayout | None:
     """The KV groups of a core model that mixes windows across layers (None: one table per sequence)."""
     if isinstance(model, PlatformModelRunner) or not getattr(type(model), "supports_kv_groups", False):
         return None
@@ -249,18 +349,20 @@ def _longest_fitting_len(config: EngineConfig, windows: list[int | None], max_le
     return low
 
 
-def _make_kv_pool(
+def make_kv_pool(
     config: EngineConfig,
     platform: Platform,
     model_config: ModelConfig,
     attention: AttentionBackend,
     layout: KVGroupLayout | None = None,
+    model: Any = None,
 ) -> tuple[BlockCache, int]:
     """The platform's KV pool, sized from the configured budget, and its number of blocks (with KV groups,
-    a block spans one group's layers: the pool has ``layout.slots`` layer tensors)."""
+    a block spans one group's layers: the pool has ``layout.slots`` layer tensors). A tensor-parallel
+    rank's pool holds its own KV heads (``model.num_kv_heads``)."""
     spec = KVCacheSpec(
         num_layers=layout.slots if layout is not None else model_config.num_layers,
-        num_kv_heads=model_config.num_kv_heads,
+        num_kv_heads=getattr(model, "num_kv_heads", model_config.num_kv_heads),
         head_dim=model_config.head_dim,
         block_size=config.cache.block_size,
         dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],

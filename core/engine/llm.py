@@ -10,13 +10,14 @@ from tqdm.auto import tqdm
 
 from engine.beam_search import BeamSearchParams
 from engine.chat_input import encode_conversation
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling.params import SamplingParams
 
 _CACHE_KEYS = set(CacheConfig.model_fields)
 _SCHED_KEYS = set(SchedulerConfig.model_fields)
+_PARALLEL_KEYS = set(ParallelConfig.model_fields)
 
 
 class LLM:
@@ -51,6 +52,7 @@ class LLM:
     ) -> None:
         cache = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
         sched = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCHED_KEYS}
+        parallel = {k: kwargs.pop(k) for k in list(kwargs) if k in _PARALLEL_KEYS}
         config = EngineConfig(
             model=model,
             device=device,
@@ -60,10 +62,15 @@ class LLM:
             generation_config=generation_config,
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**sched),
+            parallel=ParallelConfig(**parallel),
             **kwargs,
         )
         self.llm_engine = LLMEngine.from_config(config)
         self._counter = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism) and threads; safe to call twice."""
+        self.llm_engine.shutdown()
 
     @property
     def tokenizer(self) -> Any:

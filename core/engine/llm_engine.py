@@ -63,6 +63,8 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.sampler = parts.sampler
         self.runner = parts.runner
+        #: the other tensor-parallel ranks' processes (None: this process runs the whole model)
+        self.workers = parts.workers
         #: the checkpoint's sampling defaults for fields a request leaves unset (``generation_config``)
         self.generation_defaults: dict[str, float | int] = (
             read_generation_defaults(self.model_path) if self.config.generation_config == "auto" else {}
@@ -100,6 +102,13 @@ class LLMEngine:
         platform = select_platform(config.device, manager)
         manager.hook.engine_configure(platform=platform, config=config)
         return cls(config, platform, manager)
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks and the grammar compile threads; safe to call twice (an
+        engine dropped without it stops its workers when it is garbage-collected or the process exits)."""
+        if self.workers is not None:
+            self.workers.close()
+        self.structured.shutdown()
 
     # --- requests ----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
+from engine.parallel.step_mirror import StepMessage, step_message
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence
@@ -71,6 +72,8 @@ class ModelRunner:
         self.apply_token_bitmask = apply_token_bitmask or reference_apply_token_bitmask
         #: set by the engine when the platform records graphs: pure-decode steps replay through it
         self.decode_graphs: DecodeGraphs | None = None
+        #: set by the engine under tensor parallelism: sends each step to the other ranks before it runs here
+        self.mirror: Callable[[StepMessage], None] | None = None
 
     @property
     def layer_caches(self) -> list[Any]:
@@ -231,6 +234,11 @@ class ModelRunner:
         if step.swap_in:
             self.block_cache.swap_in(step.swap_in)
         inputs = self.prepare(step, previous)
+        if self.mirror is not None:
+            self.mirror(step_message(
+                step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
+                inputs.logits_indices if inputs.sample_targets else None,
+            ))  # fmt: skip
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
@@ -335,6 +343,9 @@ class ModelRunner:
     def prefill_logits(self, step: SchedulerOutput) -> torch.Tensor:
         """Logits of every scheduled token (tests compare these with Hugging Face)."""
         inputs = self.prepare(step)
+        if self.mirror is not None:
+            every_row = torch.arange(inputs.input_ids.shape[0])
+            self.mirror(step_message([], [], [], inputs.input_ids, inputs.positions, inputs.metadata, every_row))
         if isinstance(self.model, PlatformModelRunner):
             return self._platform_logits(inputs, torch.arange(inputs.input_ids.shape[0]))
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)

@@ -28,6 +28,7 @@ class FakeEngine:
         self.step_delay_s = step_delay_s
         self.requests: dict[str, tuple[list[int], SamplingParams, list[int]]] = {}
         self.steps = 0
+        self.shut_down = False
         self.threads: set[int] = set()
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
@@ -41,6 +42,9 @@ class FakeEngine:
     def abort_request(self, request_id: str) -> None:
         self.threads.add(threading.get_ident())
         self.requests.pop(request_id, None)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -197,7 +201,8 @@ def test_idle_engine_does_not_spin():
 
 
 def test_shutdown_aborts_requests_in_flight():
-    engine = AsyncLLMEngine(FakeEngine(step_delay_s=0.01))
+    fake = FakeEngine(step_delay_s=0.01)
+    engine = AsyncLLMEngine(fake)
 
     async def main() -> None:
         stream = await engine.add_request("r", [1], SamplingParams(max_tokens=100_000))
@@ -209,6 +214,7 @@ def test_shutdown_aborts_requests_in_flight():
             await engine.add_request("late", [1], SamplingParams())
 
     asyncio.run(main())
+    assert fake.shut_down  # the engine's own workers stopped with it
 
 
 def test_abort_all_ends_every_stream_as_aborted_and_keeps_serving():

@@ -102,6 +102,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="never replay captured graphs (CUDA graphs) for decode steps")
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                         help="'dummy': random weights of the model's config.json shapes, for benchmarks")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
+                        help="split each layer over this many devices, one process each (default 1)")
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
+                        help="split the layers into this many stages (not implemented yet: 1)")
+    parser.add_argument("--data-parallel-size", "-dp", type=positive_int, default=1,
+                        help="engine replicas behind the server (not implemented yet: 1)")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp"],
+                        help="how the ranks start: 'mp', local processes (the default)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "none"],
                         help="'auto': sampling settings a request leaves unset (temperature, top_p, top_k, "
                              "min_p, repetition_penalty) take the model's generation_config.json defaults; "
@@ -112,7 +120,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the engine configuration; invalid combinations raise :class:`CliError`."""
     from pydantic import ValidationError
 
-    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 
     cache: dict[str, object] = {
         "enable_prefix_caching": not args.no_prefix_caching,
@@ -145,6 +153,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             generation_config=getattr(args, "generation_config", "auto"),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
+            parallel=ParallelConfig(
+                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+                pipeline_parallel_size=getattr(args, "pipeline_parallel_size", 1),
+                data_parallel_size=getattr(args, "data_parallel_size", 1),
+                distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
+            ),
         )
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -97,12 +97,13 @@ class DecoderLayer:
         q, k, v = qkv.split([model.q_size, model.kv_size, model.kv_size], dim=-1)
         if model.spec.qk_norm == "full":
             q, k = ops.rms_norm(q, self.q_norm, eps), ops.rms_norm(k, self.k_norm, eps)
-        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        heads, kv_heads = model.num_heads, model.num_kv_heads  # this rank's, under tensor parallelism
+        q = q.reshape(num_tokens, heads, cfg.head_dim)
+        k = k.reshape(num_tokens, kv_heads, cfg.head_dim)
+        v = v.reshape(num_tokens, kv_heads, cfg.head_dim)
         if model.spec.qk_norm == "head":
-            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, heads, cfg.head_dim)
+            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, kv_heads, cfg.head_dim)
         elif model.spec.qk_norm == "each_head":
             # the norm ops take one scale for every row, so normalise with ones and scale per head after
             q = model.norm(q.reshape(-1, cfg.head_dim), self.head_ones).view_as(q) * self.q_norm
@@ -111,16 +112,19 @@ class DecoderLayer:
             index, table = tables[self.rope]
             q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
         attn = model.attention.forward(q, k, v, kv_cache, meta)
-        return model.gemm.linear(attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias)
+        out = model.gemm.linear(attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias)
+        return out if model.tp is None else model.tp.reduce(out)
 
     def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
-        """The gated MLP: fused gate/up, SwiGLU or GeGLU, down."""
+        """The gated MLP: fused gate/up, SwiGLU or GeGLU, down (summed over the tensor-parallel ranks)."""
         gate_up = model.gemm.linear(x, self.gate_up)
         if model.spec.activation == "gelu_tanh":
-            return model.gemm.linear(model.ops.gelu_tanh_and_mul(gate_up), self.down)
-        if self.down_fp8 is not None:
-            return model.gemm.linear(model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down)
-        return model.gemm.linear(model.ops.silu_and_mul(gate_up), self.down)
+            out = model.gemm.linear(model.ops.gelu_tanh_and_mul(gate_up), self.down)
+        elif self.down_fp8 is not None:
+            out = model.gemm.linear(model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down)
+        else:
+            out = model.gemm.linear(model.ops.silu_and_mul(gate_up), self.down)
+        return out if model.tp is None else model.tp.reduce(out)
 
     def forward(
         self,
@@ -219,6 +223,9 @@ class LayerLoader:
                 # the scales follow the Q/K rows into the halves layout
                 weight = interleaved_to_halves(weight.reshape(-1), heads, cfg.head_dim, rope.rotary_dim).view(heads, cfg.head_dim)
             scales.append(weight.to(device=m.device, dtype=m.dtype))
+        if m.tp is not None:
+            (q_first, q_count), (kv_first, kv_count) = m.tp.heads(cfg.num_heads), m.tp.kv_heads(cfg.num_kv_heads)
+            scales = [scales[0][q_first : q_first + q_count], scales[1][kv_first : kv_first + kv_count]]
         return scales[0], scales[1]
 
     def matrix(self, t: torch.Tensor | QuantizedWeight, projection: bool = True) -> Any:
@@ -233,8 +240,9 @@ class LayerLoader:
         return m.gemm.prepare_weight(t, m.dtype)
 
     def _qkv(self, p: str) -> tuple[Any, torch.Tensor | None]:
-        m, spec, h = self.model, self.model.spec, self.model.config.hidden_size
-        sizes = (m.q_size, m.kv_size, m.kv_size)
+        m, spec, cfg = self.model, self.model.spec, self.model.config
+        h = cfg.hidden_size
+        sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
         if spec.fused_qkv:
             weights = [self.take(p + spec.fused_qkv + ".weight", (sum(sizes), h))]
             biases = [self.take(p + spec.fused_qkv + ".bias", (sum(sizes),))] if spec.qkv_bias else []
@@ -245,14 +253,29 @@ class LayerLoader:
         rope = spec.ropes[0] if spec.ropes else None
         if rope is not None and rope.interleaved:
             weights, biases = self._to_halves(weights, rope.rotary_dim), self._to_halves(biases, rope.rotary_dim)
+        if m.tp is not None:
+            weights, biases = self._own_heads(weights, sizes), self._own_heads(biases, sizes)
         bias = torch.cat(biases).to(device=m.device, dtype=m.dtype) if biases else None
         return self.matrix(concat_weights(weights)), bias
+
+    def _own_heads(self, parts: list[torch.Tensor], sizes: tuple[int, int, int]) -> list[torch.Tensor]:
+        """The rows of this rank's query and KV heads out of q, k and v (or of one fused tensor)."""
+        if not parts:
+            return parts
+        m, cfg = self.model, self.model.config
+        assert m.tp is not None
+        q, k, v = parts if len(parts) == 3 else parts[0].split(list(sizes))
+        (q_first, q_count), (kv_first, kv_count) = m.tp.heads(cfg.num_heads), m.tp.kv_heads(cfg.num_kv_heads)
+        d = cfg.head_dim
+        return [q[q_first * d : (q_first + q_count) * d], k[kv_first * d : (kv_first + kv_count) * d],
+                v[kv_first * d : (kv_first + kv_count) * d]]  # fmt: skip
 
     def _to_halves(self, parts: list[torch.Tensor], rotary_dim: int) -> list[torch.Tensor]:
         if not parts:
             return parts
         cfg = self.model.config
-        q, k, v = parts if len(parts) == 3 else parts[0].split([self.model.q_size, self.model.kv_size, self.model.kv_size])
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = parts if len(parts) == 3 else parts[0].split([q_size, kv_size, kv_size])
         q = interleaved_to_halves(q, cfg.num_heads, cfg.head_dim, rotary_dim)
         k = interleaved_to_halves(k, cfg.num_kv_heads, cfg.head_dim, rotary_dim)
         return [q, k, v]
@@ -272,13 +295,23 @@ class LayerLoader:
         pre_attn, pre_attn_bias = norm(names.pre_attn)
         qkv, qkv_bias = self._qkv(p)
         q_norm, k_norm = self._qk_norms(p)
-        o_proj = self.matrix(self.take(p + "self_attn.o_proj.weight", (h, m.q_size)))
+        o_weight = self.take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * cfg.head_dim))
         o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
+        if m.tp is not None:
+            first, count = m.tp.heads(cfg.num_heads)
+            o_weight = o_weight[:, first * cfg.head_dim : (first + count) * cfg.head_dim].contiguous()
+            o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
+        o_proj = self.matrix(o_weight)
         (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
         if spec.fused_gate_up:
             gate_up = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h))
         else:
             gate_up = concat_weights([self.take(p + n + ".weight", (inter, h)) for n in gate_up_names(spec)])
+        down = self.take(p + "mlp.down_proj.weight", (h, inter))
+        if m.tp is not None:
+            own = m.tp.rows(inter)
+            gate_up = torch.cat([gate_up[:inter][own], gate_up[inter:][own]])
+            down = down[:, own].contiguous()
         post_mlp, post_mlp_bias = norm(names.post_mlp)
         layer = DecoderLayer(
             pre_attn=pre_attn,
@@ -291,7 +324,7 @@ class LayerLoader:
             post_attn=post_attn,
             pre_mlp=pre_mlp,
             gate_up=self.matrix(gate_up),
-            down=self.matrix(self.take(p + "mlp.down_proj.weight", (h, inter))),
+            down=self.matrix(down),
             post_mlp=post_mlp,
             window=layer_spec.sliding_window,
             rope=layer_spec.rope,

@@ -26,6 +26,7 @@ from engine.models.layers.names import decoder_weight_shapes
 from engine.models.layers.rope import RotaryEmbedding
 from engine.models.layers.spec import DecoderSpec
 from engine.models.rotary import rope_type
+from engine.parallel.tensor_parallel import TensorParallel, tensor_parallel_problems
 
 
 class DenseDecoder(CausalLM):
@@ -58,6 +59,10 @@ class DenseDecoder(CausalLM):
         self.spec = self.decoder_spec(config)
         if self.spec.scale is not None:
             self.scale = self.spec.scale
+        #: this rank's place in a tensor-parallel group (None: the whole model here); see use_tensor_parallel
+        self.tp: TensorParallel | None = None
+        #: the heads (and their widths) this process computes: all of them unless tensor-parallel
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.rotaries = [RotaryEmbedding(r, config.max_position_embeddings, device) for r in self.spec.ropes]
@@ -129,6 +134,22 @@ class DenseDecoder(CausalLM):
 
     # --- loading -------------------------------------------------------------------------------------
 
+    def use_tensor_parallel(self, tp: TensorParallel) -> None:
+        """Hold and compute only this rank's slice (call before :meth:`load_weights`).
+
+        Raises:
+            ValueError: the model does not split ``tp.size`` ways (every reason listed).
+        """
+        cfg = self.config
+        problems = tensor_parallel_problems(cfg, tp.size, self.spec.qk_norm)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.tp = tp
+        self.num_heads = tp.heads(cfg.num_heads)[1]
+        self.num_kv_heads = tp.kv_heads(cfg.num_kv_heads)[1]
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
         """Take HF-named tensors, fuse q/k/v and gate/up, and hand every matrix to the GEMM backend.
 
@@ -148,10 +169,17 @@ class DenseDecoder(CausalLM):
         self.final_norm_bias = loader.norm_bias("model.norm", cfg.hidden_size)
         # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
-            self.lm_head = loader.matrix(embed, projection=False)
+            head = embed
         else:
-            self.lm_head = loader.matrix(loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)), projection=False)
+            head = loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
         tensors.pop("lm_head.weight", None)
+        if self.tp is not None:
+            # this rank's vocabulary rows, the last rank's padded so that every rank gathers as many
+            own, per_rank = self.tp.vocab_rows(cfg.vocab_size)
+            dense = head.dequantize() if isinstance(head, QuantizedWeight) else head
+            head = torch.zeros(per_rank, cfg.hidden_size, dtype=dense.dtype, device=dense.device)
+            head[: own.stop - own.start] = dense[own]
+        self.lm_head = loader.matrix(head, projection=False)
 
     # --- forward -------------------------------------------------------------------------------------
 
@@ -237,6 +265,8 @@ class DenseDecoder(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap."""
         logits = self.gemm.logits(hidden, self.lm_head)
+        if self.tp is not None:
+            logits = self.tp.gather_logits(logits, self.config.vocab_size)
         if self.spec.logit_scale is not None:
             logits = logits * self.spec.logit_scale
         if self.spec.logits_divisor is not None:

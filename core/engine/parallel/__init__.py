@@ -1,0 +1,1 @@
+"""Spreading one model over several devices and processes (tensor parallelism for now)."""

@@ -1,0 +1,123 @@
+"""Tensor parallelism on the CPU: two gloo ranks in their own processes give one process's tokens."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+from dense_model_utils import engine_prefill_logits, save_tiny
+
+from engine import LLM, SamplingParams
+from engine.engine_setup import EngineConfigError
+from engine_test_utils import assert_all_blocks_free
+
+PROMPTS = ["The quick brown fox", "Once upon a time there was", "1, 2, 3, 4,"]
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    return LLM(model=path, device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, **kwargs)
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize(
+    "architecture, overrides",
+    [
+        ("LlamaForCausalLM", {}),  # 4 query heads over 2 KV heads: one KV head per rank
+        ("Qwen2ForCausalLM", {"num_key_value_heads": 1}),  # q/k/v biases; the one KV head on both ranks
+    ],
+)
+def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, hf_tokenizer_dir, tmp_path):
+    path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **overrides)
+    one = _llm(path)
+    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
+    reference_logits = engine_prefill_logits(one, prompt_ids)
+    two = _llm(path, tensor_parallel_size=2)
+    try:
+        assert len(two.llm_engine.workers.processes) == 1
+        assert two.llm_engine.model.num_heads == one.llm_engine.model.num_heads // 2
+        assert _tokens(two) == expected
+        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
+        assert_all_blocks_free(two)
+    finally:
+        two.shutdown()
+    assert not any(p.is_alive() for p in two.llm_engine.workers.processes)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir):
+    with pytest.raises(EngineConfigError, match="4 attention heads do not split over tensor_parallel_size 3"):
+        _llm(tiny_llama_dir, tensor_parallel_size=3)
+    assert multiprocessing.active_children() == []
+
+
+def test_pipeline_and_data_parallelism_are_refused_by_name(tiny_llama_dir):
+    for field in ("pipeline_parallel_size", "data_parallel_size"):
+        with pytest.raises(ValueError, match=f"{field} > 1 is not implemented yet"):
+            _llm(tiny_llama_dir, **{field: 2})
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from /proc: no psutil here)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
+def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny_llama_dir):
+    import openai
+
+    from engine.entrypoints.openai.launcher import ServerProcess
+
+    expected = _llm(tiny_llama_dir).generate(["The quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].text
+    server = ServerProcess([
+        "--model", tiny_llama_dir, "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "16MiB",
+        "--tensor-parallel-size", "2",
+    ]).start()  # fmt: skip
+    try:
+        assert server.proc is not None
+        workers = [pid for pid in _children(server.proc.pid) if _cmdline(pid).find("spawn_main") >= 0]
+        assert len(workers) == 1, _children(server.proc.pid)
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
+        answer = client.completions.create(
+            model=client.models.list().data[0].id, prompt="The quick brown fox", max_tokens=GREEDY.max_tokens,
+            temperature=0.0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert answer.choices[0].text == expected
+        assert server.stop(signal.SIGTERM, timeout_s=60) == 0
+    finally:
+        server.kill()
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
