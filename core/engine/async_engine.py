@@ -13,10 +13,11 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.errors import FatalEngineError
 from engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -184,6 +185,9 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: EngineCore) -> None:
         self.engine = engine
+        #: called on the engine thread once the loop has crashed and every request was failed (the
+        #: server stops itself, to exit non-zero)
+        self.on_dead: Callable[[BaseException], None] | None = None
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
         self._thread: threading.Thread | None = None
@@ -226,6 +230,11 @@ class AsyncLLMEngine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
             self._thread.start()
+
+    @property
+    def dead(self) -> BaseException | None:
+        """What crashed the engine loop, or None while it runs."""
+        return self._dead
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Abort whatever is in flight, stop the thread and wait for it, then stop the engine's workers.
@@ -339,6 +348,8 @@ class AsyncLLMEngine:
             logger.exception("engine loop crashed")
             self._dead = exc
             self._abort_all(EngineDeadError(f"the engine loop crashed: {type(exc).__name__}: {exc}"), aborted=False)
+            if self.on_dead is not None:
+                self.on_dead(exc)
             raise
         finally:
             self._stats = self._take_stats()
@@ -379,6 +390,8 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except FatalEngineError:
+            raise  # the loop's crash handler fails every request and reports the engine dead
         except Exception as exc:  # an engine bug: fail the requests in flight, keep serving new ones
             logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
             self._abort_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"), aborted=False)

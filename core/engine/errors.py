@@ -35,3 +35,8 @@ class ContextLengthError(InvalidRequestError):
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at its configured limit; the caller should retry later."""
+
+
+class FatalEngineError(RuntimeError):
+    """The engine cannot go on (a tensor-parallel rank is gone): the requests in flight fail and the
+    server stops, where a failed step would only fail its own requests."""

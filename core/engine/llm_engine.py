@@ -23,6 +23,7 @@ from engine.launched_step import LaunchedStep
 from engine.loader.generation_defaults import format_generation_defaults, read_generation_defaults
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.parallel.mp_workers import WorkerFailed
 from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
 from engine.sampling.params import SamplingParams
@@ -293,7 +294,20 @@ class LLMEngine:
         the next call issues the following step first (its rows read those tokens on the device) and
         only then reads them back, so the host's work overlaps the device's. Outputs then arrive one
         call later; the tokens are the same.
+
+        Raises:
+            WorkerFailed: a tensor-parallel rank exited (its collective failed here; the engine cannot
+                go on).
         """
+        try:
+            return self._step()
+        except RuntimeError as exc:
+            failure = self.workers.failure() if self.workers is not None else None
+            if failure is None:
+                raise
+            raise WorkerFailed(f"{failure}; the engine cannot go on") from exc
+
+    def _step(self) -> list[RequestOutput]:
         failed = self._admit_compiled()
         plan = self.scheduler.schedule()
         previous, self._in_flight = self._in_flight, None

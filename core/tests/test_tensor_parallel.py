@@ -121,3 +121,33 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
+def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_llama_dir):
+    import httpx
+
+    from engine.entrypoints.openai.launcher import ServerProcess
+
+    server = ServerProcess([
+        "--model", tiny_llama_dir, "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "16MiB",
+        "--tensor-parallel-size", "2",
+    ]).start()  # fmt: skip
+    try:
+        assert server.proc is not None
+        (worker,) = [pid for pid in _children(server.proc.pid) if "spawn_main" in _cmdline(pid)]
+        model = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # generating
+            os.kill(worker, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        # the stream ends with an error, never with [DONE] after a full answer
+        assert rest and "error" in rest[-1] or "error" in "".join(rest), rest[-3:]
+        assert server.proc.wait(60) == 1
+        assert "tensor-parallel rank 1 was killed by signal 9" in server.log_tail()
+    finally:
+        server.kill()
+    assert not [pid for pid in _children(server.proc.pid) if _state(pid) != "Z"]

@@ -10,6 +10,7 @@ import argparse
 import functools
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -195,6 +196,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
                     chat_parsers=chat_parsers(args, engine.tokenizer), **app_options(args))
     print(f"serving {names[0] if names else engine.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    # a crashed engine loop (a tensor-parallel rank gone, a device error) cannot serve again: the server
+    # stops as on SIGTERM and the process exits non-zero, for its supervisor to restart it
+    engine.on_dead = lambda _exc: os.kill(os.getpid(), signal.SIGTERM)
     try:
         serve_app(
             app, args.host, args.port, graceful_timeout_s=args.shutdown_timeout, header_timeout_s=args.header_timeout,
@@ -202,6 +206,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         engine.shutdown()
+    if engine.dead is not None:
+        print(f"error: the engine stopped: {one_line(str(engine.dead))}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.errors import FatalEngineError
 from engine.interfaces.communicator import Communicator
 from engine.parallel.step_mirror import StepMessage
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 1800.0
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(FatalEngineError):
     """A tensor-parallel rank failed or exited; the message says which and why."""
 
 
@@ -111,6 +112,22 @@ class TensorParallelWorkers:
                 pipe.send(("step", message))
             except (BrokenPipeError, EOFError, OSError):
                 raise WorkerFailed(f"tensor-parallel rank {rank} exited") from None
+
+    def failure(self, wait_s: float = 2.0) -> str | None:
+        """Which worker has exited and how, or None while all run (a worker killed during a collective
+        shows up as the driver's collective failing; its exit may take a moment to be seen).
+
+        Args:
+            wait_s: how long to wait for an exit to show.
+        """
+        for rank, process in enumerate(self.processes, start=1):
+            if process.is_alive():
+                process.join(wait_s / len(self.processes))
+            if process.exitcode is not None:
+                code = process.exitcode
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                return f"tensor-parallel rank {rank} {how}"
+        return None
 
     def close(self) -> None:
         """Stop every worker and wait for it (killed if it does not stop); safe to call twice."""
