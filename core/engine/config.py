@@ -82,7 +82,8 @@ class ParallelConfig(BaseModel):
     Attributes:
         tensor_parallel_size: ranks each layer's heads and MLP columns are split across (one process and
             one device each; the driver process is rank 0).
-        pipeline_parallel_size: stages the layers are split into (not implemented yet: must be 1).
+        pipeline_parallel_size: stages the layers are split into, one process and device each (not
+            together with tensor parallelism yet).
         data_parallel_size: engine replicas behind one server (not implemented yet: must be 1).
         distributed_executor_backend: ``mp`` starts the ranks as local processes (``spawn``); ``ray`` is
             not implemented yet. None picks ``mp``.
@@ -95,11 +96,11 @@ class ParallelConfig(BaseModel):
     data_parallel_size: int = Field(1, ge=1)
     distributed_executor_backend: Literal["mp"] | None = None
 
-    @field_validator("pipeline_parallel_size", "data_parallel_size")
+    @field_validator("data_parallel_size")
     @classmethod
     def _not_yet(cls, v: int, info: Any) -> int:
         if v != 1:
-            raise ValueError(f"{info.field_name} > 1 is not implemented yet (only tensor parallelism is)")
+            raise ValueError(f"{info.field_name} > 1 is not implemented yet (tensor and pipeline parallelism are)")
         return v
 
     @property

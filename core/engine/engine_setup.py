@@ -20,6 +20,7 @@ from engine.decode_graphs import DecodeGraphs
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine.interfaces.communicator import Communicator
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import OpTable, reference_ops
@@ -32,7 +33,8 @@ from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.registry import ModelRegistry
-from engine.parallel.mp_workers import TensorParallelWorkers
+from engine.parallel.mp_workers import ParallelWorkers
+from engine.parallel.pipeline_parallel import PipelineStage, stage_layers
 from engine.parallel.tensor_parallel import TensorParallel
 from engine.phases import timed_phase
 from engine.plugins.manager import PluginManager
@@ -92,7 +94,7 @@ class EngineParts:
     sampler: Sampler
     runner: ModelRunner
     num_blocks: int
-    workers: TensorParallelWorkers | None = None
+    workers: ParallelWorkers | None = None
 
 
 def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
@@ -120,18 +122,20 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         logger.info("tokenizer files (for tools that load a tokenizer from a folder): %s", tokenizer.files_dir)
     eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
 
-    workers: TensorParallelWorkers | None = None
-    tp = None
-    tp_size = config.parallel.tensor_parallel_size
-    if tp_size > 1:
+    workers: ParallelWorkers | None = None
+    world = config.parallel.world_size
+    if world > 1:
         # ranks 1.. in their own processes; this one is rank 0 (the scheduler and the sampler live here)
-        workers = TensorParallelWorkers.start(config, tp_size)
+        workers = ParallelWorkers.start(config, world)
     try:
+        parallel = None
         if workers is not None:
-            comm = platform.make_communicator(tp_size, 0, workers.init_method, local_rank=0)
+            comm = platform.make_communicator(world, 0, workers.init_method, local_rank=0)
             workers.communicators.append(comm)
-            tp = TensorParallel(0, tp_size, comm)
-        model, attention, ops = build_model(config, platform, registry, model_path, model_config, model_class, tp)
+            parallel = rank_parallelism(config, model_config, 0, comm)
+        model, attention, ops = build_model(
+            config, platform, registry, model_path, model_config, model_class, *(parallel or (None, None))
+        )
         parts = _finish_parts(config, platform, model_path, model_config, dtype, device, tokenizer, eos_token_ids,
                               model, attention, ops, workers)  # fmt: skip
     except BaseException:
@@ -163,10 +167,13 @@ def resolve_model(
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
     _check_config(config, platform, model_config, model_class)
-    if config.parallel.tensor_parallel_size > 1:
+    parallel = config.parallel
+    if parallel.world_size > 1:
+        if parallel.tensor_parallel_size > 1 and parallel.pipeline_parallel_size > 1:
+            raise EngineConfigError("tensor and pipeline parallelism together are not implemented yet")
         if not platform.capabilities().distributed:
             raise EngineConfigError(
-                f"tensor_parallel_size {config.parallel.tensor_parallel_size} needs collectives, which "
+                f"{parallel.world_size} ranks (tensor/pipeline parallelism) need collectives, which "
                 f"{platform.name} does not claim (Capabilities.distributed)"
             )
         # the other ranks replay the driver's forward: no decode graphs (their collectives would need
@@ -177,6 +184,17 @@ def resolve_model(
     return config, model_path, model_config, model_class, registry
 
 
+def rank_parallelism(
+    config: EngineConfig, model_config: ModelConfig, rank: int, comm: Communicator
+) -> tuple[TensorParallel | None, PipelineStage | None]:
+    """Rank ``rank``'s place: in the tensor-parallel group, or its pipeline stage (the one in use)."""
+    parallel = config.parallel
+    if parallel.pipeline_parallel_size > 1:
+        size = parallel.pipeline_parallel_size
+        return None, PipelineStage(rank, size, comm, stage_layers(model_config.num_layers, size, rank))
+    return TensorParallel(rank, parallel.tensor_parallel_size, comm), None
+
+
 def build_model(
     config: EngineConfig,
     platform: Platform,
@@ -185,8 +203,10 @@ def build_model(
     model_config: ModelConfig,
     model_class: type[CausalLM],
     tp: TensorParallel | None = None,
+    pp: PipelineStage | None = None,
 ) -> tuple[Any, AttentionBackend, OpTable]:
-    """Build the model on the platform's backends and load its weights (this rank's slices under ``tp``).
+    """Build the model on the platform's backends and load its weights (this rank's slices under ``tp``,
+    this stage's layers under ``pp``).
 
     Returns:
         ``(model, attention backend, op table)``.
@@ -207,6 +227,13 @@ def build_model(
             raise EngineConfigError(f"{model_config.architecture} does not run tensor-parallel on {platform.name}")
         try:
             model.use_tensor_parallel(tp)
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from None
+    if pp is not None:
+        if not hasattr(model, "use_pipeline_parallel"):
+            raise EngineConfigError(f"{model_config.architecture} does not run pipeline-parallel on {platform.name}")
+        try:
+            model.use_pipeline_parallel(pp)
         except ValueError as exc:
             raise EngineConfigError(str(exc)) from None
     if config.quantization == "fp8":
@@ -236,7 +263,7 @@ def _finish_parts(
     model: Any,
     attention: AttentionBackend,
     ops: OpTable,
-    workers: TensorParallelWorkers | None,
+    workers: ParallelWorkers | None,
 ) -> EngineParts:
     layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]
@@ -361,7 +388,7 @@ def make_kv_pool(
     a block spans one group's layers: the pool has ``layout.slots`` layer tensors). A tensor-parallel
     rank's pool holds its own KV heads (``model.num_kv_heads``)."""
     spec = KVCacheSpec(
-        num_layers=layout.slots if layout is not None else model_config.num_layers,
+        num_layers=layout.slots if layout is not None else getattr(model, "num_local_layers", model_config.num_layers),
         num_kv_heads=getattr(model, "num_kv_heads", model_config.num_kv_heads),
         head_dim=model_config.head_dim,
         block_size=config.cache.block_size,

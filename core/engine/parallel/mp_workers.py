@@ -28,7 +28,7 @@ LOAD_TIMEOUT_S = 1800.0
 
 
 class WorkerFailed(FatalEngineError):
-    """A tensor-parallel rank failed or exited; the message says which and why."""
+    """A parallel rank failed or exited; the message says which and why."""
 
 
 def _free_port() -> int:
@@ -37,7 +37,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class TensorParallelWorkers:
+class ParallelWorkers:
     """The processes of ranks ``1..size-1`` and the driver's pipes to them.
 
     Args:
@@ -57,7 +57,7 @@ class TensorParallelWorkers:
         self._finalizer = weakref.finalize(self, _stop, processes, pipes, self.communicators)
 
     @classmethod
-    def start(cls, config: EngineConfig, size: int) -> TensorParallelWorkers:
+    def start(cls, config: EngineConfig, size: int) -> ParallelWorkers:
         """Start ranks ``1..size-1``; each loads its shard once the driver's communicator joins them."""
         from engine.parallel.worker import run_worker
 
@@ -80,15 +80,15 @@ class TensorParallelWorkers:
     def _expect(self, kind: str, timeout: float) -> None:
         for rank, pipe in enumerate(self.pipes, start=1):
             if not pipe.poll(timeout):
-                raise WorkerFailed(f"tensor-parallel rank {rank} did not answer within {timeout:.0f} s")
+                raise WorkerFailed(f"rank {rank} did not answer within {timeout:.0f} s")
             try:
                 got, detail = pipe.recv()
             except EOFError:
-                raise WorkerFailed(f"tensor-parallel rank {rank} exited") from None
+                raise WorkerFailed(f"rank {rank} exited") from None
             if got == "error":
                 raise WorkerFailed(detail)
             if got != kind:
-                raise WorkerFailed(f"tensor-parallel rank {rank} said {got!r}, expected {kind!r}")
+                raise WorkerFailed(f"rank {rank} said {got!r}, expected {kind!r}")
 
     def start_pools(self, num_blocks: int) -> None:
         """Have every worker finish loading and allocate a KV pool of ``num_blocks`` (as rank 0's).
@@ -111,7 +111,7 @@ class TensorParallelWorkers:
             try:
                 pipe.send(("step", message))
             except (BrokenPipeError, EOFError, OSError):
-                raise WorkerFailed(f"tensor-parallel rank {rank} exited") from None
+                raise WorkerFailed(f"rank {rank} exited") from None
 
     def failure(self, wait_s: float = 2.0) -> str | None:
         """Which worker has exited and how, or None while all run (a worker killed during a collective
@@ -126,7 +126,7 @@ class TensorParallelWorkers:
             if process.exitcode is not None:
                 code = process.exitcode
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                return f"tensor-parallel rank {rank} {how}"
+                return f"rank {rank} {how}"
         return None
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""A tensor-parallel rank's process: load this rank's shard, then run every step the driver sends."""
+"""A parallel rank's process: load this rank's shard (tensor slices or pipeline stage), then run every
+step the driver sends."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 
 from engine.config import EngineConfig
 from engine.parallel.step_mirror import StepMessage, moved
-from engine.parallel.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,13 @@ def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: C
     """The process entry of rank ``rank``: answers ``loaded``, then ``ready`` once its pool is allocated
     (``("pool", num_blocks)``), then runs ``("step", StepMessage)`` messages until ``("stop", None)`` or
     until the driver's end of the pipe closes. A failure is sent as ``("error", reason)`` before exiting."""
-    from engine.engine_setup import build_model, kv_group_layout, make_kv_pool, resolve_model
+    from engine.engine_setup import (
+        build_model,
+        kv_group_layout,
+        make_kv_pool,
+        rank_parallelism,
+        resolve_model,
+    )
     from engine.plugins.manager import PluginManager
     from engine.plugins.selection import select_platform
 
@@ -30,8 +36,8 @@ def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: C
         platform = select_platform(config.device, manager)
         config, model_path, model_config, model_class, registry = resolve_model(config, platform, manager)
         comm = platform.make_communicator(size, rank, init_method, local_rank=rank)
-        tp = TensorParallel(rank, size, comm)
-        model, attention, _ = build_model(config, platform, registry, model_path, model_config, model_class, tp)
+        tp, pp = rank_parallelism(config, model_config, rank, comm)
+        model, attention, _ = build_model(config, platform, registry, model_path, model_config, model_class, tp, pp)
         pipe.send(("loaded", None))
         kind, num_blocks = pipe.recv()
         if kind != "pool":
@@ -52,7 +58,7 @@ def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: C
     except BaseException as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         try:
-            pipe.send(("error", f"tensor-parallel rank {rank}: {reason}"))
+            pipe.send(("error", f"rank {rank}: {reason}"))
         except (BrokenPipeError, OSError):
             logger.error("tensor-parallel rank %d failed (driver gone): %s", rank, reason)
         raise SystemExit(1) from None

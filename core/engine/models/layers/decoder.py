@@ -26,6 +26,7 @@ from engine.models.layers.names import decoder_weight_shapes
 from engine.models.layers.rope import RotaryEmbedding
 from engine.models.layers.spec import DecoderSpec
 from engine.models.rotary import rope_type
+from engine.parallel.pipeline_parallel import PipelineStage, pipeline_parallel_problems
 from engine.parallel.tensor_parallel import TensorParallel, tensor_parallel_problems
 
 
@@ -61,6 +62,8 @@ class DenseDecoder(CausalLM):
             self.scale = self.spec.scale
         #: this rank's place in a tensor-parallel group (None: the whole model here); see use_tensor_parallel
         self.tp: TensorParallel | None = None
+        #: this rank's pipeline stage (None: every layer here); see use_pipeline_parallel
+        self.pp: PipelineStage | None = None
         #: the heads (and their widths) this process computes: all of them unless tensor-parallel
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.q_size = config.num_heads * config.head_dim
@@ -150,6 +153,27 @@ class DenseDecoder(CausalLM):
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
 
+    def use_pipeline_parallel(self, pp: PipelineStage) -> None:
+        """Hold and run only this stage's layers (call before :meth:`load_weights`).
+
+        Raises:
+            ValueError: the model does not split into ``pp.size`` stages (every reason listed).
+        """
+        norms = self.spec.norms
+        problems = pipeline_parallel_problems(
+            self.config.num_layers, pp.size, len(set(self.layer_windows)) > 1,
+            norms.post_attn is not None or norms.post_mlp is not None,
+        )  # fmt: skip
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.pp = pp
+        self.layer_windows = [self.layer_windows[i] for i in pp.layers]
+
+    @property
+    def num_local_layers(self) -> int:
+        """The layers this process runs (and keeps KV for): all of them unless pipeline-parallel."""
+        return len(self.spec.layers) if self.pp is None else len(self.pp.layers)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
         """Take HF-named tensors, fuse q/k/v and gate/up, and hand every matrix to the GEMM backend.
 
@@ -160,11 +184,16 @@ class DenseDecoder(CausalLM):
         tensors: dict[str, Any] = {name: t for name, t in weights if "rotary_emb" not in name}
         loader = LayerLoader(self, tensors)
         embed = loader.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-        dense_embed = embed.dequantize() if isinstance(embed, QuantizedWeight) else embed
-        self.embed_tokens = dense_embed.to(device=self.device, dtype=self.dtype)
-        del dense_embed
+        pp = self.pp
+        if pp is None or pp.is_first:
+            dense_embed = embed.dequantize() if isinstance(embed, QuantizedWeight) else embed
+            self.embed_tokens = dense_embed.to(device=self.device, dtype=self.dtype)
+            del dense_embed
         for i, layer_spec in enumerate(self.spec.layers):
-            self.layers.append(loader.layer(self.hf_layer_prefix.format(i), layer_spec))
+            if pp is None or i in pp.layers:
+                self.layers.append(loader.layer(self.hf_layer_prefix.format(i), layer_spec))
+        if pp is not None and not pp.is_last:
+            return  # the final norm and the lm_head are the last stage's
         self.final_norm = loader.norm("model.norm", cfg.hidden_size)
         self.final_norm_bias = loader.norm_bias("model.norm", cfg.hidden_size)
         # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
@@ -217,9 +246,14 @@ class DenseDecoder(CausalLM):
         :mod:`engine.kv_groups`; :attr:`supports_kv_groups`), and ``kv_caches`` then holds each layer's
         tensor of the shared pool."""
         ops, eps = self.ops, self.config.rms_norm_eps
-        hidden = self.embed_tokens.index_select(0, input_ids)
-        if self.embed_scale is not None:
-            hidden = hidden * self.embed_scale
+        pp = self.pp
+        residual: torch.Tensor | None = None
+        if pp is not None and not pp.is_first:
+            hidden, residual = pp.recv_activations(input_ids.shape[0], self.config.hidden_size, self.dtype, self.device)
+        else:
+            hidden = self.embed_tokens.index_select(0, input_ids)
+            if self.embed_scale is not None:
+                hidden = hidden * self.embed_scale
         if isinstance(metadata, GroupedAttentionMetadata):
             # one table per KV group: each layer attends with its group's tables and window
             layer_metadata = metadata.for_layers(self.spec.attn_soft_cap)
@@ -227,7 +261,6 @@ class DenseDecoder(CausalLM):
         else:
             layer_metadata = self._layer_metadata(metadata)
         tables = [rotary.step_table(positions, metadata) for rotary in self.rotaries]
-        residual: torch.Tensor | None = None
         if self.fuses_post_norms:
             pending: torch.Tensor | None = None
             for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
@@ -237,6 +270,10 @@ class DenseDecoder(CausalLM):
             return out
         for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
             hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)
+        if pp is not None and not pp.is_last:
+            assert residual is not None  # every stage runs at least one layer
+            pp.send_activations(hidden, residual)
+            return hidden  # stage 0 reads only its rows' count (the logits come from the last stage)
         if self.spec.norm == "layer":
             return ops.layer_norm(hidden + residual, self.final_norm, self.final_norm_bias, eps)
         out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
@@ -263,7 +300,13 @@ class DenseDecoder(CausalLM):
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap."""
+        """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap.
+
+        Pipeline-parallel: the last stage computes them and sends them to stage 0, which returns them; a
+        middle stage returns None."""
+        pp = self.pp
+        if pp is not None and not pp.is_last:
+            return pp.recv_logits(hidden.shape[0], self.config.vocab_size, self.device) if pp.is_first else None
         logits = self.gemm.logits(hidden, self.lm_head)
         if self.tp is not None:
             logits = self.tp.gather_logits(logits, self.config.vocab_size)
@@ -274,4 +317,6 @@ class DenseDecoder(CausalLM):
         if self.spec.final_soft_cap is not None:
             cap = self.spec.final_soft_cap
             logits = torch.tanh(logits / cap) * cap
+        if pp is not None:
+            pp.send_logits(logits)
         return logits

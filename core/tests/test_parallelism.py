@@ -1,4 +1,5 @@
-"""Tensor parallelism on the CPU: two gloo ranks in their own processes give one process's tokens."""
+"""Tensor and pipeline parallelism on the CPU: two gloo ranks in their own processes give one process's
+tokens and logits; bad splits are refused, a dead rank stops the server, no process is left behind."""
 
 from __future__ import annotations
 
@@ -51,16 +52,43 @@ def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, h
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("layers", [2, 3])  # one layer a stage; two stages of 2 and 1
+def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, hf_tokenizer_dir, tmp_path):
+    path = save_tiny("LlamaForCausalLM", str(tmp_path), hf_tokenizer_dir, num_hidden_layers=layers)
+    one = _llm(path)
+    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
+    reference_logits = engine_prefill_logits(one, prompt_ids)
+    two = _llm(path, pipeline_parallel_size=2)
+    try:
+        assert two.llm_engine.model.num_local_layers == (layers + 1) // 2
+        assert len(two.llm_engine.block_cache.kv_caches) == (layers + 1) // 2  # KV for its own layers only
+        assert _tokens(two) == expected
+        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
+        assert_all_blocks_free(two)
+    finally:
+        two.shutdown()
+    assert multiprocessing.active_children() == []
+
+
+def test_a_post_norm_model_is_refused_pipeline_parallel_and_no_worker_is_left(hf_tokenizer_dir, tmp_path):
+    path = save_tiny("Gemma2ForCausalLM", str(tmp_path), hf_tokenizer_dir, head_dim=32)
+    with pytest.raises(EngineConfigError, match="post-norm models .* do not run pipeline-parallel yet"):
+        _llm(path, pipeline_parallel_size=2)
+    assert multiprocessing.active_children() == []
+
+
 def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir):
     with pytest.raises(EngineConfigError, match="4 attention heads do not split over tensor_parallel_size 3"):
         _llm(tiny_llama_dir, tensor_parallel_size=3)
     assert multiprocessing.active_children() == []
 
 
-def test_pipeline_and_data_parallelism_are_refused_by_name(tiny_llama_dir):
-    for field in ("pipeline_parallel_size", "data_parallel_size"):
-        with pytest.raises(ValueError, match=f"{field} > 1 is not implemented yet"):
-            _llm(tiny_llama_dir, **{field: 2})
+def test_data_parallelism_and_tensor_with_pipeline_are_refused_by_name(tiny_llama_dir):
+    with pytest.raises(ValueError, match="data_parallel_size > 1 is not implemented yet"):
+        _llm(tiny_llama_dir, data_parallel_size=2)
+    with pytest.raises(EngineConfigError, match="tensor and pipeline parallelism together are not implemented yet"):
+        _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert multiprocessing.active_children() == []
 
 
 def _children(pid: int) -> list[int]:
@@ -147,7 +175,7 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
         # the stream ends with an error, never with [DONE] after a full answer
         assert rest and "error" in rest[-1] or "error" in "".join(rest), rest[-3:]
         assert server.proc.wait(60) == 1
-        assert "tensor-parallel rank 1 was killed by signal 9" in server.log_tail()
+        assert "rank 1 was killed by signal 9" in server.log_tail()
     finally:
         server.kill()
     assert not [pid for pid in _children(server.proc.pid) if _state(pid) != "Z"]
