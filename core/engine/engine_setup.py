@@ -222,18 +222,13 @@ def build_model(
     model = platform.make_model_runner(model_config, config.dtype) or model_class(
         model_config, ops, attention, gemm, dtype, device
     )
-    if tp is not None:
-        if not hasattr(model, "use_tensor_parallel"):
-            raise EngineConfigError(f"{model_config.architecture} does not run tensor-parallel on {platform.name}")
+    for split, method, kind in ((tp, "use_tensor_parallel", "tensor"), (pp, "use_pipeline_parallel", "pipeline")):
+        if split is None:
+            continue
+        if not hasattr(model, method):
+            raise EngineConfigError(f"{model_config.architecture} does not run {kind}-parallel on {platform.name}")
         try:
-            model.use_tensor_parallel(tp)
-        except ValueError as exc:
-            raise EngineConfigError(str(exc)) from None
-    if pp is not None:
-        if not hasattr(model, "use_pipeline_parallel"):
-            raise EngineConfigError(f"{model_config.architecture} does not run pipeline-parallel on {platform.name}")
-        try:
-            model.use_pipeline_parallel(pp)
+            getattr(model, method)(split)
         except ValueError as exc:
             raise EngineConfigError(str(exc)) from None
     if config.quantization == "fp8":
