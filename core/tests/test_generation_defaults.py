@@ -114,7 +114,8 @@ def test_cli_generation_config_flag() -> None:
 
 
 def test_chat_template_jinja_wins_over_tokenizer_config(tiny_llama_dir: str, tmp_path: Path) -> None:
-    folder = linked_copy(tiny_llama_dir, tmp_path / "model")
+    # not linked: writing through a link would change the session's shared tiny model for later tests
+    folder = linked_copy(tiny_llama_dir, tmp_path / "model", skip=("chat_template.jinja",))
     (folder / "chat_template.jinja").write_text(JINJA_TEMPLATE)
     llm = tiny_llm(str(folder))
     messages = [{"role": "user", "content": "hi"}]
