@@ -153,7 +153,8 @@ def test_queue_full_is_503(server):
     done: list[int] = []
 
     def long_request() -> None:
-        r = post(server, COMP, {"prompt": "Tell me a story", "max_tokens": 40, "ignore_eos": True})
+        # long enough that the first is still running when the third arrives, even on a fast machine
+        r = post(server, COMP, {"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True})
         done.append(r.status_code)
 
     threads = [threading.Thread(target=long_request) for _ in range(2)]
