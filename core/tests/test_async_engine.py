@@ -89,7 +89,8 @@ def test_streams_outputs_of_concurrent_requests():
     engine = AsyncLLMEngine(fake)
 
     async def main() -> list[list[RequestOutput]]:
-        starts = [random.randint(1, 1000) for _ in range(12)]
+        # starts stay below 666, the prompt on which the fake engine fails
+        starts = [random.randint(1, 600) for _ in range(12)]
         lengths = [random.randint(1, 9) for _ in range(12)]
         results = await asyncio.gather(*(collect(engine, f"r{i}", [s], n) for i, (s, n) in enumerate(zip(starts, lengths, strict=True))))
         for res, s, n in zip(results, starts, lengths, strict=True):
