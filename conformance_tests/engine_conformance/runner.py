@@ -163,6 +163,11 @@ QUICK_OP_LEVEL = (
 )  # fmt: skip
 
 
+#: the suite's processes load only the plugins it names: the pytest plugins other packages install (hypothesis,
+#: schemathesis, langsmith...) took over half of a short run's start-up
+SUITE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def run_conformance(
     device: str,
     report_md: str | None = None,
@@ -202,7 +207,7 @@ def run_conformance(
         shards = [[f"--conformance-shard={i}/{workers}"] for i in range(workers)] if workers > 1 else [[]]
         paths = [os.path.join(tmp, f"results-{i}.json") for i in range(len(shards))]
         procs = [
-            subprocess.Popen([*cmd, *shard], env=dict(os.environ, **{RESULTS_ENV: path}))
+            subprocess.Popen([*cmd, *shard], env=dict(os.environ, **{RESULTS_ENV: path}, **SUITE_ENV))
             for shard, path in zip(shards, paths)
         ]
         codes = [proc.wait() for proc in procs]

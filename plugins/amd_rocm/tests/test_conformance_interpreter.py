@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from engine_conformance.runner import QUICK_OP_LEVEL, suite_dir
+from engine_conformance.runner import QUICK_OP_LEVEL, SUITE_ENV, suite_dir
 
 OP_LEVEL = list(QUICK_OP_LEVEL)
 HAS_ROCM_GPU = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
@@ -32,7 +32,7 @@ def installed() -> bool:
 
 @pytest.mark.skipif(HAS_ROCM_GPU, reason="on an AMD GPU, run `engine conformance --device rocm` instead")
 def test_op_level_suite_in_interpreter_with_amd_launch_parameters() -> None:
-    env = dict(os.environ, ENGINE_AMD_INTERPRET="1", TRITON_INTERPRET="1")
+    env = dict(os.environ, ENGINE_AMD_INTERPRET="1", TRITON_INTERPRET="1", **SUITE_ENV)
     if not installed():
         # registered in-process where the plugin is importable but its entry point is not installed
         env["ENGINE_CONFORMANCE_PLUGIN_MODULES"] = "engine_plugin_amd.plugin"

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from engine_conformance.runner import QUICK_OP_LEVEL, suite_dir
+from engine_conformance.runner import QUICK_OP_LEVEL, SUITE_ENV, suite_dir
 
 OP_LEVEL = list(QUICK_OP_LEVEL)
 
@@ -22,7 +22,7 @@ HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 
 
 def run_suite(capabilities: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ENGINE_NVIDIA_INTERPRET="1", TRITON_INTERPRET="1")
+    env = dict(os.environ, ENGINE_NVIDIA_INTERPRET="1", TRITON_INTERPRET="1", **SUITE_ENV)
     args = [sys.executable, "-m", "pytest", str(suite_dir()), "-q", "--no-header", "-p", "no:cacheprovider", "--device", "cuda"]
     # strict: a check that cannot run in the interpreter fails here rather than skipping unseen
     args.append("--conformance-strict")
