@@ -201,9 +201,9 @@ class AsyncLLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
         """Build the engine (loads the model; takes seconds) and wrap it."""
-        from engine.llm_engine import LLMEngine
+        from engine.engine_factory import create_engine
 
-        return cls(LLMEngine.from_config(config))
+        return cls(create_engine(config))
 
     @property
     def tokenizer(self) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -84,7 +84,11 @@ class ParallelConfig(BaseModel):
             one device each; the driver process is rank 0).
         pipeline_parallel_size: stages the layers are split into, one process and device each (not
             together with tensor parallelism yet).
-        data_parallel_size: engine replicas behind one server (not implemented yet: must be 1).
+        data_parallel_size: engine replicas, each a whole engine in its own process (with its own
+            tensor- or pipeline-parallel ranks), behind one server; requests go to the replica that holds
+            the longest part of their prompt in its prefix cache, else to the least loaded one.
+        data_parallel_rank: which replica this engine is (set by the driver for each replica it starts):
+            its ranks drive the host's devices from ``data_parallel_rank * world_size`` on.
         distributed_executor_backend: ``mp`` starts the ranks as local processes (``spawn``); ``ray`` is
             not implemented yet. None picks ``mp``.
     """
@@ -94,18 +98,18 @@ class ParallelConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
+    data_parallel_rank: int = Field(0, ge=0)
     distributed_executor_backend: Literal["mp"] | None = None
-
-    @field_validator("data_parallel_size")
-    @classmethod
-    def _not_yet(cls, v: int, info: Any) -> int:
-        if v != 1:
-            raise ValueError(f"{info.field_name} > 1 is not implemented yet (tensor and pipeline parallelism are)")
-        return v
 
     @property
     def world_size(self) -> int:
+        """The ranks of one engine (one replica): tensor-parallel times pipeline-parallel."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def first_local_device(self) -> int:
+        """The host device index this engine's rank 0 drives (its replica's first)."""
+        return self.data_parallel_rank * self.world_size
 
 
 class EngineConfig(BaseModel):

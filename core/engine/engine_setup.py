@@ -114,6 +114,12 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         engine.loader.errors.ModelLoadError: the model cannot be found, read or is not supported.
     """
     config, model_path, model_config, model_class, registry = resolve_model(config, platform, plugin_manager)
+    # rank 0 of this engine (of its data-parallel replica) drives the replica's first device
+    first_device = config.parallel.first_local_device
+    try:
+        platform.use_device(first_device)
+    except RuntimeError as exc:
+        raise EngineConfigError(str(exc)) from None
     dtype = _DTYPES[config.dtype]
     device = platform.torch_device()
     with timed_phase(f"loading the tokenizer of {config.tokenizer or model_path}", "loaded the tokenizer"):
@@ -130,7 +136,7 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     try:
         parallel = None
         if workers is not None:
-            comm = platform.make_communicator(world, 0, workers.init_method, local_rank=0)
+            comm = platform.make_communicator(world, 0, workers.init_method, local_rank=first_device)
             workers.communicators.append(comm)
             parallel = rank_parallelism(config, model_config, 0, comm)
         model, attention, ops = build_model(

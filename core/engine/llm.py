@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from engine.beam_search import BeamSearchParams
 from engine.chat_input import encode_conversation
 from engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
-from engine.llm_engine import LLMEngine
+from engine.engine_factory import create_engine
 from engine.outputs import RequestOutput
 from engine.sampling.params import SamplingParams
 
@@ -65,11 +65,13 @@ class LLM:
             parallel=ParallelConfig(**parallel),
             **kwargs,
         )
-        self.llm_engine = LLMEngine.from_config(config)
+        #: the engine: an ``LLMEngine``, or a ``DataParallelEngine`` for ``data_parallel_size > 1``
+        self.llm_engine = create_engine(config)
         self._counter = itertools.count()
 
     def shutdown(self) -> None:
-        """Stop the engine's worker processes (tensor parallelism) and threads; safe to call twice."""
+        """Stop the engine's worker processes (tensor, pipeline and data parallelism) and threads; safe to call
+        twice."""
         self.llm_engine.shutdown()
 
     @property

@@ -1,6 +1,8 @@
-"""Assertions shared by the engine tests."""
+"""Assertions and process helpers shared by the engine tests."""
 
 from __future__ import annotations
+
+import os
 
 
 def assert_all_blocks_free(llm) -> None:
@@ -9,3 +11,35 @@ def assert_all_blocks_free(llm) -> None:
     assert engine.num_free_blocks == engine.num_total_blocks, (
         f"{engine.num_total_blocks - engine.num_free_blocks} KV blocks leaked"
     )
+
+
+def child_processes(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from /proc: no psutil here)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def process_cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

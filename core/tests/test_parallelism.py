@@ -13,7 +13,7 @@ from dense_model_utils import engine_prefill_logits, save_tiny
 
 from engine import LLM, SamplingParams
 from engine.engine_setup import EngineConfigError
-from engine_test_utils import assert_all_blocks_free
+from engine_test_utils import assert_all_blocks_free, child_processes, process_cmdline, process_state
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -83,28 +83,10 @@ def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_ll
     assert multiprocessing.active_children() == []
 
 
-def test_data_parallelism_and_tensor_with_pipeline_are_refused_by_name(tiny_llama_dir):
-    with pytest.raises(ValueError, match="data_parallel_size > 1 is not implemented yet"):
-        _llm(tiny_llama_dir, data_parallel_size=2)
+def test_tensor_with_pipeline_parallelism_is_refused_by_name(tiny_llama_dir):
     with pytest.raises(EngineConfigError, match="tensor and pipeline parallelism together are not implemented yet"):
         _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
     assert multiprocessing.active_children() == []
-
-
-def _children(pid: int) -> list[int]:
-    """The live child processes of ``pid`` (from /proc: no psutil here)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
 
 
 @pytest.mark.slow
@@ -121,8 +103,8 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny
     ]).start()  # fmt: skip
     try:
         assert server.proc is not None
-        workers = [pid for pid in _children(server.proc.pid) if _cmdline(pid).find("spawn_main") >= 0]
-        assert len(workers) == 1, _children(server.proc.pid)
+        workers = [pid for pid in child_processes(server.proc.pid) if process_cmdline(pid).find("spawn_main") >= 0]
+        assert len(workers) == 1, child_processes(server.proc.pid)
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
         answer = client.completions.create(
             model=client.models.list().data[0].id, prompt="The quick brown fox", max_tokens=GREEDY.max_tokens,
@@ -132,23 +114,7 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny
         assert server.stop(signal.SIGTERM, timeout_s=60) == 0
     finally:
         server.kill()
-    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
 
 
 @pytest.mark.slow
@@ -164,7 +130,7 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
     ]).start()  # fmt: skip
     try:
         assert server.proc is not None
-        (worker,) = [pid for pid in _children(server.proc.pid) if "spawn_main" in _cmdline(pid)]
+        (worker,) = [pid for pid in child_processes(server.proc.pid) if "spawn_main" in process_cmdline(pid)]
         model = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"]
         body = {"model": model, "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
@@ -178,4 +144,4 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
         assert "rank 1 was killed by signal 9" in server.log_tail()
     finally:
         server.kill()
-    assert not [pid for pid in _children(server.proc.pid) if _state(pid) != "Z"]
+    assert not [pid for pid in child_processes(server.proc.pid) if process_state(pid) != "Z"]

@@ -106,9 +106,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                         help="split each layer over this many devices, one process each (default 1)")
     parser.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
-                        help="split the layers into this many stages (not implemented yet: 1)")
+                        help="split the layers into stages, one process and device each (default 1)")
     parser.add_argument("--data-parallel-size", "-dp", type=positive_int, default=1,
-                        help="engine replicas behind the server (not implemented yet: 1)")
+                        help="engine replicas, each in its own process on its own devices, behind the server; "
+                             "a request goes to the one holding most of its prompt in cache, else the least "
+                             "loaded (default 1)")
     parser.add_argument("--distributed-executor-backend", default=None, choices=["mp"],
                         help="how the ranks start: 'mp', local processes (the default)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "none"],
@@ -168,13 +170,14 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def load_engine(args: argparse.Namespace):  # -> LLMEngine (kept untyped so this module imports no torch)
     """Build the engine for the CLI, turning every configuration or loading mistake into one line."""
-    from engine.llm_engine import LLMEngine
+    from engine.engine_factory import create_engine
+    from engine.errors import FatalEngineError
     from engine.plugins.selection import DeviceNotAvailableError
 
     config = engine_config_from_args(args)
     try:
-        return LLMEngine.from_config(config)
-    except (DeviceNotAvailableError, ValueError, OSError) as exc:
+        return create_engine(config)
+    except (DeviceNotAvailableError, ValueError, OSError, FatalEngineError) as exc:
         raise CliError(one_line(str(exc)) or type(exc).__name__) from None
 
 

@@ -125,6 +125,21 @@ class Platform(ABC):
 
         return torch.device(self.torch_device_type)
 
+    def use_device(self, local_rank: int) -> None:
+        """Drive the host's device ``local_rank`` from now on (:meth:`torch_device` returns it): a parallel
+        rank's or a data-parallel replica's own device. Called once, before anything is built.
+
+        The default suits a platform of one device per host, which only has device 0.
+
+        Args:
+            local_rank: the device's index among this host's devices of this platform.
+
+        Raises:
+            RuntimeError: the host has no such device.
+        """
+        if local_rank != 0:
+            raise RuntimeError(f"{self.name} drives one device per host; there is no device {local_rank}")
+
     def default_kv_cache_bytes(self) -> int | None:
         """KV budget when the user gives none; None means a fraction of free memory.
 

@@ -54,7 +54,7 @@ class ParallelWorkers:
         #: again by the next engine of this process, whose peers are gone)
         self.communicators: list[Communicator] = []
         # an engine dropped without close() still takes its workers down
-        self._finalizer = weakref.finalize(self, _stop, processes, pipes, self.communicators)
+        self._finalizer = weakref.finalize(self, stop_processes, processes, pipes, self.communicators)
 
     @classmethod
     def start(cls, config: EngineConfig, size: int) -> ParallelWorkers:
@@ -134,7 +134,7 @@ class ParallelWorkers:
         self._finalizer()
 
 
-def _stop(
+def stop_processes(
     processes: list[Any], pipes: list[Connection], communicators: list[Communicator], timeout: float = 10.0
 ) -> None:
     for pipe in pipes:

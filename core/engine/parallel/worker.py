@@ -35,7 +35,9 @@ def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: C
         manager = PluginManager()
         platform = select_platform(config.device, manager)
         config, model_path, model_config, model_class, registry = resolve_model(config, platform, manager)
-        comm = platform.make_communicator(size, rank, init_method, local_rank=rank)
+        local_rank = config.parallel.first_local_device + rank
+        platform.use_device(local_rank)
+        comm = platform.make_communicator(size, rank, init_method, local_rank=local_rank)
         tp, pp = rank_parallelism(config, model_config, rank, comm)
         model, attention, _ = build_model(config, platform, registry, model_path, model_config, model_class, tp, pp)
         pipe.send(("loaded", None))

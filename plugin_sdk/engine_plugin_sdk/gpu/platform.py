@@ -76,7 +76,8 @@ def cpu_only_torch_build() -> str | None:
 
 
 class TorchGpuPlatform(Platform):
-    """GPU 0 (``torch.device("cuda", 0)``; HIP under ROCm) driven through torch and the shared Triton kernels.
+    """One GPU (``cuda:0``, or the one :meth:`use_device` picks; HIP under ROCm) driven through torch and the
+    shared Triton kernels.
 
     Class attributes a subclass sets, besides ``name`` / ``aliases`` / ``priority``:
         vendor: ``"NVIDIA"``, ``"AMD"``: used in messages.
@@ -98,6 +99,8 @@ class TorchGpuPlatform(Platform):
             os.environ["TRITON_INTERPRET"] = "1"
             self.torch_device_type = "cpu"
         self._tuning: KernelTuning | None = None
+        #: the GPU this process drives (a parallel rank's or a data-parallel replica's own)
+        self.device_index = 0
 
     # --- vendor hooks: detection and claims ---------------------------------------------------------
 
@@ -236,14 +239,14 @@ class TorchGpuPlatform(Platform):
             return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         import torch
 
-        return int(torch.cuda.get_device_properties(0).total_memory)
+        return int(torch.cuda.get_device_properties(self.device_index).total_memory)
 
     def free_memory_bytes(self) -> int:
         if self.interpret:
             return min(self.total_memory_bytes(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
         import torch
 
-        free, _ = torch.cuda.mem_get_info(0)
+        free, _ = torch.cuda.mem_get_info(self.device_index)
         return int(free)
 
     def default_kv_cache_bytes(self) -> int | None:
@@ -258,7 +261,24 @@ class TorchGpuPlatform(Platform):
     def torch_device(self) -> Any:
         import torch
 
-        return torch.device("cpu") if self.interpret else torch.device("cuda", 0)
+        return torch.device("cpu") if self.interpret else torch.device("cuda", self.device_index)
+
+    def use_device(self, local_rank: int) -> None:
+        """Drive ``cuda:local_rank`` (made the current device too: NCCL and the caching allocator follow
+        it); in the interpreter every rank runs on the host CPU.
+
+        Raises:
+            RuntimeError: this host has no GPU ``local_rank``.
+        """
+        if self.interpret:
+            return
+        import torch
+
+        count = torch.cuda.device_count()
+        if not 0 <= local_rank < count:
+            raise RuntimeError(f"{self.name}: there is no GPU {local_rank} here ({count} visible)")
+        torch.cuda.set_device(local_rank)
+        self.device_index = local_rank
 
     # --- factories ----------------------------------------------------------------------------------
 

@@ -161,6 +161,9 @@ class CpuPlatform(Platform):
 
         return cpu_op_overrides(self.native_kernels())
 
+    def use_device(self, local_rank: int) -> None:
+        """Every rank and replica drives the host CPU (they share its cores)."""
+
     def make_communicator(
         self, world_size: int, rank: int, init_method: str, local_rank: int = 0
     ) -> Communicator:
