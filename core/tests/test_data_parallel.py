@@ -118,3 +118,12 @@ def test_serve_with_two_replicas_answers_the_openai_client_and_leaves_no_child(t
     finally:
         server.kill()
     assert not [pid for pid in replicas if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
+
+
+def test_a_platform_of_one_device_refuses_a_second_rank_or_replica():
+    from engine_plugin_sdk.reference_platform import ReferencePlatform
+
+    platform = ReferencePlatform()
+    platform.use_device(0)
+    with pytest.raises(RuntimeError, match="drives one device per host; there is no device 1"):
+        platform.use_device(1)

@@ -114,6 +114,23 @@ def test_communicator_is_the_sdks_and_needs_a_gpu(platform: CudaPlatform) -> Non
             NcclCommunicator(1, 0, "tcp://127.0.0.1:1")
 
 
+def test_each_rank_drives_its_own_gpu(platform: CudaPlatform, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the interpreter runs every rank on the host
+    platform.use_device(3)
+    assert platform.torch_device() == torch.device("cpu")
+    if HAS_GPU:
+        return
+    gpu = CudaPlatform()
+    gpu.interpret = False  # as on a host with two GPUs, without touching CUDA
+    picked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", picked.append)
+    gpu.use_device(1)
+    assert gpu.torch_device() == torch.device("cuda", 1) and picked == [1]
+    with pytest.raises(RuntimeError, match="there is no GPU 2 here"):
+        gpu.use_device(2)
+
+
 def test_block_cache_copy_and_swap(platform: CudaPlatform) -> None:
     backend = platform.make_attention_backend()
     spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16)
