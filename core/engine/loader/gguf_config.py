@@ -14,10 +14,10 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 from gguf.quants import dequantize
 
 from engine.loader.errors import ModelLoadError
+from engine.loader.gguf_reader import GgufField, GgufFile, GgufTensor
 
 #: metadata every kind writes (``<arch>.`` + key) -> HF key
 COMMON_KEYS: Mapping[str, str] = MappingProxyType(
@@ -41,7 +41,7 @@ COMMON_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
 )
 
-Derive = Callable[[dict[str, Any], Mapping[str, ReaderTensor]], None]
+Derive = Callable[[dict[str, Any], Mapping[str, GgufTensor]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def gemma_attention_scalar(layers_of_27b: int) -> Derive:
     """llama.cpp's ``query_pre_attn_scalar`` for Gemma 2/3, which the converter does not write: the head
     size, except ``hidden / heads`` for the 27B model (recognised by its layer count)."""
 
-    def derive(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+    def derive(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
         if int(hf["num_hidden_layers"]) == layers_of_27b:
             hf["query_pre_attn_scalar"] = int(hf["hidden_size"]) // int(hf["num_attention_heads"])
         else:
@@ -78,7 +78,7 @@ def gemma_attention_scalar(layers_of_27b: int) -> Derive:
     return derive
 
 
-def phi3_longrope(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+def phi3_longrope(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
     """Phi-3's ``longrope`` factors travel as the ``rope_factors_long/short`` tensors."""
     if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
         hf["rope_scaling"] = {
@@ -88,12 +88,12 @@ def phi3_longrope(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> No
         }
 
 
-def stablelm_residual(hf: dict[str, Any], tensors: Mapping[str, ReaderTensor]) -> None:
+def stablelm_residual(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
     """llama.cpp runs StableLM's layers in parallel exactly when they have no ``ffn_norm``."""
     hf["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors
 
 
-def factor_list(tensor: ReaderTensor) -> list[float]:
+def factor_list(tensor: GgufTensor) -> list[float]:
     """A 1-D tensor's values as floats."""
     return [float(v) for v in np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(-1)]
 
@@ -147,21 +147,24 @@ GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
 )
 
 
-def field_value(field_: ReaderField) -> str | int | float | bool:
-    """Decode a scalar or string metadata field.
+def field_value(field_: GgufField) -> str | int | float | bool:
+    """The value of a scalar or string metadata field.
+
+    Args:
+        field_: the field, as :class:`GgufFile` read it.
+
+    Returns:
+        Its decoded value.
 
     Raises:
         ModelLoadError: the field is an array.
     """
-    kind = field_.types[0]
-    if kind == GGUFValueType.STRING:
-        return bytes(field_.parts[field_.data[0]]).decode("utf-8")
-    if kind == GGUFValueType.ARRAY:
+    if field_.is_array or field_.value is None:
         raise ModelLoadError(f"GGUF field '{field_.name}' is an array, expected a single value")
-    return field_.parts[field_.data[0]][0].item()
+    return field_.value
 
 
-def rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> dict[str, Any] | None:
+def rope_scaling(reader: GgufFile, arch: str, max_positions: int) -> dict[str, Any] | None:
     """HF ``rope_scaling`` from ``rope.scaling.*`` (``linear`` and ``yarn``; llama.cpp's other types travel
     as tensors or are not scalings), None without one."""
 
@@ -185,7 +188,7 @@ def rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> dict[str,
     return None
 
 
-def gguf_hf_config(reader: GGUFReader, arch: str, hf_arch: str, path: str) -> dict[str, Any]:
+def gguf_hf_config(reader: GgufFile, arch: str, hf_arch: str, path: str) -> dict[str, Any]:
     """The HF config dict a GGUF file's metadata and tensors stand for.
 
     Args:

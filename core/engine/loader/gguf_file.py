@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_config import GGUF_KINDS, field_value, gguf_hf_config
+from engine.loader.gguf_reader import GgufFile, GgufTensor
 from engine.loader.quantized import gguf_quantized_weight, gguf_scheme, map_rows
 from engine.models.config import ModelConfig
 
@@ -46,14 +47,20 @@ SKIPPED_TENSOR_PATTERN = re.compile(
 READER_ERRORS = (ValueError, OSError, struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError)
 
 
-def open_gguf(path: str) -> GGUFReader:
+def open_gguf(path: str) -> GgufFile:
     """Open a GGUF file and check that every tensor's bytes lie inside it.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        The parsed file (metadata, tensor infos, memory-mapped tensor data).
 
     Raises:
         ModelLoadError: the file is truncated or not a valid GGUF file.
     """
     try:
-        reader = GGUFReader(path, "r")
+        reader = GgufFile(path)
     except READER_ERRORS as err:
         raise ModelLoadError(f"GGUF file {path} is truncated or corrupt ({err})") from None
     size = os.path.getsize(path)
@@ -63,7 +70,7 @@ def open_gguf(path: str) -> GGUFReader:
     return reader
 
 
-def gguf_architecture(reader: GGUFReader, path: str) -> str:
+def gguf_architecture(reader: GgufFile, path: str) -> str:
     """Return a GGUF file's ``general.architecture`` (``"llama"``, ``"qwen2"``, ...).
 
     Raises:
@@ -159,7 +166,7 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half, 2, *tail).transpose(1, 2).reshape(rows, *tail).contiguous()
 
 
-def dequantize_tensor(tensor: ReaderTensor) -> torch.Tensor:
+def dequantize_tensor(tensor: GgufTensor) -> torch.Tensor:
     """Dequantise one GGUF tensor to a float32 CPU tensor in HF orientation (rows = out features)."""
     array = dequantize(tensor.data, tensor.tensor_type)
     # Plain F32 tensors come back as a read-only view of the memory map; torch needs its own copy.

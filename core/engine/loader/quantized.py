@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.interfaces.gemm import QuantizedWeight
+from engine.loader.gguf_reader import GgufTensor
 
 GGUF_SCHEME_PREFIX = "gguf_"
 
@@ -25,7 +26,7 @@ def gguf_scheme(qtype: GGMLQuantizationType) -> str:
     return GGUF_SCHEME_PREFIX + qtype.name.lower()
 
 
-def gguf_quantized_weight(tensor: ReaderTensor) -> QuantizedWeight:
+def gguf_quantized_weight(tensor: GgufTensor) -> QuantizedWeight:
     """A 2-D GGUF tensor as a :class:`QuantizedWeight` in the layout ``engine_plugin_sdk.quant`` documents.
 
     ``data`` is ``torch.uint8 [out_features, bytes_per_row]`` (GGUF blocks row by row, a private copy of
