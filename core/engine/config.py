@@ -89,8 +89,10 @@ class ParallelConfig(BaseModel):
             the longest part of their prompt in its prefix cache, else to the least loaded one.
         data_parallel_rank: which replica this engine is (set by the driver for each replica it starts):
             its ranks drive the host's devices from ``data_parallel_rank * world_size`` on.
-        distributed_executor_backend: ``mp`` starts the ranks as local processes (``spawn``); ``ray`` is
-            not implemented yet. None picks ``mp``.
+        distributed_executor_backend: ``mp`` starts the ranks as local processes (``spawn``); ``ray`` as
+            Ray actors in a placement group, on any host of the Ray cluster this host belongs to (a local
+            one is started when there is none). None picks ``mp``. Data-parallel replicas are local
+            processes, whose ranks use ``mp`` (``ray`` with replicas of several ranks is refused).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -99,7 +101,7 @@ class ParallelConfig(BaseModel):
     pipeline_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
     data_parallel_rank: int = Field(0, ge=0)
-    distributed_executor_backend: Literal["mp"] | None = None
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
 
     @property
     def world_size(self) -> int:

@@ -33,8 +33,8 @@ from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.registry import ModelRegistry
-from engine.parallel.mp_workers import ParallelWorkers
 from engine.parallel.pipeline_parallel import PipelineStage, stage_layers
+from engine.parallel.rank_workers import RankWorkers, start_rank_workers
 from engine.parallel.tensor_parallel import TensorParallel
 from engine.phases import timed_phase
 from engine.plugins.manager import PluginManager
@@ -94,7 +94,7 @@ class EngineParts:
     sampler: Sampler
     runner: ModelRunner
     num_blocks: int
-    workers: ParallelWorkers | None = None
+    workers: RankWorkers | None = None
 
 
 def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
@@ -128,11 +128,11 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         logger.info("tokenizer files (for tools that load a tokenizer from a folder): %s", tokenizer.files_dir)
     eos_token_ids = list(dict.fromkeys(model_config.eos_token_ids + tokenizer.eos_token_ids))
 
-    workers: ParallelWorkers | None = None
+    workers: RankWorkers | None = None
     world = config.parallel.world_size
     if world > 1:
         # ranks 1.. in their own processes; this one is rank 0 (the scheduler and the sampler live here)
-        workers = ParallelWorkers.start(config, world)
+        workers = start_rank_workers(config, world, platform.ray_device_resource)
     try:
         parallel = None
         if workers is not None:
@@ -264,7 +264,7 @@ def _finish_parts(
     model: Any,
     attention: AttentionBackend,
     ops: OpTable,
-    workers: ParallelWorkers | None,
+    workers: RankWorkers | None,
 ) -> EngineParts:
     layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]

@@ -111,8 +111,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="engine replicas, each in its own process on its own devices, behind the server; "
                              "a request goes to the one holding most of its prompt in cache, else the least "
                              "loaded (default 1)")
-    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp"],
-                        help="how the ranks start: 'mp', local processes (the default)")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
+                        help="how the tensor/pipeline-parallel ranks start: 'mp', local processes (the "
+                             "default); 'ray', Ray actors on the hosts of this host's Ray cluster")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "none"],
                         help="'auto': sampling settings a request leaves unset (temperature, top_p, top_k, "
                              "min_p, repetition_penalty) take the model's generation_config.json defaults; "

@@ -69,12 +69,15 @@ class Platform(ABC):
         aliases: other names that select this platform.
         priority: higher wins when ``--device auto`` finds several available platforms.
         torch_device_type: the torch device type tensors live on (``"cpu"``, ``"cuda"``), if torch-based.
+        ray_device_resource: the Ray resource one device of this platform counts as (``"GPU"``), which the
+            Ray executor reserves for each rank; None when a rank needs only a CPU.
     """
 
     name: str = ""
     aliases: tuple[str, ...] = ()
     priority: int = 0
     torch_device_type: str = "cpu"
+    ray_device_resource: str | None = None
 
     @classmethod
     @abstractmethod

@@ -126,11 +126,17 @@ class DataParallelEngine:
             EngineConfigError: the configuration cannot run on this platform (found before any replica starts).
             WorkerFailed: a replica failed to build its engine (its reason) or exited.
         """
-        from engine.engine_setup import resolve_model
+        from engine.engine_setup import EngineConfigError, resolve_model
         from engine.loader import load_tokenizer
         from engine.plugins.manager import PluginManager
         from engine.plugins.selection import select_platform
 
+        parallel = config.parallel
+        if parallel.distributed_executor_backend == "ray" and parallel.world_size > 1:
+            raise EngineConfigError(
+                "data parallelism with replicas of several Ray-executed ranks is not implemented yet "
+                "(use distributed_executor_backend 'mp')"
+            )
         manager = PluginManager()
         platform = select_platform(config.device, manager)
         _, model_path, _, _, _ = resolve_model(config, platform, manager)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import socket
 import weakref
 from multiprocessing.connection import Connection
 from typing import Any
@@ -19,7 +18,9 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import FatalEngineError
 from engine.interfaces.communicator import Communicator
+from engine.parallel.rank_workers import RankWorkers
 from engine.parallel.step_mirror import StepMessage
+from engine.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +32,8 @@ class WorkerFailed(FatalEngineError):
     """A parallel rank failed or exited; the message says which and why."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ParallelWorkers:
-    """The processes of ranks ``1..size-1`` and the driver's pipes to them.
+class ParallelWorkers(RankWorkers):
+    """The processes of ranks ``1..size-1`` and the driver's pipes to them (the ``mp`` executor).
 
     Args:
         processes: the worker processes, rank 1 first.
@@ -61,7 +56,7 @@ class ParallelWorkers:
         """Start ranks ``1..size-1``; each loads its shard once the driver's communicator joins them."""
         from engine.parallel.worker import run_worker
 
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         context = multiprocessing.get_context("spawn")
         processes, pipes = [], []
         payload = config.model_dump_json()

@@ -1,5 +1,6 @@
-"""A parallel rank's process: load this rank's shard (tensor slices or pipeline stage), then run every
-step the driver sends."""
+"""A parallel rank's work: load this rank's shard (tensor slices or pipeline stage), allocate its KV pool,
+then run every step the driver sends. :class:`RankShard` is that work; :func:`run_worker` drives it from
+a pipe in a process of its own (the ``mp`` executor), :mod:`engine.parallel.ray_workers` from a Ray actor."""
 
 from __future__ import annotations
 
@@ -15,71 +16,111 @@ from engine.parallel.step_mirror import StepMessage, moved
 logger = logging.getLogger(__name__)
 
 
+class RankShard:
+    """Rank ``rank`` of ``size``: joins the group at ``init_method`` and loads its shard when built.
+
+    ``isolated_device``: the process sees only the device reserved for it (a Ray actor given one), which
+    is then its device 0, whatever its rank.
+
+    Raises:
+        EngineConfigError, ModelLoadError, RuntimeError: the shard cannot be built (the reason says why).
+    """
+
+    def __init__(self, config_json: str, rank: int, size: int, init_method: str, isolated_device: bool = False) -> None:
+        from engine.engine_setup import build_model, rank_parallelism, resolve_model
+        from engine.plugins.manager import PluginManager
+        from engine.plugins.selection import select_platform
+
+        self.comm = None
+        config = EngineConfig.model_validate_json(config_json)
+        manager = PluginManager()
+        self.platform = select_platform(config.device, manager)
+        config, model_path, self.model_config, model_class, registry = resolve_model(config, self.platform, manager)
+        self.config = config
+        isolated = isolated_device and self.platform.ray_device_resource is not None
+        local_rank = 0 if isolated else config.parallel.first_local_device + rank
+        self.platform.use_device(local_rank)
+        self.comm = self.platform.make_communicator(size, rank, init_method, local_rank=local_rank)
+        try:
+            tp, pp = rank_parallelism(config, self.model_config, rank, self.comm)
+            self.model, self.attention, _ = build_model(
+                config, self.platform, registry, model_path, self.model_config, model_class, tp, pp
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.device = self.platform.torch_device()
+        self.block_cache: Any = None
+        self.caches: list[Any] = []
+
+    def allocate(self, num_blocks: int) -> None:
+        """Allocate a KV pool of ``num_blocks`` blocks (the driver's count) for this rank's layers and heads."""
+        from engine.engine_setup import kv_group_layout, make_kv_pool
+
+        layout = kv_group_layout(self.model)
+        cache = self.config.cache.model_copy(update={"num_blocks_override": num_blocks})
+        sized = self.config.model_copy(update={"cache": cache})
+        self.block_cache, _ = make_kv_pool(sized, self.platform, self.model_config, self.attention, layout, self.model)
+        kv = self.block_cache.kv_caches
+        self.caches = kv if layout is None else layout.layer_caches(kv)
+
+    @torch.inference_mode()
+    def run_step(self, message: StepMessage) -> None:
+        """The driver's step on this rank's shard: the same block moves, forward and (gathered) logits."""
+        if message.swap_out:
+            self.block_cache.swap_out(message.swap_out)
+        if message.copies:
+            self.block_cache.copy_blocks(message.copies)
+        if message.swap_in:
+            self.block_cache.swap_in(message.swap_in)
+        device = self.device
+        hidden = self.model.forward(
+            moved(message.input_ids, device), moved(message.positions, device), self.caches,
+            moved(message.metadata, device),
+        )  # fmt: skip
+        if message.logits_indices is not None:
+            self.model.compute_logits(hidden.index_select(0, moved(message.logits_indices, device)))
+
+    def close(self) -> None:
+        """Leave the group (a group left open would be joined again by the next engine of this process)."""
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (its type's name when it has no message)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: Connection) -> None:
     """The process entry of rank ``rank``: answers ``loaded``, then ``ready`` once its pool is allocated
     (``("pool", num_blocks)``), then runs ``("step", StepMessage)`` messages until ``("stop", None)`` or
     until the driver's end of the pipe closes. A failure is sent as ``("error", reason)`` before exiting."""
-    from engine.engine_setup import (
-        build_model,
-        kv_group_layout,
-        make_kv_pool,
-        rank_parallelism,
-        resolve_model,
-    )
-    from engine.plugins.manager import PluginManager
-    from engine.plugins.selection import select_platform
-
-    comm = None
+    shard = None
     try:
-        config = EngineConfig.model_validate_json(config_json)
-        manager = PluginManager()
-        platform = select_platform(config.device, manager)
-        config, model_path, model_config, model_class, registry = resolve_model(config, platform, manager)
-        local_rank = config.parallel.first_local_device + rank
-        platform.use_device(local_rank)
-        comm = platform.make_communicator(size, rank, init_method, local_rank=local_rank)
-        tp, pp = rank_parallelism(config, model_config, rank, comm)
-        model, attention, _ = build_model(config, platform, registry, model_path, model_config, model_class, tp, pp)
+        shard = RankShard(config_json, rank, size, init_method)
         pipe.send(("loaded", None))
         kind, num_blocks = pipe.recv()
         if kind != "pool":
             return
-        layout = kv_group_layout(model)
-        sized = config.model_copy(update={"cache": config.cache.model_copy(update={"num_blocks_override": num_blocks})})
-        block_cache, _ = make_kv_pool(sized, platform, model_config, attention, layout, model)
-        caches = block_cache.kv_caches if layout is None else layout.layer_caches(block_cache.kv_caches)
+        shard.allocate(num_blocks)
         pipe.send(("ready", None))
-        device = platform.torch_device()
         while True:
             kind, message = pipe.recv()
             if kind != "step":
                 return
-            _run_step(model, block_cache, caches, message, device)
+            shard.run_step(message)
     except EOFError:
         return  # the driver is gone: so is this rank's reason to run
     except BaseException as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         try:
             pipe.send(("error", f"rank {rank}: {reason}"))
         except (BrokenPipeError, OSError):
             logger.error("tensor-parallel rank %d failed (driver gone): %s", rank, reason)
         raise SystemExit(1) from None
     finally:
-        if comm is not None:
-            comm.close()
-
-
-@torch.inference_mode()
-def _run_step(model: Any, block_cache: Any, caches: list[Any], message: StepMessage, device: torch.device) -> None:
-    """The driver's step on this rank's shard: the same block moves, forward and (gathered) logits."""
-    if message.swap_out:
-        block_cache.swap_out(message.swap_out)
-    if message.copies:
-        block_cache.copy_blocks(message.copies)
-    if message.swap_in:
-        block_cache.swap_in(message.swap_in)
-    hidden = model.forward(
-        moved(message.input_ids, device), moved(message.positions, device), caches, moved(message.metadata, device)
-    )
-    if message.logits_indices is not None:
-        model.compute_logits(hidden.index_select(0, moved(message.logits_indices, device)))
+        if shard is not None:
+            shard.close()

@@ -88,6 +88,7 @@ class TorchGpuPlatform(Platform):
     """
 
     torch_device_type = "cuda"
+    ray_device_resource: str | None = "GPU"
     vendor: ClassVar[str] = "GPU"
     interpret_env: ClassVar[str] = ""
     triton_missing_reason: ClassVar[str] = "the triton package is not installed (pip install 'engine[gpu]')"
@@ -98,6 +99,7 @@ class TorchGpuPlatform(Platform):
             # Triton decides interpreted or compiled when a kernel is defined: set it before the kernels load
             os.environ["TRITON_INTERPRET"] = "1"
             self.torch_device_type = "cpu"
+            self.ray_device_resource = None
         self._tuning: KernelTuning | None = None
         #: the GPU this process drives (a parallel rank's or a data-parallel replica's own)
         self.device_index = 0

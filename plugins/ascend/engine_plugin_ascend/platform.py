@@ -51,6 +51,7 @@ class AscendPlatform(Platform):
     # above the CPU (0): an NPU host running --device auto should use its NPU
     priority = 50
     torch_device_type = "npu"
+    ray_device_resource: str | None = "NPU"
 
     def __init__(self) -> None:
         # read once: the kernel module must not change under a running engine

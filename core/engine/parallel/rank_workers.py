@@ -1,0 +1,68 @@
+"""What the driver (rank 0) holds of the other ranks of one engine, whichever executor started them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from engine.config import EngineConfig
+from engine.interfaces.communicator import Communicator
+from engine.parallel.step_mirror import StepMessage
+
+
+class RankWorkers(ABC):
+    """Ranks ``1..size-1`` of one engine: started loading, then given a KV pool, then every step.
+
+    Attributes:
+        init_method: the rendezvous every rank's communicator joins (the driver's too).
+        communicators: the driver's own communicators, closed with the workers (a group left open would
+            be joined again by the next engine of this process, whose peers are gone).
+    """
+
+    init_method: str
+    communicators: list[Communicator]
+
+    @abstractmethod
+    def start_pools(self, num_blocks: int) -> None:
+        """Wait until every rank has loaded its shard, then have each allocate a KV pool of ``num_blocks``.
+
+        Raises:
+            engine.parallel.mp_workers.WorkerFailed: a rank failed to load or allocate (its reason), or exited.
+        """
+
+    @abstractmethod
+    def mirror(self, message: StepMessage) -> None:
+        """Send a step to every rank (before the driver runs it; all then enter its collectives together).
+
+        Raises:
+            engine.parallel.mp_workers.WorkerFailed: a rank is gone.
+        """
+
+    @abstractmethod
+    def failure(self, wait_s: float = 2.0) -> str | None:
+        """Which rank is gone and how, or None while all run (a rank killed mid-collective shows up as the
+        driver's collective failing first; its exit may take a moment to be seen).
+
+        Args:
+            wait_s: how long to wait for an exit to show.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every rank and wait for it (killed if it does not stop); safe to call twice."""
+
+
+def start_rank_workers(config: EngineConfig, size: int, device_resource: str | None) -> RankWorkers:
+    """Start ranks ``1..size-1`` with the configured executor (``mp`` unless ``ray`` is asked for).
+
+    Args:
+        config: the engine configuration (every rank builds its shard from it).
+        size: the ranks of the engine, the driver's included.
+        device_resource: the Ray resource one device of the platform is (``Platform.ray_device_resource``).
+    """
+    if config.parallel.distributed_executor_backend == "ray":
+        from engine.parallel.ray_workers import RayWorkers
+
+        return RayWorkers.start(config, size, device_resource)
+    from engine.parallel.mp_workers import ParallelWorkers
+
+    return ParallelWorkers.start(config, size)
