@@ -3,6 +3,7 @@ tokens and logits; bad splits are refused, a dead rank stops the server, no proc
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -13,6 +14,7 @@ from dense_model_utils import engine_prefill_logits, save_tiny
 
 from engine import LLM, SamplingParams
 from engine.engine_setup import EngineConfigError
+from engine.loader import lazy_tensor
 from engine_test_utils import assert_all_blocks_free, child_processes, process_cmdline, process_state
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "1, 2, 3, 4,"]
@@ -34,13 +36,23 @@ def _tokens(llm: LLM) -> list[list[int]]:
         ("Qwen2ForCausalLM", {"num_key_value_heads": 1}),  # q/k/v biases; the one KV head on both ranks
     ],
 )
-def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, hf_tokenizer_dir, tmp_path):
+def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, hf_tokenizer_dir, tmp_path, monkeypatch):
     path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **overrides)
     one = _llm(path)
     expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
     reference_logits = engine_prefill_logits(one, prompt_ids)
+    reads: list[lazy_tensor.LazyTensor] = []
+    read_window = lazy_tensor.read_window
+    monkeypatch.setattr(lazy_tensor, "read_window", lambda t: reads.append(t) or read_window(t))
     two = _llm(path, tensor_parallel_size=2)
     try:
+        # rank 0 (this process) read only its slices of the projections and of the lm_head
+        projections = [t for t in reads if t.name.endswith("proj.weight")]
+        assert len(projections) == 2 * 7 and all(t.shape != t.full_shape or t.name.endswith(("k_proj.weight", "v_proj.weight")) for t in projections)
+        if architecture == "LlamaForCausalLM":  # one KV head a rank: exactly half of every projection
+            assert 2 * sum(math.prod(t.shape) for t in projections) == sum(math.prod(t.full_shape) for t in projections)
+        (head,) = [t for t in reads if t.name == "lm_head.weight"]
+        assert head.shape[0] == head.full_shape[0] // 2
         assert len(two.llm_engine.workers.processes) == 1
         assert two.llm_engine.model.num_heads == one.llm_engine.model.num_heads // 2
         assert _tokens(two) == expected

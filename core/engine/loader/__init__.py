@@ -21,6 +21,7 @@ from engine.loader.dummy import dummy_weights
 from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_file import iter_gguf_weights, load_gguf_config
 from engine.loader.hf_folder import check_hf_weights, iter_hf_weights, load_hf_config
+from engine.loader.lazy_tensor import LazyTensor
 from engine.loader.paths import default_model_path, is_gguf_file, resolve_model_path
 from engine.loader.tokenizer import Tokenizer, load_tokenizer
 from engine.models.config import ModelConfig
@@ -86,7 +87,8 @@ def iter_weights(
     config: ModelConfig,
     keep_quantized: frozenset[str] = frozenset(),
     registry: ModelRegistry | None = None,
-) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    lazy: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight | LazyTensor]]:
     """Yield every parameter of the model at ``path`` by HF name, as CPU tensors in HF orientation.
 
     HF folders keep the checkpoint dtype; GGUF tensors are dequantised to float32 with the Q/K rows put
@@ -99,6 +101,8 @@ def iter_weights(
             matrices are yielded as :class:`QuantizedWeight` rather than dequantised (GGUF only).
         registry: the registry given to :func:`load_model_config`; the resolved class names the tensors
             the stream must hold (default: the core's architectures only).
+        lazy: yield a HF folder's safetensors tensors unread (:class:`LazyTensor`: the consumer reads the
+            windows it keeps with :func:`~engine.loader.lazy_tensor.materialize`).
 
     Returns:
         An iterator of (name, tensor) pairs, with a progress bar on a terminal.
@@ -111,7 +115,7 @@ def iter_weights(
     if is_gguf_file(path):
         weights = iter_gguf_weights(path, config, model_class, keep_quantized)
     elif os.path.isdir(path):
-        weights = iter_hf_weights(path, config, model_class)
+        weights = iter_hf_weights(path, config, model_class, lazy)
     else:
         raise ModelLoadError(f"model path '{path}' is neither a model folder nor a GGUF file")
     checked = check_weight_stream(weights, config, path, model_class)

@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
+from engine.loader.lazy_tensor import LazyTensor, lazy_safetensors
 from engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -171,8 +172,8 @@ def check_hf_weights(folder: str) -> None:
 
 
 def iter_hf_weights(
-    folder: str, config: ModelConfig, model_class: type[CausalLM]
-) -> Iterator[tuple[str, torch.Tensor]]:
+    folder: str, config: ModelConfig, model_class: type[CausalLM], lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
     """Yield a HF folder's tensors by HF name, in checkpoint dtype, on the CPU.
 
     Tensors the model class ignores are skipped: recomputed buffers such as ``rotary_emb.inv_freq``, and
@@ -182,21 +183,26 @@ def iter_hf_weights(
         folder: the model folder.
         config: its model config.
         model_class: the resolved model class (its ``ignores_weight`` filters the stream).
+        lazy: yield safetensors tensors unread (:class:`LazyTensor`), for a loader that reads only the
+            slices it keeps (tensor-parallel ranks); other weight files are read whole either way.
 
     Raises:
         ModelLoadError: a weight file cannot be read.
     """
     for file in find_weight_files(folder):
-        for name, tensor in _read_weight_file(file):
+        for name, tensor in _read_weight_file(file, lazy):
             if model_class.ignores_weight(name, config):
                 continue
             yield name, tensor
 
 
-def _read_weight_file(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _read_weight_file(file: str, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
     if file.endswith(".safetensors"):
         check_safetensors_file(file)
         try:
+            if lazy:
+                yield from lazy_safetensors(file)
+                return
             with safe_open(file, framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     yield name, f.get_tensor(name)

@@ -12,6 +12,7 @@ import torch
 
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.gemm import QuantizedWeight
+from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
 from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
@@ -188,9 +189,11 @@ class LayerLoader:
         self.model = model
         self.tensors = tensors
 
-    def take(self, name: str, shape: tuple[int, ...]) -> Any:
-        """Remove and return a tensor, checking its shape."""
-        return take_tensor(self.tensors, name, shape)
+    def take(self, name: str, shape: tuple[int, ...], lazy_ok: bool = False) -> Any:
+        """Remove and return a tensor, checking its shape; read from its file now unless ``lazy_ok`` (a
+        tensor-parallel rank's projections are sliced first, so that only its slice is read)."""
+        tensor = take_tensor(self.tensors, name, shape)
+        return tensor if lazy_ok else materialize(tensor)
 
     def norm(self, name: str, size: int) -> torch.Tensor:
         """A norm scale in its applied form (``1 + w`` for Gemma's norms); its bias is :meth:`norm_bias`'s."""
@@ -243,18 +246,23 @@ class LayerLoader:
         m, spec, cfg = self.model, self.model.spec, self.model.config
         h = cfg.hidden_size
         sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+        rope = spec.ropes[0] if spec.ropes else None
+        interleaved = rope is not None and rope.interleaved
+        # a rank reads only its heads' rows, unless the rows must be reordered whole first
+        lazy = m.tp is not None and not interleaved
         if spec.fused_qkv:
-            weights = [self.take(p + spec.fused_qkv + ".weight", (sum(sizes), h))]
-            biases = [self.take(p + spec.fused_qkv + ".bias", (sum(sizes),))] if spec.qkv_bias else []
+            weights = [self.take(p + spec.fused_qkv + ".weight", (sum(sizes), h), lazy)]
+            biases = [self.take(p + spec.fused_qkv + ".bias", (sum(sizes),), lazy)] if spec.qkv_bias else []
         else:
             names = qkv_names(spec)
-            weights = [self.take(p + n + ".weight", (s, h)) for n, s in zip(names, sizes)]
-            biases = [self.take(p + n + ".bias", (s,)) for n, s in zip(names, sizes)] if spec.qkv_bias else []
-        rope = spec.ropes[0] if spec.ropes else None
-        if rope is not None and rope.interleaved:
+            weights = [self.take(p + n + ".weight", (s, h), lazy) for n, s in zip(names, sizes)]
+            biases = [self.take(p + n + ".bias", (s,), lazy) for n, s in zip(names, sizes)] if spec.qkv_bias else []
+        if interleaved:
+            assert rope is not None
             weights, biases = self._to_halves(weights, rope.rotary_dim), self._to_halves(biases, rope.rotary_dim)
         if m.tp is not None:
-            weights, biases = self._own_heads(weights, sizes), self._own_heads(biases, sizes)
+            weights = [materialize(w) for w in self._own_heads(weights, sizes)]
+            biases = [materialize(b) for b in self._own_heads(biases, sizes)]
         bias = torch.cat(biases).to(device=m.device, dtype=m.dtype) if biases else None
         return self.matrix(concat_weights(weights)), bias
 
@@ -295,23 +303,26 @@ class LayerLoader:
         pre_attn, pre_attn_bias = norm(names.pre_attn)
         qkv, qkv_bias = self._qkv(p)
         q_norm, k_norm = self._qk_norms(p)
-        o_weight = self.take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * cfg.head_dim))
+        o_weight = self.take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * cfg.head_dim), lazy_ok=m.tp is not None)
         o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
         if m.tp is not None:
             first, count = m.tp.heads(cfg.num_heads)
-            o_weight = o_weight[:, first * cfg.head_dim : (first + count) * cfg.head_dim].contiguous()
+            o_weight = materialize(o_weight[:, first * cfg.head_dim : (first + count) * cfg.head_dim]).contiguous()
             o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
         o_proj = self.matrix(o_weight)
         (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
+        lazy = m.tp is not None
         if spec.fused_gate_up:
-            gate_up = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h))
+            fused = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h), lazy)
+            parts = [fused] if m.tp is None else [fused[:inter], fused[inter:]]
         else:
-            gate_up = concat_weights([self.take(p + n + ".weight", (inter, h)) for n in gate_up_names(spec)])
-        down = self.take(p + "mlp.down_proj.weight", (h, inter))
+            parts = [self.take(p + n + ".weight", (inter, h), lazy) for n in gate_up_names(spec)]
+        down = self.take(p + "mlp.down_proj.weight", (h, inter), lazy)
         if m.tp is not None:
             own = m.tp.rows(inter)
-            gate_up = torch.cat([gate_up[:inter][own], gate_up[inter:][own]])
-            down = down[:, own].contiguous()
+            parts = [materialize(part[own]) for part in parts]
+            down = materialize(down[:, own]).contiguous()
+        gate_up = parts[0] if len(parts) == 1 else concat_weights(parts)
         post_mlp, post_mlp_bias = norm(names.post_mlp)
         layer = DecoderLayer(
             pre_attn=pre_attn,

@@ -19,6 +19,7 @@ from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.ops import OpTable
 from engine.kv_groups import GroupedAttentionMetadata
+from engine.loader.lazy_tensor import materialize
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.layers.blocks import DecoderLayer, LayerLoader
@@ -200,14 +201,15 @@ class DenseDecoder(CausalLM):
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
             head = embed
         else:
-            head = loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+            head = loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), lazy_ok=self.tp is not None)
         tensors.pop("lm_head.weight", None)
         if self.tp is not None:
             # this rank's vocabulary rows, the last rank's padded so that every rank gathers as many
             own, per_rank = self.tp.vocab_rows(cfg.vocab_size)
             dense = head.dequantize() if isinstance(head, QuantizedWeight) else head
-            head = torch.zeros(per_rank, cfg.hidden_size, dtype=dense.dtype, device=dense.device)
-            head[: own.stop - own.start] = dense[own]
+            rows = materialize(dense[own])
+            head = torch.zeros(per_rank, cfg.hidden_size, dtype=rows.dtype, device=rows.device)
+            head[: own.stop - own.start] = rows
         self.lm_head = loader.matrix(head, projection=False)
 
     # --- forward -------------------------------------------------------------------------------------
