@@ -298,6 +298,7 @@ class ModelRunner:
         done = self._greedy_in_flight(step.targets, deferred.logits, token_bitmask)
         step.token_ids, step.row_of, step._host, step._ready = done.token_ids, done.row_of, done._host, done._ready
 
+    @torch.inference_mode()  # the logits are an inference tensor, masked in place
     def _greedy_in_flight(
         self,
         targets: list[Sequence],
@@ -308,11 +309,20 @@ class ModelRunner:
         logits), with a non-blocking copy to (pinned) host memory and an event: reading it later waits
         for this step only, not for the next step issued behind it."""
         mask = token_bitmask(targets) if token_bitmask is not None else None
+        greedy = self.sampler.greedy_on_device
         if mask is None:
-            token_ids, logprobs = self.sampler.greedy_on_device(logits)
+            token_ids, logprobs = greedy(logits)
         else:
-            token_ids, _ = self.sampler.greedy_on_device(self._masked(logits, mask))
-            logprobs = self.sampler.raw_logprobs_of(logits, token_ids)
+            # The raw log-normaliser of each row from one pass over the raw logits (its argmax's logit less
+            # that token's logprob); the mask then goes on in place: no copy of the logits and no float32
+            # log-softmax of them, which at batch 256 over a 128k vocabulary cost more than the fill.
+            raw_ids, raw_logprobs = greedy(logits)
+            log_norm = logits.gather(1, raw_ids.view(-1, 1)).view(-1).float() - raw_logprobs
+            target = logits if logits.is_contiguous() else logits.clone()
+            self._apply_mask(target, mask)
+            token_ids, _ = greedy(target)
+            # an allowed token's logit is untouched by the mask: its raw logprob is logit - normaliser
+            logprobs = target.gather(1, token_ids.view(-1, 1).to(torch.int64)).view(-1).float() - log_norm
         both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
         host, ready = copy_to_host_async(both)
         row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
@@ -321,6 +331,11 @@ class ModelRunner:
     def _masked(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
         """A copy of ``logits`` with each constrained row's disallowed tokens at ``-inf``."""
         masked = logits.clone()
+        self._apply_mask(masked, mask)
+        return masked
+
+    def _apply_mask(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> None:
+        """Set each constrained row's disallowed tokens to ``-inf`` in ``logits`` itself."""
         bitmask, masked_rows = mask
         indices = torch.tensor(masked_rows, dtype=torch.int64)
         if logits.device.type != "cpu":
@@ -328,8 +343,7 @@ class ModelRunner:
             # it queues behind it and the host goes on
             bitmask, indices = bitmask.pin_memory(), indices.pin_memory()
         device = logits.device
-        self.apply_token_bitmask(masked, bitmask.to(device, non_blocking=True), indices.to(device, non_blocking=True))
-        return masked
+        self.apply_token_bitmask(logits, bitmask.to(device, non_blocking=True), indices.to(device, non_blocking=True))
 
     def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow]) -> bool:
         """Rows that need nothing from the host to sample: greedy, unprocessed, no top logprobs, no forks."""

@@ -256,6 +256,9 @@ def test_constrained_greedy_steps_overlap_the_host(tiny_llama_dir, monkeypatch):
     outs = overlapped.generate(prompts, params, use_tqdm=False)
     assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == expected
     assert len(deferred) >= 10  # nearly every step of the batch was sampled after the one before was read
+    # the logprobs under the raw logits, whether log-softmaxed (synchronous) or from the picks' normaliser
+    sync_logprobs = [o.outputs[0].cumulative_logprob for o in sync.generate(prompts, params, use_tqdm=False)]
+    assert [o.outputs[0].cumulative_logprob for o in outs] == pytest.approx(sync_logprobs, rel=1e-5, abs=1e-5)
 
     assert re.fullmatch(r"\d{3}-\d{4}", outs[0].outputs[0].text) and outs[1].outputs[0].text in ("alpha", "beta", "gamma")
     assert overlapped.llm_engine.structured.num_matchers == 0

@@ -184,11 +184,6 @@ class Sampler:
         """
         return self._greedy_pick(logits, self.vocab_size)
 
-    def raw_logprobs_of(self, logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """float32 ``[rows]``: each row's logprob of its token under the raw (unmasked) logits, on their device."""
-        raw = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
-        return raw.gather(1, token_ids.view(-1, 1).to(torch.int64)).view(-1)
-
     def _greedy_fast_path(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         # The hot path: vectorised passes over the logits and no per-row work.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
