@@ -239,9 +239,9 @@ def build_model(
             raise EngineConfigError(str(exc)) from None
     if config.quantization == "fp8":
         model.linear_quantizer = _fp8_quantizer(platform.name, gemm, model)
-    # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself (and unsplit:
-    # tensor-parallel ranks slice dense matrices)
-    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" and tp is None else frozenset()
+    # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself (a
+    # tensor-parallel rank's slices too, where they fall on the scheme's blocks)
+    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
     weights = (
         dummy_weights(model_config, seed=config.seed, dtype=dtype, device=device, registry=registry)
         if config.load_format == "dummy"

@@ -11,6 +11,7 @@ import signal
 import pytest
 import torch
 from dense_model_utils import engine_prefill_logits, save_tiny
+from gguf_test_models import write_tiny_llama_gguf
 
 from engine import LLM, SamplingParams
 from engine.engine_setup import EngineConfigError
@@ -61,6 +62,46 @@ def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, h
     finally:
         two.shutdown()
     assert not any(p.is_alive() for p in two.llm_engine.workers.processes)
+    assert multiprocessing.active_children() == []
+
+
+def test_two_ranks_keep_a_gguf_model_quantized_and_give_one_process_tokens(smollm_gguf_path, tmp_path, monkeypatch):
+    # Q8_0 matrices (blocks of 32): every rank's rows, and its half of the o_proj and down columns, fall on
+    # whole blocks, so the slices stay quantized
+    path = tmp_path / "tiny-q8_0.gguf"
+    write_tiny_llama_gguf(path, scheme="gguf_q8_0", head_scheme="gguf_q8_0")
+    prompts = [[5, 17, 300, 42, 7], [100, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [511, 0, 256]]
+
+    def run(**kwargs) -> tuple[LLM, list[list[int]], list[float]]:
+        llm = LLM(model=str(path), tokenizer=smollm_gguf_path, device="cpu", dtype="float32",
+                  kv_cache_memory_bytes=16 << 20, **kwargs)  # fmt: skip
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        return llm, [o.outputs[0].token_ids for o in outs], [o.outputs[0].cumulative_logprob for o in outs]
+
+    _, expected, expected_logprobs = run()
+    from engine_plugin_cpu.gemm import CpuGemmBackend
+
+    prepared: list[tuple[str, tuple[int, int]]] = []
+    prepare = CpuGemmBackend.prepare_weight
+
+    def recording(self, weight, dtype):
+        prepared.append((getattr(weight, "scheme", "dense"), tuple(weight.shape)))
+        return prepare(self, weight, dtype)
+
+    monkeypatch.setattr(CpuGemmBackend, "prepare_weight", recording)
+    two, tokens, logprobs = run(tensor_parallel_size=2)
+    try:
+        assert tokens == expected and logprobs == pytest.approx(expected_logprobs, abs=1e-3)
+        # rank 0 (this process) got its slices still in Q8_0: per layer q/k/v rows, the o_proj's and the
+        # down projection's half of the columns, gate/up rows; and half of the lm_head's rows
+        # (head size 64): o_proj 2 of 4 heads' columns; q/k/v 2 query heads and 1 KV head's rows; down half
+        # of 512 columns; gate/up half of each one's 512 rows; the lm_head half of 512 vocabulary rows
+        assert sorted(prepared) == sorted(
+            [("gguf_q8_0", (256, 128))] * 2 + [("gguf_q8_0", (128 + 64 + 64, 256))] * 2
+            + [("gguf_q8_0", (256, 256))] * 2 + [("gguf_q8_0", (512, 256))] * 2 + [("gguf_q8_0", (256, 256))]
+        ), prepared
+    finally:
+        two.shutdown()
     assert multiprocessing.active_children() == []
 
 

@@ -28,3 +28,21 @@ def test_weights_of_different_schemes_are_not_stacked() -> None:
     a = make_quantized_weight("gguf_q4_1", 48, 64, seed=1)
     with pytest.raises(ValueError, match="cannot stack"):
         concat_rows([a, make_quantized_weight("gguf_q8_0", 16, 64)])
+
+
+@pytest.mark.parametrize("scheme", ["gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "int8"])
+def test_a_ranks_slices_stay_quantized_on_block_boundaries(scheme: str) -> None:
+    from engine.interfaces.gemm import QuantizedWeight
+    from engine.loader.weight_slices import weight_columns, weight_rows
+
+    weight = make_quantized_weight(scheme, 64, 512, seed=3)
+    full = weight.dequantize()
+    rows = weight_rows(weight, slice(16, 48))
+    columns = weight_columns(weight, slice(256, 512))  # on the blocks of every GGUF scheme (32 or 256)
+    unaligned = weight_columns(weight, slice(16, 48))  # inside a block: dequantized first
+    gguf = scheme.startswith("gguf_")
+    assert isinstance(rows, QuantizedWeight) == gguf and isinstance(columns, QuantizedWeight) == gguf
+    assert isinstance(unaligned, torch.Tensor)
+    for got, want in ((rows, full[16:48]), (columns, full[:, 256:]), (unaligned, full[:, 16:48])):
+        got = got.dequantize() if isinstance(got, QuantizedWeight) else got
+        torch.testing.assert_close(got, want, atol=0, rtol=0)

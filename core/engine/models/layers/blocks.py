@@ -14,6 +14,7 @@ from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
+from engine.loader.weight_slices import dense, weight_columns, weight_rows
 from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
 from engine.models.layers.spec import LayerSpec
@@ -177,6 +178,11 @@ class DecoderLayer:
         return self.mlp(model, x), residual
 
 
+def contiguous(weight: Any) -> Any:
+    """A tensor made contiguous (a column slice is a strided view); a quantized weight unchanged."""
+    return weight.contiguous() if isinstance(weight, torch.Tensor) else weight
+
+
 class LayerLoader:
     """Takes one model's tensors out of the checkpoint dict into :class:`DecoderLayer` objects.
 
@@ -259,6 +265,8 @@ class LayerLoader:
             biases = [self.take(p + n + ".bias", (s,), lazy) for n, s in zip(names, sizes)] if spec.qkv_bias else []
         if interleaved:
             assert rope is not None
+            if m.tp is not None:  # rows are reordered whole: a rank's quantized rows would not stay quantized
+                weights = [dense(w) for w in weights]
             weights, biases = self._to_halves(weights, rope.rotary_dim), self._to_halves(biases, rope.rotary_dim)
         if m.tp is not None:
             weights = [materialize(w) for w in self._own_heads(weights, sizes)]
@@ -272,11 +280,16 @@ class LayerLoader:
             return parts
         m, cfg = self.model, self.model.config
         assert m.tp is not None
-        q, k, v = parts if len(parts) == 3 else parts[0].split(list(sizes))
         (q_first, q_count), (kv_first, kv_count) = m.tp.heads(cfg.num_heads), m.tp.kv_heads(cfg.num_kv_heads)
         d = cfg.head_dim
-        return [q[q_first * d : (q_first + q_count) * d], k[kv_first * d : (kv_first + kv_count) * d],
-                v[kv_first * d : (kv_first + kv_count) * d]]  # fmt: skip
+        # each part's own rows, or the same rows at the q, k and v offsets of one fused tensor
+        q, k, v = parts if len(parts) == 3 else parts * 3
+        bases = (0, 0, 0) if len(parts) == 3 else (0, sizes[0], sizes[0] + sizes[1])
+        firsts, counts = (q_first, kv_first, kv_first), (q_count, kv_count, kv_count)
+        return [
+            weight_rows(part, slice(base + first * d, base + (first + count) * d))
+            for part, base, first, count in zip((q, k, v), bases, firsts, counts)
+        ]
 
     def _to_halves(self, parts: list[torch.Tensor], rotary_dim: int) -> list[torch.Tensor]:
         if not parts:
@@ -307,21 +320,21 @@ class LayerLoader:
         o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
         if m.tp is not None:
             first, count = m.tp.heads(cfg.num_heads)
-            o_weight = materialize(o_weight[:, first * cfg.head_dim : (first + count) * cfg.head_dim]).contiguous()
+            o_weight = contiguous(materialize(weight_columns(o_weight, slice(first * cfg.head_dim, (first + count) * cfg.head_dim))))
             o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
         o_proj = self.matrix(o_weight)
         (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
         lazy = m.tp is not None
         if spec.fused_gate_up:
             fused = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h), lazy)
-            parts = [fused] if m.tp is None else [fused[:inter], fused[inter:]]
+            parts = [fused] if m.tp is None else [weight_rows(fused, slice(0, inter)), weight_rows(fused, slice(inter, 2 * inter))]
         else:
             parts = [self.take(p + n + ".weight", (inter, h), lazy) for n in gate_up_names(spec)]
         down = self.take(p + "mlp.down_proj.weight", (h, inter), lazy)
         if m.tp is not None:
             own = m.tp.rows(inter)
-            parts = [materialize(part[own]) for part in parts]
-            down = materialize(down[:, own]).contiguous()
+            parts = [materialize(weight_rows(part, own)) for part in parts]
+            down = contiguous(materialize(weight_columns(down, own)))
         gate_up = parts[0] if len(parts) == 1 else concat_weights(parts)
         post_mlp, post_mlp_bias = norm(names.post_mlp)
         layer = DecoderLayer(

@@ -20,6 +20,7 @@ from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.ops import OpTable
 from engine.kv_groups import GroupedAttentionMetadata
 from engine.loader.lazy_tensor import materialize
+from engine.loader.weight_slices import dense, weight_rows
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.layers.blocks import DecoderLayer, LayerLoader
@@ -206,10 +207,12 @@ class DenseDecoder(CausalLM):
         if self.tp is not None:
             # this rank's vocabulary rows, the last rank's padded so that every rank gathers as many
             own, per_rank = self.tp.vocab_rows(cfg.vocab_size)
-            dense = head.dequantize() if isinstance(head, QuantizedWeight) else head
-            rows = materialize(dense[own])
-            head = torch.zeros(per_rank, cfg.hidden_size, dtype=rows.dtype, device=rows.device)
-            head[: own.stop - own.start] = rows
+            if isinstance(head, QuantizedWeight) and own.stop - own.start == per_rank:
+                head = weight_rows(head, own)  # no padding needed: the rows stay quantized
+            else:
+                rows = materialize(weight_rows(dense(head), own))
+                head = torch.zeros(per_rank, cfg.hidden_size, dtype=rows.dtype, device=rows.device)
+                head[: own.stop - own.start] = rows
         self.lm_head = loader.matrix(head, projection=False)
 
     # --- forward -------------------------------------------------------------------------------------
