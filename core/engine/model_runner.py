@@ -298,7 +298,6 @@ class ModelRunner:
         done = self._greedy_in_flight(step.targets, deferred.logits, token_bitmask)
         step.token_ids, step.row_of, step._host, step._ready = done.token_ids, done.row_of, done._host, done._ready
 
-    @torch.inference_mode()  # the logits are an inference tensor, masked in place
     def _greedy_in_flight(
         self,
         targets: list[Sequence],
@@ -316,13 +315,14 @@ class ModelRunner:
             # The raw log-normaliser of each row from one pass over the raw logits (its argmax's logit less
             # that token's logprob); the mask then goes on in place: no copy of the logits and no float32
             # log-softmax of them, which at batch 256 over a 128k vocabulary cost more than the fill.
-            raw_ids, raw_logprobs = greedy(logits)
-            log_norm = logits.gather(1, raw_ids.view(-1, 1)).view(-1).float() - raw_logprobs
-            target = logits if logits.is_contiguous() else logits.clone()
-            self._apply_mask(target, mask)
-            token_ids, _ = greedy(target)
-            # an allowed token's logit is untouched by the mask: its raw logprob is logit - normaliser
-            logprobs = target.gather(1, token_ids.view(-1, 1).to(torch.int64)).view(-1).float() - log_norm
+            with torch.inference_mode():  # the logits are an inference tensor, masked in place
+                raw_ids, raw_logprobs = greedy(logits)
+                log_norm = logits.gather(1, raw_ids.view(-1, 1)).view(-1).float() - raw_logprobs
+                target = logits if logits.is_contiguous() else logits.clone()
+                self._apply_mask(target, mask)
+                token_ids, _ = greedy(target)
+                # an allowed token's logit is untouched by the mask: its raw logprob is logit - normaliser
+                logprobs = target.gather(1, token_ids.view(-1, 1).to(torch.int64)).view(-1).float() - log_norm
         both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
         host, ready = copy_to_host_async(both)
         row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
