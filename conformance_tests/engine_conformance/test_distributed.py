@@ -46,6 +46,10 @@ SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     "broadcast": ((5, 7), 1),  # the dim is the source rank here
     "send_recv": ((6, 4), 0),
     "all_to_all": ((6, 5), 0),
+    # split: one group of both ranks listed in reverse (still numbered in ascending order), then two of one
+    "split_all_gather": ((2, 3), 0),
+    "split_broadcast": ((4, 3), 0),
+    "split_single": ((3, 3), 0),
 }
 
 
@@ -123,6 +127,21 @@ def _rank_main(platform_cls: type[Platform], rank: int, init_method: str, out_di
     step("broadcast", lambda x: comm.broadcast(x, src=SHAPES["broadcast"][1]))
     step("send_recv", send_recv)
     step("all_to_all", comm.all_to_all)
+    try:  # every rank splits alike, in the same order (the contract)
+        reversed_group, singles = comm.split([[1, 0]]), comm.split([[0], [1]])
+    except Exception as exc:
+        for name in ("split_all_gather", "split_broadcast", "split_single"):
+            saved["errors"][name] = f"split raised {type(exc).__name__}: {exc}"
+    else:
+        step("split_all_gather", lambda x: reversed_group.all_gather(x, dim=0))
+        step("split_broadcast", lambda x: reversed_group.broadcast(x, src=0))
+
+        def single(x: torch.Tensor) -> torch.Tensor:
+            if (singles.world_size, singles.rank) != (1, 0):
+                raise AssertionError(f"a group of one has world_size {singles.world_size}, rank {singles.rank}")
+            return singles.all_reduce(x)
+
+        step("split_single", single)
     # refusals are local: a rank must raise before it sends anything
     for name, op in (
         ("reduce_scatter_indivisible", lambda: comm.reduce_scatter(torch.ones(3, 2, device=device), dim=0)),
@@ -203,6 +222,12 @@ def _expected(name: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         return inputs[dim].to(torch.float64)
     if name == "send_recv":
         return inputs[1 - rank].to(torch.float64)
+    if name == "split_all_gather":
+        return reference_all_gather(inputs, 0)  # in ascending rank order, not the list's
+    if name == "split_broadcast":
+        return inputs[0].to(torch.float64)  # the group's rank 0 is the lowest rank, world rank 0
+    if name == "split_single":
+        return inputs[rank].to(torch.float64)  # a group of one: its own tensor
     return reference_all_to_all(inputs, rank)
 
 
@@ -315,6 +340,15 @@ def test_all_to_all(
 ) -> None:
     steps = ["all_to_all", "all_to_all_indivisible"]
     run_row(platform_target, platform, caps, record_property, "distributed.all_to_all", steps)
+
+
+@pytest.mark.capability("distributed.split")
+def test_split(
+    platform_target: PlatformTarget, platform: Platform, caps: Capabilities, record_property: Any
+) -> None:
+    """Sub-groups (tensor- within pipeline-parallel ranks): ranks renumbered in each group's order."""
+    run_row(platform_target, platform, caps, record_property, "distributed.split",
+            ["split_all_gather", "split_broadcast", "split_single"])  # fmt: skip
 
 
 @pytest.mark.capability("distributed.world_size_1")

@@ -175,8 +175,6 @@ def resolve_model(
     _check_config(config, platform, model_config, model_class)
     parallel = config.parallel
     if parallel.world_size > 1:
-        if parallel.tensor_parallel_size > 1 and parallel.pipeline_parallel_size > 1:
-            raise EngineConfigError("tensor and pipeline parallelism together are not implemented yet")
         if not platform.capabilities().distributed:
             raise EngineConfigError(
                 f"{parallel.world_size} ranks (tensor/pipeline parallelism) need collectives, which "
@@ -193,12 +191,28 @@ def resolve_model(
 def rank_parallelism(
     config: EngineConfig, model_config: ModelConfig, rank: int, comm: Communicator
 ) -> tuple[TensorParallel | None, PipelineStage | None]:
-    """Rank ``rank``'s place: in the tensor-parallel group, or its pipeline stage (the one in use)."""
+    """Rank ``rank``'s place: its tensor-parallel group and its pipeline stage, either or both.
+
+    With both, rank ``r`` is tensor-parallel rank ``r % tp`` of stage ``r // tp``: the ranks of a stage
+    split its layers' heads, and each hands its activations to the rank of the same place in the next
+    stage. Every rank splits the world communicator the same way, in the same order.
+
+    Raises:
+        EngineConfigError: both are asked for and the platform's communicator does not split.
+    """
     parallel = config.parallel
-    if parallel.pipeline_parallel_size > 1:
-        size = parallel.pipeline_parallel_size
-        return None, PipelineStage(rank, size, comm, stage_layers(model_config.num_layers, size, rank))
-    return TensorParallel(rank, parallel.tensor_parallel_size, comm), None
+    tp_size, pp_size = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if pp_size == 1:
+        return TensorParallel(rank, tp_size, comm), None
+    layers = stage_layers(model_config.num_layers, pp_size, rank // tp_size)
+    if tp_size == 1:
+        return None, PipelineStage(rank, pp_size, comm, layers)
+    try:
+        tp_comm = comm.split([[s * tp_size + t for t in range(tp_size)] for s in range(pp_size)])
+        pp_comm = comm.split([[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)])
+    except NotImplementedError as exc:
+        raise EngineConfigError(f"tensor and pipeline parallelism together need sub-groups: {exc}") from None
+    return TensorParallel(rank % tp_size, tp_size, tp_comm), PipelineStage(rank // tp_size, pp_size, pp_comm, layers)
 
 
 def build_model(

@@ -136,9 +136,20 @@ def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_ll
     assert multiprocessing.active_children() == []
 
 
-def test_tensor_with_pipeline_parallelism_is_refused_by_name(tiny_llama_dir):
-    with pytest.raises(EngineConfigError, match="tensor and pipeline parallelism together are not implemented yet"):
-        _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
+def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_logits(tiny_llama_dir):
+    one = _llm(tiny_llama_dir)
+    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
+    reference_logits = engine_prefill_logits(one, prompt_ids)
+    four = _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
+    try:
+        model = four.llm_engine.model
+        assert len(four.llm_engine.workers.processes) == 3
+        assert (model.num_local_layers, model.num_heads, model.tp.rank, model.pp.stage) == (1, 2, 0, 0)
+        assert _tokens(four) == expected
+        torch.testing.assert_close(engine_prefill_logits(four, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
+        assert_all_blocks_free(four)
+    finally:
+        four.shutdown()
     assert multiprocessing.active_children() == []
 
 

@@ -8,6 +8,7 @@ Ascend plugin. A subclass sets ``backend`` and ``library`` and overrides the hoo
 
 from __future__ import annotations
 
+import copy
 from typing import Any, TypeVar
 
 import torch
@@ -63,6 +64,10 @@ class TorchDistributedCommunicator(Communicator):
         self.device = self.select_device(local_rank)
         self._owns_group = False
         self._closed = False
+        #: the torch process group of a communicator made by :meth:`split` (None: the world group), and
+        #: the world ranks of its members in its own rank order
+        self._group: Any = None
+        self._world_ranks: list[int] = list(range(world_size))
         # flipped off the first time the backend refuses the native op
         self._native_reduce_scatter = True
         self._native_all_to_all = True
@@ -107,7 +112,7 @@ class TorchDistributedCommunicator(Communicator):
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over every rank, in place; returns it."""
         if self.world_size > 1:
-            self._in_place(tensor, lambda t: self._dist.all_reduce(t))
+            self._in_place(tensor, lambda t: self._dist.all_reduce(t, group=self._group))
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -117,7 +122,7 @@ class TorchDistributedCommunicator(Communicator):
         parts = [
             torch.empty_like(tensor, memory_format=torch.contiguous_format) for _ in range(self.world_size)
         ]
-        self._dist.all_gather(parts, tensor.contiguous())
+        self._dist.all_gather(parts, tensor.contiguous(), group=self._group)
         return torch.cat(parts, dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -141,14 +146,14 @@ class TorchDistributedCommunicator(Communicator):
         if self._native_reduce_scatter:
             native = getattr(self._dist, "reduce_scatter_single", None) or self._dist.reduce_scatter_tensor
             try:
-                native(out, moved)
+                native(out, moved, group=self._group)
                 return out.movedim(0, dim)
             except (RuntimeError, NotImplementedError, ValueError) as exc:
                 if not _unsupported(exc):
                     raise
                 self._native_reduce_scatter = False
         total = moved.clone()
-        self._dist.all_reduce(total)
+        self._dist.all_reduce(total, group=self._group)
         return total.chunk(self.world_size, dim=0)[self.rank].movedim(0, dim).contiguous()
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -159,7 +164,7 @@ class TorchDistributedCommunicator(Communicator):
         """
         self._check_peer(src, "src", allow_self=True)
         if self.world_size > 1:
-            self._in_place(tensor, lambda t: self._dist.broadcast(t, src))
+            self._in_place(tensor, lambda t: self._dist.broadcast(t, self._world_ranks[src], group=self._group))
         return tensor
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
@@ -169,7 +174,7 @@ class TorchDistributedCommunicator(Communicator):
             ValueError: ``dst`` is this rank or not a rank of the group.
         """
         self._check_peer(dst, "dst")
-        self._dist.send(tensor.contiguous(), dst)
+        self._dist.send(tensor.contiguous(), self._world_ranks[dst], group=self._group)
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """Receive from rank ``src`` into ``tensor``; returns it.
@@ -178,7 +183,7 @@ class TorchDistributedCommunicator(Communicator):
             ValueError: ``src`` is this rank or not a rank of the group.
         """
         self._check_peer(src, "src")
-        self._in_place(tensor, lambda t: self._dist.recv(t, src))
+        self._in_place(tensor, lambda t: self._dist.recv(t, self._world_ranks[src], group=self._group))
         return tensor
 
     def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -196,7 +201,7 @@ class TorchDistributedCommunicator(Communicator):
         if self._native_all_to_all:
             out = torch.empty_like(source)
             try:
-                self._dist.all_to_all_single(out, source)
+                self._dist.all_to_all_single(out, source, group=self._group)
                 return out
             except (RuntimeError, NotImplementedError, ValueError) as exc:
                 if not _unsupported(exc):
@@ -204,13 +209,13 @@ class TorchDistributedCommunicator(Communicator):
                 self._native_all_to_all = False
         # every rank's whole tensor, then this rank's slice of each: world_size times the traffic
         gathered = [torch.empty_like(source) for _ in range(self.world_size)]
-        self._dist.all_gather(gathered, source)
+        self._dist.all_gather(gathered, source, group=self._group)
         return torch.cat([part.chunk(self.world_size, dim=0)[self.rank] for part in gathered], dim=0)
 
     def barrier(self) -> None:
         """Wait until every rank reaches it."""
         if self.world_size > 1:
-            self._dist.barrier()
+            self._dist.barrier(group=self._group)
 
     def close(self) -> None:
         """Destroy the process group this communicator created; a second call does nothing."""
@@ -222,6 +227,26 @@ class TorchDistributedCommunicator(Communicator):
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+    def split(self: _Self, groups: list[list[int]]) -> _Self:
+        """This rank's communicator in a partition of the group (``torch.distributed.new_group`` for each
+        group, created by every rank in the same order, as torch requires).
+
+        Raises:
+            ValueError: ``groups`` is not a partition of ``range(world_size)``.
+        """
+        members = sorted(r for group in groups for r in group)
+        if members != list(range(self.world_size)) or any(not group for group in groups):
+            raise ValueError(f"groups {groups} do not partition the {self.world_size} ranks of this group")
+        ordered = [sorted(group) for group in groups]
+        (own,) = [group for group in ordered if self.rank in group]
+        child = copy.copy(self)
+        child.world_size, child.rank, child._owns_group = len(own), own.index(self.rank), False
+        child._world_ranks = [self._world_ranks[r] for r in own]
+        if self.world_size > 1:
+            handles = [self._dist.new_group([self._world_ranks[r] for r in group]) for group in ordered]
+            child._group = handles[ordered.index(own)]
+        return child
 
     def __enter__(self: _Self) -> _Self:
         return self

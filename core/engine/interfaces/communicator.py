@@ -87,3 +87,20 @@ class Communicator(ABC):
     @abstractmethod
     def close(self) -> None:
         """Leave the group and free its resources; safe to call twice."""
+
+    def split(self, groups: list[list[int]]) -> Communicator:
+        """This rank's communicator in a partition of the group (tensor- within pipeline-parallel ranks).
+
+        Every rank of this group calls it, with the same ``groups`` in the same order. In the returned
+        communicator a group's ranks are numbered in ascending order of their ranks here, whatever the
+        order of its list (as ``torch.distributed.new_group`` and NCCL's split do); it is closed with
+        this one (its own :meth:`close` does nothing).
+
+        Args:
+            groups: lists of this group's ranks; together they hold every rank once.
+
+        Raises:
+            ValueError: ``groups`` is not a partition of the ranks.
+            NotImplementedError: the communicator does not split (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not split into sub-groups")
