@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from engine.interfaces.platform import Capabilities, Platform
+from engine.ports import free_port
 from engine_conformance.pytest_plugin import PlatformTarget, not_runnable
 from engine_plugin_sdk.reference_collectives import (
     reference_all_gather,
@@ -62,12 +62,6 @@ class TwoRankRun:
 
 
 _RUNS: dict[str, TwoRankRun] = {}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rank_device(platform: Platform, rank: int) -> torch.device:
@@ -182,7 +176,7 @@ def two_rank_run(target: PlatformTarget, platform: Platform, caps: Capabilities)
     run = TwoRankRun()
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="engine-distributed-") as out_dir:
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         bf16 = "bfloat16" in caps.dtypes
         procs = [
             ctx.Process(target=_rank_main, args=(target.cls, rank, init_method, out_dir, bf16), daemon=True)
@@ -264,7 +258,7 @@ def unclaimed(platform: Platform, caps: Capabilities, capability: str, record_pr
     if caps.distributed:
         return False
     try:
-        comm = platform.make_communicator(1, 0, f"tcp://127.0.0.1:{_free_port()}")
+        comm = platform.make_communicator(1, 0, f"tcp://127.0.0.1:{free_port()}")
     except NotImplementedError as exc:
         record_property("not_claimed", f"'distributed' not claimed; make_communicator refused: {exc}")
         return True
@@ -357,7 +351,7 @@ def test_world_size_1(platform: Platform, caps: Capabilities, device: Any, recor
     if unclaimed(platform, caps, capability, record_property):
         return
     # one rank forms no process group, so this runs in the suite's own process
-    comm = platform.make_communicator(1, 0, f"tcp://127.0.0.1:{_free_port()}")
+    comm = platform.make_communicator(1, 0, f"tcp://127.0.0.1:{free_port()}")
     assert (comm.world_size, comm.rank) == (1, 0), (
         f"{capability}: world_size/rank {comm.world_size}/{comm.rank}"
     )

@@ -14,7 +14,6 @@ Before any of these it answers ``("ready", ReplicaInfo)`` once the engine is bui
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -22,8 +21,6 @@ from typing import Any
 
 from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from engine.outputs import RequestOutput
-
-logger = logging.getLogger(__name__)
 
 #: the errors a refused request may carry across the pipe, by name
 _PORTABLE_ERRORS: dict[str, type[Exception]] = {
@@ -77,6 +74,7 @@ def run_replica(config_json: str, index: int, num_replicas: int, pipe: Connectio
 
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from engine.parallel.worker import exit_with_failure
 
     engine = None
     try:
@@ -97,12 +95,7 @@ def run_replica(config_json: str, index: int, num_replicas: int, pipe: Connectio
     except EOFError:
         return  # the driver is gone: so is this replica's reason to run
     except BaseException as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        try:
-            pipe.send(("error", f"data-parallel replica {index}: {reason}"))
-        except (BrokenPipeError, OSError):
-            logger.error("data-parallel replica %d failed (driver gone): %s", index, reason)
-        raise SystemExit(1) from None
+        exit_with_failure(pipe, f"data-parallel replica {index}", exc)
     finally:
         if engine is not None:
             engine.shutdown()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -94,6 +94,16 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def exit_with_failure(pipe: Connection, who: str, exc: BaseException) -> NoReturn:
+    """Tell the driver why this process stops (``("error", "<who>: <reason>")``), then exit with status 1."""
+    reason = first_line(exc)
+    try:
+        pipe.send(("error", f"{who}: {reason}"))
+    except (BrokenPipeError, OSError):
+        logger.error("%s failed (driver gone): %s", who, reason)
+    raise SystemExit(1) from None
+
+
 def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: Connection) -> None:
     """The process entry of rank ``rank``: answers ``loaded``, then ``ready`` once its pool is allocated
     (``("pool", num_blocks)``), then runs ``("step", StepMessage)`` messages until ``("stop", None)`` or
@@ -115,12 +125,7 @@ def run_worker(config_json: str, rank: int, size: int, init_method: str, pipe: C
     except EOFError:
         return  # the driver is gone: so is this rank's reason to run
     except BaseException as exc:
-        reason = first_line(exc)
-        try:
-            pipe.send(("error", f"rank {rank}: {reason}"))
-        except (BrokenPipeError, OSError):
-            logger.error("tensor-parallel rank %d failed (driver gone): %s", rank, reason)
-        raise SystemExit(1) from None
+        exit_with_failure(pipe, f"rank {rank}", exc)
     finally:
         if shard is not None:
             shard.close()
