@@ -84,6 +84,8 @@ class ParallelConfig(BaseModel):
             one device each; the driver process is rank 0).
         pipeline_parallel_size: stages the layers are split into, one process and device each (not
             together with tensor parallelism yet).
+        pipeline_micro_batches: the groups each step's sequences are cut into so that the stages work on
+            different groups at once (None: one per stage; 1: the stages take turns on the whole step).
         data_parallel_size: engine replicas, each a whole engine in its own process (with its own
             tensor- or pipeline-parallel ranks), behind one server; requests go to the replica that holds
             the longest part of their prompt in its prefix cache, else to the least loaded one.
@@ -99,6 +101,7 @@ class ParallelConfig(BaseModel):
 
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    pipeline_micro_batches: int | None = Field(None, ge=1)
     data_parallel_size: int = Field(1, ge=1)
     data_parallel_rank: int = Field(0, ge=0)
     distributed_executor_backend: Literal["mp", "ray"] | None = None
@@ -107,6 +110,13 @@ class ParallelConfig(BaseModel):
     def world_size(self) -> int:
         """The ranks of one engine (one replica): tensor-parallel times pipeline-parallel."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def micro_batches(self) -> int:
+        """The micro-batches of a pipeline-parallel step (1 without pipeline parallelism)."""
+        if self.pipeline_parallel_size == 1:
+            return 1
+        return self.pipeline_micro_batches or self.pipeline_parallel_size
 
     @property
     def first_local_device(self) -> int:

@@ -303,6 +303,7 @@ def _finish_parts(
     )
     if workers is not None:
         runner.mirror = workers.mirror
+    runner.micro_batches = config.parallel.micro_batches
     if layout is not None:
         runner.use_kv_groups(layout)
         logger.info(

@@ -18,6 +18,7 @@ from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
+from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
@@ -74,6 +75,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         #: set by the engine under tensor parallelism: sends each step to the other ranks before it runs here
         self.mirror: Callable[[StepMessage], None] | None = None
+        #: pipeline parallelism: the micro-batches each step is cut into (1: the whole step at once)
+        self.micro_batches = 1
 
     @property
     def layer_caches(self) -> list[Any]:
@@ -244,6 +247,14 @@ class ModelRunner:
             logits = self._platform_logits(inputs, inputs.logits_indices)
             if not inputs.sample_targets:
                 return LaunchedStep([])
+        elif self.micro_batches > 1:
+            assert isinstance(inputs.metadata, AttentionMetadata), "pipeline stages keep one table per sequence"
+            logits = forward_logits(
+                self.model, self.layer_caches, inputs.input_ids, inputs.positions, inputs.metadata,
+                inputs.logits_indices if inputs.sample_targets else None, self.micro_batches,
+            )  # fmt: skip
+            if not inputs.sample_targets:
+                return LaunchedStep([])
         else:
             hidden = None
             if self.decode_graphs is not None:
@@ -362,6 +373,15 @@ class ModelRunner:
             self.mirror(step_message([], [], [], inputs.input_ids, inputs.positions, inputs.metadata, every_row))
         if isinstance(self.model, PlatformModelRunner):
             return self._platform_logits(inputs, torch.arange(inputs.input_ids.shape[0]))
+        if self.micro_batches > 1:
+            assert isinstance(inputs.metadata, AttentionMetadata)
+            every_row = torch.arange(inputs.input_ids.shape[0], device=inputs.input_ids.device)
+            logits = forward_logits(
+                self.model, self.layer_caches, inputs.input_ids, inputs.positions, inputs.metadata, every_row,
+                self.micro_batches,
+            )  # fmt: skip
+            assert logits is not None
+            return logits.cpu()
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
         return self.model.compute_logits(hidden).cpu()
 

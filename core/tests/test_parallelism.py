@@ -105,14 +105,17 @@ def test_two_ranks_keep_a_gguf_model_quantized_and_give_one_process_tokens(smoll
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.parametrize("layers", [2, 3])  # one layer a stage; two stages of 2 and 1
-def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, hf_tokenizer_dir, tmp_path):
+# one layer a stage, each step in two micro-batches (the default: one per stage); stages of 2 and 1 layers
+# taking turns on whole steps
+@pytest.mark.parametrize("layers, micro_batches", [(2, None), (3, 1)])
+def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, hf_tokenizer_dir, tmp_path):
     path = save_tiny("LlamaForCausalLM", str(tmp_path), hf_tokenizer_dir, num_hidden_layers=layers)
     one = _llm(path)
     expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
     reference_logits = engine_prefill_logits(one, prompt_ids)
-    two = _llm(path, pipeline_parallel_size=2)
+    two = _llm(path, pipeline_parallel_size=2, pipeline_micro_batches=micro_batches)
     try:
+        assert two.llm_engine.runner.micro_batches == (micro_batches or 2)
         assert two.llm_engine.model.num_local_layers == (layers + 1) // 2
         assert len(two.llm_engine.block_cache.kv_caches) == (layers + 1) // 2  # KV for its own layers only
         assert _tokens(two) == expected

@@ -2,8 +2,8 @@
 
 Stage 0 (the driver) embeds the tokens and runs its layers, each later stage receives the hidden states
 and the residual stream from the one before and runs its own, and the last applies the final norm and the
-lm_head and sends the logits back to stage 0, which samples. Steps run one after another (no
-micro-batches yet), so the stages take turns rather than overlapping.
+lm_head and sends the logits back to stage 0, which samples. A step runs in micro-batches
+(:mod:`engine.parallel.micro_batches`), so the stages work on different parts of it at once.
 """
 
 from __future__ import annotations

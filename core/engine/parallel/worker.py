@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import torch
 
 from engine.config import EngineConfig
+from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, moved
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,14 @@ class RankShard:
         if message.swap_in:
             self.block_cache.swap_in(message.swap_in)
         device = self.device
+        count = self.config.parallel.micro_batches
+        if count > 1:  # the driver cuts the step alike (see engine.parallel.micro_batches)
+            indices = moved(message.logits_indices, device) if message.logits_indices is not None else None
+            forward_logits(
+                self.model, self.caches, moved(message.input_ids, device), moved(message.positions, device),
+                moved(message.metadata, device), indices, count,
+            )  # fmt: skip
+            return
         hidden = self.model.forward(
             moved(message.input_ids, device), moved(message.positions, device), self.caches,
             moved(message.metadata, device),
