@@ -279,3 +279,28 @@ def ref_apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices
         allowed = ((words[r, word_of] >> (cols % 32)) & 1).bool() & covered
         out[r, ~allowed] = float("-inf")
     return out
+
+
+def ref_fused_moe(
+    x: torch.Tensor,
+    gate_up: list[torch.Tensor],
+    down: list[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The mixture of experts in float64, token by token: ``sum_j w[t, j] * down_e(silu(gate_e x) * up_e x)``.
+
+    Args:
+        x: ``[tokens, hidden]``.
+        gate_up: per expert ``[2 * intermediate, hidden]`` (gate rows, then up rows).
+        down: per expert ``[hidden, intermediate]``.
+        topk_weights: ``[tokens, k]``.
+        topk_ids: ``[tokens, k]`` expert ids.
+    """
+    out = torch.zeros(x.shape, dtype=F64)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            hidden = ref_silu_and_mul(ref_linear(x[t : t + 1].cpu(), gate_up[e].cpu()))
+            out[t] += float(topk_weights[t, j]) * ref_linear(hidden, down[e].cpu())[0]
+    return out

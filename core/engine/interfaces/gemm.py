@@ -116,3 +116,52 @@ class GemmBackend(ABC):
             float32 ``[rows, out_features]``.
         """
         return self.linear(x, weight).float()
+
+    def prepare_experts(self, gate_up: list[Any], down: list[Any], dtype: Any) -> Any:
+        """Turn a mixture-of-experts layer's expert weights into the form :meth:`fused_moe` consumes.
+
+        Called once per MoE layer at load time. The default prepares each matrix with
+        :meth:`prepare_weight` (quantized experts stay quantized where that keeps them); a backend with a
+        grouped-GEMM kernel stacks them instead.
+
+        Args:
+            gate_up: per expert, ``[2 * intermediate, hidden]`` (the gate's rows, then the up
+                projection's): a float tensor or a :class:`QuantizedWeight`.
+            down: per expert, ``[hidden, intermediate]``.
+            dtype: the activation dtype the model runs in.
+
+        Returns:
+            Opaque experts (the default: :class:`engine.interfaces.moe.ExpertWeights`).
+
+        Raises:
+            ValueError: for a quantization scheme this backend cannot run or dequantize.
+        """
+        from engine.interfaces.moe import ExpertWeights
+
+        return ExpertWeights(
+            [self.prepare_weight(w, dtype) for w in gate_up], [self.prepare_weight(w, dtype) for w in down]
+        )
+
+    def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
+        """Run each token through its chosen experts and combine them: ``y[t] = sum_j topk_weights[t, j] *
+        down_e(silu(gate_e x[t]) * up_e x[t])`` with ``e = topk_ids[t, j]``.
+
+        The default runs :meth:`linear` once per projection of each expert that has tokens
+        (:func:`engine.interfaces.moe.reference_fused_moe`); a backend overrides it with a grouped GEMM.
+
+        Args:
+            x: ``[tokens, hidden]`` activations.
+            experts: from :meth:`prepare_experts`.
+            topk_weights: float32 ``[tokens, k]``.
+            topk_ids: int64 ``[tokens, k]``; an expert may get no token, a token may name one expert twice.
+            activation: the experts' gated activation (``"silu"``).
+
+        Returns:
+            ``[tokens, hidden]`` in ``x``'s dtype.
+
+        Raises:
+            ValueError: for an activation the backend does not run.
+        """
+        from engine.interfaces.moe import reference_fused_moe
+
+        return reference_fused_moe(self, x, experts, topk_weights, topk_ids, activation)
