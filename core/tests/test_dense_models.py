@@ -1,4 +1,5 @@
-"""The dense architectures on tiny seeded checkpoints: the CPU engine against HF transformers in float32.
+"""The decoder architectures (dense and mixtures of experts) on tiny seeded checkpoints: the CPU engine
+against HF transformers in float32.
 
 Each architecture's config sets a window of 8 tokens where it has one, so the prompts run past it.
 """
@@ -41,6 +42,13 @@ ARCHITECTURES: dict[str, dict] = {
     "StableLmForCausalLM": dict(use_qkv_bias=True, qk_layernorm=True),
     "StableLmForCausalLM-parallel": dict(use_parallel_residual=True, partial_rotary_factor=0.5),
     "CohereForCausalLM": dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5),
+    # mixtures of experts: 4 experts, 2 a token; Qwen2-MoE with its gated shared expert and a dense layer
+    "MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
+    "Qwen2MoeForCausalLM": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+        norm_topk_prob=False, mlp_only_layers=[1],
+    ),
+    "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True),
 }
 
 

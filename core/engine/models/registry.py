@@ -29,9 +29,11 @@ from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
 from engine.models.stablelm import StableLmForCausalLM
 
@@ -58,6 +60,9 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("SmolLM3ForCausalLM", SmolLM3ForCausalLM),
     ("StableLmForCausalLM", StableLmForCausalLM),
     ("CohereForCausalLM", CohereForCausalLM),
+    ("MixtralForCausalLM", MixtralForCausalLM),
+    ("Qwen2MoeForCausalLM", Qwen2MoeForCausalLM),
+    ("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM),
 )
 
 

@@ -15,6 +15,7 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
 from engine.loader.weight_slices import dense, weight_columns, weight_rows
+from engine.models.layers.moe_block import MoeMLP, load_moe
 from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
 from engine.models.layers.spec import LayerSpec
@@ -53,6 +54,8 @@ class DecoderLayer:
     post_mlp_bias: torch.Tensor | None = None
     #: ones of ``head_dim``: ``each_head`` q/k norms normalise with it and then apply their per-head scales
     head_ones: torch.Tensor | None = None
+    #: the layer's mixture of experts in place of ``gate_up`` / ``down`` (None: a dense MLP)
+    moe: MoeMLP | None = None
 
     def _norm_in(
         self,
@@ -118,7 +121,10 @@ class DecoderLayer:
         return out if model.tp is None else model.tp.reduce(out)
 
     def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
-        """The gated MLP: fused gate/up, SwiGLU or GeGLU, down (summed over the tensor-parallel ranks)."""
+        """The gated MLP: fused gate/up, SwiGLU or GeGLU, down (summed over the tensor-parallel ranks);
+        or the layer's mixture of experts."""
+        if self.moe is not None:
+            return self.moe.forward(model, x)
         gate_up = model.gemm.linear(x, self.gate_up)
         if model.spec.activation == "gelu_tanh":
             out = model.gemm.linear(model.ops.gelu_tanh_and_mul(gate_up), self.down)
@@ -308,7 +314,7 @@ class LayerLoader:
             ValueError: a tensor is missing or misshapen.
         """
         m, spec, cfg = self.model, self.model.spec, self.model.config
-        h, inter, names = cfg.hidden_size, cfg.intermediate_size, spec.norms
+        h, names = cfg.hidden_size, spec.norms
 
         def norm(name: str | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
             return (self.norm(p + name, h), self.norm_bias(p + name, h)) if name else (None, None)
@@ -324,6 +330,53 @@ class LayerLoader:
             o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
         o_proj = self.matrix(o_weight)
         (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
+        moe = None
+        if layer_spec.moe:
+            assert spec.moe is not None
+            moe, gate_up, down = load_moe(self, p, spec.moe), None, None
+        else:
+            gate_up, down = self._dense_mlp(p)
+        post_mlp, post_mlp_bias = norm(names.post_mlp)
+        layer = DecoderLayer(
+            pre_attn=pre_attn,
+            qkv=qkv,
+            qkv_bias=qkv_bias,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            o_proj=o_proj,
+            o_bias=o_bias,
+            post_attn=post_attn,
+            pre_mlp=pre_mlp,
+            gate_up=gate_up,
+            down=down,
+            post_mlp=post_mlp,
+            window=layer_spec.sliding_window,
+            rope=layer_spec.rope,
+            pre_attn_bias=pre_attn_bias,
+            post_attn_bias=post_attn_bias,
+            pre_mlp_bias=pre_mlp_bias,
+            post_mlp_bias=post_mlp_bias,
+            moe=moe,
+        )
+        if spec.qk_norm == "each_head":
+            layer.head_ones = torch.ones(cfg.head_dim, device=m.device, dtype=m.dtype)
+        # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-RMSNorms, SwiGLU)
+        rms = spec.norm == "rms"
+        if names.pre_attn and rms:
+            layer.qkv_fp8 = m.gemm.row_quantized_input(layer.qkv)
+        if moe is not None:
+            return layer  # the experts take plain activations
+        if names.pre_mlp and rms and not spec.parallel:
+            layer.gate_up_fp8 = m.gemm.row_quantized_input(layer.gate_up)
+        if spec.activation == "silu":
+            layer.down_fp8 = m.gemm.row_quantized_input(layer.down)
+        return layer
+
+    def _dense_mlp(self, p: str) -> tuple[Any, Any]:
+        """Layer ``p``'s gated MLP: its fused gate/up and its down projection, prepared (this rank's
+        columns of the one and rows of the other under tensor parallelism)."""
+        m, spec, cfg = self.model, self.model.spec, self.model.config
+        h, inter = cfg.hidden_size, cfg.intermediate_size
         lazy = m.tp is not None
         if spec.fused_gate_up:
             fused = self.take(p + spec.fused_gate_up + ".weight", (2 * inter, h), lazy)
@@ -336,35 +389,4 @@ class LayerLoader:
             parts = [materialize(weight_rows(part, own)) for part in parts]
             down = contiguous(materialize(weight_columns(down, own)))
         gate_up = parts[0] if len(parts) == 1 else concat_weights(parts)
-        post_mlp, post_mlp_bias = norm(names.post_mlp)
-        layer = DecoderLayer(
-            pre_attn=pre_attn,
-            qkv=qkv,
-            qkv_bias=qkv_bias,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            o_proj=o_proj,
-            o_bias=o_bias,
-            post_attn=post_attn,
-            pre_mlp=pre_mlp,
-            gate_up=self.matrix(gate_up),
-            down=self.matrix(down),
-            post_mlp=post_mlp,
-            window=layer_spec.sliding_window,
-            rope=layer_spec.rope,
-            pre_attn_bias=pre_attn_bias,
-            post_attn_bias=post_attn_bias,
-            pre_mlp_bias=pre_mlp_bias,
-            post_mlp_bias=post_mlp_bias,
-        )
-        if spec.qk_norm == "each_head":
-            layer.head_ones = torch.ones(cfg.head_dim, device=m.device, dtype=m.dtype)
-        # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-RMSNorms, SwiGLU)
-        rms = spec.norm == "rms"
-        if names.pre_attn and rms:
-            layer.qkv_fp8 = m.gemm.row_quantized_input(layer.qkv)
-        if names.pre_mlp and rms and not spec.parallel:
-            layer.gate_up_fp8 = m.gemm.row_quantized_input(layer.gate_up)
-        if spec.activation == "silu":
-            layer.down_fp8 = m.gemm.row_quantized_input(layer.down)
-        return layer
+        return self.matrix(gate_up), self.matrix(down)

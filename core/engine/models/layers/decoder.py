@@ -147,6 +147,8 @@ class DenseDecoder(CausalLM):
         """
         cfg = self.config
         problems = tensor_parallel_problems(cfg, tp.size, self.spec.qk_norm)
+        if self.spec.moe is not None:
+            problems.append(f"{cfg.architecture}'s experts do not split over tensor-parallel ranks yet")
         if problems:
             raise ValueError("; ".join(problems))
         self.tp = tp

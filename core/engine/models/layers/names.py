@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.models.config import ModelConfig
+from engine.models.layers.moe_block import moe_weight_shapes
 from engine.models.layers.spec import DecoderSpec
 
 
@@ -80,12 +81,16 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
         for norm in (norms.post_attn, norms.pre_mlp):
             if norm:
                 shapes.update(norm_shapes(spec, p + norm, hidden))
-        if spec.fused_gate_up:
+        if spec.layers[i].moe:
+            assert spec.moe is not None
+            shapes.update(moe_weight_shapes(spec.moe, hidden, p))
+        elif spec.fused_gate_up:
             shapes[p + spec.fused_gate_up + ".weight"] = (2 * inter, hidden)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
         else:
             for name in gate_up_names(spec):
                 shapes[p + name + ".weight"] = (inter, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
         if norms.post_mlp:
             shapes.update(norm_shapes(spec, p + norms.post_mlp, hidden))
     shapes.update(norm_shapes(spec, "model.norm", hidden))

@@ -43,10 +43,43 @@ class LayerSpec:
     Attributes:
         sliding_window: the layer's attention window, None for global attention.
         rope: index into :attr:`DecoderSpec.ropes`, None for a layer without positions (SmolLM3).
+        moe: the layer's MLP is the mixture of experts :attr:`DecoderSpec.moe` describes.
     """
 
     sliding_window: int | None = None
     rope: int | None = 0
+    moe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """A mixture-of-experts MLP (the layers whose :attr:`LayerSpec.moe` is set have one).
+
+    Attributes:
+        num_experts: experts per layer.
+        top_k: experts each token goes through.
+        renormalize: the chosen experts' softmax weights are scaled to sum to 1 (Mixtral, Qwen3-MoE's
+            ``norm_topk_prob``).
+        intermediate_size: each expert's MLP width.
+        router: the router's name after the layer prefix (``mlp.gate``).
+        expert: expert ``e``'s prefix after the layer prefix, with ``{}`` for ``e``.
+        expert_projections: the gate, up and down projections' names after the expert prefix.
+        shared_intermediate_size: the width of a shared expert every token also goes through (Qwen2-MoE),
+            None without one.
+        shared_expert: the shared expert's prefix after the layer prefix.
+        shared_expert_gate: the name of its sigmoid gate ``[1, hidden]`` (Qwen2-MoE), None without one.
+    """
+
+    num_experts: int
+    top_k: int
+    renormalize: bool
+    intermediate_size: int
+    router: str = "mlp.gate"
+    expert: str = "mlp.experts.{}."
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    shared_intermediate_size: int | None = None
+    shared_expert: str = "mlp.shared_expert."
+    shared_expert_gate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +129,7 @@ class DecoderSpec:
         logits_divisor: logits are divided by this (Granite's ``logits_scaling``).
         logit_scale: logits are multiplied by this (Cohere's ``logit_scale``).
         final_soft_cap: final logits soft-cap (Gemma2).
+        moe: the mixture of experts of the layers marked ``moe``, None for a dense model.
     """
 
     layers: tuple[LayerSpec, ...]
@@ -120,3 +154,4 @@ class DecoderSpec:
     logits_divisor: float | None = None
     logit_scale: float | None = None
     final_soft_cap: float | None = None
+    moe: MoeSpec | None = None
