@@ -133,9 +133,12 @@ def test_a_post_norm_model_is_refused_pipeline_parallel_and_no_worker_is_left(hf
     assert multiprocessing.active_children() == []
 
 
-def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir):
+def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir, hf_tokenizer_dir, tmp_path):
     with pytest.raises(EngineConfigError, match="4 attention heads do not split over tensor_parallel_size 3"):
         _llm(tiny_llama_dir, tensor_parallel_size=3)
+    moe = save_tiny("MixtralForCausalLM", str(tmp_path), hf_tokenizer_dir, num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(EngineConfigError, match="MixtralForCausalLM's experts do not split over tensor-parallel ranks yet"):
+        _llm(moe, tensor_parallel_size=2)
     assert multiprocessing.active_children() == []
 
 
