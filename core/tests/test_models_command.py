@@ -38,31 +38,31 @@ def test_models_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_closest_architectures() -> None:
     names = ModelRegistry.core().supported()
-    assert closest_architectures("Qwen3MoeForCausalLM", names)[:2] == ["Qwen3ForCausalLM", "Qwen2ForCausalLM"]
+    assert closest_architectures("Qwen3NextForCausalLM", names)[:2] == ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     assert closest_architectures("Gemma3ForConditionalGeneration", names)[0] == "Gemma3ForCausalLM"
-    assert closest_architectures("MixtralForCausalLM", names) == ["MistralForCausalLM"]
+    assert closest_architectures("Phi4MMForCausalLM", names) == ["Phi3ForCausalLM"]
     assert closest_architectures("GPT2LMHeadModel", names) == []
 
 
 def test_unsupported_checkpoint_names_the_closest_supported(tmp_path: Path) -> None:
-    folder = tmp_path / "moe"
+    folder = tmp_path / "next"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 8}))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 8}))
     with pytest.raises(ModelLoadError) as err:
         LLM(model=str(folder), device="cpu")
     message = str(err.value)
     assert len(message.splitlines()) == 1
     assert message.startswith(
-        f"unsupported architecture 'Qwen3MoeForCausalLM' in {folder}"
+        f"unsupported architecture 'Qwen3NextForCausalLM' in {folder}"
     ), message
-    assert "; closest supported: Qwen3ForCausalLM, Qwen2ForCausalLM" in message
+    assert "; closest supported: Qwen3ForCausalLM, Qwen3MoeForCausalLM" in message
     assert all(name in message.split("; all: ")[1] for name in ModelRegistry.core().supported())
 
 
 def test_unsupported_checkpoint_through_the_cli_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = tmp_path / "mixtral"
+    folder = tmp_path / "phi4mm"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["MixtralForCausalLM"]}))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Phi4MMForCausalLM"]}))
     assert main(["generate", "hi", "--model", str(folder), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "closest supported: MistralForCausalLM;" in err
+    assert len(err.splitlines()) == 1 and "closest supported: Phi3ForCausalLM;" in err

@@ -31,6 +31,7 @@ from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.olmoe import OlmoeForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
@@ -63,6 +64,7 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("MixtralForCausalLM", MixtralForCausalLM),
     ("Qwen2MoeForCausalLM", Qwen2MoeForCausalLM),
     ("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM),
+    ("OlmoeForCausalLM", OlmoeForCausalLM),
 )
 
 
@@ -198,7 +200,7 @@ def closest_architectures(architecture: str, supported: list[str], n: int = 3) -
     """The ``supported`` names most like ``architecture``, closest first (none when nothing is close).
 
     Names are compared without their ``For...`` ending (``ForCausalLM``, ``ForConditionalGeneration``) and
-    case, so ``Qwen3MoeForCausalLM`` finds ``Qwen3ForCausalLM`` rather than every name that ends alike.
+    case, so ``Qwen3NextForCausalLM`` finds ``Qwen3ForCausalLM`` rather than every name that ends alike.
 
     Args:
         architecture: the name that was not found (a HF class name or a GGUF kind).
