@@ -49,6 +49,7 @@ ARCHITECTURES: dict[str, dict] = {
         norm_topk_prob=False, mlp_only_layers=[1],
     ),
     "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True),
+    "OlmoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=64),
 }
 
 
