@@ -259,8 +259,11 @@ def build_model(
     weights = (
         dummy_weights(model_config, seed=config.seed, dtype=dtype, device=device, registry=registry)
         if config.load_format == "dummy"
-        # a tensor-parallel rank reads only its slices of the projections from safetensors files
-        else iter_weights(model_path, model_config, keep_quantized=keep_quantized, registry=registry, lazy=tp is not None)
+        # a tensor-parallel rank reads only its slices from safetensors files, a pipeline stage its layers
+        else iter_weights(
+            model_path, model_config, keep_quantized=keep_quantized, registry=registry,
+            lazy=tp is not None or pp is not None,
+        )  # fmt: skip
     )
     with timed_phase(f"loading the weights of {model_path}", "loaded the weights"):
         model.load_weights(weights)

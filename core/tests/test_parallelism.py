@@ -53,7 +53,9 @@ def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, h
         if architecture == "LlamaForCausalLM":  # one KV head a rank: exactly half of every projection
             assert 2 * sum(math.prod(t.shape) for t in projections) == sum(math.prod(t.full_shape) for t in projections)
         (head,) = [t for t in reads if t.name == "lm_head.weight"]
-        assert head.shape[0] == head.full_shape[0] // 2
+        (embed,) = [t for t in reads if t.name == "model.embed_tokens.weight"]
+        assert head.shape[0] == head.full_shape[0] // 2 and embed.shape[0] == embed.full_shape[0] // 2
+        assert two.llm_engine.model.embed_tokens.shape[0] == one.llm_engine.model.embed_tokens.shape[0] // 2
         assert len(two.llm_engine.workers.processes) == 1
         assert two.llm_engine.model.num_heads == one.llm_engine.model.num_heads // 2
         assert _tokens(two) == expected
@@ -108,15 +110,20 @@ def test_two_ranks_keep_a_gguf_model_quantized_and_give_one_process_tokens(smoll
 # one layer a stage, each step in two micro-batches (the default: one per stage); stages of 2 and 1 layers
 # taking turns on whole steps
 @pytest.mark.parametrize("layers, micro_batches", [(2, None), (3, 1)])
-def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, hf_tokenizer_dir, tmp_path):
+def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, hf_tokenizer_dir, tmp_path, monkeypatch):
     path = save_tiny("LlamaForCausalLM", str(tmp_path), hf_tokenizer_dir, num_hidden_layers=layers)
     one = _llm(path)
     expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
     reference_logits = engine_prefill_logits(one, prompt_ids)
+    reads: list[lazy_tensor.LazyTensor] = []
+    read_window = lazy_tensor.read_window
+    monkeypatch.setattr(lazy_tensor, "read_window", lambda t: reads.append(t) or read_window(t))
     two = _llm(path, pipeline_parallel_size=2, pipeline_micro_batches=micro_batches)
     try:
         assert two.llm_engine.runner.micro_batches == (micro_batches or 2)
         assert two.llm_engine.model.num_local_layers == (layers + 1) // 2
+        # stage 0 read only its own layers' tensors (and the embedding), none of stage 1's
+        assert not [t for t in reads if t.name.startswith(f"model.layers.{layers - 1}.")]
         assert len(two.llm_engine.block_cache.kv_caches) == (layers + 1) // 2  # KV for its own layers only
         assert _tokens(two) == expected
         torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)

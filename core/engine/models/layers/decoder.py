@@ -81,6 +81,8 @@ class DenseDecoder(CausalLM):
         self.layers: list[DecoderLayer] = []
         self._fuses_post_norms: bool | None = None
         self.embed_tokens: torch.Tensor | None = None
+        #: the first vocabulary row of ``embed_tokens`` (this rank's rows under tensor parallelism)
+        self.vocab_start = 0
         self.final_norm: torch.Tensor | None = None
         self.final_norm_bias: torch.Tensor | None = None
         self.lm_head: Any = None
@@ -187,12 +189,20 @@ class DenseDecoder(CausalLM):
         cfg = self.config
         tensors: dict[str, Any] = {name: t for name, t in weights if "rotary_emb" not in name}
         loader = LayerLoader(self, tensors)
-        embed = loader.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        # read only as far as this rank needs it: its vocabulary rows under tensor parallelism, nothing on a
+        # later pipeline stage of an untied model
+        embed = loader.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), lazy_ok=True)
         pp = self.pp
         if pp is None or pp.is_first:
-            dense_embed = embed.dequantize() if isinstance(embed, QuantizedWeight) else embed
-            self.embed_tokens = dense_embed.to(device=self.device, dtype=self.dtype)
-            del dense_embed
+            if self.tp is not None:
+                # vocab-parallel: this rank's rows (the last rank's may be short); forward sums the ranks'
+                own, _ = self.tp.vocab_rows(cfg.vocab_size)
+                self.vocab_start = own.start
+                embed_rows = materialize(weight_rows(dense(embed), own))
+            else:
+                embed_rows = dense(materialize(embed))
+            self.embed_tokens = embed_rows.to(device=self.device, dtype=self.dtype)
+            del embed_rows
         for i, layer_spec in enumerate(self.spec.layers):
             if pp is None or i in pp.layers:
                 self.layers.append(loader.layer(self.hf_layer_prefix.format(i), layer_spec))
@@ -202,7 +212,7 @@ class DenseDecoder(CausalLM):
         self.final_norm_bias = loader.norm_bias("model.norm", cfg.hidden_size)
         # the lm_head stays in the model dtype under load-time quantization: its logits pick the tokens
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
-            head = embed
+            head = embed if self.tp is not None else materialize(embed)
         else:
             head = loader.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), lazy_ok=self.tp is not None)
         tensors.pop("lm_head.weight", None)
@@ -258,7 +268,7 @@ class DenseDecoder(CausalLM):
         if pp is not None and not pp.is_first:
             hidden, residual = pp.recv_activations(input_ids.shape[0], self.config.hidden_size, self.dtype, self.device)
         else:
-            hidden = self.embed_tokens.index_select(0, input_ids)
+            hidden = self._embed(input_ids)
             if self.embed_scale is not None:
                 hidden = hidden * self.embed_scale
         if isinstance(metadata, GroupedAttentionMetadata):
@@ -305,6 +315,18 @@ class DenseDecoder(CausalLM):
             and bool(self.layers)
             and all(layer.qkv_fp8 is None and layer.gate_up_fp8 is None for layer in self.layers)
         )
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings; under tensor parallelism each rank looks up the ids in its rows (zeros
+        for the others) and the ranks' sum is every token's row."""
+        assert self.embed_tokens is not None
+        if self.tp is None:
+            return self.embed_tokens.index_select(0, input_ids)
+        rows = self.embed_tokens.shape[0]
+        local = input_ids - self.vocab_start
+        inside = (local >= 0) & (local < rows)
+        hidden = self.embed_tokens.index_select(0, local.clamp(0, rows - 1)) * inside.unsqueeze(-1).to(self.dtype)
+        return self.tp.reduce(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` for the selected hidden rows, after any logit scale or soft-cap.
