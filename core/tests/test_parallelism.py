@@ -26,6 +26,14 @@ def _llm(path: str, **kwargs) -> LLM:
     return LLM(model=path, device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, **kwargs)
 
 
+def record_window_reads(monkeypatch: pytest.MonkeyPatch) -> list[lazy_tensor.LazyTensor]:
+    """The checkpoint windows this process reads from now on (rank 0's, for a parallel engine)."""
+    reads: list[lazy_tensor.LazyTensor] = []
+    read_window = lazy_tensor.read_window
+    monkeypatch.setattr(lazy_tensor, "read_window", lambda t: reads.append(t) or read_window(t))
+    return reads
+
+
 def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
@@ -42,9 +50,7 @@ def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, h
     one = _llm(path)
     expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
     reference_logits = engine_prefill_logits(one, prompt_ids)
-    reads: list[lazy_tensor.LazyTensor] = []
-    read_window = lazy_tensor.read_window
-    monkeypatch.setattr(lazy_tensor, "read_window", lambda t: reads.append(t) or read_window(t))
+    reads = record_window_reads(monkeypatch)
     two = _llm(path, tensor_parallel_size=2)
     try:
         # rank 0 (this process) read only its slices of the projections and of the lm_head
@@ -115,9 +121,7 @@ def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_ba
     one = _llm(path)
     expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
     reference_logits = engine_prefill_logits(one, prompt_ids)
-    reads: list[lazy_tensor.LazyTensor] = []
-    read_window = lazy_tensor.read_window
-    monkeypatch.setattr(lazy_tensor, "read_window", lambda t: reads.append(t) or read_window(t))
+    reads = record_window_reads(monkeypatch)
     two = _llm(path, pipeline_parallel_size=2, pipeline_micro_batches=micro_batches)
     try:
         assert two.llm_engine.runner.micro_batches == (micro_batches or 2)

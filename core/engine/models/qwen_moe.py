@@ -38,6 +38,13 @@ def qwen_moe_spec(config: ModelConfig, shared_expert: bool) -> MoeSpec:
     )
 
 
+def qwen_moe_layers(config: ModelConfig) -> tuple[LayerSpec, ...]:
+    """Each layer's window and whether it is a mixture of experts."""
+    sparse = sparse_layers(config.hf_config, config.num_layers)
+    windows = layer_windows(config.hf_config, config.num_layers)
+    return tuple(LayerSpec(sliding_window=w, moe=s) for w, s in zip(windows, sparse))
+
+
 class Qwen2MoeForCausalLM(DenseDecoder):
     """``Qwen2MoeForCausalLM``: q/k/v biases; experts without renormalisation by default, plus a shared
     expert behind a sigmoid gate."""
@@ -45,10 +52,8 @@ class Qwen2MoeForCausalLM(DenseDecoder):
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
         """Qwen2's attention; sparse layers per ``decoder_sparse_step`` / ``mlp_only_layers``."""
-        sparse = sparse_layers(config.hf_config, config.num_layers)
-        windows = layer_windows(config.hf_config, config.num_layers)
         return DecoderSpec(
-            layers=tuple(LayerSpec(sliding_window=w, moe=s) for w, s in zip(windows, sparse)),
+            layers=qwen_moe_layers(config),
             ropes=(standard_rope(config),),
             qkv_bias=True,
             moe=qwen_moe_spec(config, shared_expert=True),
@@ -61,10 +66,8 @@ class Qwen3MoeForCausalLM(DenseDecoder):
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
         """Qwen3's attention; sparse layers per ``decoder_sparse_step`` / ``mlp_only_layers``."""
-        sparse = sparse_layers(config.hf_config, config.num_layers)
-        windows = layer_windows(config.hf_config, config.num_layers)
         return DecoderSpec(
-            layers=tuple(LayerSpec(sliding_window=w, moe=s) for w, s in zip(windows, sparse)),
+            layers=qwen_moe_layers(config),
             ropes=(standard_rope(config),),
             qk_norm="head",
             qkv_bias=config.attention_bias,
