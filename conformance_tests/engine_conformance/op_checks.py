@@ -39,8 +39,9 @@ def check_op_result(
         if isinstance(got, RowQuantizedActivations):
             assert_close(dequantized(got, dtype, out_label), want, fp8_rows_tolerance(dtype), out_label)
             continue
-        if op_name == "greedy_pick":
-            check_pick(got, want, i, out_label)
+        if op_name in ("greedy_pick", "moe_topk"):
+            # (token ids, float32 log-probabilities) / (float32 weights, expert ids)
+            check_pick(got, want, i if op_name == "greedy_pick" else 1 - i, out_label)
             continue
         # the residual sum may be kept in float32 (core/interfaces/ops.py)
         sums = op_name.startswith("fused_add_rms_norm") or op_name == "post_norm_add_rms_norm"
@@ -50,6 +51,16 @@ def check_op_result(
         if tuple(got.shape) != tuple(want.shape):
             pytest.fail(f"{out_label}: shape {tuple(got.shape)}, expected {tuple(want.shape)}", pytrace=False)
         assert_close(got, want, get_tolerance(dtype), out_label)
+
+
+def spaced_router_logits(gen: torch.Generator, rows: int, experts: int, top_k: int) -> torch.Tensor:
+    """float32 router logits whose ``top_k`` largest per row sit at random experts, spaced 0.37 apart (exact
+    enough in every dtype to keep their order), above the rest (normal, centred at -2)."""
+    logits = torch.randn(rows, experts, generator=gen) * 0.5 - 2.0
+    for r in range(rows):
+        chosen = torch.randperm(experts, generator=gen)[:top_k]
+        logits[r, chosen] = 1.0 + 0.37 * torch.arange(top_k, dtype=torch.float32)
+    return logits
 
 
 def dequantized(got: RowQuantizedActivations, dtype: torch.dtype, label: str) -> torch.Tensor:

@@ -7,6 +7,8 @@ Options:
         installed entry points; the environment variable ``ENGINE_CONFORMANCE_PLUGIN_MODULES``
         (comma-separated) does the same.
     ``--capability PREFIX``: run only tests whose capability name starts with PREFIX (repeatable).
+    ``--only DEVICE=PREFIX``: run only the tests of platform DEVICE whose capability starts with PREFIX
+        (repeatable): one process checks a different capability of each of several plugins.
     ``--strict`` (pytest's own option, which also turns on its strict markers and config) or
         ``--conformance-strict`` (only this): a check that cannot run here fails instead of skipping.
         Only "not claimed" may skip; CI and the published reports run this way.
@@ -78,6 +80,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         help="register a plugin module in-process (repeatable)",
+    )
+    group.addoption(
+        "--only",
+        action="append",
+        default=[],
+        metavar="DEVICE=PREFIX",
+        help="only run this platform's capabilities with this name prefix (repeatable)",
     )
     group.addoption(
         "--conformance-strict",
@@ -259,8 +268,19 @@ def capability_name(item: pytest.Item) -> str | None:
     return str(marker.args[0]).format(**{k: v for k, v in params.items() if k != "platform_target"})
 
 
+def _only_pairs(config: pytest.Config) -> list[tuple[str, str]]:
+    pairs = []
+    for text in config.getoption("--only") or []:
+        device, sep, prefix = text.partition("=")
+        if not sep or not device:
+            raise pytest.UsageError(f"--only takes DEVICE=PREFIX, got {text!r}")
+        pairs.append((device, prefix))
+    return pairs
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     prefixes = config.getoption("--capability") or []
+    only = _only_pairs(config)
     keep, dropped = [], []
     for item in items:
         name = capability_name(item)
@@ -272,11 +292,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.append(("device", target.name))
         if prefixes and not (name and any(name.startswith(p) for p in prefixes)):
             dropped.append(item)
+        elif only and not (name and isinstance(target, PlatformTarget) and _selected(only, target, name)):
+            dropped.append(item)
         else:
             keep.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+def _selected(pairs: list[tuple[str, str]], target: PlatformTarget, capability: str) -> bool:
+    names = (target.name, target.record.name, *target.cls.aliases)
+    return any(device in names and capability.startswith(prefix) for device, prefix in pairs)
 
 
 @pytest.fixture

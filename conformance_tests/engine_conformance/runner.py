@@ -158,7 +158,7 @@ QUICK_OP_LEVEL = (
     "attention.decode", "attention.prefill", "attention.chunked_prefill", "attention.decode_rows_first",
     "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
     "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
-    "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "graph_capture", "contract",
+    "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "moe", "graph_capture", "contract",
     "distributed",
 )  # fmt: skip
 
@@ -166,6 +166,55 @@ QUICK_OP_LEVEL = (
 #: the suite's processes load only the plugins it names: the pytest plugins other packages install (hypothesis,
 #: schemathesis, langsmith...) took over half of a short run's start-up
 SUITE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def run_suite(
+    device: str | None, extra_pytest_args: list[str] | None = None, strict: bool = False, workers: int = 1
+) -> tuple[int, dict[str, Any] | None]:
+    """Run the suite in ``workers`` child processes and merge what the collector recorded.
+
+    Args:
+        device: the device to run for (``--device``), or None for every platform the run loads (with
+            ``--only DEVICE=PREFIX`` pairs in ``extra_pytest_args``, several plugins share one process).
+        extra_pytest_args: more pytest arguments.
+        strict: ``--conformance-strict``.
+        workers: pytest processes sharing the suite (``--conformance-shard``).
+
+    Returns:
+        pytest's exit code, and ``{"tests": [...], "platforms": [...]}`` in suite order, or None when a
+        process wrote no results (a usage error, a crash).
+    """
+    with tempfile.TemporaryDirectory(prefix="engine-conformance-") as tmp:
+        cmd = [
+            sys.executable, "-m", "pytest", str(suite_dir()),
+            "-p", "engine_conformance.collector",
+            "-p", "no:cacheprovider",
+            *(["--device", device] if device is not None else []),
+            "-q", "--no-header",
+            # the suite's own flag, not pytest's --strict, which also applies the caller's ini strictly
+            *(["--conformance-strict"] if strict else []),
+            *(extra_pytest_args or []),
+        ]  # fmt: skip
+        shards = [[f"--conformance-shard={i}/{workers}"] for i in range(workers)] if workers > 1 else [[]]
+        paths = [os.path.join(tmp, f"results-{i}.json") for i in range(len(shards))]
+        procs = [
+            subprocess.Popen([*cmd, *shard], env=dict(os.environ, **{RESULTS_ENV: path}, **SUITE_ENV))
+            for shard, path in zip(shards, paths)
+        ]
+        codes = [proc.wait() for proc in procs]
+        # 5 (nothing selected) from a shard that drew no test is no failure when another shard ran some
+        ran = [c for c in codes if c != 5] or codes
+        code = max(ran)
+        if any(not os.path.exists(path) for path in paths):
+            return code, None
+        results: dict[str, Any] = {"tests": [], "platforms": []}
+        for path in paths:
+            with open(path, encoding="utf-8") as fh:
+                part = json.load(fh)
+            results["tests"] += part["tests"]
+            results["platforms"] = results["platforms"] or part.get("platforms", [])
+        results["tests"].sort(key=lambda t: t.get("index") if t.get("index") is not None else -1)
+    return code, results
 
 
 def run_conformance(
@@ -193,40 +242,10 @@ def run_conformance(
         0 when every test passed or was skipped as not claimed / not runnable; pytest's exit code otherwise
         (1: failures, 4: usage error such as an unknown device, 5: nothing selected).
     """
-    with tempfile.TemporaryDirectory(prefix="engine-conformance-") as tmp:
-        cmd = [
-            sys.executable, "-m", "pytest", str(suite_dir()),
-            "-p", "engine_conformance.collector",
-            "-p", "no:cacheprovider",
-            "--device", device,
-            "-q", "--no-header",
-            # the suite's own flag, not pytest's --strict, which also applies the caller's ini strictly
-            *(["--conformance-strict"] if strict else []),
-            *(extra_pytest_args or []),
-        ]  # fmt: skip
-        shards = [[f"--conformance-shard={i}/{workers}"] for i in range(workers)] if workers > 1 else [[]]
-        paths = [os.path.join(tmp, f"results-{i}.json") for i in range(len(shards))]
-        procs = [
-            subprocess.Popen([*cmd, *shard], env=dict(os.environ, **{RESULTS_ENV: path}, **SUITE_ENV))
-            for shard, path in zip(shards, paths)
-        ]
-        codes = [proc.wait() for proc in procs]
-        # 5 (nothing selected) from a shard that drew no test is no failure when another shard ran some
-        ran = [c for c in codes if c != 5] or codes
-        code = max(ran)
-        missing = [path for path in paths if not os.path.exists(path)]
-        if missing:
-            print(
-                f"engine conformance: the suite did not run for device {device!r} (pytest exit code {code})"
-            )
-            return code or 1
-        results = {"tests": [], "platforms": []}
-        for path in paths:
-            with open(path, encoding="utf-8") as fh:
-                part = json.load(fh)
-            results["tests"] += part["tests"]
-            results["platforms"] = results["platforms"] or part.get("platforms", [])
-        results["tests"].sort(key=lambda t: t.get("index") if t.get("index") is not None else -1)
+    code, results = run_suite(device, extra_pytest_args, strict, workers)
+    if results is None:
+        print(f"engine conformance: the suite did not run for device {device!r} (pytest exit code {code})")
+        return code or 1
     rows = summarize(results["tests"])
     print()
     print(f"Conformance of device {device!r}:")

@@ -1,4 +1,5 @@
-"""Mixture of experts (``GemmBackend.prepare_experts`` / ``fused_moe``) against the float64 reference."""
+"""Mixture of experts (``GemmBackend.prepare_experts`` / ``fused_moe``, the ``moe_topk`` op) against the
+float64 references."""
 
 from __future__ import annotations
 
@@ -7,24 +8,29 @@ from typing import Any
 import pytest
 import torch
 
-from engine.interfaces.platform import Platform
+from engine.interfaces.ops import reference_ops
+from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, torch_dtype
+from engine_conformance.op_checks import check_op_result
+from engine_conformance.test_ops import moe_topk_case
 from engine_plugin_sdk.reference_ops import ref_fused_moe
 from engine_plugin_sdk.tolerances import get_tolerance
 
-HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, TOKENS = 128, 96, 6, 2, 13
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 96, 6, 2
+#: a decode-sized batch and one past 64 (token, expert) pairs: kernels often switch paths by batch size
+TOKEN_COUNTS = (13, 37)
 
 
-def moe_case(dtype: torch.dtype, device: Any) -> tuple[torch.Tensor, list, list, torch.Tensor, torch.Tensor]:
+def moe_case(dtype: torch.dtype, device: Any, tokens: int) -> tuple[torch.Tensor, list, list, torch.Tensor, torch.Tensor]:
     """Fresh random experts and routing: the last expert gets no token, token 0 names expert 1 twice,
     and one token's weights do not sum to one (routings without renormalisation)."""
-    gen = torch.Generator().manual_seed(4242)
-    x = torch.randn(TOKENS, HIDDEN, generator=gen).to(dtype).to(device)
+    gen = torch.Generator().manual_seed(4242 + tokens)
+    x = torch.randn(tokens, HIDDEN, generator=gen).to(dtype).to(device)
     gate_up = [(torch.randn(2 * INTERMEDIATE, HIDDEN, generator=gen) * HIDDEN**-0.5).to(dtype).to(device) for _ in range(EXPERTS)]
     down = [(torch.randn(HIDDEN, INTERMEDIATE, generator=gen) * INTERMEDIATE**-0.5).to(dtype).to(device) for _ in range(EXPERTS)]
-    ids = torch.randint(0, EXPERTS - 1, (TOKENS, TOP_K), generator=gen)
+    ids = torch.randint(0, EXPERTS - 1, (tokens, TOP_K), generator=gen)
     ids[0] = 1
-    weights = torch.rand(TOKENS, TOP_K, generator=gen)
+    weights = torch.rand(tokens, TOP_K, generator=gen)
     weights[1:] = weights[1:] / weights[1:].sum(dim=-1, keepdim=True)
     return x, gate_up, down, weights.to(device), ids.to(device)
 
@@ -34,13 +40,27 @@ def test_fused_moe(platform: Platform, device: Any, dtype_name: str) -> None:
     capability = f"moe.fused.{dtype_name}"
     dtype = torch_dtype(dtype_name)
     gemm = platform.make_gemm_backend()
-    x, gate_up, down, weights, ids = moe_case(dtype, device)
-    experts = gemm.prepare_experts(gate_up, down, dtype)
-    out = gemm.fused_moe(x, experts, weights, ids)
-    if out.dtype != dtype or tuple(out.shape) != (TOKENS, HIDDEN):
-        pytest.fail(f"{capability}: output {out.dtype} {tuple(out.shape)}, expected {dtype} {(TOKENS, HIDDEN)}", pytrace=False)
-    assert_close(out, ref_fused_moe(x, gate_up, down, weights, ids), get_tolerance(dtype), capability)
+    for tokens in TOKEN_COUNTS:
+        x, gate_up, down, weights, ids = moe_case(dtype, device, tokens)
+        experts = gemm.prepare_experts(gate_up, down, dtype)
+        out = gemm.fused_moe(x, experts, weights, ids)
+        label = f"{capability} ({tokens} tokens)"
+        if out.dtype != dtype or tuple(out.shape) != (tokens, HIDDEN):
+            pytest.fail(f"{label}: output {out.dtype} {tuple(out.shape)}, expected {dtype} {(tokens, HIDDEN)}", pytrace=False)
+        assert_close(out, ref_fused_moe(x, gate_up, down, weights, ids), get_tolerance(dtype), label)
     # no token at all: an empty output, not an error
     empty = gemm.fused_moe(x[:0], experts, weights[:0], ids[:0])
     if tuple(empty.shape) != (0, HIDDEN):
         pytest.fail(f"{capability}: no tokens gave shape {tuple(empty.shape)}", pytrace=False)
+
+
+@pytest.mark.capability("moe.topk")
+def test_moe_topk_without_renormalisation(platform: Platform, caps: Capabilities) -> None:
+    """The routing op over Qwen3-MoE's 128 experts with softmax weights kept as they are (Qwen2-MoE, OLMoE);
+    ``ops.moe_topk`` covers 40 experts, renormalised."""
+    op = reference_ops().with_overrides(platform.op_overrides()).moe_topk
+    gen = torch.Generator().manual_seed(4343)
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        args, expected = moe_topk_case(gen, dtype, platform.torch_device(), renormalize=False, experts=128)
+        check_op_result("moe_topk", op(*args), expected, dtype, list(args), f"moe.topk {dtype_name}")

@@ -26,13 +26,14 @@ import torch
 from engine.interfaces.ops import OP_NAMES, reference_ops
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_equal, torch_dtype
-from engine_conformance.op_checks import FP8, check_op_result
+from engine_conformance.op_checks import FP8, check_op_result, spaced_router_logits
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_apply_token_bitmask,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
+    ref_moe_topk,
     ref_post_norm_add_rms_norm,
     ref_rms_norm,
     ref_rotary_embedding,
@@ -166,6 +167,10 @@ def build_case(op_name: str, views: Views, width: int, rows: int) -> tuple[tuple
         indices = torch.arange(0, rows, 2)
         expected = ref_apply_token_bitmask(logits, bitmask, indices)
         return (logits, bitmask.to(views.device), indices.to(views.device)), (expected,)
+    if op_name == "moe_topk":
+        # width experts, 8 of them chosen per token
+        logits = place(spaced_router_logits(views.gen, rows, width, 8).to(views.dtype))
+        return (logits, 8, True), ref_moe_topk(logits, 8, True)
     raise ValueError(f"no test case for op {op_name!r}")
 
 

@@ -10,13 +10,14 @@ import torch
 from engine.interfaces.ops import OP_NAMES, reference_ops
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, default_geometry, torch_dtype
-from engine_conformance.op_checks import FP8, check_op_result
+from engine_conformance.op_checks import FP8, check_op_result, spaced_router_logits
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_apply_token_bitmask,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
+    ref_moe_topk,
     ref_post_norm_add_rms_norm,
     ref_rms_norm,
     ref_rotary_embedding,
@@ -82,7 +83,17 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
         x, residual = rand(9, HIDDEN + 96) * 20, rand(9, HIDDEN + 96)
         post_w, w = rand(HIDDEN + 96), rand(HIDDEN + 96)
         return (x, residual, post_w, w, EPS), ref_post_norm_add_rms_norm(x, residual, post_w, w, EPS)
+    if op_name == "moe_topk":
+        return moe_topk_case(gen, dtype, device, renormalize=True)
     raise ValueError(f"no test case for op {op_name!r}")
+
+
+def moe_topk_case(gen: torch.Generator, dtype: torch.dtype, device: Any, renormalize: bool, experts: int = 40) -> tuple[tuple, tuple]:
+    """Router logits ``[9, experts]`` (40: not a power of two) with an unambiguous top 6; float32 weights and
+    int64 ids expected."""
+    logits = spaced_router_logits(gen, 9, experts, 6).to(dtype)
+    weights, ids = ref_moe_topk(logits, 6, renormalize)
+    return (logits.to(device), 6, renormalize), (weights, ids)
 
 
 def _bitmask_case(gen: torch.Generator, dtype: torch.dtype, device: Any) -> tuple[tuple, tuple]:

@@ -31,6 +31,17 @@ def hf_tokenizer_dir(tmp_path_factory, smollm_gguf_path) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm_gguf_path):
+    """HF transformers' own load of the embedded GGUF (float32, eval), the reference for the embedded model;
+    loaded once per session: it dequantizes every tensor in Python, about ten seconds."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm_gguf_path), gguf_file=os.path.basename(smollm_gguf_path), dtype=torch.float32
+    ).eval()
+
+
 def _save_tiny(kind: str, out_dir: str, tokenizer_dir: str) -> str:
     import shutil
 

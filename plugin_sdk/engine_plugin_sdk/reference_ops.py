@@ -281,6 +281,16 @@ def ref_apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices
     return out
 
 
+def ref_moe_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax routing in float64: each token's ``top_k`` experts (highest first) and their weights, scaled to
+    sum to 1 when ``renormalize``. Returns float64 weights and int64 ids, ``[tokens, top_k]``."""
+    probs = torch.softmax(router_logits.to(F64).cpu(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
 def ref_fused_moe(
     x: torch.Tensor,
     gate_up: list[torch.Tensor],

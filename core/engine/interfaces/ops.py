@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from engine.interfaces.gemm import RowQuantizedActivations
+from engine.interfaces.moe import moe_topk
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -186,6 +187,7 @@ class OpTable:
     layer_norm: Callable[..., torch.Tensor]
     apply_token_bitmask: Callable[..., None]
     post_norm_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    moe_topk: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def with_overrides(self, overrides: dict[str, Callable]) -> OpTable:
         """A copy with some ops replaced.
@@ -207,7 +209,7 @@ CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and
 #: conformance seeds of the earlier ones (drawn from their index here) stay put
 OP_NAMES = (
     *CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul", "layer_norm",
-    "apply_token_bitmask", "post_norm_add_rms_norm",
+    "apply_token_bitmask", "post_norm_add_rms_norm", "moe_topk",
 )
 
 
@@ -225,4 +227,5 @@ def reference_ops() -> OpTable:
         layer_norm=layer_norm,
         apply_token_bitmask=apply_token_bitmask,
         post_norm_add_rms_norm=post_norm_add_rms_norm,
+        moe_topk=moe_topk,
     )

@@ -34,6 +34,7 @@ from engine.interfaces.gemm import (
 )
 from engine.interfaces.ops import quantize_rows as reference_quantize_rows
 from engine_plugin_sdk.dtypes import torch_dtype
+from engine_plugin_sdk.gpu.moe import StackedExperts, stack_experts
 
 FP8_SCHEME = "fp8_e4m3"
 #: largest finite value of each e4m3 flavour
@@ -86,6 +87,12 @@ class TorchGemmBackend(GemmBackend):
         self.device = torch.device(device)
         self.fp8_dtype = fp8_dtype
         self.supported_quant_schemes = frozenset({FP8_SCHEME}) if fp8_dtype else frozenset()
+        #: run mixtures of experts through the shared Triton kernels (on the GPU; the platform also turns
+        #: this on in interpreter mode) rather than one ``linear`` per expert
+        self.triton_moe = self.device.type == "cuda"
+        #: the MoE kernels' :class:`~engine_plugin_sdk.gpu.triton_kernels.moe_launchers.MoeTiles`, None
+        #: for their defaults (kept as None here so that constructing a backend does not import Triton)
+        self.moe_tiles: Any = None
 
     @property
     def fp8(self) -> bool:
@@ -108,6 +115,25 @@ class TorchGemmBackend(GemmBackend):
         if isinstance(x, RowQuantizedActivations):
             x = dequantize_rows(x)
         return torch.nn.functional.linear(x, weight, bias)
+
+    def prepare_experts(self, gate_up: list[Any], down: list[Any], dtype: Any) -> Any:
+        if not self.triton_moe:
+            return super().prepare_experts(gate_up, down, dtype)
+        target = torch_dtype(dtype, supported=GEMM_DTYPES)
+        # the Triton kernels read OCP e4m3 only: MI300's fnuz flavour dequantizes instead
+        return stack_experts(gate_up, down, target, self.device, fp8=self.fp8_dtype == "float8_e4m3fn")
+
+    def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
+        if not isinstance(experts, StackedExperts):
+            return super().fused_moe(x, experts, topk_weights, topk_ids, activation)
+        if activation != "silu":
+            raise ValueError(f"unknown expert activation {activation!r}")
+        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe
+
+        return fused_moe(
+            x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(),
+            gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale,
+        )  # fmt: skip
 
     def row_quantized_input(self, weight: Any) -> Any | None:
         """The weight's FP8 dtype for a W8A8 weight (its activations take one FP8 term per row, which the

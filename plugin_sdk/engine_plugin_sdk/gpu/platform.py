@@ -298,7 +298,13 @@ class TorchGpuPlatform(Platform):
         return self.attention_backend_class()(self.kernel_tuning())
 
     def make_gemm_backend(self) -> GemmBackend:
-        return self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
+        backend = self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
+        if self.interpret:
+            self.kernel_tuning()  # sets interpreter mode before the MoE kernels are imported
+            from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES
+
+            backend.triton_moe, backend.moe_tiles = True, INTERPRETER_MOE_TILES
+        return backend
 
     def make_graph_capture(self) -> GraphCapture:
         if self.interpret:
@@ -314,6 +320,7 @@ class TorchGpuPlatform(Platform):
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
         from engine_plugin_sdk.gpu.triton_kernels import launchers
+        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import moe_topk_softmax
         from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
         from engine_plugin_sdk.gpu.triton_kernels.token_bitmask import apply_token_bitmask
 
@@ -327,6 +334,7 @@ class TorchGpuPlatform(Platform):
             "greedy_pick": launchers.greedy_pick,
             "apply_token_bitmask": apply_token_bitmask,
             "post_norm_add_rms_norm": post_norm_add_rms_norm,
+            "moe_topk": moe_topk_softmax,
         }
 
     def make_communicator(

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.interfaces.moe import moe_topk
 from engine.loader.quantized import concat_weights
 from engine.models.layers.spec import MoeSpec
 
@@ -42,7 +41,7 @@ class MoeMLP:
     def forward(self, model: DenseDecoder, x: torch.Tensor) -> torch.Tensor:
         """Route, run the chosen experts and combine them (plus the gated shared expert)."""
         gemm = model.gemm
-        weights, ids = moe_topk(gemm.linear(x, self.router), self.top_k, self.renormalize)
+        weights, ids = model.ops.moe_topk(gemm.linear(x, self.router), self.top_k, self.renormalize)
         out = gemm.fused_moe(x, self.experts, weights, ids)
         if self.shared_gate_up is not None:
             shared = gemm.linear(model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up)), self.shared_down)

@@ -1,0 +1,277 @@
+"""Mixtures of experts on the H200: the Triton MoE kernels, and a Qwen3-30B-A3B-shaped model (dummy bf16 weights).
+
+Subcommands (repository root, on the device machine after ``source benchmarks/nvidia_h200_setup.sh``):
+
+- ``kernels``: one Qwen3-30B-A3B MoE layer (128 experts, top 8, hidden 2048, expert width 768) at several
+  token counts: each kernel path (GEMV, grouped GEMM with a few tiles) checked against the per-expert torch
+  path (``reference_fused_moe`` over cuBLAS) and timed, with the bandwidth of the expert bytes it must read.
+- ``decode``: batch-1 decode with CUDA graphs against the roofline of the bytes a step reads: attention and
+  norms, the router, the ``top_k`` experts a token picks (not all 128), the LM head.
+- ``throughput``: 1000 prompts x (512 in / 256 out) offline, then HF transformers ``generate`` at each
+  ``--hf-batch`` size, in the same run.
+
+    python benchmarks/nvidia_h200_moe.py kernels
+    python benchmarks/nvidia_h200_moe.py decode --tokenizer .nvcarry/llama3-8b-dummy
+    python benchmarks/nvidia_h200_moe.py throughput --tokenizer .nvcarry/llama3-8b-dummy --hf-batch 64 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+#: Qwen3-30B-A3B's published config.json (the shapes; weights are random)
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "attention_bias": False, "bos_token_id": 151643, "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
+
+
+def timed(fn: Any, repeats: int = 10, inner: int = 20) -> float:
+    """Median seconds of one ``fn()`` on the GPU, replayed ``inner`` times per CUDA graph (no host launch
+    cost, as inside the engine's decode graphs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / inner)
+    return sorted(times)[len(times) // 2]
+
+
+def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    from triton.runtime.errors import OutOfResources
+
+    from engine.interfaces.moe import ExpertWeights, moe_topk, reference_fused_moe
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe, moe_topk_softmax
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = torch.randn(E, 2 * INTER, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+    down = torch.randn(E, HIDDEN, INTER, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+    per_expert = ExpertWeights(list(gate_up.unbind(0)), list(down.unbind(0)))
+    gemm = CudaGemmBackend("cuda")
+    results: dict[str, Any] = {}
+    expert_bytes = (3 * INTER * HIDDEN) * 2
+    # the pieces of a batch-1 MoE layer besides the experts
+    x1 = torch.randn(1, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
+    router = torch.randn(E, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+    logits1 = gemm.linear(x1, router)
+    results["router_us"] = 1e6 * timed(lambda: gemm.linear(x1, router))
+    results["topk_us"] = 1e6 * timed(lambda: moe_topk_softmax(logits1, TOP_K, True))
+    print(f"batch 1: router GEMM {results['router_us']:.1f} us, top-k kernel {results['topk_us']:.1f} us", flush=True)
+    variants = {f"gemv{gu}{dn}": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn)
+                for gu in args.gate_up_gemv for dn in args.down_gemv}  # fmt: skip
+    for bm, bn, bk, warps, stages in args.tiles:
+        variants[f"gemm{bm}x{bn}x{bk}w{warps}s{stages}"] = MoeTiles(
+            gemv_max_slots=0, gemm=((0, bm, bn, bk, warps, stages),)
+        )
+    for tokens in args.tokens:
+        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
+        logits = torch.randn(tokens, E, device="cuda", generator=gen, dtype=torch.float32)
+        weights, ids = moe_topk(logits, TOP_K, True)
+        unique = int(torch.unique(ids).numel())
+        want = reference_fused_moe(gemm, x, per_expert, weights, ids).float()
+        row: dict[str, Any] = {"unique_experts": unique}
+        for name, tiles in variants.items():
+            if name.startswith("gemv") and tokens * TOP_K > 512:
+                continue
+            try:
+                got = fused_moe(x, gate_up, down, weights, ids, tiles).float()
+            except OutOfResources:
+                continue
+            err = float(((got - want).abs().max() / want.abs().max()).item())
+            sec = timed(lambda x=x, w=weights, i=ids, t=tiles: fused_moe(x, gate_up, down, w, i, t))
+            row[name] = {"us": 1e6 * sec, "TBps_unique_experts": unique * expert_bytes / sec / 1e12, "rel_err": err}
+        ranked = sorted((v["us"], k) for k, v in row.items() if isinstance(v, dict))
+        worst_err = max(v["rel_err"] for v in row.values() if isinstance(v, dict))
+        print(f"T={tokens:5d} unique={unique:3d} max rel err {worst_err:.1e}  "
+              + "  ".join(f"{k} {us:.1f}us {row[k]['TBps_unique_experts']:.2f}TB/s" for us, k in ranked[:4]),
+              flush=True)  # fmt: skip
+        results[f"tokens_{tokens}"] = row
+    return results
+
+
+def moe_model_folder(tokenizer: str, out: str) -> str:
+    from nvidia_h200_dense import tokenizer_only
+
+    folder = tokenizer_only(tokenizer, out)
+    Path(folder, "config.json").write_text(json.dumps(QWEN3_30B_A3B), encoding="utf-8")
+    return folder
+
+
+def step_bytes(llm: Any) -> tuple[int, int]:
+    """(all parameter bytes, bytes a batch-1 decode step reads: every layer tensor, the router, the
+    ``top_k`` chosen experts of each MoE layer, the final norm and the LM head; not the embedding table)."""
+    model = llm.llm_engine.model
+    total = model.embed_tokens.numel() * model.embed_tokens.element_size()
+    read = 0
+    for layer in model.layers:
+        for field in dataclasses.fields(layer):
+            t = getattr(layer, field.name)
+            if isinstance(t, torch.Tensor):
+                read += t.numel() * t.element_size()
+        moe = layer.moe
+        if moe is not None:
+            experts = moe.experts
+            stacked = sum(t.numel() * t.element_size() for t in (experts.gate_up, experts.down))
+            total += stacked
+            read += stacked * moe.top_k // experts.num_experts + moe.router.numel() * moe.router.element_size()
+    read += model.lm_head.numel() * model.lm_head.element_size() + model.final_norm.numel() * 2
+    return total + read, read
+
+
+def make_moe_llm(folder: str, **kwargs: Any) -> Any:
+    from engine import LLM
+
+    return LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", **kwargs)
+
+
+def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
+    from nvidia_h200 import copy_bandwidth, decode_rate
+
+    bandwidth = copy_bandwidth()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        llm = make_moe_llm(moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b")), max_num_seqs=8,
+                           kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
+        load_s = time.perf_counter() - t0
+        all_bytes, read = step_bytes(llm)
+        rate = decode_rate(llm)
+        if args.profile:
+            profile_decode(llm)
+    roofline = bandwidth / read
+    result = {"copy_bandwidth_TBps": bandwidth / 1e12, "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9,
+              "roofline_tok_s": roofline, "decode_tok_s": rate, "ratio_to_roofline": rate / roofline,
+              "load_s": load_s}  # fmt: skip
+    print(f"qwen3-30b-a3b: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, roofline {roofline:.0f} tok/s, "
+          f"decode {rate:.1f} tok/s = {rate / roofline:.3f} of it (load {load_s:.0f} s)", flush=True)  # fmt: skip
+    return result
+
+
+def profile_decode(llm: Any, steps: int = 32) -> None:
+    """GPU time by kernel over ``steps`` batch-1 decode steps (in the decode graphs), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    prompt = list(range(1000, 1128))
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    llm.generate([prompt], params, use_tqdm=False)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate([prompt], params, use_tqdm=False)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows)
+    print(f"per decode step: {total / steps:.0f} us of GPU time in kernels", flush=True)
+    for e in rows[:18]:
+        print(f"  {e.device_time_total / steps:8.1f} us  {e.count / steps:5.1f}x  {e.key[:90]}", flush=True)
+
+
+def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    import gc
+    import random
+
+    from nvidia_h200 import hf_generate_rate
+
+    from engine import SamplingParams
+
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
+        llm = make_moe_llm(folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                           memory_fraction=0.9, max_model_len=1024)  # fmt: skip
+        rng = random.Random(0)
+        prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
+        params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+        llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+        result.update({"num_prompts": args.num_prompts, "engine_seconds": seconds,
+                       "engine_output_tok_s": produced / seconds, "max_num_seqs": args.max_num_seqs})  # fmt: skip
+        print(f"engine: {args.num_prompts} x (512 in / 256 out) in {seconds:.1f} s = {produced / seconds:.0f} out tok/s",
+              flush=True)  # fmt: skip
+        del llm, outputs
+        gc.collect()
+        torch.cuda.empty_cache()
+        for batch in args.hf_batch:
+            try:
+                rate = hf_generate_rate(folder, batch, 512, args.hf_output_len)
+            except torch.OutOfMemoryError:
+                rate = "out of memory"
+            result[f"hf_output_tok_s_batch{batch}"] = rate
+            print(f"HF batch {batch}: {rate} out tok/s", flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+    hf = [v for k, v in result.items() if k.startswith("hf_output_tok_s") and isinstance(v, float)]
+    if hf:
+        result["engine_over_hf"] = result["engine_output_tok_s"] / max(hf)
+        print(f"engine / best HF = {result['engine_over_hf']:.2f}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("kernels")
+    ints = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
+    k.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096])
+    k.add_argument("--tiles", type=ints, nargs="+",
+                   default=[(16, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3)],
+                   help="grouped-GEMM tiles as block_m,block_n,block_k,warps,stages")
+    k.add_argument("--gate-up-gemv", type=ints, nargs="+", default=[(4, 512, 4)], help="block_n,block_k,warps")
+    k.add_argument("--down-gemv", type=ints, nargs="+", default=[(4, 256, 4)], help="block_n,block_k,warps")
+    for name in ("decode", "throughput"):
+        p = sub.add_parser(name)
+        p.add_argument("--tokenizer", required=True, help="a folder holding a HF tokenizer (its other files are ignored)")
+        if name == "decode":
+            p.add_argument("--profile", action="store_true", help="then GPU time by kernel of eager decode steps")
+        if name == "throughput":
+            p.add_argument("--num-prompts", type=int, default=1000)
+            p.add_argument("--max-num-seqs", type=int, default=256)
+            p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+            p.add_argument("--hf-batch", type=int, nargs="*", default=[64, 128])
+            p.add_argument("--hf-output-len", type=int, default=256)
+    for p in sub.choices.values():
+        p.add_argument("--json", default=None)
+    args = parser.parse_args()
+    result = {"kernels": cmd_kernels, "decode": cmd_decode, "throughput": cmd_throughput}[args.command](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

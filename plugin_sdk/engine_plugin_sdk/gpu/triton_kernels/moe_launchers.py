@@ -1,0 +1,206 @@
+"""Host-side launchers of the mixture-of-experts kernels (:mod:`.moe_kernels`): shapes, grids and tiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_plugin_sdk.gpu.triton_kernels import moe_kernels as mk
+from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
+
+
+@dataclass(frozen=True, slots=True)
+class MoeTiles:
+    """Launch parameters of the MoE kernels on one target.
+
+    Attributes:
+        gemv_max_slots: batches with at most this many (token, expert) slots take the GEMV kernels, the
+            rest the grouped GEMM (which reads a shared expert's weights once for all its tokens).
+        gate_up_gemv: ``(block_n, block_k, num_warps)`` of the GEMV over ``gate_up`` (output rows per
+            program, reduction tile, warps).
+        down_gemv: the same for the GEMV over ``down``.
+        gemm: the grouped GEMM's ``(max_slots, block_m, block_n, block_k, num_warps, num_stages)`` by batch
+            size: the first entry whose ``max_slots`` covers the batch's slots (the last one past them all).
+            ``block_m`` is slots per block (each expert's group is padded to a multiple of it), ``block_n``
+            output columns per program, ``block_k`` the reduction tile, ``num_stages`` the pipelining depth.
+        align_block_t: slots each align program scans per step.
+    """
+
+    gemv_max_slots: int = 64
+    gate_up_gemv: tuple[int, int, int] = (2, 1024, 4)
+    down_gemv: tuple[int, int, int] = (4, 1024, 4)
+    gemm: tuple[tuple[int, int, int, int, int, int], ...] = (
+        (2048, 32, 64, 64, 4, 3), (8192, 64, 64, 64, 4, 3), (0, 128, 128, 64, 8, 3),
+    )  # fmt: skip
+    align_block_t: int = 64
+
+    def gemm_tiles(self, slots: int) -> tuple[int, int, int, int, int]:
+        """``(block_m, block_n, block_k, num_warps, num_stages)`` of the grouped GEMM for ``slots`` slots."""
+        for max_slots, *tiles in self.gemm[:-1]:
+            if slots <= max_slots:
+                return tuple(tiles)  # type: ignore[return-value]
+        return tuple(self.gemm[-1][1:])  # type: ignore[return-value]
+
+
+#: the GEMV's and grouped GEMM's tiles at one Qwen3-30B-A3B layer (128 experts, top 8, hidden 2048, expert
+#: width 768) on an H200, 2026-12-02 (``benchmarks/nvidia_h200_moe.py kernels``, in CUDA graphs): 25.2 us at
+#: batch 1 (3.0 TB/s of the chosen experts' bytes), 124 us at batch 8 (4.1 TB/s); the grouped GEMM wins from
+#: 16 tokens (128 slots): 196 us at 16, 370 us at 256, 3.4 ms at 8192 (the defaults above)
+H200_MOE_TILES = MoeTiles()
+#: small tiles keep the interpreter's programs quick (``tl.dot`` needs 16 at least)
+INTERPRETER_MOE_TILES = MoeTiles(
+    gate_up_gemv=(32, 128, 4), down_gemv=(32, 128, 4), gemm=((0, 16, 16, 16, 4, 1),), align_block_t=16
+)
+
+
+def moe_topk_softmax(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing in one kernel (``engine.interfaces.moe.moe_topk``'s contract).
+
+    Args:
+        logits: ``[tokens, experts]`` router logits.
+        top_k: experts per token (at most the number of experts).
+        renormalize: scale each token's chosen weights to sum to 1.
+
+    Returns:
+        float32 weights and int64 ids, both ``[tokens, top_k]``, highest weight first.
+
+    Raises:
+        ValueError: for a ``top_k`` outside ``[1, experts]``.
+    """
+    tokens, experts = logits.shape
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k must be in [1, {experts}], got {top_k}")
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
+    if tokens == 0:
+        return weights, ids
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    block_e = next_power_of_2(experts)
+    mk.moe_topk_softmax_kernel[(tokens,)](
+        logits, weights, ids, experts, logits.stride(0),
+        TOP_K=top_k, K_P2=next_power_of_2(top_k), RENORM=renormalize, BLOCK_E=block_e,
+        num_warps=max(1, min(8, block_e // 128)),
+    )  # fmt: skip
+    return weights, ids
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    tiles: MoeTiles,
+    gate_up_scale: torch.Tensor | None = None,
+    down_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t])`` with ``e = ids[t, j]``.
+
+    Args:
+        x: ``[tokens, hidden]`` activations (float32 / bfloat16 / float16).
+        gate_up: stacked experts ``[E, 2 * inter, hidden]`` in ``x``'s dtype, or FP8 with ``gate_up_scale``.
+        down: ``[E, hidden, inter]``, likewise (with ``down_scale``).
+        topk_weights: ``[tokens, k]`` routing weights.
+        topk_ids: ``[tokens, k]`` expert ids (a token may name one expert twice).
+        tiles: launch parameters.
+        gate_up_scale: float32 ``[E, 2 * inter]`` per-channel scales of FP8 ``gate_up``, else None.
+        down_scale: float32 ``[E, hidden]`` scales of FP8 ``down``, else None.
+
+    Returns:
+        ``[tokens, hidden]`` in ``x``'s dtype.
+
+    Raises:
+        ValueError: for shapes that do not fit together.
+    """
+    tokens, hidden = x.shape
+    experts, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
+    if tuple(gate_up.shape) != (experts, 2 * inter, hidden) or tuple(down.shape) != (experts, hidden, inter):
+        raise ValueError(f"experts gate_up {tuple(gate_up.shape)} / down {tuple(down.shape)} do not fit hidden {hidden}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
+        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} for {tokens} tokens")
+    top_k = topk_ids.shape[1]
+    out = torch.empty_like(x)
+    if tokens == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
+    slots = tokens * top_k
+    act = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
+    fp8 = gate_up_scale is not None
+    gu_scale = gate_up_scale if fp8 else weights  # any pointer: unread without HAS_SCALE
+    d_scale = down_scale if down_scale is not None else weights
+    gu_stride_se = gate_up_scale.stride(0) if fp8 else 0
+    d_stride_se = down_scale.stride(0) if down_scale is not None else 0
+    if slots <= tiles.gemv_max_slots:
+        bn, bk, warps = tiles.gate_up_gemv
+        mk.moe_gemv_gate_up_kernel[(slots, triton_cdiv(inter, bn))](
+            x, gate_up, gu_scale, ids, act, inter,
+            x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), gu_stride_se,
+            K=hidden, TOP_K=top_k, HAS_SCALE=fp8, BLOCK_N=bn, BLOCK_K=min(bk, next_power_of_2(hidden)),
+            num_warps=warps,
+        )  # fmt: skip
+        bn, bk, warps = tiles.down_gemv
+        mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
+            act, down, d_scale, ids, weights, out, hidden,
+            act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se,
+            K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, BLOCK_N=bn,
+            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps,
+        )  # fmt: skip
+        return out
+    block_m, block_n, block_k, warps, stages = tiles.gemm_tiles(slots)
+    sorted_slots, block_expert, total = align_slots(ids, experts, block_m, tiles.align_block_t)
+    blocks = sorted_slots.numel() // block_m
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    common = {"PRECISION": precision, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+              "num_warps": warps, "num_stages": stages}  # fmt: skip
+    mk.moe_gemm_kernel[(blocks, triton_cdiv(inter, block_n))](
+        x, gate_up, gu_scale, sorted_slots, block_expert, total, weights, act,
+        inter, hidden, slots, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), gu_stride_se,
+        A_DIV=top_k, GATED=True, MUL_WEIGHT=False, HAS_SCALE=fp8, **common,
+    )  # fmt: skip
+    per_slot = torch.empty((slots, hidden), dtype=torch.float32, device=x.device)
+    mk.moe_gemm_kernel[(blocks, triton_cdiv(hidden, block_n))](
+        act, down, d_scale, sorted_slots, block_expert, total, weights, per_slot,
+        hidden, inter, slots, act.stride(0), down.stride(0), down.stride(1), per_slot.stride(0), d_stride_se,
+        A_DIV=1, GATED=False, MUL_WEIGHT=True, HAS_SCALE=down_scale is not None, **common,
+    )  # fmt: skip
+    return per_slot.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+
+
+def align_slots(
+    ids: torch.Tensor, experts: int, block_m: int, block_t: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group the slots by expert, each group padded to a multiple of ``block_m``.
+
+    Args:
+        ids: int ``[slots]`` expert ids.
+        experts: how many experts there are.
+        block_m: the grouped GEMM's rows per block.
+        block_t: slots each program scans per step.
+
+    Returns:
+        int32 ``sorted`` slots (padding holds ``slots``), sized for the worst case; int32 expert per block of
+        ``sorted``; int32 ``[1]`` padded total (blocks past it are unused).
+    """
+    slots = ids.numel()
+    # the worst case: every non-empty group wastes block_m - 1 rows
+    capacity = triton_cdiv(slots + min(experts, slots) * (block_m - 1), block_m) * block_m
+    sorted_slots = torch.empty(capacity, dtype=torch.int32, device=ids.device)
+    block_expert = torch.zeros(capacity // block_m, dtype=torch.int32, device=ids.device)
+    total = torch.empty(1, dtype=torch.int32, device=ids.device)
+    block_e = next_power_of_2(experts)
+    mk.moe_align_kernel[(experts,)](
+        ids, sorted_slots, block_expert, total, slots,
+        BLOCK_E=block_e, BLOCK_M=block_m, BLOCK_T=block_t, num_warps=4,
+    )  # fmt: skip
+    return sorted_slots, block_expert, total
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints."""
+    return -(-a // b)
