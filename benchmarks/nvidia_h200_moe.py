@@ -73,9 +73,9 @@ def timed(fn: Any, repeats: int = 10, inner: int = 20) -> float:
 def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     from triton.runtime.errors import OutOfResources
 
-    from engine.interfaces.moe import ExpertWeights, moe_topk, reference_fused_moe
+    from engine.interfaces.moe import ExpertWeights, reference_fused_moe
     from engine_plugin_nvidia.gemm import CudaGemmBackend
-    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe, moe_topk_softmax
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe, moe_topk
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up = torch.randn(E, 2 * INTER, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
@@ -89,7 +89,7 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     router = torch.randn(E, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
     logits1 = gemm.linear(x1, router)
     results["router_us"] = 1e6 * timed(lambda: gemm.linear(x1, router))
-    results["topk_us"] = 1e6 * timed(lambda: moe_topk_softmax(logits1, TOP_K, True))
+    results["topk_us"] = 1e6 * timed(lambda: moe_topk(logits1, TOP_K, True))
     print(f"batch 1: router GEMM {results['router_us']:.1f} us, top-k kernel {results['topk_us']:.1f} us", flush=True)
     variants = {f"gemv{gu}{dn}": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn)
                 for gu in args.gate_up_gemv for dn in args.down_gemv}  # fmt: skip

@@ -13,7 +13,7 @@ from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.op_checks import check_op_result
 from engine_conformance.test_ops import moe_topk_case
-from engine_plugin_sdk.reference_ops import ref_fused_moe
+from engine_plugin_sdk.reference_ops import ref_fused_moe, ref_moe_topk
 from engine_plugin_sdk.tolerances import get_tolerance
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 96, 6, 2
@@ -64,3 +64,21 @@ def test_moe_topk_without_renormalisation(platform: Platform, caps: Capabilities
         dtype = torch_dtype(dtype_name)
         args, expected = moe_topk_case(gen, dtype, platform.torch_device(), renormalize=False, experts=128)
         check_op_result("moe_topk", op(*args), expected, dtype, list(args), f"moe.topk {dtype_name}")
+
+
+@pytest.mark.capability("moe.topk.grouped")
+def test_moe_topk_sigmoid_grouped_with_bias(platform: Platform) -> None:
+    """DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a correction bias that moves the choice but not the
+    weights, 64 experts in 8 groups of which the 3 best (sum of their two best choices) compete, top 6
+    renormalised and scaled by 2.5; then the same without groups or renormalisation. float32 logits: the
+    op scores in float32 whatever the model dtype, and fresh normal logits leave no near-ties."""
+    op = reference_ops().with_overrides(platform.op_overrides()).moe_topk
+    gen = torch.Generator().manual_seed(4444)
+    device = platform.torch_device()
+    logits = torch.randn(11, 64, generator=gen)
+    bias = torch.randn(64, generator=gen) * 0.2
+    for renormalize, groups, topk_groups, scaling in ((True, 8, 3, 2.5), (False, 1, 1, 1.0)):
+        args = (logits.to(device), 6, renormalize, "sigmoid", bias.to(device), groups, topk_groups, scaling)
+        expected = ref_moe_topk(logits, 6, renormalize, "sigmoid", bias, groups, topk_groups, scaling)
+        label = f"moe.topk.grouped ({groups} groups, renormalize={renormalize})"
+        check_op_result("moe_topk", op(*args), expected, torch.float32, list(args), label)

@@ -41,7 +41,7 @@ def save_tiny(architecture: str, out_dir: str, tokenizer_dir: str, seed: int = 0
     """Save a seeded random HF checkpoint of ``architecture`` with the tokenizer files copied in.
 
     Weights are drawn wider than HF's 0.02 so greedy argmax is not a near-tie; norm scales and biases
-    are perturbed so their load path is exercised.
+    are perturbed so their load path is exercised, and so are routers' correction biases.
 
     Args:
         architecture: a transformers ``*ForCausalLM`` class name.
@@ -67,6 +67,9 @@ def save_tiny(architecture: str, out_dir: str, tokenizer_dir: str, seed: int = 0
                 p.normal_(0.0, 0.1)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # zeros at init: it would not move any choice
+                b.normal_(0.0, 0.1)
     model.save_pretrained(out_dir)
     for name in os.listdir(tokenizer_dir):
         shutil.copy(os.path.join(tokenizer_dir, name), out_dir)

@@ -50,6 +50,13 @@ ARCHITECTURES: dict[str, dict] = {
     ),
     "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True),
     "OlmoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=64),
+    # GLM-4.5: a dense first layer, sigmoid routing with a correction bias over 2 groups of 4 experts (one
+    # group chosen), renormalised and scaled, a shared expert, q/k norms and biases, half the head rotated
+    "Glm4MoeForCausalLM": dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
+        use_qk_norm=True, attention_bias=True, pad_token_id=0,
+    ),
 }
 
 

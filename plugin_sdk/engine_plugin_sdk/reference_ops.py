@@ -281,14 +281,41 @@ def ref_apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices
     return out
 
 
-def ref_moe_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax routing in float64: each token's ``top_k`` experts (highest first) and their weights, scaled to
-    sum to 1 when ``renormalize``. Returns float64 weights and int64 ids, ``[tokens, top_k]``."""
-    probs = torch.softmax(router_logits.to(F64).cpu(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+def ref_moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    scoring: str = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing in float64, token by token: scores (softmax over the experts, or a sigmoid each), plus the
+    correction bias to choose with; only the ``topk_groups`` groups with the best sums of their two best
+    choice scores compete; the ``top_k`` best choices, weighted by their unbiased scores (scaled to sum to 1
+    when ``renormalize``), times ``scaling``. Returns float64 weights and int64 ids, ``[tokens, top_k]``."""
+    logits = router_logits.to(F64).cpu()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else 1.0 / (1.0 + torch.exp(-logits))
+    choice = scores + (0.0 if correction_bias is None else correction_bias.to(F64).cpu())
+    tokens, experts = choice.shape
+    per_group = experts // num_groups
+    weights = torch.zeros(tokens, top_k, dtype=F64)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int64)
+    for t in range(tokens):
+        row = choice[t].clone()
+        if num_groups > 1:
+            sums = [sorted(row[g * per_group : (g + 1) * per_group].tolist())[-2:] for g in range(num_groups)]
+            best = sorted(range(num_groups), key=lambda g: -sum(sums[g]))[:topk_groups]
+            for g in range(num_groups):
+                if g not in best:
+                    row[g * per_group : (g + 1) * per_group] = float("-inf")
+        order = sorted(range(experts), key=lambda e: -row[e].item())[:top_k]
+        ids[t] = torch.tensor(order)
+        weights[t] = scores[t, order]
+        if renormalize:
+            weights[t] = weights[t] / weights[t].sum()
+    return weights * scaling, ids
 
 
 def ref_fused_moe(

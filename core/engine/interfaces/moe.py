@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 #: the gated activation of every expert's MLP: ``silu`` (SwiGLU: Mixtral, Qwen MoE, OLMoE, DeepSeek)
 MoeActivation = Literal["silu"]
+#: how router logits become expert scores
+MoeScoring = Literal["softmax", "sigmoid"]
 
 
 @dataclass(slots=True)
@@ -35,22 +37,60 @@ class ExpertWeights:
         return len(self.gate_up)
 
 
-def moe_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax routing: each token's ``top_k`` experts and their weights.
+def moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    scoring: MoeScoring = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing: each token's ``top_k`` experts and their weights.
 
     Args:
         router_logits: ``[tokens, experts]`` (any float dtype; scored in float32).
         top_k: experts per token.
         renormalize: scale each token's chosen weights to sum to 1 (Mixtral, Qwen3-MoE); otherwise they
-            keep their softmax probabilities (Qwen2-MoE, OLMoE).
+            keep their scores (Qwen2-MoE, OLMoE).
+        scoring: ``"softmax"`` over the experts, or ``"sigmoid"`` per expert (DeepSeek-V3, GLM-4.5).
+        correction_bias: float32 ``[experts]`` added to the scores to *choose* experts (the weights stay
+            the unbiased scores), or None.
+        num_groups: experts fall into this many equal groups; a group's score is the sum of its two best
+            (biased) scores, and only the ``topk_groups`` best groups' experts may be chosen.
+        topk_groups: groups a token may choose from.
+        scaling: a factor on the final weights (``routed_scaling_factor``).
 
     Returns:
-        float32 weights ``[tokens, top_k]`` and int64 expert ids ``[tokens, top_k]``, highest first.
+        float32 weights ``[tokens, top_k]`` and int64 expert ids ``[tokens, top_k]``, best first (by the
+        biased score).
+
+    Raises:
+        ValueError: for an unknown scoring or groups that do not divide the experts.
     """
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    logits = router_logits.float()
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"unknown MoE scoring {scoring!r}")
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if num_groups > 1:
+        tokens, experts = choice.shape
+        if experts % num_groups:
+            raise ValueError(f"{experts} experts do not fall into {num_groups} equal groups")
+        group_scores = choice.view(tokens, num_groups, -1).topk(2, dim=-1).values.sum(dim=-1)
+        kept = torch.zeros_like(group_scores, dtype=torch.bool)
+        kept.scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, True)
+        choice = choice.masked_fill(~kept.repeat_interleave(experts // num_groups, dim=1), float("-inf"))
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scaling != 1.0:
+        weights = weights * scaling
     return weights, ids.to(torch.int64)
 
 

@@ -27,6 +27,7 @@ from engine.models.cohere import CohereForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
+from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
@@ -65,6 +66,7 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("Qwen2MoeForCausalLM", Qwen2MoeForCausalLM),
     ("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM),
     ("OlmoeForCausalLM", OlmoeForCausalLM),
+    ("Glm4MoeForCausalLM", Glm4MoeForCausalLM),
 )
 
 

@@ -320,7 +320,7 @@ class TorchGpuPlatform(Platform):
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         self.kernel_tuning()  # interpreter mode is set in __init__, before the kernels are imported here
         from engine_plugin_sdk.gpu.triton_kernels import launchers
-        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import moe_topk_softmax
+        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import moe_topk
         from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
         from engine_plugin_sdk.gpu.triton_kernels.token_bitmask import apply_token_bitmask
 
@@ -334,7 +334,7 @@ class TorchGpuPlatform(Platform):
             "greedy_pick": launchers.greedy_pick,
             "apply_token_bitmask": apply_token_bitmask,
             "post_norm_add_rms_norm": post_norm_add_rms_norm,
-            "moe_topk": moe_topk_softmax,
+            "moe_topk": moe_topk,
         }
 
     def make_communicator(

@@ -28,6 +28,8 @@ class MoeMLP:
         shared_gate_up: the shared expert's fused gate/up, None without one.
         shared_down: its down projection.
         shared_gate: its sigmoid gate ``[1, hidden]``, None when its output is added as it is.
+        spec: the layer's routing (scoring, groups, scaling).
+        correction_bias: float32 ``[experts]`` added to the scores to choose, None without one.
     """
 
     router: Any
@@ -37,11 +39,21 @@ class MoeMLP:
     shared_gate_up: Any = None
     shared_down: Any = None
     shared_gate: Any = None
+    spec: MoeSpec | None = None
+    correction_bias: torch.Tensor | None = None
 
     def forward(self, model: DenseDecoder, x: torch.Tensor) -> torch.Tensor:
         """Route, run the chosen experts and combine them (plus the gated shared expert)."""
         gemm = model.gemm
-        weights, ids = model.ops.moe_topk(gemm.linear(x, self.router), self.top_k, self.renormalize)
+        logits = gemm.linear(x, self.router)
+        spec = self.spec
+        if spec is None or (spec.scoring == "softmax" and spec.num_groups == 1 and self.correction_bias is None):
+            weights, ids = model.ops.moe_topk(logits, self.top_k, self.renormalize)
+        else:
+            weights, ids = model.ops.moe_topk(
+                logits, self.top_k, self.renormalize, spec.scoring, self.correction_bias, spec.num_groups,
+                spec.topk_groups, spec.routed_scaling_factor,
+            )  # fmt: skip
         out = gemm.fused_moe(x, self.experts, weights, ids)
         if self.shared_gate_up is not None:
             shared = gemm.linear(model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up)), self.shared_down)
@@ -56,6 +68,8 @@ def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tupl
     gate, up, down = spec.expert_projections
     inter = spec.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {prefix + spec.router + ".weight": (spec.num_experts, hidden)}
+    if spec.correction_bias is not None:
+        shapes[prefix + spec.correction_bias] = (spec.num_experts,)
     for e in range(spec.num_experts):
         p = prefix + spec.expert.format(e)
         shapes[p + gate + ".weight"] = (inter, hidden)
@@ -90,7 +104,10 @@ def load_moe(loader: LayerLoader, prefix: str, spec: MoeSpec) -> MoeMLP:
     )
     # the router stays in the model dtype under load-time quantization: it picks the experts
     router = loader.matrix(loader.take(prefix + spec.router + ".weight", (spec.num_experts, hidden)), projection=False)
-    moe = MoeMLP(router=router, experts=experts, top_k=spec.top_k, renormalize=spec.renormalize)
+    moe = MoeMLP(router=router, experts=experts, top_k=spec.top_k, renormalize=spec.renormalize, spec=spec)
+    if spec.correction_bias is not None:
+        bias = loader.take(prefix + spec.correction_bias, (spec.num_experts,))
+        moe.correction_bias = torch.as_tensor(bias).to(device=device, dtype=torch.float32)
     if spec.shared_intermediate_size is not None:
         p, shared = prefix + spec.shared_expert, spec.shared_intermediate_size
         moe.shared_gate_up = loader.matrix(concat_weights([

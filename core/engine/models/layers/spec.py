@@ -68,6 +68,12 @@ class MoeSpec:
             None without one.
         shared_expert: the shared expert's prefix after the layer prefix.
         shared_expert_gate: the name of its sigmoid gate ``[1, hidden]`` (Qwen2-MoE), None without one.
+        scoring: ``"softmax"`` over the experts, or ``"sigmoid"`` per expert (DeepSeek-V3, GLM-4.5).
+        correction_bias: the name of the router's ``[experts]`` bias that moves the choice but not the
+            weights (``mlp.gate.e_score_correction_bias``), None without one.
+        num_groups: expert groups of group-limited routing (1: none).
+        topk_groups: groups a token may choose from.
+        routed_scaling_factor: factor on the routed experts' weights.
     """
 
     num_experts: int
@@ -80,6 +86,11 @@ class MoeSpec:
     shared_intermediate_size: int | None = None
     shared_expert: str = "mlp.shared_expert."
     shared_expert_gate: str | None = None
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    correction_bias: str | None = None
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

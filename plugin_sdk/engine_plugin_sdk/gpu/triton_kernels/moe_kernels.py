@@ -1,4 +1,4 @@
-"""Mixture-of-experts kernels: softmax top-k routing, and the experts' two projections in two forms.
+"""Mixture-of-experts kernels: top-k routing, and the experts' two projections in two forms.
 
 Experts are stacked: ``gate_up [E, 2I, H]`` (gate rows, then up rows) and ``down [E, H, I]``, rows contiguous
 along the reduced dimension. A *slot* is one (token, choice) pair, ``slot = token * top_k + j``.
@@ -22,28 +22,56 @@ import triton.language as tl
 
 
 @triton.jit
-def moe_topk_softmax_kernel(
-    logits_ptr, weights_ptr, ids_ptr, E, stride_l,
-    TOP_K: tl.constexpr, K_P2: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr,
+def moe_topk_kernel(
+    logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
+    NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
+    TOPK_GROUPS: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, SIGMOID: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
 ):
-    """One token per program: softmax over its experts, then the ``TOP_K`` largest (first index on ties)."""
+    """One token per program, its experts as a ``[groups, group size]`` tile: scores (softmax or sigmoid),
+    the correction bias added to choose, the best ``TOPK_GROUPS`` groups (by the sum of their two best
+    choices) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores."""
     t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_E)
-    x = tl.load(logits_ptr + t * stride_l + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)
-    p = tl.where(offs < E, p, -1.0)
+    offs_g = tl.arange(0, G_P2)
+    offs_s = tl.arange(0, S_P2)
+    idx = offs_g[:, None] * GROUP + offs_s[None, :]
+    valid = (offs_g[:, None] < NUM_GROUPS) & (offs_s[None, :] < GROUP)
+    x = tl.load(logits_ptr + t * stride_l + idx, mask=valid, other=float("-inf")).to(tl.float32)
+    if SIGMOID:
+        score = tl.where(valid, 1.0 / (1.0 + tl.exp(-x)), 0.0)
+    else:
+        p = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
+        score = p / tl.sum(tl.sum(p, axis=1), axis=0)
+    choice = score
+    if HAS_BIAS:
+        choice += tl.load(bias_ptr + idx, mask=valid, other=0.0).to(tl.float32)
+    choice = tl.where(valid, choice, float("-inf"))
+    if NUM_GROUPS > 1:
+        best1 = tl.max(choice, axis=1)
+        arg1 = tl.min(tl.where(choice == best1[:, None], offs_s[None, :], S_P2), axis=1)
+        best2 = tl.max(tl.where(offs_s[None, :] == arg1[:, None], float("-inf"), choice), axis=1)
+        group_score = tl.where(offs_g < NUM_GROUPS, best1 + best2, float("-inf"))
+        kept = offs_g < 0
+        for _ in tl.static_range(TOPK_GROUPS):
+            top = tl.max(group_score, axis=0)
+            g = tl.min(tl.where(group_score == top, offs_g, G_P2), axis=0)
+            kept = kept | (offs_g == g)
+            group_score = tl.where(offs_g == g, float("-inf"), group_score)
+        choice = tl.where(kept[:, None], choice, float("-inf"))
     offs_k = tl.arange(0, K_P2)
     chosen_w = tl.zeros([K_P2], dtype=tl.float32)
     chosen_i = tl.zeros([K_P2], dtype=tl.int64)
+    big = NUM_GROUPS * GROUP
     for j in tl.static_range(TOP_K):
-        best = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == best, offs, BLOCK_E), axis=0)
-        chosen_w = tl.where(offs_k == j, best, chosen_w)
-        chosen_i = tl.where(offs_k == j, idx.to(tl.int64), chosen_i)
-        p = tl.where(offs == idx, -2.0, p)
+        best = tl.max(tl.max(choice, axis=1), axis=0)
+        e = tl.min(tl.min(tl.where(choice == best, idx, big), axis=1), axis=0)
+        w = tl.sum(tl.sum(tl.where(idx == e, score, 0.0), axis=1), axis=0)
+        chosen_w = tl.where(offs_k == j, w, chosen_w)
+        chosen_i = tl.where(offs_k == j, e.to(tl.int64), chosen_i)
+        choice = tl.where(idx == e, float("-inf"), choice)
     if RENORM:
         chosen_w = chosen_w / tl.sum(chosen_w, axis=0)
+    chosen_w = chosen_w * scaling
     tl.store(weights_ptr + t * TOP_K + offs_k, chosen_w, mask=offs_k < TOP_K)
     tl.store(ids_ptr + t * TOP_K + offs_k, chosen_i, mask=offs_k < TOP_K)
 

@@ -54,34 +54,57 @@ INTERPRETER_MOE_TILES = MoeTiles(
 )
 
 
-def moe_topk_softmax(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax top-k routing in one kernel (``engine.interfaces.moe.moe_topk``'s contract).
+def moe_topk(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    scoring: str = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing in one kernel (``engine.interfaces.moe.moe_topk``'s contract: softmax or sigmoid scores, an
+    optional correction bias to choose with, group-limited choice, renormalisation, a scaling factor).
 
     Args:
         logits: ``[tokens, experts]`` router logits.
-        top_k: experts per token (at most the number of experts).
+        top_k: experts per token.
         renormalize: scale each token's chosen weights to sum to 1.
+        scoring: ``"softmax"`` or ``"sigmoid"``.
+        correction_bias: float ``[experts]`` added to the scores to choose, or None.
+        num_groups: equal groups of experts; only the ``topk_groups`` best may be chosen from.
+        topk_groups: groups a token may choose from.
+        scaling: factor on the final weights.
 
     Returns:
-        float32 weights and int64 ids, both ``[tokens, top_k]``, highest weight first.
+        float32 weights and int64 ids, both ``[tokens, top_k]``, best first.
 
     Raises:
-        ValueError: for a ``top_k`` outside ``[1, experts]``.
+        ValueError: for a ``top_k`` outside ``[1, experts]``, an unknown scoring, or groups that do not
+            divide the experts or leave fewer than ``top_k`` to choose from.
     """
     tokens, experts = logits.shape
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k must be in [1, {experts}], got {top_k}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"unknown MoE scoring {scoring!r}")
+    if experts % num_groups or not 1 <= topk_groups <= num_groups or topk_groups * (experts // num_groups) < top_k:
+        raise ValueError(f"{experts} experts in {num_groups} groups, {topk_groups} chosen, cannot give top {top_k}")
     weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
     if tokens == 0:
         return weights, ids
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    block_e = next_power_of_2(experts)
-    mk.moe_topk_softmax_kernel[(tokens,)](
-        logits, weights, ids, experts, logits.stride(0),
-        TOP_K=top_k, K_P2=next_power_of_2(top_k), RENORM=renormalize, BLOCK_E=block_e,
-        num_warps=max(1, min(8, block_e // 128)),
+    group = experts // num_groups
+    bias = correction_bias.contiguous() if correction_bias is not None else weights
+    mk.moe_topk_kernel[(tokens,)](
+        logits, bias, weights, ids, logits.stride(0), float(scaling),
+        NUM_GROUPS=num_groups, GROUP=group, G_P2=next_power_of_2(num_groups), S_P2=next_power_of_2(group),
+        TOPK_GROUPS=topk_groups, TOP_K=top_k, K_P2=next_power_of_2(top_k), SIGMOID=scoring == "sigmoid",
+        HAS_BIAS=correction_bias is not None, RENORM=renormalize,
+        num_warps=max(1, min(8, next_power_of_2(experts) // 128)),
     )  # fmt: skip
     return weights, ids
 
