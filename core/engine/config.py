@@ -95,6 +95,9 @@ class ParallelConfig(BaseModel):
             Ray actors in a placement group, on any host of the Ray cluster this host belongs to (a local
             one is started when there is none). None picks ``mp``. Data-parallel replicas are local
             processes, whose ranks use ``mp`` (``ray`` with replicas of several ranks is refused).
+        enable_expert_parallel: a mixture of experts' experts are divided among the tensor-parallel ranks
+            (each runs its own experts, whole, for every token; the ranks' outputs are summed) instead of
+            every expert being split across them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +108,7 @@ class ParallelConfig(BaseModel):
     data_parallel_size: int = Field(1, ge=1)
     data_parallel_rank: int = Field(0, ge=0)
     distributed_executor_backend: Literal["mp", "ray"] | None = None
+    enable_expert_parallel: bool = False
 
     @property
     def world_size(self) -> int:

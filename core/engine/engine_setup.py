@@ -203,7 +203,7 @@ def rank_parallelism(
     parallel = config.parallel
     tp_size, pp_size = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if pp_size == 1:
-        return TensorParallel(rank, tp_size, comm), None
+        return TensorParallel(rank, tp_size, comm, parallel.enable_expert_parallel), None
     layers = stage_layers(model_config.num_layers, pp_size, rank // tp_size)
     if tp_size == 1:
         return None, PipelineStage(rank, pp_size, comm, layers)
@@ -212,7 +212,7 @@ def rank_parallelism(
         pp_comm = comm.split([[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)])
     except NotImplementedError as exc:
         raise EngineConfigError(f"tensor and pipeline parallelism together need sub-groups: {exc}") from None
-    return TensorParallel(rank % tp_size, tp_size, tp_comm), PipelineStage(rank // tp_size, pp_size, pp_comm, layers)
+    return TensorParallel(rank % tp_size, tp_size, tp_comm, parallel.enable_expert_parallel), PipelineStage(rank // tp_size, pp_size, pp_comm, layers)
 
 
 def build_model(

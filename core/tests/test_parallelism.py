@@ -147,9 +147,50 @@ def test_a_post_norm_model_is_refused_pipeline_parallel_and_no_worker_is_left(hf
 def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir, hf_tokenizer_dir, tmp_path):
     with pytest.raises(EngineConfigError, match="4 attention heads do not split over tensor_parallel_size 3"):
         _llm(tiny_llama_dir, tensor_parallel_size=3)
-    moe = save_tiny("MixtralForCausalLM", str(tmp_path), hf_tokenizer_dir, num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(EngineConfigError, match="MixtralForCausalLM's experts do not split over tensor-parallel ranks yet"):
-        _llm(moe, tensor_parallel_size=2)
+    moe = save_tiny("MixtralForCausalLM", str(tmp_path), hf_tokenizer_dir, num_local_experts=3, num_experts_per_tok=2)
+    with pytest.raises(EngineConfigError, match="3 experts do not divide among 2 expert-parallel ranks"):
+        _llm(moe, tensor_parallel_size=2, enable_expert_parallel=True)
+    assert multiprocessing.active_children() == []
+
+
+#: GLM-4.5's layout (a dense first layer, sigmoid routing with a bias over groups, a shared expert) and
+#: Qwen2-MoE's (a shared expert behind a sigmoid gate), 8 experts of width 32
+MOE_CASES = {
+    "Glm4MoeForCausalLM": dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
+        use_qk_norm=True, attention_bias=True, pad_token_id=0,
+    ),
+    "Qwen2MoeForCausalLM": dict(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+    ),
+}
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["experts_split", "experts_divided"])
+@pytest.mark.parametrize("architecture", list(MOE_CASES))
+def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_parallel, hf_tokenizer_dir, tmp_path, monkeypatch):
+    """Each rank holds half of every expert's width, or (expert parallelism) four whole experts, and half of
+    the shared expert's width; the ranks' sums give one process's tokens and logits."""
+    path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **MOE_CASES[architecture])
+    one = _llm(path)
+    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
+    reference_logits = engine_prefill_logits(one, prompt_ids)
+    reads = record_window_reads(monkeypatch)
+    two = _llm(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
+    try:
+        experts = [t for t in reads if ".experts." in t.name]
+        if expert_parallel:  # rank 0 read experts 0-3 whole and nothing of the others
+            assert {int(t.name.split(".experts.")[1].split(".")[0]) for t in experts} == {0, 1, 2, 3}
+            assert all(t.shape == t.full_shape for t in experts)
+        else:
+            assert len({t.name for t in experts}) == 8 * 3 * (len(one.llm_engine.model.layers) - ("Glm4" in architecture))
+            assert all(math.prod(t.shape) * 2 == math.prod(t.full_shape) for t in experts)
+        assert _tokens(two) == expected
+        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
+        assert_all_blocks_free(two)
+    finally:
+        two.shutdown()
     assert multiprocessing.active_children() == []
 
 

@@ -111,6 +111,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="engine replicas, each in its own process on its own devices, behind the server; "
                              "a request goes to the one holding most of its prompt in cache, else the least "
                              "loaded (default 1)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="divide a mixture of experts' experts among the tensor-parallel ranks instead of "
+                             "splitting every expert across them")
     parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
                         help="how the tensor/pipeline-parallel ranks start: 'mp', local processes (the "
                              "default); 'ray', Ray actors on the hosts of this host's Ray cluster")
@@ -162,6 +165,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 pipeline_parallel_size=getattr(args, "pipeline_parallel_size", 1),
                 data_parallel_size=getattr(args, "data_parallel_size", 1),
                 distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
+                enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
             ),
         )
     except ValidationError as exc:

@@ -219,8 +219,9 @@ def closest_architectures(architecture: str, supported: list[str], n: int = 3) -
 
 
 def _stem(name: str) -> str:
-    # "Gemma3ForConditionalGeneration" -> "gemma3": the family, not the head, tells models apart
-    return re.sub(r"For[A-Z]\w*$", "", name).lower()
+    # "Gemma3ForConditionalGeneration" -> "gemma3", "GPT2LMHeadModel" -> "gpt2": the family, not the head,
+    # tells models apart
+    return re.sub(r"(For[A-Z]\w*|LMHeadModel)$", "", name).lower()
 
 
 def _supported_names(architecture: str, supported: list[str]) -> str:

@@ -27,11 +27,14 @@ class TensorParallel:
         rank: this process's rank.
         size: ranks in the group.
         comm: the group's communicator.
+        expert_parallel: a mixture of experts' experts are divided among the ranks (each holds whole
+            experts) rather than each expert split across them.
     """
 
     rank: int
     size: int
     comm: Communicator
+    expert_parallel: bool = False
 
     def heads(self, total: int) -> tuple[int, int]:
         """``(first, count)`` of the query heads this rank owns (``total`` divisible by ``size``)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.interfaces.gemm import QuantizedWeight
 from engine_plugin_nvidia.gemm import CudaGemmBackend
+from engine_plugin_sdk import QuantizedWeight
 from engine_plugin_sdk.gpu.moe import StackedExperts
 from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES, MoeTiles, align_slots
 from engine_plugin_sdk.reference_ops import ref_fused_moe

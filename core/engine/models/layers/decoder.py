@@ -24,6 +24,7 @@ from engine.loader.weight_slices import dense, weight_rows
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.layers.blocks import DecoderLayer, LayerLoader
+from engine.models.layers.moe_block import moe_tensor_parallel_problems
 from engine.models.layers.names import decoder_weight_shapes
 from engine.models.layers.rope import RotaryEmbedding
 from engine.models.layers.spec import DecoderSpec
@@ -150,7 +151,7 @@ class DenseDecoder(CausalLM):
         cfg = self.config
         problems = tensor_parallel_problems(cfg, tp.size, self.spec.qk_norm)
         if self.spec.moe is not None:
-            problems.append(f"{cfg.architecture}'s experts do not split over tensor-parallel ranks yet")
+            problems += moe_tensor_parallel_problems(self.spec.moe, tp.size, tp.expert_parallel)
         if problems:
             raise ValueError("; ".join(problems))
         self.tp = tp

@@ -1,5 +1,7 @@
 """The mixture-of-experts MLP of a decoder layer: a router, the experts (run by the GEMM backend's
-``fused_moe``) and an optional shared expert with its sigmoid gate."""
+``fused_moe``) and an optional shared expert with its sigmoid gate; under tensor parallelism each rank holds
+a slice of every expert or, with expert parallelism, whole experts of its own, and the ranks' outputs are
+summed."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
+from engine.loader.weight_slices import weight_columns, weight_rows
 from engine.models.layers.spec import MoeSpec
 
 if TYPE_CHECKING:
@@ -30,6 +34,8 @@ class MoeMLP:
         shared_gate: its sigmoid gate ``[1, hidden]``, None when its output is added as it is.
         spec: the layer's routing (scoring, groups, scaling).
         correction_bias: float32 ``[experts]`` added to the scores to choose, None without one.
+        expert_start: under expert parallelism, the first of this rank's experts (None otherwise).
+        local_experts: how many experts this rank holds under expert parallelism.
     """
 
     router: Any
@@ -41,6 +47,8 @@ class MoeMLP:
     shared_gate: Any = None
     spec: MoeSpec | None = None
     correction_bias: torch.Tensor | None = None
+    expert_start: int | None = None
+    local_experts: int = 0
 
     def forward(self, model: DenseDecoder, x: torch.Tensor) -> torch.Tensor:
         """Route, run the chosen experts and combine them (plus the gated shared expert)."""
@@ -54,13 +62,18 @@ class MoeMLP:
                 logits, self.top_k, self.renormalize, spec.scoring, self.correction_bias, spec.num_groups,
                 spec.topk_groups, spec.routed_scaling_factor,
             )  # fmt: skip
+        if self.expert_start is not None:
+            # this rank's experts only: the others' choices weigh nothing here (the ranks' sum has them)
+            local = ids - self.expert_start
+            mine = (local >= 0) & (local < self.local_experts)
+            weights, ids = weights * mine, local.clamp(0, self.local_experts - 1)
         out = gemm.fused_moe(x, self.experts, weights, ids)
         if self.shared_gate_up is not None:
             shared = gemm.linear(model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up)), self.shared_down)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(gemm.linear(x, self.shared_gate)) * shared
             out = out + shared
-        return out
+        return out if model.tp is None else model.tp.reduce(out)
 
 
 def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -87,15 +100,31 @@ def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tupl
 
 
 def load_moe(loader: LayerLoader, prefix: str, spec: MoeSpec) -> MoeMLP:
-    """Take a MoE layer's tensors out of the checkpoint (``prefix`` is the layer's HF prefix)."""
-    model = loader.model
+    """Take a MoE layer's tensors out of the checkpoint (``prefix`` is the layer's HF prefix).
+
+    Under tensor parallelism a rank keeps its share: its slice of every expert's (and the shared expert's)
+    intermediate width, or, under expert parallelism, its own experts whole (the others are dropped unread).
+    """
+    model, tp = loader.model, loader.model.tp
     hidden, inter = model.config.hidden_size, spec.intermediate_size
     gate, up, down = spec.expert_projections
+    lazy = tp is not None
+    own_experts = range(spec.num_experts)
+    own_width = slice(0, inter)
+    if tp is not None and tp.expert_parallel:
+        rows = tp.rows(spec.num_experts)
+        own_experts = range(rows.start, rows.stop)
+    elif tp is not None:
+        own_width = tp.rows(inter)
     gate_ups, downs = [], []
     for e in range(spec.num_experts):
         p = prefix + spec.expert.format(e)
-        gate_ups.append(concat_weights([loader.take(p + gate + ".weight", (inter, hidden)), loader.take(p + up + ".weight", (inter, hidden))]))
-        downs.append(loader.take(p + down + ".weight", (hidden, inter)))
+        parts = [loader.take(p + gate + ".weight", (inter, hidden), lazy), loader.take(p + up + ".weight", (inter, hidden), lazy)]
+        down_weight = loader.take(p + down + ".weight", (hidden, inter), lazy)
+        if e not in own_experts:
+            continue
+        gate_ups.append(concat_weights([materialize(weight_rows(part, own_width)) for part in parts]))
+        downs.append(_contiguous(materialize(weight_columns(down_weight, own_width))))
     device = model.device
     experts = model.gemm.prepare_experts(
         [w.to(device) if isinstance(w, torch.Tensor) else w for w in gate_ups],
@@ -105,15 +134,35 @@ def load_moe(loader: LayerLoader, prefix: str, spec: MoeSpec) -> MoeMLP:
     # the router stays in the model dtype under load-time quantization: it picks the experts
     router = loader.matrix(loader.take(prefix + spec.router + ".weight", (spec.num_experts, hidden)), projection=False)
     moe = MoeMLP(router=router, experts=experts, top_k=spec.top_k, renormalize=spec.renormalize, spec=spec)
+    if tp is not None and tp.expert_parallel:
+        moe.expert_start, moe.local_experts = own_experts.start, len(own_experts)
     if spec.correction_bias is not None:
         bias = loader.take(prefix + spec.correction_bias, (spec.num_experts,))
         moe.correction_bias = torch.as_tensor(bias).to(device=device, dtype=torch.float32)
     if spec.shared_intermediate_size is not None:
         p, shared = prefix + spec.shared_expert, spec.shared_intermediate_size
-        moe.shared_gate_up = loader.matrix(concat_weights([
-            loader.take(p + "gate_proj.weight", (shared, hidden)), loader.take(p + "up_proj.weight", (shared, hidden)),
-        ]))  # fmt: skip
-        moe.shared_down = loader.matrix(loader.take(p + "down_proj.weight", (hidden, shared)))
+        width = slice(0, shared) if tp is None else tp.rows(shared)
+        parts = [loader.take(p + "gate_proj.weight", (shared, hidden), lazy), loader.take(p + "up_proj.weight", (shared, hidden), lazy)]
+        moe.shared_gate_up = loader.matrix(concat_weights([materialize(weight_rows(part, width)) for part in parts]))
+        shared_down = loader.take(p + "down_proj.weight", (hidden, shared), lazy)
+        moe.shared_down = loader.matrix(_contiguous(materialize(weight_columns(shared_down, width))))
         if spec.shared_expert_gate is not None:
             moe.shared_gate = loader.matrix(loader.take(prefix + spec.shared_expert_gate + ".weight", (1, hidden)), projection=False)
     return moe
+
+
+def moe_tensor_parallel_problems(spec: MoeSpec, size: int, expert_parallel: bool) -> list[str]:
+    """Why a mixture of experts cannot split ``size`` ways (empty when it can)."""
+    problems = []
+    if expert_parallel and spec.num_experts % size:
+        problems.append(f"{spec.num_experts} experts do not divide among {size} expert-parallel ranks")
+    if not expert_parallel and spec.intermediate_size % size:
+        problems.append(f"expert width {spec.intermediate_size} does not split over tensor_parallel_size {size}")
+    if spec.shared_intermediate_size is not None and spec.shared_intermediate_size % size:
+        problems.append(f"shared expert width {spec.shared_intermediate_size} does not split over tensor_parallel_size {size}")
+    return problems
+
+
+def _contiguous(weight: Any) -> Any:
+    # a column slice is a strided view; a quantized weight stays as it is
+    return weight.contiguous() if isinstance(weight, torch.Tensor) else weight
