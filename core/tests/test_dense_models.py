@@ -57,6 +57,14 @@ ARCHITECTURES: dict[str, dict] = {
         first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
         use_qk_norm=True, attention_bias=True, pad_token_id=0,
     ),
+    # DeepSeek-V3: latent attention (a 56-wide latent and an 8-wide rotary key: the cache's head size is 64;
+    # a compressed query; rotary pairs interleaved in the checkpoint), DeepSeek's experts
+    "DeepseekV3ForCausalLM": dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
+        q_lora_rank=48, kv_lora_rank=56, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, head_dim=8,
+        num_key_value_heads=4,
+    ),
 }
 
 

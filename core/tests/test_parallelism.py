@@ -150,6 +150,12 @@ def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_ll
     moe = save_tiny("MixtralForCausalLM", str(tmp_path), hf_tokenizer_dir, num_local_experts=3, num_experts_per_tok=2)
     with pytest.raises(EngineConfigError, match="3 experts do not divide among 2 expert-parallel ranks"):
         _llm(moe, tensor_parallel_size=2, enable_expert_parallel=True)
+    mla = save_tiny(
+        "DeepseekV3ForCausalLM", str(tmp_path / "mla"), hf_tokenizer_dir, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, kv_lora_rank=56, qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4,
+    )  # fmt: skip
+    with pytest.raises(EngineConfigError, match="latent attention does not split over tensor-parallel ranks yet"):
+        _llm(mla, tensor_parallel_size=2)
     assert multiprocessing.active_children() == []
 
 

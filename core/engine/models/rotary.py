@@ -44,7 +44,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_mid, blended, scaled)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched ``scale`` times."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -59,7 +60,7 @@ def _yarn_inv_freq(dim: int, theta: float, scaling: dict[str, Any], max_position
     attention = scaling.get("attention_factor")
     if attention is None:
         mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) if mscale and mscale_all else _yarn_mscale(factor)
+        attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor)
     beta_fast = scaling.get("beta_fast") or 32
     beta_slow = scaling.get("beta_slow") or 1
 

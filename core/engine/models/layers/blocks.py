@@ -15,6 +15,7 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
 from engine.loader.weight_slices import dense, weight_columns, weight_rows
+from engine.models.layers.mla_block import MlaAttention, load_mla
 from engine.models.layers.moe_block import MoeMLP, load_moe
 from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
@@ -56,6 +57,8 @@ class DecoderLayer:
     head_ones: torch.Tensor | None = None
     #: the layer's mixture of experts in place of ``gate_up`` / ``down`` (None: a dense MLP)
     moe: MoeMLP | None = None
+    #: latent attention in place of ``qkv`` / ``o_proj`` (DeepSeek; None: the usual attention)
+    mla: MlaAttention | None = None
 
     def _norm_in(
         self,
@@ -96,6 +99,9 @@ class DecoderLayer:
         self, model: DenseDecoder, x: Any, tables: list[tuple[torch.Tensor, torch.Tensor]], kv_cache: Any, meta: AttentionMetadata
     ) -> torch.Tensor:
         """The attention block: fused projection, optional q/k norm and rotary, paged attention, output."""
+        if self.mla is not None:
+            assert self.rope is not None
+            return self.mla.forward(model, x, model.rotaries[self.rope], tables[self.rope], kv_cache, meta)
         cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
         qkv = model.gemm.linear(x, self.qkv, self.qkv_bias)
         num_tokens = qkv.shape[0]
@@ -320,15 +326,14 @@ class LayerLoader:
             return (self.norm(p + name, h), self.norm_bias(p + name, h)) if name else (None, None)
 
         pre_attn, pre_attn_bias = norm(names.pre_attn)
-        qkv, qkv_bias = self._qkv(p)
-        q_norm, k_norm = self._qk_norms(p)
-        o_weight = self.take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * cfg.head_dim), lazy_ok=m.tp is not None)
-        o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
-        if m.tp is not None:
-            first, count = m.tp.heads(cfg.num_heads)
-            o_weight = contiguous(materialize(weight_columns(o_weight, slice(first * cfg.head_dim, (first + count) * cfg.head_dim))))
-            o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
-        o_proj = self.matrix(o_weight)
+        if spec.mla is not None:
+            mla = load_mla(self, p, spec.mla)
+            qkv = qkv_bias = q_norm = k_norm = o_proj = o_bias = None
+        else:
+            mla = None
+            qkv, qkv_bias = self._qkv(p)
+            q_norm, k_norm = self._qk_norms(p)
+            o_proj, o_bias = self._o_proj(p)
         (post_attn, post_attn_bias), (pre_mlp, pre_mlp_bias) = norm(names.post_attn), norm(names.pre_mlp)
         moe = None
         if layer_spec.moe:
@@ -357,6 +362,7 @@ class LayerLoader:
             pre_mlp_bias=pre_mlp_bias,
             post_mlp_bias=post_mlp_bias,
             moe=moe,
+            mla=mla,
         )
         if spec.qk_norm == "each_head":
             layer.head_ones = torch.ones(cfg.head_dim, device=m.device, dtype=m.dtype)
@@ -371,6 +377,18 @@ class LayerLoader:
         if spec.activation == "silu":
             layer.down_fp8 = m.gemm.row_quantized_input(layer.down)
         return layer
+
+    def _o_proj(self, p: str) -> tuple[Any, torch.Tensor | None]:
+        """Layer ``p``'s output projection and bias (this rank's head columns under tensor parallelism)."""
+        m, spec, cfg = self.model, self.model.spec, self.model.config
+        h = cfg.hidden_size
+        o_weight = self.take(p + "self_attn.o_proj.weight", (h, cfg.num_heads * cfg.head_dim), lazy_ok=m.tp is not None)
+        o_bias = self.take(p + "self_attn.o_proj.bias", (h,)).to(device=m.device, dtype=m.dtype) if spec.o_bias else None
+        if m.tp is not None:
+            first, count = m.tp.heads(cfg.num_heads)
+            o_weight = contiguous(materialize(weight_columns(o_weight, slice(first * cfg.head_dim, (first + count) * cfg.head_dim))))
+            o_bias = o_bias if m.tp.rank == 0 else None  # added once to the ranks' sum
+        return self.matrix(o_weight), o_bias
 
     def _dense_mlp(self, p: str) -> tuple[Any, Any]:
         """Layer ``p``'s gated MLP: its fused gate/up and its down projection, prepared (this rank's

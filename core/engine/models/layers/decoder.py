@@ -152,6 +152,8 @@ class DenseDecoder(CausalLM):
         problems = tensor_parallel_problems(cfg, tp.size, self.spec.qk_norm)
         if self.spec.moe is not None:
             problems += moe_tensor_parallel_problems(self.spec.moe, tp.size, tp.expert_parallel)
+        if self.spec.mla is not None:
+            problems.append(f"{cfg.architecture}'s latent attention does not split over tensor-parallel ranks yet")
         if problems:
             raise ValueError("; ".join(problems))
         self.tp = tp

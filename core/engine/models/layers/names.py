@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.models.config import ModelConfig
+from engine.models.layers.mla_block import mla_weight_shapes
 from engine.models.layers.moe_block import moe_weight_shapes
 from engine.models.layers.spec import DecoderSpec
 
@@ -62,7 +63,9 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
         norms = spec.norms
         if norms.pre_attn:
             shapes.update(norm_shapes(spec, p + norms.pre_attn, hidden))
-        if spec.fused_qkv:
+        if spec.mla is not None:
+            shapes.update(mla_weight_shapes(spec.mla, config, p))
+        elif spec.fused_qkv:
             shapes[p + spec.fused_qkv + ".weight"] = (q_size + 2 * kv_size, hidden)
             if spec.qkv_bias:
                 shapes[p + spec.fused_qkv + ".bias"] = (q_size + 2 * kv_size,)
@@ -73,11 +76,12 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
             if spec.qkv_bias:
                 for name, rows in zip(names, (q_size, kv_size, kv_size)):
                     shapes[p + name + ".bias"] = (rows,)
-        for qk_shapes in qk_norm_shapes(spec, config):
-            shapes.update({p + name: shape for name, shape in qk_shapes.items()})
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
-        if spec.o_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
+        if spec.mla is None:
+            for qk_shapes in qk_norm_shapes(spec, config):
+                shapes.update({p + name: shape for name, shape in qk_shapes.items()})
+            shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
+            if spec.o_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         for norm in (norms.post_attn, norms.pre_mlp):
             if norm:
                 shapes.update(norm_shapes(spec, p + norm, hidden))

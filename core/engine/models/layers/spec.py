@@ -94,6 +94,34 @@ class MoeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one compressed latent per
+    token, with a small rotary key shared by every head.
+
+    The engine runs it *absorbed*: each head's query is taken into the latent space (through its slice of
+    ``kv_b_proj``), so attention is multi-query over ``[latent, rotary key]`` rows of
+    ``kv_lora_rank + qk_rope_head_dim`` (the model's ``head_dim``, one KV head), and each head's output
+    leaves the latent space through its value slice of ``kv_b_proj``. The cache holds the latent rows.
+
+    Attributes:
+        q_lora_rank: the width of the compressed query (``q_a_proj`` / ``q_b_proj``), None for one ``q_proj``.
+        kv_lora_rank: the latent's width.
+        qk_nope_head_dim: each head's query/key width without positions.
+        qk_rope_head_dim: the rotary part's width.
+        v_head_dim: each head's value width.
+        interleaved_rope: the checkpoint's rotary pairs adjacent dims (``rope_interleave``); the loader
+            reorders those rows into halves.
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    interleaved_rope: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class NormNames:
     """HF names (after the layer prefix, without ``.weight``) of each layer's norms; None where absent.
 
@@ -141,6 +169,7 @@ class DecoderSpec:
         logit_scale: logits are multiplied by this (Cohere's ``logit_scale``).
         final_soft_cap: final logits soft-cap (Gemma2).
         moe: the mixture of experts of the layers marked ``moe``, None for a dense model.
+        mla: multi-head latent attention in place of q/k/v projections, None for the usual attention.
     """
 
     layers: tuple[LayerSpec, ...]
@@ -166,3 +195,4 @@ class DecoderSpec:
     logit_scale: float | None = None
     final_soft_cap: float | None = None
     moe: MoeSpec | None = None
+    mla: MlaSpec | None = None
