@@ -70,15 +70,21 @@ def test_moe_topk_without_renormalisation(platform: Platform, caps: Capabilities
 def test_moe_topk_sigmoid_grouped_with_bias(platform: Platform) -> None:
     """DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a correction bias that moves the choice but not the
     weights, 64 experts in 8 groups of which the 3 best (sum of their two best choices) compete, top 6
-    renormalised and scaled by 2.5; then the same without groups or renormalisation. float32 logits: the
-    op scores in float32 whatever the model dtype, and fresh normal logits leave no near-ties."""
+    renormalised and scaled by 2.5; then the same without groups or renormalisation; then DeepSeek-V2's
+    softmax routing over groups scored by their best expert, scaled by 16. float32 logits: the op scores in
+    float32 whatever the model dtype, and fresh normal logits leave no near-ties."""
     op = reference_ops().with_overrides(platform.op_overrides()).moe_topk
     gen = torch.Generator().manual_seed(4444)
     device = platform.torch_device()
     logits = torch.randn(11, 64, generator=gen)
     bias = torch.randn(64, generator=gen) * 0.2
-    for renormalize, groups, topk_groups, scaling in ((True, 8, 3, 2.5), (False, 1, 1, 1.0)):
-        args = (logits.to(device), 6, renormalize, "sigmoid", bias.to(device), groups, topk_groups, scaling)
-        expected = ref_moe_topk(logits, 6, renormalize, "sigmoid", bias, groups, topk_groups, scaling)
-        label = f"moe.topk.grouped ({groups} groups, renormalize={renormalize})"
+    cases = (
+        (True, "sigmoid", bias, 8, 3, 2.5, "top2"), (False, "sigmoid", bias, 1, 1, 1.0, "top2"),
+        (False, "softmax", None, 8, 3, 16.0, "max"),
+    )  # fmt: skip
+    for renormalize, scoring, with_bias, groups, topk_groups, scaling, group_score in cases:
+        on_device = with_bias.to(device) if with_bias is not None else None
+        args = (logits.to(device), 6, renormalize, scoring, on_device, groups, topk_groups, scaling, group_score)
+        expected = ref_moe_topk(logits, 6, renormalize, scoring, with_bias, groups, topk_groups, scaling, group_score)
+        label = f"moe.topk.grouped ({scoring}, {groups} groups by {group_score}, renormalize={renormalize})"
         check_op_result("moe_topk", op(*args), expected, torch.float32, list(args), label)

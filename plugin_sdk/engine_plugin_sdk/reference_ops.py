@@ -290,10 +290,11 @@ def ref_moe_topk(
     num_groups: int = 1,
     topk_groups: int = 1,
     scaling: float = 1.0,
+    group_score: str = "top2",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing in float64, token by token: scores (softmax over the experts, or a sigmoid each), plus the
     correction bias to choose with; only the ``topk_groups`` groups with the best sums of their two best
-    choice scores compete; the ``top_k`` best choices, weighted by their unbiased scores (scaled to sum to 1
+    choice scores (or best single one, ``group_score="max"``) compete; the ``top_k`` best choices, weighted by their unbiased scores (scaled to sum to 1
     when ``renormalize``), times ``scaling``. Returns float64 weights and int64 ids, ``[tokens, top_k]``."""
     logits = router_logits.to(F64).cpu()
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else 1.0 / (1.0 + torch.exp(-logits))
@@ -305,7 +306,8 @@ def ref_moe_topk(
     for t in range(tokens):
         row = choice[t].clone()
         if num_groups > 1:
-            sums = [sorted(row[g * per_group : (g + 1) * per_group].tolist())[-2:] for g in range(num_groups)]
+            best_n = 1 if group_score == "max" else 2
+            sums = [sorted(row[g * per_group : (g + 1) * per_group].tolist())[-best_n:] for g in range(num_groups)]
             best = sorted(range(num_groups), key=lambda g: -sum(sums[g]))[:topk_groups]
             for g in range(num_groups):
                 if g not in best:

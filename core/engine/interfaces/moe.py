@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 MoeActivation = Literal["silu"]
 #: how router logits become expert scores
 MoeScoring = Literal["softmax", "sigmoid"]
+#: how a group of experts is scored for group-limited routing
+MoeGroupScore = Literal["top2", "max"]
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ def moe_topk(
     num_groups: int = 1,
     topk_groups: int = 1,
     scaling: float = 1.0,
+    group_score: MoeGroupScore = "top2",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing: each token's ``top_k`` experts and their weights.
 
@@ -57,10 +60,12 @@ def moe_topk(
         scoring: ``"softmax"`` over the experts, or ``"sigmoid"`` per expert (DeepSeek-V3, GLM-4.5).
         correction_bias: float32 ``[experts]`` added to the scores to *choose* experts (the weights stay
             the unbiased scores), or None.
-        num_groups: experts fall into this many equal groups; a group's score is the sum of its two best
-            (biased) scores, and only the ``topk_groups`` best groups' experts may be chosen.
+        num_groups: experts fall into this many equal groups, and only the ``topk_groups`` best groups'
+            experts may be chosen.
         topk_groups: groups a token may choose from.
         scaling: a factor on the final weights (``routed_scaling_factor``).
+        group_score: a group's score: ``"top2"``, the sum of its two best (biased) scores (DeepSeek-V3),
+            or ``"max"``, its best (DeepSeek-V2's ``group_limited_greedy``).
 
     Returns:
         float32 weights ``[tokens, top_k]`` and int64 expert ids ``[tokens, top_k]``, best first (by the
@@ -81,7 +86,8 @@ def moe_topk(
         tokens, experts = choice.shape
         if experts % num_groups:
             raise ValueError(f"{experts} experts do not fall into {num_groups} equal groups")
-        group_scores = choice.view(tokens, num_groups, -1).topk(2, dim=-1).values.sum(dim=-1)
+        grouped = choice.view(tokens, num_groups, -1)
+        group_scores = grouped.amax(dim=-1) if group_score == "max" else grouped.topk(2, dim=-1).values.sum(dim=-1)
         kept = torch.zeros_like(group_scores, dtype=torch.bool)
         kept.scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, True)
         choice = choice.masked_fill(~kept.repeat_interleave(experts // num_groups, dim=1), float("-inf"))

@@ -1,7 +1,8 @@
-"""DeepSeek-V3 (``DeepseekV3ForCausalLM``, also R1): multi-head latent attention, the first
-``first_k_dense_replace`` layers dense, the rest mixtures of experts routed by sigmoid scores with a
-correction bias and group-limited choice, plus shared experts. GLM-4.5 shares the MoE layout
-(:func:`deepseek_moe_spec`)."""
+"""DeepSeek-V3 (``DeepseekV3ForCausalLM``, also R1) and DeepSeek-V2 (``DeepseekV2ForCausalLM``, V2-Lite):
+multi-head latent attention, the first ``first_k_dense_replace`` layers dense, the rest mixtures of experts
+plus shared experts. V3 routes by sigmoid scores with a correction bias and group-limited choice (GLM-4.5
+shares that layout, :func:`deepseek_moe_spec`); V2 by softmax scores, greedily or group-limited by each
+group's best expert."""
 
 from __future__ import annotations
 
@@ -112,3 +113,23 @@ def softmax_mscale(hf: dict[str, Any]) -> float:
     if params.get("rope_type", params.get("type")) != "yarn" or not mscale_all_dim:
         return 1.0
     return yarn_mscale(float(params["factor"]), mscale_all_dim)
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    """``DeepseekV2ForCausalLM``: V3's latent attention (usually one ``q_proj``, no compressed query) and
+    experts routed by softmax: ``topk_method`` ``greedy`` (the best ``top_k``) or ``group_limited_greedy``
+    (within the ``topk_group`` groups whose best expert scores highest); weights not renormalised, times
+    ``routed_scaling_factor``."""
+
+    @classmethod
+    def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
+        """V3's spec with V2's routing."""
+        hf = config.hf_config
+        spec = super().decoder_spec(config)
+        assert spec.moe is not None
+        grouped = hf.get("topk_method", "greedy") == "group_limited_greedy"
+        moe = dataclasses.replace(
+            spec.moe, scoring="softmax", correction_bias=None, renormalize=False, group_score="max",
+            num_groups=spec.moe.num_groups if grouped else 1, topk_groups=spec.moe.topk_groups if grouped else 1,
+        )  # fmt: skip
+        return dataclasses.replace(spec, moe=moe)

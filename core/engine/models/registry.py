@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from engine.loader.errors import ModelLoadError
 from engine.models.base import CausalLM
 from engine.models.cohere import CohereForCausalLM
-from engine.models.deepseek import DeepseekV3ForCausalLM
+from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
@@ -69,6 +69,7 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("OlmoeForCausalLM", OlmoeForCausalLM),
     ("Glm4MoeForCausalLM", Glm4MoeForCausalLM),
     ("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM),
+    ("DeepseekV2ForCausalLM", DeepseekV2ForCausalLM),
 )
 
 

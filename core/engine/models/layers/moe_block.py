@@ -55,12 +55,13 @@ class MoeMLP:
         gemm = model.gemm
         logits = gemm.linear(x, self.router)
         spec = self.spec
-        if spec is None or (spec.scoring == "softmax" and spec.num_groups == 1 and self.correction_bias is None):
+        plain = spec is None or (spec.num_groups == 1 and spec.routed_scaling_factor == 1.0)
+        if plain and (spec is None or spec.scoring == "softmax") and self.correction_bias is None:
             weights, ids = model.ops.moe_topk(logits, self.top_k, self.renormalize)
         else:
             weights, ids = model.ops.moe_topk(
                 logits, self.top_k, self.renormalize, spec.scoring, self.correction_bias, spec.num_groups,
-                spec.topk_groups, spec.routed_scaling_factor,
+                spec.topk_groups, spec.routed_scaling_factor, spec.group_score,
             )  # fmt: skip
         if self.expert_start is not None:
             # this rank's experts only: the others' choices weigh nothing here (the ranks' sum has them)

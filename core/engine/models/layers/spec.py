@@ -74,6 +74,8 @@ class MoeSpec:
         num_groups: expert groups of group-limited routing (1: none).
         topk_groups: groups a token may choose from.
         routed_scaling_factor: factor on the routed experts' weights.
+        group_score: a group's score in group-limited routing: the sum of its two best choices (``top2``,
+            DeepSeek-V3) or its best (``max``, DeepSeek-V2).
     """
 
     num_experts: int
@@ -91,6 +93,7 @@ class MoeSpec:
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    group_score: Literal["top2", "max"] = "top2"
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ def moe_topk_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
     TOPK_GROUPS: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, SIGMOID: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, GROUP_MAX: tl.constexpr,
 ):
     """One token per program, its experts as a ``[groups, group size]`` tile: scores (softmax or sigmoid),
     the correction bias added to choose, the best ``TOPK_GROUPS`` groups (by the sum of their two best
-    choices) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores."""
+    choices, or their best with ``GROUP_MAX``) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores."""
     t = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, G_P2)
     offs_s = tl.arange(0, S_P2)
@@ -48,9 +48,12 @@ def moe_topk_kernel(
     choice = tl.where(valid, choice, float("-inf"))
     if NUM_GROUPS > 1:
         best1 = tl.max(choice, axis=1)
-        arg1 = tl.min(tl.where(choice == best1[:, None], offs_s[None, :], S_P2), axis=1)
-        best2 = tl.max(tl.where(offs_s[None, :] == arg1[:, None], float("-inf"), choice), axis=1)
-        group_score = tl.where(offs_g < NUM_GROUPS, best1 + best2, float("-inf"))
+        if GROUP_MAX:
+            group_score = tl.where(offs_g < NUM_GROUPS, best1, float("-inf"))
+        else:
+            arg1 = tl.min(tl.where(choice == best1[:, None], offs_s[None, :], S_P2), axis=1)
+            best2 = tl.max(tl.where(offs_s[None, :] == arg1[:, None], float("-inf"), choice), axis=1)
+            group_score = tl.where(offs_g < NUM_GROUPS, best1 + best2, float("-inf"))
         kept = offs_g < 0
         for _ in tl.static_range(TOPK_GROUPS):
             top = tl.max(group_score, axis=0)

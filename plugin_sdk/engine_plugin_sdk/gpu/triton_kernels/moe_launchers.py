@@ -63,6 +63,7 @@ def moe_topk(
     num_groups: int = 1,
     topk_groups: int = 1,
     scaling: float = 1.0,
+    group_score: str = "top2",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing in one kernel (``engine.interfaces.moe.moe_topk``'s contract: softmax or sigmoid scores, an
     optional correction bias to choose with, group-limited choice, renormalisation, a scaling factor).
@@ -76,6 +77,7 @@ def moe_topk(
         num_groups: equal groups of experts; only the ``topk_groups`` best may be chosen from.
         topk_groups: groups a token may choose from.
         scaling: factor on the final weights.
+        group_score: ``"top2"`` (a group's two best choices summed) or ``"max"`` (its best).
 
     Returns:
         float32 weights and int64 ids, both ``[tokens, top_k]``, best first.
@@ -87,8 +89,8 @@ def moe_topk(
     tokens, experts = logits.shape
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k must be in [1, {experts}], got {top_k}")
-    if scoring not in ("softmax", "sigmoid"):
-        raise ValueError(f"unknown MoE scoring {scoring!r}")
+    if scoring not in ("softmax", "sigmoid") or group_score not in ("top2", "max"):
+        raise ValueError(f"unknown MoE scoring {scoring!r} or group score {group_score!r}")
     if experts % num_groups or not 1 <= topk_groups <= num_groups or topk_groups * (experts // num_groups) < top_k:
         raise ValueError(f"{experts} experts in {num_groups} groups, {topk_groups} chosen, cannot give top {top_k}")
     weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
@@ -103,7 +105,7 @@ def moe_topk(
         logits, bias, weights, ids, logits.stride(0), float(scaling),
         NUM_GROUPS=num_groups, GROUP=group, G_P2=next_power_of_2(num_groups), S_P2=next_power_of_2(group),
         TOPK_GROUPS=topk_groups, TOP_K=top_k, K_P2=next_power_of_2(top_k), SIGMOID=scoring == "sigmoid",
-        HAS_BIAS=correction_bias is not None, RENORM=renormalize,
+        HAS_BIAS=correction_bias is not None, RENORM=renormalize, GROUP_MAX=group_score == "max",
         num_warps=max(1, min(8, next_power_of_2(experts) // 128)),
     )  # fmt: skip
     return weights, ids
