@@ -65,12 +65,13 @@ ARCHITECTURES: dict[str, dict] = {
         q_lora_rank=48, kv_lora_rank=56, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, head_dim=8,
         num_key_value_heads=4,
     ),
-    # DeepSeek-V2: one q_proj, softmax routing within the 2 of 4 groups whose best expert scores highest
+    # DeepSeek-V2: one q_proj, softmax routing within the 2 of 4 groups whose best expert scores highest;
+    # the published latent widths (512 + a 64-wide rotary key: the cache's head size is 576)
     "DeepseekV2ForCausalLM": dict(
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
         first_k_dense_replace=1, n_group=4, topk_group=2, topk_method="group_limited_greedy",
-        routed_scaling_factor=1.5, intermediate_size=64, q_lora_rank=None, kv_lora_rank=56, qk_nope_head_dim=16,
-        qk_rope_head_dim=8, v_head_dim=24, head_dim=8, num_key_value_heads=4,
+        routed_scaling_factor=1.5, intermediate_size=64, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=16,
+        qk_rope_head_dim=64, v_head_dim=24, head_dim=64, num_key_value_heads=4,
     ),
 }
 

@@ -42,7 +42,8 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 #: the KV budget when the user sets none: host RAM is shared with everything else on the machine
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 # torch's CPU SDPA and the fallback matmul path have no head-size limits; these are the tested ones
-SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 256)
+#: 576: DeepSeek's latent rows (kv_lora_rank 512 + rotary key 64), attended as one KV head
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 256, 576)
 #: set to 1 to compile decode steps with torch.compile (graph_capture claimed); off by default because
 #: on 2 cores it bought ~12% at batch 1, nothing at 32, for 2+ minutes of start-up (BENCHMARKS.md)
 COMPILE_ENV = "ENGINE_CPU_COMPILE"
