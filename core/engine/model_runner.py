@@ -13,7 +13,7 @@ from engine.block_manager import BlockManager
 from engine.decode_graphs import DecodeGraphs
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
-from engine.interfaces.block_cache import BlockCache
+from engine.interfaces.block_cache import BlockCache, apply_block_moves
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
@@ -229,13 +229,7 @@ class ModelRunner:
         Returns:
             The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
         """
-        # Order matters: a block freed by a swap-out or a copy-on-write may be reused in this same step.
-        if step.swap_out:
-            self.block_cache.swap_out(step.swap_out)
-        if step.copies:
-            self.block_cache.copy_blocks(step.copies)
-        if step.swap_in:
-            self.block_cache.swap_in(step.swap_in)
+        apply_block_moves(self.block_cache, step.swap_out, step.copies, step.swap_in)
         inputs = self.prepare(step, previous)
         if self.mirror is not None:
             self.mirror(step_message(

@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import os
 import signal
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -38,6 +39,27 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
+@dataclass
+class OneProcess:
+    """What a single-process engine gives for PROMPTS (greedy tokens, prefill logits), for a parallel
+    engine of the same model to match."""
+
+    tokens: list[list[int]]
+    prompt_ids: list[list[int]]
+    logits: torch.Tensor
+
+    @classmethod
+    def of(cls, llm: LLM) -> OneProcess:
+        prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+        return cls(_tokens(llm), prompt_ids, engine_prefill_logits(llm, prompt_ids))
+
+    def assert_matched_by(self, parallel: LLM) -> None:
+        """The same tokens, logits within 1e-4, and every KV block back in the pool."""
+        assert _tokens(parallel) == self.tokens
+        torch.testing.assert_close(engine_prefill_logits(parallel, self.prompt_ids), self.logits, atol=1e-4, rtol=1e-4)
+        assert_all_blocks_free(parallel)
+
+
 @pytest.mark.parametrize(
     "architecture, overrides",
     [
@@ -48,8 +70,7 @@ def _tokens(llm: LLM) -> list[list[int]]:
 def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, hf_tokenizer_dir, tmp_path, monkeypatch):
     path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **overrides)
     one = _llm(path)
-    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
-    reference_logits = engine_prefill_logits(one, prompt_ids)
+    reference = OneProcess.of(one)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, tensor_parallel_size=2)
     try:
@@ -64,9 +85,7 @@ def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, h
         assert two.llm_engine.model.embed_tokens.shape[0] == one.llm_engine.model.embed_tokens.shape[0] // 2
         assert len(two.llm_engine.workers.processes) == 1
         assert two.llm_engine.model.num_heads == one.llm_engine.model.num_heads // 2
-        assert _tokens(two) == expected
-        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
-        assert_all_blocks_free(two)
+        reference.assert_matched_by(two)
     finally:
         two.shutdown()
     assert not any(p.is_alive() for p in two.llm_engine.workers.processes)
@@ -119,8 +138,7 @@ def test_two_ranks_keep_a_gguf_model_quantized_and_give_one_process_tokens(smoll
 def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, hf_tokenizer_dir, tmp_path, monkeypatch):
     path = save_tiny("LlamaForCausalLM", str(tmp_path), hf_tokenizer_dir, num_hidden_layers=layers)
     one = _llm(path)
-    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
-    reference_logits = engine_prefill_logits(one, prompt_ids)
+    reference = OneProcess.of(one)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, pipeline_parallel_size=2, pipeline_micro_batches=micro_batches)
     try:
@@ -129,9 +147,7 @@ def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_ba
         # stage 0 read only its own layers' tensors (and the embedding), none of stage 1's
         assert not [t for t in reads if t.name.startswith(f"model.layers.{layers - 1}.")]
         assert len(two.llm_engine.block_cache.kv_caches) == (layers + 1) // 2  # KV for its own layers only
-        assert _tokens(two) == expected
-        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
-        assert_all_blocks_free(two)
+        reference.assert_matched_by(two)
     finally:
         two.shutdown()
     assert multiprocessing.active_children() == []
@@ -180,8 +196,7 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
     the shared expert's width; the ranks' sums give one process's tokens and logits."""
     path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **MOE_CASES[architecture])
     one = _llm(path)
-    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
-    reference_logits = engine_prefill_logits(one, prompt_ids)
+    reference = OneProcess.of(one)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
     try:
@@ -192,9 +207,7 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
         else:
             assert len({t.name for t in experts}) == 8 * 3 * (len(one.llm_engine.model.layers) - ("Glm4" in architecture))
             assert all(math.prod(t.shape) * 2 == math.prod(t.full_shape) for t in experts)
-        assert _tokens(two) == expected
-        torch.testing.assert_close(engine_prefill_logits(two, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
-        assert_all_blocks_free(two)
+        reference.assert_matched_by(two)
     finally:
         two.shutdown()
     assert multiprocessing.active_children() == []
@@ -202,16 +215,13 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
 
 def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_logits(tiny_llama_dir):
     one = _llm(tiny_llama_dir)
-    expected, prompt_ids = _tokens(one), [one.tokenizer.encode(p) for p in PROMPTS]
-    reference_logits = engine_prefill_logits(one, prompt_ids)
+    reference = OneProcess.of(one)
     four = _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
     try:
         model = four.llm_engine.model
         assert len(four.llm_engine.workers.processes) == 3
         assert (model.num_local_layers, model.num_heads, model.tp.rank, model.pp.stage) == (1, 2, 0, 0)
-        assert _tokens(four) == expected
-        torch.testing.assert_close(engine_prefill_logits(four, prompt_ids), reference_logits, atol=1e-4, rtol=1e-4)
-        assert_all_blocks_free(four)
+        reference.assert_matched_by(four)
     finally:
         four.shutdown()
     assert multiprocessing.active_children() == []

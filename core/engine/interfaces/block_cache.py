@@ -75,3 +75,26 @@ class BlockCache(ABC):
             NotImplementedError: if :attr:`supports_swap` is false.
         """
         raise NotImplementedError
+
+
+def apply_block_moves(
+    cache: BlockCache,
+    swap_out: list[tuple[int, int]],
+    copies: list[tuple[int, int]],
+    swap_in: list[tuple[int, int]],
+) -> None:
+    """A step's block moves, in the one order that is safe: a block a swap-out or a copy-on-write frees may be
+    reused by a swap-in of the same step, so swap-outs go first, then copies, then swap-ins.
+
+    Args:
+        cache: the pool.
+        swap_out: ``(device block, host block)`` pairs.
+        copies: ``(source, destination)`` device block pairs.
+        swap_in: ``(host block, device block)`` pairs.
+    """
+    if swap_out:
+        cache.swap_out(swap_out)
+    if copies:
+        cache.copy_blocks(copies)
+    if swap_in:
+        cache.swap_in(swap_in)

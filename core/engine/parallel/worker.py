@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import torch
 
 from engine.config import EngineConfig
+from engine.interfaces.block_cache import apply_block_moves
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, moved
 
@@ -68,12 +69,7 @@ class RankShard:
     @torch.inference_mode()
     def run_step(self, message: StepMessage) -> None:
         """The driver's step on this rank's shard: the same block moves, forward and (gathered) logits."""
-        if message.swap_out:
-            self.block_cache.swap_out(message.swap_out)
-        if message.copies:
-            self.block_cache.copy_blocks(message.copies)
-        if message.swap_in:
-            self.block_cache.swap_in(message.swap_in)
+        apply_block_moves(self.block_cache, message.swap_out, message.copies, message.swap_in)
         device = self.device
         count = self.config.parallel.micro_batches
         if count > 1:  # the driver cuts the step alike (see engine.parallel.micro_batches)
