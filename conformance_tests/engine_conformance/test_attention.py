@@ -140,3 +140,19 @@ def test_logits_soft_cap(platform: Platform, caps: Capabilities, device: Any, re
         check_unclaimed_attention_feature(platform, problem, "attention.logits_soft_cap", record_property)
         return
     run_attention_problem(platform, problem, "attention.logits_soft_cap")
+
+
+@pytest.mark.capability("attention.sinks")
+def test_attention_sinks(platform: Platform, caps: Capabilities, device: Any, record_property: Any) -> None:
+    """gpt-oss's sinks (``metadata.sinks``: one more softmax term per head, no value), random per head, on a
+    decode batch (which a backend may split across programs: the sink must count once), a prefill and chunks,
+    a mixed batch, and a mixed batch under a sliding window."""
+    cases = [(DECODE, {}), (PREFILL, {}), (MIXED, {}), (MIXED, {"sliding_window": 12})]
+    problems = [build(caps, device, lens, seed=40 + i, sinks=True, **extra) for i, (lens, extra) in enumerate(cases)]
+    if not caps.attention_sinks:
+        check_unclaimed_attention_feature(platform, problems[0], "attention.sinks", record_property)
+        return
+    if not caps.sliding_window:
+        problems = problems[:3]
+    for problem in problems:
+        run_attention_problem(platform, problem, "attention.sinks")

@@ -98,6 +98,7 @@ class AttentionProblem:
             md.causal,
             md.sliding_window,
             md.logits_soft_cap,
+            md.sinks,
         )
 
     def run(self, backend: AttentionBackend, kv_cache: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,6 +132,7 @@ def make_attention_problem(
     extra_table_columns: int = 1,
     release_out_of_window: bool = False,
     scale: float | None = None,
+    sinks: bool = False,
 ) -> AttentionProblem:
     """Build a random paged-attention problem.
 
@@ -158,6 +160,8 @@ def make_attention_problem(
             once it released them (their tokens are never written): the output must not change.
         scale: softmax scale; ``head_dim ** -0.5`` when None. Models such as Gemma use another one, so a
             backend that recomputes the default instead of reading ``metadata.scale`` must fail.
+        sinks: give every head a random attention sink (``metadata.sinks``, float32, spread so that some
+            heads give the sink most of their weight and others almost none).
 
     Returns:
         The :class:`AttentionProblem`.
@@ -248,6 +252,7 @@ def make_attention_problem(
         causal=True,
         sliding_window=sliding_window,
         logits_soft_cap=soft_cap,
+        sinks=on_device(torch.randn(num_heads, generator=gen) * 3.0) if sinks else None,
     )
     return AttentionProblem(
         query=on_device(query),

@@ -72,7 +72,12 @@ class ReferenceAttentionBackend(AttentionBackend):
                 allowed &= k_pos <= q_pos
             if metadata.sliding_window is not None:
                 allowed &= k_pos > q_pos - metadata.sliding_window
-            probs = torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1)
+            scores = scores.masked_fill(~allowed, -math.inf)
+            if metadata.sinks is not None:  # one more softmax term per head, with no value
+                sink = metadata.sinks.float().view(num_heads, 1, 1).expand(num_heads, q_len, 1)
+                probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :ctx]
+            else:
+                probs = torch.softmax(scores, dim=-1)
             out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, values).to(query.dtype)
             start += q_len
         return out

@@ -29,6 +29,7 @@ def ref_attention(
     causal: bool = True,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of a flat batch of new tokens over each sequence's full key/value history.
 
@@ -42,6 +43,7 @@ def ref_attention(
         causal: mask keys after the query's position.
         sliding_window: a query at position p sees only positions > p - sliding_window.
         logits_soft_cap: scores become ``cap * tanh(scores / cap)``.
+        sinks: ``[num_heads]``: one more softmax term per head, ``exp(sinks[h])``, with no value.
 
     Returns:
         float64 ``[num_tokens, num_heads, head_dim]``.
@@ -81,7 +83,12 @@ def ref_attention(
         if sliding_window is not None:
             allowed &= k_pos > q_pos - sliding_window
         scores = scores.masked_fill(~allowed, -math.inf)
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            # the sink's column joins the softmax and leaves without a value
+            sink_column = sinks.to("cpu", F64).view(num_heads, 1, 1).expand(num_heads, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :ctx]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         outputs.append(torch.einsum("hqk,khd->qhd", probs, v))
     return torch.cat(outputs, dim=0) if outputs else query.new_zeros(query.shape, dtype=F64)
 

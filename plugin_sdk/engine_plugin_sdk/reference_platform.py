@@ -48,6 +48,7 @@ class ReferencePlatform(Platform):
             graph_capture=False,
             sliding_window=True,
             logits_soft_cap=True,
+            attention_sinks=True,
             swap=True,
         )
 

@@ -34,6 +34,9 @@ class AttentionMetadata:
             let their contents reach the output (skip them, or mask them before the softmax and the
             value product).
         logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` before the softmax.
+        sinks: if set, float32 ``[num_heads]``: each head's softmax has one more term, ``exp(sinks[h])``,
+            in its denominator, with no value (gpt-oss's attention sinks: a head may attend to nothing).
+            Set per layer; only for backends whose platform claims ``attention_sinks``.
         extras: free-form, per-step scratch a backend may cache its own plans in; no contract.
         graph_capture: the step is recorded into a graph replayed with other context lengths, so the
             backend must pick launch shapes from the batch alone, never from ``seq_lens_cpu`` /
@@ -53,6 +56,7 @@ class AttentionMetadata:
     causal: bool = True
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
+    sinks: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     graph_capture: bool = False
 

@@ -40,6 +40,7 @@ class Capabilities:
         graph_capture: whether :meth:`Platform.make_graph_capture` records real graphs.
         sliding_window: whether attention honours ``sliding_window``.
         logits_soft_cap: whether attention honours ``logits_soft_cap``.
+        attention_sinks: whether attention honours ``AttentionMetadata.sinks`` (gpt-oss).
         swap: whether the block cache can swap blocks to host memory.
         warm_up: whether kernels compile on first use (per batch kind or launch shape), so the engine
             should run a few dummy steps at start-up to compile them before the first request.
@@ -55,6 +56,7 @@ class Capabilities:
     graph_capture: bool = False
     sliding_window: bool = False
     logits_soft_cap: bool = False
+    attention_sinks: bool = False
     swap: bool = False
     warm_up: bool = False
     distributed: bool = False

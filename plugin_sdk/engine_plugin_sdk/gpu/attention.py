@@ -55,7 +55,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        common = {"window": metadata.sliding_window, "soft_cap": metadata.logits_soft_cap}
+        common = {"window": metadata.sliding_window, "soft_cap": metadata.logits_soft_cap, "sinks": metadata.sinks}
         decode = metadata.num_seqs > 0 and metadata.is_pure_decode and query.shape[0] == metadata.num_seqs
         fused = decode and self.fused_decode_write
         if not fused:

@@ -199,6 +199,7 @@ class TorchGpuPlatform(Platform):
                 head_sizes=HEAD_SIZES,
                 sliding_window=True,
                 logits_soft_cap=True,
+                attention_sinks=True,
                 swap=True,
                 extra=self.interpreter_extra(),
             )
@@ -212,6 +213,7 @@ class TorchGpuPlatform(Platform):
             graph_capture=True,
             sliding_window=True,
             logits_soft_cap=True,
+            attention_sinks=True,
             swap=True,
             # Triton compiles each kernel variant on its first launch
             warm_up=True,

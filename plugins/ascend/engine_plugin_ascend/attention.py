@@ -61,6 +61,8 @@ class AscendAttentionBackend(AttentionBackend):
         self._store(key, value, key_cache, value_cache, slots.to(device=key_cache.device, dtype=torch.int32))
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        if metadata.sinks is not None:
+            raise NotImplementedError("the Ascend plugin's attention has no attention sinks (attention_sinks is not claimed)")
         key_cache, value_cache = split_caches(kv_cache)
         self._check(query, key, value, key_cache, metadata)
         plan = self._step_plan(metadata, query.shape[0])

@@ -88,6 +88,9 @@ class CpuAttentionBackend(AttentionBackend):
             self._store(key, value, kv_cache, rows, slots.index_select(0, rows))
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        if metadata.sinks is not None:
+            check_shapes(query, key, value, kv_cache, metadata.block_size)
+            return self._forward_with_sinks(query, key, value, kv_cache, metadata)
         if metadata.graph_capture:
             return call_decode_op(self._decode_op, query, key, value, kv_cache, metadata)
         if self.native is not None and metadata.is_pure_decode:
@@ -130,6 +133,39 @@ class CpuAttentionBackend(AttentionBackend):
         return kv[0].reshape(n * bs, heads, dim), kv[1].reshape(n * bs, heads, dim)
 
     # --- internals -------------------------------------------------------------------------------
+
+    def _forward_with_sinks(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Attention with a sink per head (gpt-oss), one sequence at a time in float32: the sink's column
+        joins each softmax and leaves without a value. A plain path: the chunked and native ones have no
+        sink term, and the models that need it are not the CPU's batch-1 fast path."""
+        slots = metadata.slot_mapping
+        written = torch.nonzero(slots >= 0).flatten()
+        self._store(key, value, kv_cache, written, slots.index_select(0, written))
+        num_heads, bs = query.shape[1], metadata.block_size
+        sinks = metadata.sinks.float().view(num_heads, 1, 1)
+        out = torch.empty_like(query)
+        start = 0
+        for i, (q_len, ctx) in enumerate(zip(metadata.query_lens_cpu, metadata.seq_lens_cpu, strict=True)):
+            blocks = metadata.block_tables[i, : -(-ctx // bs)].tolist()
+            keys, values = self.gather_kv(kv_cache, blocks)
+            group = num_heads // keys.shape[1]
+            k = keys[:ctx].float().repeat_interleave(group, dim=1)
+            v = values[:ctx].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", query[start : start + q_len].float(), k) * metadata.scale
+            if metadata.logits_soft_cap is not None:
+                scores = metadata.logits_soft_cap * torch.tanh(scores / metadata.logits_soft_cap)
+            q_pos = torch.arange(ctx - q_len, ctx).unsqueeze(1)
+            k_pos = torch.arange(ctx).unsqueeze(0)
+            allowed = k_pos <= q_pos if metadata.causal else torch.ones(q_len, ctx, dtype=torch.bool)
+            if metadata.sliding_window is not None:
+                allowed = allowed & (k_pos > q_pos - metadata.sliding_window)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(torch.cat([scores, sinks.expand(num_heads, q_len, 1)], dim=-1), dim=-1)[..., :ctx]
+            out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+            start += q_len
+        return out
 
     @staticmethod
     def _store(

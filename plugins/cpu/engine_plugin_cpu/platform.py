@@ -79,6 +79,7 @@ class CpuPlatform(Platform):
             graph_capture=compile_enabled(),
             sliding_window=True,
             logits_soft_cap=True,
+            attention_sinks=True,
             swap=True,
             distributed=True,
             extra={"preferred_dtype": preferred},

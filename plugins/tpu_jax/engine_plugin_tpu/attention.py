@@ -124,6 +124,8 @@ class JaxAttentionBackend(AttentionBackend):
         return kv_cache
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        if metadata.sinks is not None:
+            raise NotImplementedError("the TPU plugin's attention has no attention sinks (attention_sinks is not claimed)")
         _check(query, key, kv_cache, metadata)
         tables = host_int_array(metadata.block_tables)
         slots = host_int_array(metadata.slot_mapping, np.int64).reshape(-1)

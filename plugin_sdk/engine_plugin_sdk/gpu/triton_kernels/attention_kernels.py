@@ -71,7 +71,7 @@ def _load_kv_tile(
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_prefill_kernel(
-    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, sinks_ptr,
     scale, soft_cap, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_bt, stride_slot, stride_kv_head,
@@ -79,12 +79,13 @@ def paged_prefill_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
-    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr,
 ):
     """One program: ``BLOCK_M`` query rows of one head of one sequence, over its whole cached context.
 
     The query rows are the last ``query_len`` positions of a ``seq_len`` context whose keys and values
-    (the new ones included) are already in the cache.
+    (the new ones included) are already in the cache. ``USE_SINKS``: the head's sink starts the running
+    softmax (its max and a sum of one), with no value.
     """
     pdl_begin(USE_PDL)
     # tiles, then heads, vary fastest: the programs that read one sequence's keys for one KV head run
@@ -115,6 +116,9 @@ def paged_prefill_kernel(
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:
+        m_i = m_i * 0.0 + tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
 
     hi = seq_len
@@ -161,7 +165,7 @@ def paged_prefill_kernel(
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    new_k_ptr, new_v_ptr, slot_ptr,
+    new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr,
     scale, soft_cap, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_bt, stride_slot, stride_kv_head,
@@ -169,7 +173,7 @@ def paged_decode_kernel(
     NUM_QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
-    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -182,6 +186,9 @@ def paged_decode_kernel(
     yet. The program whose share holds the last position stores them at ``slot`` (skipped when negative)
     and attends to them from registers; every program reads the cache only below the last position, so
     no program reads what another writes.
+
+    ``USE_SINKS``: split 0 starts its running softmax from each head's sink (a sum of one, no value), so
+    the merge counts the sink once.
     """
     pdl_begin(USE_PDL)
     # KV heads vary fastest across programs: a token's heads sit side by side in the cache, so the
@@ -218,6 +225,12 @@ def paged_decode_kernel(
 
     m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    if USE_SINKS:
+        # the split index broadcast by hand: a scalar condition in a where trips Triton's interpreter
+        first = (offs_g * 0 + split) == 0
+        sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(first, sink, m_i)
+        l_i = tl.where(first, 1.0, l_i)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
     bt_ptr = block_tables_ptr + row * stride_bt
     qk_scale = scale * 1.4426950408889634

@@ -84,6 +84,7 @@ def paged_prefill(
     causal: bool = True,
     window: int | None = None,
     soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention for any mix of prefill, chunked-prefill and decode rows; keys come from the cache only.
 
@@ -100,6 +101,7 @@ def paged_prefill(
         causal: causal masking (offset by each sequence's cached prefix).
         window: sliding window, or None.
         soft_cap: logit soft-cap, or None.
+        sinks: float ``[heads]`` attention sinks (one more softmax term per head, no value), or None.
     """
     tokens, num_heads, head_dim = query.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -108,12 +110,12 @@ def paged_prefill(
     grid = (triton_cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
     ak.paged_prefill_kernel[grid](
         out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-        scale, float(soft_cap or 0.0), int(window or 0),
+        sinks if sinks is not None else seq_lens, scale, float(soft_cap or 0.0), int(window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         NUM_QUERIES_PER_KV=num_heads // kv_heads,
         HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), KV_BLOCK=block_size,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal, USE_SINKS=sinks is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
@@ -131,6 +133,7 @@ def paged_decode(
     window: int | None = None,
     soft_cap: float | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -138,7 +141,7 @@ def paged_decode(
     Args:
         out: ``[seqs, heads, head_dim]``, written.
         query: ``[seqs, heads, head_dim]``.
-        kv_cache, block_tables, seq_lens, scale, window, soft_cap: as for :func:`paged_prefill`;
+        kv_cache, block_tables, seq_lens, scale, window, soft_cap, sinks: as for :func:`paged_prefill`;
             a sequence of length 0 (graph padding) gets zeros.
         num_splits: a power of two (see :meth:`KernelTuning.decode_splits`); fixed for a captured graph.
         tuning: launch parameters of the target.
@@ -168,13 +171,14 @@ def paged_decode(
         new_k = new_v = slots = query  # unused by the kernel
     ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
-        new_k, new_v, slots,
+        new_k, new_v, slots, sinks if sinks is not None else seq_lens,
         scale, float(soft_cap or 0.0), int(window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
+        USE_SINKS=sinks is not None,
         **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
