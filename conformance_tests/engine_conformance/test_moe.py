@@ -54,6 +54,33 @@ def test_fused_moe(platform: Platform, device: Any, dtype_name: str) -> None:
         pytest.fail(f"{capability}: no tokens gave shape {tuple(empty.shape)}", pytrace=False)
 
 
+@pytest.mark.capability("moe.fused.swigluoai.{dtype_name}")
+def test_fused_moe_with_biases_and_clamped_swiglu(platform: Platform, device: Any, dtype_name: str) -> None:
+    """gpt-oss's experts: biases on both projections and its clamped SwiGLU; the gate/up products are drawn
+    large enough (several times the clamp of 7) that a kernel which skips a clamp is off. The reference
+    rounds the product to the model dtype as the backend's GEMM does (the activation's slope near the clamp
+    would turn that rounding into more than the dtype's tolerance)."""
+    capability = f"moe.fused.swigluoai.{dtype_name}"
+    dtype = torch_dtype(dtype_name)
+    gemm = platform.make_gemm_backend()
+    for tokens in TOKEN_COUNTS:
+        x, gate_up, down, weights, ids = moe_case(dtype, device, tokens)
+        gen = torch.Generator().manual_seed(77 + tokens)
+        gate_up = [(w.float() * 6.0).to(dtype) for w in gate_up]
+        # the activations reach 8 * 7: smaller down weights keep the output near unit scale, where the
+        # dtype's tolerance means what it means for the other rows
+        down = [(w.float() / 8.0).to(dtype) for w in down]
+        gate_up_bias = [torch.randn(2 * INTERMEDIATE, generator=gen).to(dtype).to(device) for _ in range(EXPERTS)]
+        down_bias = [torch.randn(HIDDEN, generator=gen).to(dtype).to(device) for _ in range(EXPERTS)]
+        experts = gemm.prepare_experts(gate_up, down, dtype, gate_up_bias, down_bias)
+        out = gemm.fused_moe(x, experts, weights, ids, "swigluoai")
+        expected = ref_fused_moe(x, gate_up, down, weights, ids, "swigluoai", gate_up_bias, down_bias, dtype)
+        label = f"{capability} ({tokens} tokens)"
+        if out.dtype != dtype or tuple(out.shape) != (tokens, HIDDEN):
+            pytest.fail(f"{label}: output {out.dtype} {tuple(out.shape)}, expected {dtype} {(tokens, HIDDEN)}", pytrace=False)
+        assert_close(out, expected, get_tolerance(dtype), label)
+
+
 @pytest.mark.capability("moe.topk")
 def test_moe_topk_without_renormalisation(platform: Platform, caps: Capabilities) -> None:
     """The routing op over Qwen3-MoE's 128 experts with softmax weights kept as they are (Qwen2-MoE, OLMoE);

@@ -333,8 +333,12 @@ def ref_fused_moe(
     down: list[torch.Tensor],
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    activation: str = "silu",
+    gate_up_bias: list[torch.Tensor] | None = None,
+    down_bias: list[torch.Tensor] | None = None,
+    product_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The mixture of experts in float64, token by token: ``sum_j w[t, j] * down_e(silu(gate_e x) * up_e x)``.
+    """The mixture of experts in float64, token by token: ``sum_j w[t, j] * down_e(act(gate_up_e x))``.
 
     Args:
         x: ``[tokens, hidden]``.
@@ -342,11 +346,34 @@ def ref_fused_moe(
         down: per expert ``[hidden, intermediate]``.
         topk_weights: ``[tokens, k]``.
         topk_ids: ``[tokens, k]`` expert ids.
+        activation: ``"silu"`` (``silu(gate) * up``) or ``"swigluoai"`` (gpt-oss: ``(clamp(up, -7, 7) + 1) *
+            g * sigmoid(1.702 g)`` with ``g = min(gate, 7)``).
+        gate_up_bias: per expert ``[2 * intermediate]``, or None.
+        down_bias: per expert ``[hidden]``, or None.
+        product_dtype: round the gate/up product (bias included) and the activation to this dtype, as a
+            backend that keeps its intermediates in the model dtype does: the clamped SwiGLU's products reach
+            several times the clamp, where one bfloat16 rounding is more than the dtype's tolerance of the
+            output. None keeps float64.
     """
     out = torch.zeros(x.shape, dtype=F64)
     for t in range(x.shape[0]):
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[t, j])
-            hidden = ref_silu_and_mul(ref_linear(x[t : t + 1].cpu(), gate_up[e].cpu()))
-            out[t] += float(topk_weights[t, j]) * ref_linear(hidden, down[e].cpu())[0]
+            projected = ref_linear(x[t : t + 1].cpu(), gate_up[e].cpu())
+            if gate_up_bias is not None:
+                projected = projected + gate_up_bias[e].cpu().to(F64)
+            if product_dtype is not None:
+                projected = projected.to(product_dtype).to(F64)
+            if activation == "silu":
+                hidden = ref_silu_and_mul(projected)
+            else:
+                inter = projected.shape[-1] // 2
+                gate, up = projected[..., :inter].clamp(max=7.0), projected[..., inter:].clamp(-7.0, 7.0)
+                hidden = (up + 1.0) * gate / (1.0 + torch.exp(-1.702 * gate))
+            if product_dtype is not None:
+                hidden = hidden.to(product_dtype).to(F64)
+            y = ref_linear(hidden, down[e].cpu())[0]
+            if down_bias is not None:
+                y = y + down_bias[e].cpu().to(F64)
+            out[t] += float(topk_weights[t, j]) * y
     return out

@@ -117,7 +117,10 @@ class GemmBackend(ABC):
         """
         return self.linear(x, weight).float()
 
-    def prepare_experts(self, gate_up: list[Any], down: list[Any], dtype: Any) -> Any:
+    def prepare_experts(
+        self, gate_up: list[Any], down: list[Any], dtype: Any, gate_up_bias: list[Any] | None = None,
+        down_bias: list[Any] | None = None,
+    ) -> Any:  # fmt: skip
         """Turn a mixture-of-experts layer's expert weights into the form :meth:`fused_moe` consumes.
 
         Called once per MoE layer at load time. The default prepares each matrix with
@@ -129,6 +132,9 @@ class GemmBackend(ABC):
                 projection's): a float tensor or a :class:`QuantizedWeight`.
             down: per expert, ``[hidden, intermediate]``.
             dtype: the activation dtype the model runs in.
+            gate_up_bias: per expert ``[2 * intermediate]`` tensors (gpt-oss) on the model's device, in the
+                model dtype, or None.
+            down_bias: per expert ``[hidden]``, likewise, or None.
 
         Returns:
             Opaque experts (the default: :class:`engine.interfaces.moe.ExpertWeights`).
@@ -139,7 +145,8 @@ class GemmBackend(ABC):
         from engine.interfaces.moe import ExpertWeights
 
         return ExpertWeights(
-            [self.prepare_weight(w, dtype) for w in gate_up], [self.prepare_weight(w, dtype) for w in down]
+            [self.prepare_weight(w, dtype) for w in gate_up], [self.prepare_weight(w, dtype) for w in down],
+            gate_up_bias, down_bias,
         )
 
     def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
@@ -154,7 +161,8 @@ class GemmBackend(ABC):
             experts: from :meth:`prepare_experts`.
             topk_weights: float32 ``[tokens, k]``.
             topk_ids: int64 ``[tokens, k]``; an expert may get no token, a token may name one expert twice.
-            activation: the experts' gated activation (``"silu"``).
+            activation: the experts' gated activation (``"silu"``, or gpt-oss's ``"swigluoai"``; see
+                :func:`engine.interfaces.moe.expert_activation`).
 
         Returns:
             ``[tokens, hidden]`` in ``x``'s dtype.
@@ -165,3 +173,4 @@ class GemmBackend(ABC):
         from engine.interfaces.moe import reference_fused_moe
 
         return reference_fused_moe(self, x, experts, topk_weights, topk_ids, activation)
+

@@ -13,8 +13,12 @@ import torch
 if TYPE_CHECKING:
     from engine.interfaces.gemm import GemmBackend
 
-#: the gated activation of every expert's MLP: ``silu`` (SwiGLU: Mixtral, Qwen MoE, OLMoE, DeepSeek)
-MoeActivation = Literal["silu"]
+#: the gated activation of every expert's MLP: ``silu`` (SwiGLU: Mixtral, Qwen MoE, OLMoE, DeepSeek) or
+#: ``swigluoai`` (gpt-oss: the gate clamped at 7 and passed through ``g * sigmoid(1.702 g)``, the up half
+#: clamped to [-7, 7] and shifted by one)
+MoeActivation = Literal["silu", "swigluoai"]
+#: gpt-oss's SwiGLU constants (``swiglu_alpha``, ``swiglu_limit``)
+SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
 #: how router logits become expert scores
 MoeScoring = Literal["softmax", "sigmoid"]
 #: how a group of experts is scored for group-limited routing
@@ -29,10 +33,14 @@ class ExpertWeights:
     Attributes:
         gate_up: per expert, ``[2 * intermediate, hidden]``: the gate's rows, then the up projection's.
         down: per expert, ``[hidden, intermediate]``.
+        gate_up_bias: per expert ``[2 * intermediate]`` (gpt-oss), None without biases.
+        down_bias: per expert ``[hidden]``, None without biases.
     """
 
     gate_up: list[Any]
     down: list[Any]
+    gate_up_bias: list[Any] | None = None
+    down_bias: list[Any] | None = None
 
     @property
     def num_experts(self) -> int:
@@ -100,6 +108,23 @@ def moe_topk(
     return weights, ids.to(torch.int64)
 
 
+def expert_activation(gate_up: torch.Tensor, activation: MoeActivation) -> torch.Tensor:
+    """An expert's gated activation of its ``[rows, 2 * intermediate]`` gate/up product (gate columns first).
+
+    Raises:
+        ValueError: for an unknown activation.
+    """
+    inter = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :inter], gate_up[..., inter:]
+    if activation == "silu":
+        return torch.nn.functional.silu(gate) * up
+    if activation == "swigluoai":
+        gate = gate.clamp(max=SWIGLUOAI_LIMIT)
+        up = up.clamp(-SWIGLUOAI_LIMIT, SWIGLUOAI_LIMIT)
+        return (up + 1) * (gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA))
+    raise ValueError(f"unknown expert activation {activation!r}")
+
+
 def reference_fused_moe(
     gemm: GemmBackend,
     x: torch.Tensor,
@@ -121,7 +146,7 @@ def reference_fused_moe(
     Returns:
         ``[tokens, hidden]`` in ``x``'s dtype: ``sum_j w[t, j] * expert_{ids[t, j]}(x[t])``.
     """
-    if activation != "silu":
+    if activation not in ("silu", "swigluoai"):
         raise ValueError(f"unknown expert activation {activation!r}")
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
@@ -137,9 +162,9 @@ def reference_fused_moe(
         rows = order[start : start + count]
         start += count
         tokens = token_of[rows]
-        gate_up = gemm.linear(x.index_select(0, tokens), experts.gate_up[expert])
-        inter = gate_up.shape[-1] // 2
-        hidden = torch.nn.functional.silu(gate_up[..., :inter]) * gate_up[..., inter:]
-        y = gemm.linear(hidden, experts.down[expert])
+        gate_up_bias = experts.gate_up_bias[expert] if experts.gate_up_bias is not None else None
+        down_bias = experts.down_bias[expert] if experts.down_bias is not None else None
+        gate_up = gemm.linear(x.index_select(0, tokens), experts.gate_up[expert], gate_up_bias)
+        y = gemm.linear(expert_activation(gate_up, activation), experts.down[expert], down_bias)
         out.index_add_(0, tokens, y.float() * flat_weights[rows])
     return out.to(x.dtype)

@@ -116,23 +116,26 @@ class TorchGemmBackend(GemmBackend):
             x = dequantize_rows(x)
         return torch.nn.functional.linear(x, weight, bias)
 
-    def prepare_experts(self, gate_up: list[Any], down: list[Any], dtype: Any) -> Any:
+    def prepare_experts(
+        self, gate_up: list[Any], down: list[Any], dtype: Any, gate_up_bias: list[Any] | None = None,
+        down_bias: list[Any] | None = None,
+    ) -> Any:  # fmt: skip
         if not self.triton_moe:
-            return super().prepare_experts(gate_up, down, dtype)
+            return super().prepare_experts(gate_up, down, dtype, gate_up_bias, down_bias)
         target = torch_dtype(dtype, supported=GEMM_DTYPES)
         # the Triton kernels read OCP e4m3 only: MI300's fnuz flavour dequantizes instead
-        return stack_experts(gate_up, down, target, self.device, fp8=self.fp8_dtype == "float8_e4m3fn")
+        fp8 = self.fp8_dtype == "float8_e4m3fn"
+        return stack_experts(gate_up, down, target, self.device, fp8, gate_up_bias, down_bias)
 
     def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
         if not isinstance(experts, StackedExperts):
             return super().fused_moe(x, experts, topk_weights, topk_ids, activation)
-        if activation != "silu":
-            raise ValueError(f"unknown expert activation {activation!r}")
         from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe
 
         return fused_moe(
             x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(),
-            gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale,
+            gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, activation=activation,
+            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
         )  # fmt: skip
 
     def row_quantized_input(self, weight: Any) -> Any | None:

@@ -26,12 +26,16 @@ class StackedExperts:
         down: ``[E, hidden, inter]``.
         gate_up_scale: float32 ``[E, 2 * inter]`` per-channel scales when ``gate_up`` is FP8, else None.
         down_scale: float32 ``[E, hidden]`` when ``down`` is FP8, else None.
+        gate_up_bias: ``[E, 2 * inter]`` (gpt-oss), None without biases.
+        down_bias: ``[E, hidden]``, None without biases.
     """
 
     gate_up: torch.Tensor
     down: torch.Tensor
     gate_up_scale: torch.Tensor | None = None
     down_scale: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -39,8 +43,9 @@ class StackedExperts:
 
 
 def stack_experts(
-    gate_up: list[Any], down: list[Any], dtype: torch.dtype, device: torch.device, fp8: bool
-) -> StackedExperts:
+    gate_up: list[Any], down: list[Any], dtype: torch.dtype, device: torch.device, fp8: bool,
+    gate_up_bias: list[Any] | None = None, down_bias: list[Any] | None = None,
+) -> StackedExperts:  # fmt: skip
     """Stack a layer's experts on ``device``.
 
     Args:
@@ -49,13 +54,24 @@ def stack_experts(
         dtype: the model's activation dtype (what unquantized experts are stored in).
         device: where the stacks go.
         fp8: keep ``fp8_e4m3`` experts in FP8 (the GPU reads ``float8_e4m3fn``).
+        gate_up_bias: per expert ``[2 * inter]``, or None.
+        down_bias: per expert ``[hidden]``, or None.
 
     Raises:
         ValueError: for experts of different shapes, or a quantized expert that cannot be dequantized.
     """
     gate_up_data, gate_up_scale = _stack(gate_up, dtype, device, fp8)
     down_data, down_scale = _stack(down, dtype, device, fp8)
-    return StackedExperts(gate_up_data, down_data, gate_up_scale, down_scale)
+    return StackedExperts(
+        gate_up_data, down_data, gate_up_scale, down_scale, _stack_biases(gate_up_bias, dtype, device),
+        _stack_biases(down_bias, dtype, device),
+    )  # fmt: skip
+
+
+def _stack_biases(biases: list[Any] | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    if biases is None:
+        return None
+    return torch.stack([torch.as_tensor(b) for b in biases]).to(device=device, dtype=dtype).contiguous()
 
 
 def _stack(weights: list[Any], dtype: torch.dtype, device: torch.device, fp8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

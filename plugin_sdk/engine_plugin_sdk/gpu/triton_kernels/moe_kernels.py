@@ -22,6 +22,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _gated(gate, up, ACT: tl.constexpr):
+    """The experts' gated activation: SiLU (``ACT == 0``) or gpt-oss's clamped SwiGLU (``ACT == 1``)."""
+    if ACT == 0:
+        return gate / (1.0 + tl.exp(-gate)) * up
+    g = tl.minimum(gate, 7.0)
+    u = tl.minimum(tl.maximum(up, -7.0), 7.0)
+    return (u + 1.0) * g / (1.0 + tl.exp(-1.702 * g))
+
+
+@triton.jit
 def moe_topk_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
@@ -81,9 +91,10 @@ def moe_topk_kernel(
 
 @triton.jit
 def moe_gemv_gate_up_kernel(
-    x_ptr, w_ptr, scale_ptr, ids_ptr, out_ptr,
-    INTER, stride_x, stride_we, stride_wn, stride_o, stride_se,
-    K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, out_ptr,
+    INTER, stride_x, stride_we, stride_wn, stride_o, stride_se, stride_be,
+    K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """``out[slot, n] = silu(gate_e[n] . x[token]) * (up_e[n] . x[token])`` for one slot's expert ``e``.
 
@@ -113,18 +124,22 @@ def moe_gemv_gate_up_kernel(
     if HAS_SCALE:
         gate *= tl.load(scale_ptr + expert * stride_se + rows)
         up *= tl.load(scale_ptr + expert * stride_se + rows + INTER)
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
+        up += tl.load(bias_ptr + expert * stride_be + rows + INTER).to(tl.float32)
     # the projections round to the activation dtype first, as a plain GEMM's output would
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    act = _gated(gate, up, ACT)
     tl.store(out_ptr + slot * stride_o + offs_n, act.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
 def moe_gemv_down_kernel(
-    act_ptr, w_ptr, scale_ptr, ids_ptr, topw_ptr, out_ptr,
-    H, stride_a, stride_we, stride_wn, stride_o, stride_se,
-    K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
+    H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
+    K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
     (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other)."""
@@ -148,6 +163,8 @@ def moe_gemv_down_kernel(
         part = tl.sum(acc, axis=1)
         if HAS_SCALE:
             part *= tl.load(scale_ptr + expert * stride_se + rows)
+        if HAS_BIAS:
+            part += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
         y += tl.load(topw_ptr + slot).to(tl.float32) * part
     tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
 
@@ -193,17 +210,18 @@ def moe_align_kernel(
 
 @triton.jit
 def moe_gemm_kernel(
-    a_ptr, w_ptr, scale_ptr, sorted_ptr, block_expert_ptr, total_ptr, topw_ptr, c_ptr,
-    N, K, num_slots, stride_am, stride_we, stride_wn, stride_cm, stride_se,
+    a_ptr, w_ptr, scale_ptr, bias_ptr, sorted_ptr, block_expert_ptr, total_ptr, topw_ptr, c_ptr,
+    N, K, num_slots, stride_am, stride_we, stride_wn, stride_cm, stride_se, stride_be,
     A_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One block of an expert's group against one tile of its weight's rows.
 
     Row ``i`` of the block is slot ``sorted[i]``: its activation row is ``a[slot // A_DIV]`` (the token for
     ``gate_up``, the slot itself for ``down``) and its result goes to ``c[slot]``. ``GATED`` reads rows
-    ``n`` and ``n + N`` of the weight and writes ``silu(gate) * up``; ``MUL_WEIGHT`` scales each row by its
-    slot's routing weight.
+    ``n`` and ``n + N`` of the weight and writes their gated activation (``ACT``); ``HAS_BIAS`` adds the
+    expert's bias first; ``MUL_WEIGHT`` scales each row by its slot's routing weight.
     """
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
@@ -231,10 +249,14 @@ def moe_gemm_kernel(
         acc *= tl.load(scale_ptr + expert * stride_se + rows_w)[None, :]
         if GATED:
             acc_u *= tl.load(scale_ptr + expert * stride_se + rows_w + N)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * stride_be + rows_w).to(tl.float32)[None, :]
+        if GATED:
+            acc_u += tl.load(bias_ptr + expert * stride_be + rows_w + N).to(tl.float32)[None, :]
     if GATED:
         gate = acc.to(c_ptr.dtype.element_ty).to(tl.float32)
         up = acc_u.to(c_ptr.dtype.element_ty).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * up
+        acc = _gated(gate, up, ACT)
     if MUL_WEIGHT:
         acc *= tl.load(topw_ptr + slots, mask=valid, other=0.0).to(tl.float32)[:, None]
     tl.store(c_ptr + slots[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),

@@ -120,8 +120,11 @@ def fused_moe(
     tiles: MoeTiles,
     gate_up_scale: torch.Tensor | None = None,
     down_scale: torch.Tensor | None = None,
+    activation: str = "silu",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``y[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t])`` with ``e = ids[t, j]``.
+    """``y[t] = sum_j w[t, j] * down_e(act(gate_up_e x[t]))`` with ``e = ids[t, j]``.
 
     Args:
         x: ``[tokens, hidden]`` activations (float32 / bfloat16 / float16).
@@ -132,6 +135,9 @@ def fused_moe(
         tiles: launch parameters.
         gate_up_scale: float32 ``[E, 2 * inter]`` per-channel scales of FP8 ``gate_up``, else None.
         down_scale: float32 ``[E, hidden]`` scales of FP8 ``down``, else None.
+        activation: ``"silu"`` or gpt-oss's ``"swigluoai"``.
+        gate_up_bias: ``[E, 2 * inter]`` biases of ``gate_up``, or None.
+        down_bias: ``[E, hidden]`` biases of ``down``, or None.
 
     Returns:
         ``[tokens, hidden]`` in ``x``'s dtype.
@@ -147,6 +153,9 @@ def fused_moe(
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
         raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} for {tokens} tokens")
     top_k = topk_ids.shape[1]
+    if activation not in ("silu", "swigluoai"):
+        raise ValueError(f"unknown expert activation {activation!r}")
+    act = 0 if activation == "silu" else 1
     out = torch.empty_like(x)
     if tokens == 0:
         return out
@@ -155,25 +164,29 @@ def fused_moe(
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
     slots = tokens * top_k
-    act = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
+    hidden_act = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
     fp8 = gate_up_scale is not None
     gu_scale = gate_up_scale if fp8 else weights  # any pointer: unread without HAS_SCALE
     d_scale = down_scale if down_scale is not None else weights
     gu_stride_se = gate_up_scale.stride(0) if fp8 else 0
     d_stride_se = down_scale.stride(0) if down_scale is not None else 0
+    gu_bias = gate_up_bias if gate_up_bias is not None else weights  # unread without HAS_BIAS
+    d_bias = down_bias if down_bias is not None else weights
+    gu_stride_be = gate_up_bias.stride(0) if gate_up_bias is not None else 0
+    d_stride_be = down_bias.stride(0) if down_bias is not None else 0
     if slots <= tiles.gemv_max_slots:
         bn, bk, warps = tiles.gate_up_gemv
         mk.moe_gemv_gate_up_kernel[(slots, triton_cdiv(inter, bn))](
-            x, gate_up, gu_scale, ids, act, inter,
-            x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), gu_stride_se,
-            K=hidden, TOP_K=top_k, HAS_SCALE=fp8, BLOCK_N=bn, BLOCK_K=min(bk, next_power_of_2(hidden)),
-            num_warps=warps,
+            x, gate_up, gu_scale, gu_bias, ids, hidden_act, inter,
+            x.stride(0), gate_up.stride(0), gate_up.stride(1), hidden_act.stride(0), gu_stride_se, gu_stride_be,
+            K=hidden, TOP_K=top_k, HAS_SCALE=fp8, HAS_BIAS=gate_up_bias is not None, ACT=act, BLOCK_N=bn,
+            BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps,
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
         mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
-            act, down, d_scale, ids, weights, out, hidden,
-            act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se,
-            K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, BLOCK_N=bn,
+            hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
+            hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
+            K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
             BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps,
         )  # fmt: skip
         return out
@@ -184,15 +197,17 @@ def fused_moe(
     common = {"PRECISION": precision, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
               "num_warps": warps, "num_stages": stages}  # fmt: skip
     mk.moe_gemm_kernel[(blocks, triton_cdiv(inter, block_n))](
-        x, gate_up, gu_scale, sorted_slots, block_expert, total, weights, act,
-        inter, hidden, slots, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), gu_stride_se,
-        A_DIV=top_k, GATED=True, MUL_WEIGHT=False, HAS_SCALE=fp8, **common,
+        x, gate_up, gu_scale, gu_bias, sorted_slots, block_expert, total, weights, hidden_act,
+        inter, hidden, slots, x.stride(0), gate_up.stride(0), gate_up.stride(1), hidden_act.stride(0), gu_stride_se,
+        gu_stride_be, A_DIV=top_k, GATED=True, MUL_WEIGHT=False, HAS_SCALE=fp8, HAS_BIAS=gate_up_bias is not None,
+        ACT=act, **common,
     )  # fmt: skip
     per_slot = torch.empty((slots, hidden), dtype=torch.float32, device=x.device)
     mk.moe_gemm_kernel[(blocks, triton_cdiv(hidden, block_n))](
-        act, down, d_scale, sorted_slots, block_expert, total, weights, per_slot,
-        hidden, inter, slots, act.stride(0), down.stride(0), down.stride(1), per_slot.stride(0), d_stride_se,
-        A_DIV=1, GATED=False, MUL_WEIGHT=True, HAS_SCALE=down_scale is not None, **common,
+        hidden_act, down, d_scale, d_bias, sorted_slots, block_expert, total, weights, per_slot,
+        hidden, inter, slots, hidden_act.stride(0), down.stride(0), down.stride(1), per_slot.stride(0), d_stride_se,
+        d_stride_be, A_DIV=1, GATED=False, MUL_WEIGHT=True, HAS_SCALE=down_scale is not None,
+        HAS_BIAS=down_bias is not None, ACT=act, **common,
     )  # fmt: skip
     return per_slot.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
