@@ -65,6 +65,8 @@ def save_tiny(architecture: str, out_dir: str, tokenizer_dir: str, seed: int = 0
                 p.normal_(0.0, 0.08)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
+            elif name.endswith("sinks"):  # logits of the same order as the scores', so they take a share
+                p.normal_(0.0, 1.0)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
         for name, b in model.named_buffers():

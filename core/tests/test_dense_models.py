@@ -57,6 +57,16 @@ ARCHITECTURES: dict[str, dict] = {
         first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
         use_qk_norm=True, attention_bias=True, pad_token_id=0,
     ),
+    # gpt-oss: attention sinks, a sliding first layer and a global second one, biased router and experts
+    # stored stacked with interleaved gate/up columns, the clamped SwiGLU, YaRN positions
+    "GptOssForCausalLM": dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+        rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 64, "rope_theta": 150000.0,
+        },
+    ),
     # DeepSeek-V3: latent attention (a 56-wide latent and an 8-wide rotary key: the cache's head size is 64;
     # a compressed query; rotary pairs interleaved in the checkpoint), DeepSeek's experts
     "DeepseekV3ForCausalLM": dict(
@@ -126,14 +136,18 @@ def test_chunked_prefill_and_prefix_cache_keep_greedy_tokens(tiny):
     assert_all_blocks_free(chunked)
 
 
-def test_a_platform_without_sliding_windows_refuses_the_model(tmp_path, hf_tokenizer_dir, monkeypatch):
+@pytest.mark.parametrize(
+    ("architecture", "capability", "description"),
+    [("Gemma2ForCausalLM", "sliding_window", "sliding-window attention"), ("GptOssForCausalLM", "attention_sinks", "attention sinks")],
+)
+def test_a_platform_without_a_feature_refuses_the_model(architecture, capability, description, tmp_path, hf_tokenizer_dir, monkeypatch):
     import dataclasses
 
     from engine.engine_setup import EngineConfigError
     from engine_plugin_cpu.platform import CpuPlatform
 
-    path = save_tiny("Gemma2ForCausalLM", str(tmp_path), hf_tokenizer_dir, **ARCHITECTURES["Gemma2ForCausalLM"])
+    path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **ARCHITECTURES[architecture])
     original = CpuPlatform.capabilities
-    monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(original(self), sliding_window=False))
-    with pytest.raises(EngineConfigError, match="Gemma2ForCausalLM needs sliding-window attention, which cpu does not support"):
+    monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(original(self), **{capability: False}))
+    with pytest.raises(EngineConfigError, match=f"{architecture} needs {description}, which cpu does not support"):
         LLM(model=path, device="cpu", dtype="float32", quantization="none", kv_cache_memory_bytes=16 << 20)

@@ -186,6 +186,12 @@ MOE_CASES = {
     "Qwen2MoeForCausalLM": dict(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
     ),
+    # gpt-oss: experts stacked in one tensor per projection, biases on both (the down bias added once),
+    # attention sinks split with the heads
+    "GptOssForCausalLM": dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+    ),
 }
 
 
@@ -201,7 +207,9 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
     two = _llm(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
     try:
         experts = [t for t in reads if ".experts." in t.name]
-        if expert_parallel:  # rank 0 read experts 0-3 whole and nothing of the others
+        if architecture == "GptOssForCausalLM":  # stacked: a rank reads its experts' rows, or all of them
+            assert experts and all(t.shape[0] * (2 if expert_parallel else 1) == t.full_shape[0] for t in experts)
+        elif expert_parallel:  # rank 0 read experts 0-3 whole and nothing of the others
             assert {int(t.name.split(".experts.")[1].split(".")[0]) for t in experts} == {0, 1, 2, 3}
             assert all(t.shape == t.full_shape for t in experts)
         else:

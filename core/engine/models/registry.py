@@ -29,6 +29,7 @@ from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
@@ -68,6 +69,7 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM),
     ("OlmoeForCausalLM", OlmoeForCausalLM),
     ("Glm4MoeForCausalLM", Glm4MoeForCausalLM),
+    ("GptOssForCausalLM", GptOssForCausalLM),
     ("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM),
     ("DeepseekV2ForCausalLM", DeepseekV2ForCausalLM),
 )

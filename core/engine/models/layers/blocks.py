@@ -5,6 +5,7 @@ The layer reads the model's ops, GEMM, attention backend and spec; it never call
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,8 @@ class DecoderLayer:
     moe: MoeMLP | None = None
     #: latent attention in place of ``qkv`` / ``o_proj`` (DeepSeek; None: the usual attention)
     mla: MlaAttention | None = None
+    #: float32 ``[heads]`` attention sinks of this rank's heads (gpt-oss), None without
+    sinks: torch.Tensor | None = None
 
     def _norm_in(
         self,
@@ -122,6 +125,9 @@ class DecoderLayer:
         if self.rope is not None:
             index, table = tables[self.rope]
             q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
+        if self.sinks is not None:
+            # the copy shares the step's extras, so a backend's per-step plan is still built once
+            meta = dataclasses.replace(meta, sinks=self.sinks)
         attn = model.attention.forward(q, k, v, kv_cache, meta)
         out = model.gemm.linear(attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias)
         return out if model.tp is None else model.tp.reduce(out)
@@ -364,6 +370,12 @@ class LayerLoader:
             moe=moe,
             mla=mla,
         )
+        if spec.attention_sinks:
+            sinks = self.take(p + "self_attn.sinks", (cfg.num_heads,))
+            if m.tp is not None:
+                first, count = m.tp.heads(cfg.num_heads)
+                sinks = sinks[first : first + count]
+            layer.sinks = sinks.to(device=m.device, dtype=torch.float32)
         if spec.qk_norm == "each_head":
             layer.head_ones = torch.ones(cfg.head_dim, device=m.device, dtype=m.dtype)
         # FP8 producers only where a norm or activation that has one feeds the GEMM (pre-RMSNorms, SwiGLU)

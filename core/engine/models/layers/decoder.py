@@ -128,6 +128,8 @@ class DenseDecoder(CausalLM):
             needs["sliding_window"] = "sliding-window attention"
         if spec.attn_soft_cap is not None:
             needs["logits_soft_cap"] = "attention logits soft-capping"
+        if spec.attention_sinks:
+            needs["attention_sinks"] = "attention sinks"
         return needs
 
     @classmethod

@@ -14,6 +14,7 @@ from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
 from engine.loader.weight_slices import weight_columns, weight_rows
 from engine.models.layers.spec import MoeSpec
+from engine.models.layers.stacked_experts import ExpertMatrices, load_stacked_experts, stacked_expert_shapes
 
 if TYPE_CHECKING:
     from engine.models.layers.blocks import LayerLoader
@@ -36,6 +37,7 @@ class MoeMLP:
         correction_bias: float32 ``[experts]`` added to the scores to choose, None without one.
         expert_start: under expert parallelism, the first of this rank's experts (None otherwise).
         local_experts: how many experts this rank holds under expert parallelism.
+        router_bias: the router's bias in the model dtype, None without one.
     """
 
     router: Any
@@ -49,11 +51,12 @@ class MoeMLP:
     correction_bias: torch.Tensor | None = None
     expert_start: int | None = None
     local_experts: int = 0
+    router_bias: torch.Tensor | None = None
 
     def forward(self, model: DenseDecoder, x: torch.Tensor) -> torch.Tensor:
         """Route, run the chosen experts and combine them (plus the gated shared expert)."""
         gemm = model.gemm
-        logits = gemm.linear(x, self.router)
+        logits = gemm.linear(x, self.router, self.router_bias)
         spec = self.spec
         plain = spec is None or (spec.num_groups == 1 and spec.routed_scaling_factor == 1.0)
         if plain and (spec is None or spec.scoring == "softmax") and self.correction_bias is None:
@@ -68,7 +71,10 @@ class MoeMLP:
             local = ids - self.expert_start
             mine = (local >= 0) & (local < self.local_experts)
             weights, ids = weights * mine, local.clamp(0, self.local_experts - 1)
-        out = gemm.fused_moe(x, self.experts, weights, ids)
+        if spec is None or spec.activation == "silu":
+            out = gemm.fused_moe(x, self.experts, weights, ids)
+        else:
+            out = gemm.fused_moe(x, self.experts, weights, ids, spec.activation)
         if self.shared_gate_up is not None:
             shared = gemm.linear(model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up)), self.shared_down)
             if self.shared_gate is not None:
@@ -82,9 +88,13 @@ def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tupl
     gate, up, down = spec.expert_projections
     inter = spec.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {prefix + spec.router + ".weight": (spec.num_experts, hidden)}
+    if spec.router_bias:
+        shapes[prefix + spec.router + ".bias"] = (spec.num_experts,)
     if spec.correction_bias is not None:
         shapes[prefix + spec.correction_bias] = (spec.num_experts,)
-    for e in range(spec.num_experts):
+    if spec.layout != "per_expert":
+        shapes.update(stacked_expert_shapes(spec, hidden, prefix))
+    for e in range(spec.num_experts if spec.layout == "per_expert" else 0):
         p = prefix + spec.expert.format(e)
         shapes[p + gate + ".weight"] = (inter, hidden)
         shapes[p + up + ".weight"] = (inter, hidden)
@@ -117,24 +127,38 @@ def load_moe(loader: LayerLoader, prefix: str, spec: MoeSpec) -> MoeMLP:
         own_experts = range(rows.start, rows.stop)
     elif tp is not None:
         own_width = tp.rows(inter)
-    gate_ups, downs = [], []
-    for e in range(spec.num_experts):
-        p = prefix + spec.expert.format(e)
-        parts = [loader.take(p + gate + ".weight", (inter, hidden), lazy), loader.take(p + up + ".weight", (inter, hidden), lazy)]
-        down_weight = loader.take(p + down + ".weight", (hidden, inter), lazy)
-        if e not in own_experts:
-            continue
-        gate_ups.append(concat_weights([materialize(weight_rows(part, own_width)) for part in parts]))
-        downs.append(_contiguous(materialize(weight_columns(down_weight, own_width))))
+    if spec.layout == "per_expert":
+        gate_ups, downs = [], []
+        for e in range(spec.num_experts):
+            p = prefix + spec.expert.format(e)
+            parts = [loader.take(p + gate + ".weight", (inter, hidden), lazy), loader.take(p + up + ".weight", (inter, hidden), lazy)]
+            down_weight = loader.take(p + down + ".weight", (hidden, inter), lazy)
+            if e not in own_experts:
+                continue
+            gate_ups.append(concat_weights([materialize(weight_rows(part, own_width)) for part in parts]))
+            downs.append(_contiguous(materialize(weight_columns(down_weight, own_width))))
+        matrices = ExpertMatrices(gate_ups, downs, None, None)
+    else:
+        # every expert-parallel rank adds its own experts' down biases; width-split ranks leave them to rank 0
+        adds_down_bias = tp is None or tp.expert_parallel or tp.rank == 0
+        matrices = load_stacked_experts(loader, prefix, spec, own_experts, own_width, adds_down_bias)
     device = model.device
+    biases = [
+        None if part is None else [b.to(device=device, dtype=model.dtype) for b in part]
+        for part in (matrices.gate_up_bias, matrices.down_bias)
+    ]
     experts = model.gemm.prepare_experts(
-        [w.to(device) if isinstance(w, torch.Tensor) else w for w in gate_ups],
-        [w.to(device) if isinstance(w, torch.Tensor) else w for w in downs],
+        [w.to(device) if isinstance(w, torch.Tensor) else w for w in matrices.gate_up],
+        [w.to(device) if isinstance(w, torch.Tensor) else w for w in matrices.down],
         model.dtype,
+        *biases,
     )
     # the router stays in the model dtype under load-time quantization: it picks the experts
     router = loader.matrix(loader.take(prefix + spec.router + ".weight", (spec.num_experts, hidden)), projection=False)
     moe = MoeMLP(router=router, experts=experts, top_k=spec.top_k, renormalize=spec.renormalize, spec=spec)
+    if spec.router_bias:
+        bias = loader.take(prefix + spec.router + ".bias", (spec.num_experts,))
+        moe.router_bias = torch.as_tensor(bias).to(device=device, dtype=model.dtype)
     if tp is not None and tp.expert_parallel:
         moe.expert_start, moe.local_experts = own_experts.start, len(own_experts)
     if spec.correction_bias is not None:

@@ -80,6 +80,8 @@ def decoder_weight_shapes(spec: DecoderSpec, config: ModelConfig, layer_prefix: 
             for qk_shapes in qk_norm_shapes(spec, config):
                 shapes.update({p + name: shape for name, shape in qk_shapes.items()})
             shapes[p + "self_attn.o_proj.weight"] = (hidden, q_size)
+            if spec.attention_sinks:
+                shapes[p + "self_attn.sinks"] = (config.num_heads,)
             if spec.o_bias:
                 shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         for norm in (norms.post_attn, norms.pre_mlp):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.interfaces.moe import MoeActivation
+
 #: ``head``: one norm of ``head_dim`` shared by every head (Qwen3, Gemma3); ``full``: over all heads (OLMo2);
 #: ``each_head``: over ``head_dim`` with a scale of its own per head, ``[heads, head_dim]`` (StableLM, Cohere)
 QKNorm = Literal["none", "head", "full", "each_head"]
@@ -16,6 +18,12 @@ QKNorm = Literal["none", "head", "full", "each_head"]
 NormKind = Literal["rms", "layer"]
 #: ``silu``: SwiGLU; ``gelu_tanh``: GeGLU with the tanh approximation (Gemma)
 Activation = Literal["silu", "gelu_tanh"]
+#: how a checkpoint stores the experts: ``per_expert``: ``{expert}{proj}.weight`` per expert and projection;
+#: ``stacked``: transformers' gpt-oss layout, ``{expert}gate_up_proj`` ``[experts, hidden, 2 * inter]`` with
+#: the gate and up columns interleaved, ``{expert}down_proj`` ``[experts, inter, hidden]`` (and ``_bias``
+#: tensors); ``stacked_mxfp4``: the same as MXFP4 ``_blocks`` / ``_scales`` (``[experts, out, in / 32, 16]``
+#: bytes of two FP4 values, one power-of-two scale per 32), dequantized at load
+ExpertLayout = Literal["per_expert", "stacked", "stacked_mxfp4"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,10 @@ class MoeSpec:
         routed_scaling_factor: factor on the routed experts' weights.
         group_score: a group's score in group-limited routing: the sum of its two best choices (``top2``,
             DeepSeek-V3) or its best (``max``, DeepSeek-V2).
+        layout: how the checkpoint stores the experts (``expert`` has no ``{}`` for the stacked layouts).
+        expert_bias: the experts' projections have biases (gpt-oss).
+        router_bias: the router has a ``.bias`` (gpt-oss).
+        activation: the experts' gated activation (``swigluoai``: gpt-oss's clamped SwiGLU).
     """
 
     num_experts: int
@@ -94,6 +106,10 @@ class MoeSpec:
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
     group_score: Literal["top2", "max"] = "top2"
+    layout: ExpertLayout = "per_expert"
+    expert_bias: bool = False
+    router_bias: bool = False
+    activation: MoeActivation = "silu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +189,8 @@ class DecoderSpec:
         final_soft_cap: final logits soft-cap (Gemma2).
         moe: the mixture of experts of the layers marked ``moe``, None for a dense model.
         mla: multi-head latent attention in place of q/k/v projections, None for the usual attention.
+        attention_sinks: every layer has a learned per-head sink logit, ``self_attn.sinks`` ``[heads]``
+            (gpt-oss): one more softmax term with no value.
     """
 
     layers: tuple[LayerSpec, ...]
@@ -199,3 +217,4 @@ class DecoderSpec:
     final_soft_cap: float | None = None
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
+    attention_sinks: bool = False
