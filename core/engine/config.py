@@ -140,8 +140,11 @@ class EngineConfig(BaseModel):
         load_format: ``auto`` or ``dummy`` (random weights of the model's config, for benchmarks).
         tokenizer: tokenizer folder when it differs from the model's.
         enforce_eager: never use graph capture.
-        quantization: ``auto`` keeps a checkpoint's quantized matrices (GGUF) quantized where the platform's
-            GEMM runs their scheme (``GemmBackend.supported_quant_schemes``); ``none`` dequantises every
+        quantization: ``auto`` keeps a checkpoint's quantized matrices (GGUF; GPTQ, AWQ, compressed-tensors
+            and FP8 folders, read from their ``quantization_config``) quantized where the platform's GEMM
+            runs their scheme (``GemmBackend.supported_quant_schemes``) and dequantizes the others;
+            ``gptq``, ``awq`` and ``compressed-tensors`` do the same after checking that the checkpoint is
+            of that method; ``none`` dequantises every
             weight to the model dtype at load time; ``fp8`` quantizes a float checkpoint's layer projections
             to FP8 e4m3 with a scale per output channel as it loads, and their activations to FP8 per token
             (W8A8: about twice the matmul rate of bf16 on GPUs with FP8 units, at some accuracy; the
@@ -161,7 +164,7 @@ class EngineConfig(BaseModel):
     load_format: str = "auto"
     tokenizer: str | None = None
     enforce_eager: bool = False
-    quantization: Literal["auto", "none", "fp8"] = "auto"
+    quantization: Literal["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"] = "auto"
     generation_config: Literal["auto", "none"] = "auto"
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)

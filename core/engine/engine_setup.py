@@ -29,6 +29,7 @@ from engine.kv_groups import KVGroupLayout, plan_kv_groups
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
 from engine.loader.paths import default_served_name
+from engine.loader.prequantized.config import PRE_QUANTIZED_METHODS
 from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
@@ -255,7 +256,7 @@ def build_model(
         model.linear_quantizer = _fp8_quantizer(platform.name, gemm, model)
     # quantized matrices stay quantized only for the schemes this platform's GEMM runs itself (a
     # tensor-parallel rank's slices too, where they fall on the scheme's blocks)
-    keep_quantized = gemm.supported_quant_schemes if config.quantization == "auto" else frozenset()
+    keep_quantized = gemm.supported_quant_schemes if config.quantization != "none" else frozenset()
     weights = (
         dummy_weights(model_config, seed=config.seed, dtype=dtype, device=device, registry=registry)
         if config.load_format == "dummy"
@@ -265,8 +266,14 @@ def build_model(
             lazy=tp is not None or pp is not None,
         )  # fmt: skip
     )
+    free_before = platform.free_memory_bytes()
     with timed_phase(f"loading the weights of {model_path}", "loaded the weights"):
         model.load_weights(weights)
+    platform.synchronize()
+    # what the KV cache sizing sees next: packed weights leave it the memory they save
+    logger.info(
+        "the weights take %.2f GiB of %s memory", max(free_before - platform.free_memory_bytes(), 0) / 2**30, platform.name
+    )
     return model, attention, ops
 
 
@@ -349,6 +356,11 @@ def _check_config(
         for feature, description in model_class.required_features(model_config).items():
             if not getattr(caps, feature, False):
                 reasons.append(f"{model_config.architecture} needs {description}, which {platform.name} does not support")
+    method = config.quantization
+    if method in PRE_QUANTIZED_METHODS:
+        found = model_config.hf_config.get("quantization_config") or {}
+        if found.get("quant_method") != method:
+            reasons.append(f"quantization {method!r} needs a {method} checkpoint; this one is {found.get('quant_method') or 'not quantized'}")
     if model_config.head_dim not in head_sizes:
         reasons.append(f"head size {model_config.head_dim} is not supported on {platform.name} (supported: {list(head_sizes)})")
     model_max = model_config.max_position_embeddings

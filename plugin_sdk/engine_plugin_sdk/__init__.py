@@ -50,6 +50,16 @@ from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
+    from engine.interfaces.grouped_int import (
+        GROUPED_INT_BITS,
+        INT4_GROUPED,
+        INT8_GROUPED,
+        dequantize_stored,
+        grouped_int_codes,
+        grouped_int_weight,
+        pack_int4,
+        unpack_int4,
+    )
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
     from engine.interfaces.ops import CORE_OP_NAMES, OP_NAMES, OpTable, silu_and_mul
     from engine.interfaces.ops import reference_ops as reference_op_table
@@ -75,6 +85,15 @@ _LAZY = {
     "ACTIVATIONS_KEY": "engine.interfaces.gemm",
     "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
     "RowQuantizedActivations": "engine.interfaces.gemm",
+    # the grouped-integer weight layout (GPTQ / AWQ / compressed-tensors W4A16 and W8A16)
+    "GROUPED_INT_BITS": "engine.interfaces.grouped_int",
+    "INT4_GROUPED": "engine.interfaces.grouped_int",
+    "INT8_GROUPED": "engine.interfaces.grouped_int",
+    "dequantize_stored": "engine.interfaces.grouped_int",
+    "grouped_int_codes": "engine.interfaces.grouped_int",
+    "grouped_int_weight": "engine.interfaces.grouped_int",
+    "pack_int4": "engine.interfaces.grouped_int",
+    "unpack_int4": "engine.interfaces.grouped_int",
     "CORE_OP_NAMES": "engine.interfaces.ops",
     # the core's torch op, for a plugin kernel's fallback
     "silu_and_mul": "engine.interfaces.ops",
@@ -100,6 +119,9 @@ __all__ = [
     "ACTIVATIONS_KEY",
     "CORE_OP_NAMES",
     "DEFAULT_API_SPEC",
+    "GROUPED_INT_BITS",
+    "INT4_GROUPED",
+    "INT8_GROUPED",
     "OP_NAMES",
     "PER_TOKEN_ACTIVATIONS",
     "PLUGIN_API_VERSION",
@@ -128,15 +150,20 @@ __all__ = [
     "TorchDistributedCommunicator",
     "as_copyable",
     "check_api_compatibility",
+    "dequantize_stored",
     "dtype_name",
     "get_tolerance",
+    "grouped_int_codes",
+    "grouped_int_weight",
     "hookimpl",
     "make_attention_problem",
     "make_quantized_weight",
+    "pack_int4",
     "reference_op_table",
     "scaffold_plugin",
     "silu_and_mul",
     "torch_dtype",
+    "unpack_int4",
 ]
 
 

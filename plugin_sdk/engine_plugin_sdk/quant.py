@@ -8,6 +8,10 @@ Scheme names and layouts (``QuantizedWeight.data`` / ``extra``):
   quantize, are random valid blocks; every GGUF type dequantizes through gguf's reference.
 - ``int8``: symmetric per-output-channel; ``data`` is ``torch.int8 [out, in]``, ``extra["scale"]`` float32 ``[out]``;
   the weight is ``data * scale[:, None]``.
+- ``int4_grouped`` / ``int8_grouped``: weight-only codes with group-wise scales and zero points and an
+  optional act-order column permutation, the layout GPTQ / AWQ / compressed-tensors checkpoints are
+  repacked into (``engine.interfaces.grouped_int`` documents it). Test weights use groups of 128 (32
+  when ``in_features`` is below 256), asymmetric zero points and a random column order.
 - ``fp8_e4m3``: ``data`` is ``torch.float8_e4m3fn [out, in]``, ``extra["scale"]`` float32 ``[out]``, same formula.
   Weights the engine quantizes at load (``quantization="fp8"``) also carry ``extra["activations"] ==
   "per_token"``: a hint that single-term per-row FP8 activations (W8A8) are acceptable.
@@ -20,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from engine.interfaces.gemm import QuantizedWeight
+from engine.interfaces.grouped_int import GROUPED_INT_BITS, grouped_int_weight
 
 SCALED_SCHEMES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 GGUF_PREFIX = "gguf_"
@@ -75,6 +80,8 @@ def make_quantized_weight(
             return data.float() * scale[:, None]
 
         return QuantizedWeight(scheme, data, (out_features, in_features), dequantize_scaled, {"scale": scale})
+    if scheme in GROUPED_INT_BITS:
+        return _grouped_int(scheme, dense, gen, device)
     if scheme.startswith(GGUF_PREFIX):
         from gguf import quants
 
@@ -96,8 +103,28 @@ def make_quantized_weight(
         )
     raise UnknownSchemeError(
         f"the SDK has no test-weight generator for quantization scheme {scheme!r} "
-        f"(known: {sorted(SCALED_SCHEMES)} and gguf_<type>)"
+        f"(known: {sorted({*SCALED_SCHEMES, *GROUPED_INT_BITS})} and gguf_<type>)"
     )
+
+
+def _grouped_int(scheme: str, dense: torch.Tensor, gen: torch.Generator, device: torch.device) -> QuantizedWeight:
+    """``dense`` rounded to asymmetric grouped codes, its columns stored in a random (act-order) order."""
+    bits = GROUPED_INT_BITS[scheme]
+    out_features, in_features = dense.shape
+    group = 128 if in_features >= 256 else 32
+    if in_features % group:
+        raise UnknownSchemeError(f"{scheme} test weights need a multiple of {group} columns, got {in_features}")
+    perm = torch.randperm(in_features, generator=gen)
+    groups = dense[:, perm].unflatten(1, (-1, group))
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    top = 2**bits - 1
+    scales = ((high - low) / top).clamp_min(1e-8)
+    zeros = (-low / scales).round().clamp(0, top)
+    codes = (groups / scales.unsqueeze(-1) + zeros.unsqueeze(-1)).round().clamp(0, top).flatten(1)
+    weight = grouped_int_weight(codes.to(torch.uint8), scales, zeros, group, bits, perm)
+    weight.data = weight.data.to(device)
+    weight.extra.update({k: v.to(device) for k, v in weight.extra.items() if isinstance(v, torch.Tensor)})
+    return weight
 
 
 def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:

@@ -91,8 +91,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "prepares the next step while the device runs greedy steps)")
     parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                         help="when KV blocks run out: swap a request to host memory, or recompute it later")
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8"],
-                        help="'auto' keeps GGUF matrices quantized where the device's GEMM runs them; "
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"],
+                        help="'auto' keeps a quantized checkpoint's matrices (GGUF, GPTQ, AWQ, "
+                             "compressed-tensors, FP8) quantized where the device's GEMM runs them; "
+                             "'gptq' / 'awq' / 'compressed-tensors' also check the checkpoint's method; "
                              "'none' dequantizes (with --dtype float32: exactly Hugging Face's numbers); "
                              "'fp8' quantizes the layer projections to FP8 at load, activations per token "
                              "(W8A8, on GPUs with FP8 matmuls)")

@@ -23,6 +23,7 @@ from engine.loader.gguf_file import iter_gguf_weights, load_gguf_config
 from engine.loader.hf_folder import check_hf_weights, iter_hf_weights, load_hf_config
 from engine.loader.lazy_tensor import LazyTensor
 from engine.loader.paths import default_model_path, is_gguf_file, resolve_model_path
+from engine.loader.prequantized import checkpoint_quantization, regroup_quantized
 from engine.loader.tokenizer import Tokenizer, load_tokenizer
 from engine.models.config import ModelConfig
 
@@ -72,6 +73,7 @@ def load_model_config(
         raise ModelLoadError(f"GGUF file {path} is truncated or corrupt (it does not start with 'GGUF')")
     elif os.path.isdir(path):
         config = load_hf_config(path, registry)
+        checkpoint_quantization(config.hf_config, path)  # a malformed quantization_config fails here
         if check_weights:
             check_hf_weights(path)
     else:
@@ -98,7 +100,8 @@ def iter_weights(
         path: the same path given to :func:`load_model_config`.
         config: the config it returned.
         keep_quantized: quantization schemes (a GEMM backend's ``supported_quant_schemes``) whose
-            matrices are yielded as :class:`QuantizedWeight` rather than dequantised (GGUF only).
+            matrices are yielded as :class:`QuantizedWeight` rather than dequantised (GGUF files, and HF
+            folders quantized ahead of time: GPTQ, AWQ, compressed-tensors, FP8).
         registry: the registry given to :func:`load_model_config`; the resolved class names the tensors
             the stream must hold (default: the core's architectures only).
         lazy: yield a HF folder's safetensors tensors unread (:class:`LazyTensor`: the consumer reads the
@@ -116,6 +119,9 @@ def iter_weights(
         weights = iter_gguf_weights(path, config, model_class, keep_quantized)
     elif os.path.isdir(path):
         weights = iter_hf_weights(path, config, model_class, lazy)
+        quant = checkpoint_quantization(config.hf_config, path)
+        if quant is not None:
+            weights = regroup_quantized(weights, quant, keep_quantized, model_class.weight_shapes(config))
     else:
         raise ModelLoadError(f"model path '{path}' is neither a model folder nor a GGUF file")
     checked = check_weight_stream(weights, config, path, model_class)

@@ -19,6 +19,8 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.gguf_reader import GgufTensor
 
 GGUF_SCHEME_PREFIX = "gguf_"
+#: ``extra`` fields indexed by input column, never by row, whatever their length (grouped_int's ``perm``)
+COLUMN_FIELDS = frozenset({"perm"})
 
 
 def gguf_scheme(qtype: GGMLQuantizationType) -> str:
@@ -67,7 +69,7 @@ def map_rows(weight: QuantizedWeight, rows_fn: Callable[[torch.Tensor], torch.Te
     and composed onto ``dequantize``.
     """
     rows = weight.shape[0]
-    extra = {k: rows_fn(v) if _is_per_row(v, rows) else v for k, v in weight.extra.items()}
+    extra = {k: rows_fn(v) if _is_per_row(k, v, rows) else v for k, v in weight.extra.items()}
     old = weight.dequantize
 
     def dequantize_mapped() -> torch.Tensor:
@@ -98,9 +100,9 @@ def concat_rows(weights: Sequence[QuantizedWeight]) -> QuantizedWeight:
         return make_gguf_weight(data, GGMLQuantizationType(first.extra["ggml_type"]), shape)
     extra: dict[str, object] = {}
     for key, value in first.extra.items():
-        if _is_per_row(value, first.shape[0]):
+        if _is_per_row(key, value, first.shape[0]):
             extra[key] = torch.cat([w.extra[key] for w in weights], dim=0)
-        elif all(w.extra.get(key) is value or w.extra.get(key) == value for w in weights):
+        elif all(_same(w.extra.get(key), value) for w in weights):
             extra[key] = value
         else:
             raise ValueError(f"cannot stack quantized weights whose extra[{key!r}] differ")
@@ -117,11 +119,26 @@ def concat_weights(weights: Sequence[torch.Tensor | QuantizedWeight]) -> torch.T
     a mix is dequantised to float32 first."""
     if all(isinstance(w, QuantizedWeight) for w in weights):
         quantized = [w for w in weights if isinstance(w, QuantizedWeight)]
-        if len({(w.scheme, w.shape[1]) for w in quantized}) == 1:
+        # act-order GPTQ projections whose column orders differ do not stack quantized: dense below
+        if _stackable(quantized):
             return concat_rows(quantized)
     dense = [w.dequantize() if isinstance(w, QuantizedWeight) else w for w in weights]
     return torch.cat(dense, dim=0)
 
 
-def _is_per_row(value: object, rows: int) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows
+def _is_per_row(key: str, value: object, rows: int) -> bool:
+    return key not in COLUMN_FIELDS and isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows
+
+
+def _stackable(weights: Sequence[QuantizedWeight]) -> bool:
+    first = weights[0]
+    if any(w.scheme != first.scheme or w.shape[1] != first.shape[1] for w in weights):
+        return False
+    shared = [k for k, v in first.extra.items() if not _is_per_row(k, v, first.shape[0])]
+    return all(_same(w.extra.get(k), first.extra[k]) for w in weights for k in shared)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a is b or a == b

@@ -1,5 +1,9 @@
 """GEMM on the CPU: dense weights through ``F.linear``, GGUF Q4_0/Q4_1/Q8_0 through packed kernels.
 
+Grouped-int weights (``int4_grouped`` / ``int8_grouped``: GPTQ, AWQ, compressed-tensors) run on the same
+kernels where they repack exactly into those GGUF blocks (``grouped_int.repack_grouped_as_gguf``: no
+act-order, groups a multiple of 32, fp16-exact scales, symmetric int8); others are dequantised at load.
+
 Small batches (decode) are bound by reading the weights, so they run on the packed weights (4.5 / 8.5
 bits a weight instead of 16): the plugin's own VNNI kernels (``native_kernels``, every GGUF block scale
 kept) where the CPU and a C compiler allow, else torch's int4 / int8 kernels. Large batches are bound by arithmetic, where torch's bf16 GEMM
@@ -20,6 +24,7 @@ from typing import Any
 
 import torch
 
+from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
 from engine_plugin_sdk import GemmBackend, QuantizedWeight, torch_dtype
@@ -28,6 +33,8 @@ from engine_plugin_sdk import GemmBackend, QuantizedWeight, torch_dtype
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
 #: K-quants kept quantized by the C kernels only (torch's kernels cannot express their scales)
 NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q6_k": "Q6_K"}
+#: grouped-int schemes: repacked into the GGUF schemes above where exact, else dequantised at load
+GROUPED_SCHEMES = frozenset(SYMMETRIC_ZERO)
 #: the activation dtype the packed kernels run in
 PACKED_DTYPE = torch.bfloat16
 #: most rows run on the packed weight (more go to the dense copy); measured crossovers on a 2-core
@@ -82,6 +89,9 @@ class PackedWeight:
 class CpuGemmBackend(GemmBackend):
     """``F.linear`` for dense weights; packed int4 / int8 kernels for GGUF Q4_0, Q4_1 and Q8_0 in bf16.
 
+    Grouped-int weights are repacked into those GGUF types where that is exact (see
+    :mod:`engine_plugin_cpu.grouped_int`), else dequantised like any other scheme.
+
     Args:
         dense_copy: keep a bf16 copy of each packed weight for large batches; None reads
             ``ENGINE_CPU_DENSE_COPY`` (default on).
@@ -91,7 +101,7 @@ class CpuGemmBackend(GemmBackend):
     """
 
     #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
-    supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES)
+    supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | GROUPED_SCHEMES
 
     def __init__(
         self, dense_copy: bool | None = None, prepack: bool = True, native: NativeKernels | None = None
@@ -103,11 +113,16 @@ class CpuGemmBackend(GemmBackend):
         self.native = native
         schemes = PACKED_SCHEMES if native is None else {**PACKED_SCHEMES, **NATIVE_ONLY_SCHEMES}
         self.type_names = schemes
-        self.supported_quant_schemes = frozenset(schemes)
+        self.supported_quant_schemes = frozenset(schemes) | GROUPED_SCHEMES
 
     def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
         target = torch_dtype(dtype)
         if isinstance(weight, QuantizedWeight):
+            if weight.scheme in GROUPED_SCHEMES and target == PACKED_DTYPE:
+                repacked = repack_grouped_as_gguf(weight)
+                # None where the GGUF blocks cannot hold it exactly: it then takes the dequantising path
+                if repacked is not None:
+                    weight = repacked
             if weight.scheme in self.type_names and target == PACKED_DTYPE:
                 return self._pack(weight)
             weight = _dequantize(weight)

@@ -33,6 +33,9 @@ CGROUP_MEMORY_CURRENT = "/sys/fs/cgroup/memory.current"
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 #: GGUF schemes the GEMM keeps quantized (packed int4 / int8 kernels, in bfloat16)
 QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
+#: grouped-int weights (GPTQ / AWQ / compressed-tensors): on the packed kernels where they repack exactly
+#: into the GGUF types above (engine_plugin_cpu.grouped_int), else dequantized at load
+GROUPED_QUANT_SCHEMES = ("int4_grouped", "int8_grouped")
 #: GGUF K-quants, kept quantized where the plugin's C kernels run (else dequantized at load)
 NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q6_k")
 #: /proc/cpuinfo flags of a native bf16 dot product (AVX-512 BF16, AMX)
@@ -75,7 +78,9 @@ class CpuPlatform(Platform):
             kv_cache_dtypes=SUPPORTED_DTYPES,
             block_sizes=SUPPORTED_BLOCK_SIZES,
             head_sizes=SUPPORTED_HEAD_SIZES,
-            quant_schemes=QUANT_SCHEMES + (NATIVE_QUANT_SCHEMES if self.native_kernels_possible() else ()),
+            quant_schemes=QUANT_SCHEMES
+            + GROUPED_QUANT_SCHEMES
+            + (NATIVE_QUANT_SCHEMES if self.native_kernels_possible() else ()),
             graph_capture=compile_enabled(),
             sliding_window=True,
             logits_soft_cap=True,
