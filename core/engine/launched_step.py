@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from engine.prompt_logprobs import PromptLogprobs
 from engine.sampling.sampler import SampleResult, SamplingRow, greedy_result
 from engine.sequence import Sequence
 
@@ -48,6 +49,8 @@ class LaunchedStep:
     _ready: Any = None
     #: a step whose sampling waits for its token bitmask (:meth:`ModelRunner.sample_deferred`)
     deferred: DeferredSampling | None = None
+    #: the logprobs of prompt tokens this step scored (requests with ``prompt_logprobs``), on the host
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
     @property
     def overlapped(self) -> bool:

@@ -320,6 +320,9 @@ class LLMEngine:
                 token_bitmask=token_bitmask, defer_bitmask=previous is not None,
             )  # fmt: skip
         touched: dict[str, Request] = {r.request_id: r for r in failed}
+        if launched is not None:
+            for scored in launched.prompt_logprobs:
+                self.output_processor.add_prompt_logprobs(scored)
         if previous is not None:
             self._take_samples(previous, touched)
         if launched is not None and launched.deferred is not None:

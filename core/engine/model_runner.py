@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -20,6 +20,7 @@ from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_me
 from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
+from engine.prompt_logprobs import PromptLogprobs, PromptRows, prompt_rows, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence
@@ -37,6 +38,9 @@ class StepInputs:
     #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
     #: siblings waiting to fork from it (they sample their first token from the same logits)
     sample_targets: list[Sequence]
+    #: rows scoring prompt tokens (``prompt_logprobs``): their logits follow the sampled rows' in
+    #: ``logits_indices``
+    prompt_rows: list[PromptRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -105,6 +109,7 @@ class ModelRunner:
         tables: list[list[list[int]]] = [[] for _ in group_tables]
         logits_indices: list[int] = []
         targets: list[Sequence] = []
+        scored: list[PromptRows] = []
         # rows whose input is the previous (overlapped) step's sample, still only on the device
         fill_rows: list[int] = []
         fill_from: list[int] = []
@@ -145,6 +150,10 @@ class ModelRunner:
                         out.extend(range(base, base + run))
                         pos += run
                 seq_lens.append(end)
+            if seq.params.prompt_logprobs is not None:
+                rows = prompt_rows(seq, start, start + n, offset)
+                if rows is not None:
+                    scored.append(rows)
             offset += n
             if item.samples:
                 logits_indices.append(offset - 1)
@@ -152,6 +161,8 @@ class ModelRunner:
                 for sibling in seq.pending_forks:
                     logits_indices.append(offset - 1)
                     targets.append(sibling)
+        for rows in scored:
+            logits_indices.extend(range(rows.first_row, rows.first_row + rows.count))
         qsl = [0]
         for q in query_lens:
             qsl.append(qsl[-1] + q)
@@ -196,6 +207,7 @@ class ModelRunner:
             metadata=metadata,
             logits_indices=logits_t,
             sample_targets=targets,
+            prompt_rows=scored,
         )
 
     @torch.inference_mode()
@@ -231,33 +243,36 @@ class ModelRunner:
         """
         apply_block_moves(self.block_cache, step.swap_out, step.copies, step.swap_in)
         inputs = self.prepare(step, previous)
+        # rows whose logits are needed: the sampled ones, then those scoring prompt tokens
+        has_rows = bool(inputs.sample_targets or inputs.prompt_rows)
         if self.mirror is not None:
             self.mirror(step_message(
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
-                inputs.logits_indices if inputs.sample_targets else None,
+                inputs.logits_indices if has_rows else None,
             ))  # fmt: skip
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
-            if not inputs.sample_targets:
-                return LaunchedStep([])
         elif self.micro_batches > 1:
             assert isinstance(inputs.metadata, AttentionMetadata), "pipeline stages keep one table per sequence"
             logits = forward_logits(
                 self.model, self.layer_caches, inputs.input_ids, inputs.positions, inputs.metadata,
-                inputs.logits_indices if inputs.sample_targets else None, self.micro_batches,
+                inputs.logits_indices if has_rows else None, self.micro_batches,
             )  # fmt: skip
-            if not inputs.sample_targets:
-                return LaunchedStep([])
         else:
             hidden = None
             if self.decode_graphs is not None:
                 hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
             if hidden is None:
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
-            if not inputs.sample_targets:
-                return LaunchedStep([])
-            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
+        scored: list[PromptLogprobs] = []
+        if inputs.prompt_rows:
+            sampled = len(inputs.sample_targets)
+            scored = score_prompt_rows(logits[sampled:], inputs.prompt_rows)
+            logits = logits[:sampled]
+        if not inputs.sample_targets:
+            return LaunchedStep([], prompt_logprobs=scored)
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
@@ -265,10 +280,13 @@ class ModelRunner:
         if token_bitmask is not None and defer_bitmask:
             # the masks read the matchers, which have not seen the step in flight's tokens yet: the engine
             # reads those, then samples this step (sample_deferred) while the device may still run it
-            return LaunchedStep(targets, deferred=DeferredSampling(logits, rows, generator, in_flight))
-        if in_flight:
-            return self._greedy_in_flight(targets, logits, token_bitmask)
-        return LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
+            launched = LaunchedStep(targets, deferred=DeferredSampling(logits, rows, generator, in_flight))
+        elif in_flight:
+            launched = self._greedy_in_flight(targets, logits, token_bitmask)
+        else:
+            launched = LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
+        launched.prompt_logprobs = scored
+        return launched
 
     def _sample(
         self,

@@ -19,6 +19,7 @@ from engine.sampling.sampler import SampleResult, make_generator
 if TYPE_CHECKING:
     import torch
 
+    from engine.prompt_logprobs import PromptLogprobs
     from engine.sequence import Request, Sequence
 
 
@@ -38,10 +39,14 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self._window_decoder = tokenizer.window_decoder()
         self._states: dict[int, SequenceOutputState] = {}
+        #: request id -> its prompt tokens' logprob entries so far (``prompt_logprobs``; None for the first)
+        self._prompt_logprobs: dict[str, list[dict[int, Logprob] | None]] = {}
 
     def add_request(self, request: Request) -> None:
         """Create the output state of each of the request's sequences (its ``sequences`` are built)."""
         params = request.params
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request.request_id] = [None]
         for seq in request.sequences:
             self._states[seq.seq_id] = SequenceOutputState(
                 detokenizer=IncrementalDetokenizer(
@@ -58,6 +63,25 @@ class OutputProcessor:
         """Forget a request's output state (it finished and its last output was built, or it was aborted)."""
         for seq in request.sequences:
             self._states.pop(seq.seq_id, None)
+        self._prompt_logprobs.pop(request.request_id, None)
+
+    def add_prompt_logprobs(self, scored: PromptLogprobs) -> None:
+        """Record logprobs of prompt tokens a step scored (a prompt computed again after a preemption
+        scores tokens it already has: those are kept as they were)."""
+        entries = self._prompt_logprobs.get(scored.seq.request_id)
+        if entries is None:
+            return  # aborted meanwhile
+        prompt, decode = scored.seq.prompt_token_ids, self.tokenizer.decode
+        for i, (logprob, rank, top) in enumerate(zip(scored.logprobs, scored.ranks, scored.top)):
+            position = scored.first_token + i
+            if position < len(entries):
+                continue
+            token = prompt[position]
+            entry = {token: Logprob(logprob, rank, decode([token], skip_special_tokens=False))}
+            for top_rank, (tid, lp) in enumerate(top, start=1):
+                if tid not in entry:
+                    entry[tid] = Logprob(lp, top_rank, decode([tid], skip_special_tokens=False))
+            entries.append(entry)
 
     def state(self, seq: Sequence) -> SequenceOutputState:
         """The output state of a sequence of a request being served.
@@ -137,10 +161,12 @@ class OutputProcessor:
                     stop_reason=state.stop_reason,
                 )
             )
+        prompt_logprobs = self._prompt_logprobs.get(request.request_id)
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
             outputs=completions,
             finished=request.is_finished,
+            prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
         )

@@ -52,6 +52,10 @@ class RequestOutput:
         prompt_token_ids: the tokenized prompt.
         outputs: one entry per completion.
         finished: whether every completion is done.
+        num_cached_tokens: prompt tokens whose KV came from the prefix cache.
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs``: per prompt token, ``{token_id: Logprob}``
+            with the prompt's own token and the top alternatives given the tokens before it; None for the
+            first token (and the list is only as long as the prompt computed so far).
     """
 
     request_id: str
@@ -60,3 +64,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

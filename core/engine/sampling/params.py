@@ -34,6 +34,9 @@ class SamplingParams(BaseModel):
         ignore_eos: keep generating after EOS.
         include_stop_str_in_output: keep the matched stop string in the text.
         logprobs: also return this many most likely tokens' logprobs per step (0: just the sampled one).
+        prompt_logprobs: also return each prompt token's logprob given the tokens before it, with this
+            many most likely alternatives (0: just the prompt's own token); the first token has none. Such
+            a request computes its whole prompt (no prefix-cache hit skips it).
         skip_special_tokens: leave special tokens out of the text.
         structured_outputs: constrain the output to a JSON schema, a regex, a choice or a grammar
             (exactly one; see :class:`StructuredOutputsParams`).
@@ -58,6 +61,7 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
 

@@ -183,8 +183,10 @@ class CompletionRequest(SamplingFields):
 
     # ``examples`` only document (``/openapi.json``), and give schema fuzzers a valid starting point
     prompt: str | list[str] | list[int] | list[list[int]] = Field(..., examples=["Once upon a time"])
-    max_tokens: int | None = Field(16, ge=1)
+    # 0: score the prompt only (with ``echo`` and ``logprobs``, as evaluation harnesses ask)
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)

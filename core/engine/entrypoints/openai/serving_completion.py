@@ -33,7 +33,8 @@ from engine.entrypoints.openai.serving_common import (
 )
 from engine.entrypoints.openai.structured_fields import constraint_field
 from engine.input_processor import check_prompt_chars, check_prompt_token_ids, check_text_prompt
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sampling.params import SamplingParams
 
 
 def _completion_logprobs(items: list[TokenLogprobs], offset: int) -> dict[str, Any]:
@@ -47,6 +48,28 @@ def _completion_logprobs(items: list[TokenLogprobs], offset: int) -> dict[str, A
         "top_logprobs": [dict(it.top) for it in items],
         "text_offset": text_offset,
     }
+
+
+def _text(token: int, entry: dict[int, Logprob] | None, decode: Any) -> str:
+    found = entry.get(token) if entry is not None else None
+    return found.decoded_token if found is not None and found.decoded_token is not None else decode(token)
+
+
+def _joined(prompt: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
+    """The echoed prompt's logprobs followed by the completion's (whose offsets already count the echo)."""
+    return {key: prompt[key] + completion[key] for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def _prompt_logprobs_field(output: RequestOutput) -> list[dict[str, dict[str, Any]] | None] | None:
+    """``prompt_logprobs`` as vLLM's completions answer it: per prompt token, token id -> logprob, rank
+    and decoded token (None for the first)."""
+    if output.prompt_logprobs is None:
+        return None
+    return [
+        None if entry is None
+        else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in entry.items()}
+        for entry in output.prompt_logprobs
+    ]  # fmt: skip
 
 
 class CompletionHandler:
@@ -98,9 +121,16 @@ class CompletionHandler:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (best-of sampling is not supported)", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo together with logprobs is not supported", param="echo")
-        params = sampling_params(req, ctx, req.max_tokens, req.logprobs)
+        # max_tokens 0 scores the prompt only: the engine samples one token, which the response leaves out
+        params = sampling_params(req, ctx, 1 if req.max_tokens == 0 else req.max_tokens, req.logprobs)
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad_request("prompt_logprobs is not supported with stream (echo with logprobs is)", param="prompt_logprobs")
+        scored = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+        if scored:
+            if not isinstance(params, SamplingParams):
+                field = "prompt_logprobs" if req.prompt_logprobs is not None else "echo"
+                raise bad_request(f"{field} with logprobs is not supported with use_beam_search", param=field)
+            params = params.model_copy(update={"prompt_logprobs": max(scored)})
         constraint_param = constraint_field(req)
         batch = self._batch(req)
         prompts = await ctx.off_loop(sum(len(p) for p in batch), self._tokenize, batch, req.echo)
@@ -151,6 +181,33 @@ class _CompletionCall:
     def _echo(self, prompt_index: int) -> str:
         return self.prompts[prompt_index][1] if self.req.echo else ""
 
+    def _visible(self, out: CompletionOutput) -> CompletionOutput:
+        """The completion as the response shows it: nothing of the token ``max_tokens: 0`` sampled."""
+        if self.req.max_tokens != 0:
+            return out
+        return CompletionOutput(out.index, "", [], 0.0, [] if out.logprobs is not None else None, "length" if out.finished else None)
+
+    def _prompt_logprobs(self, output: RequestOutput) -> dict[str, Any]:
+        """The echoed prompt's tokens in the completions ``logprobs`` shape (the first token has none)."""
+        assert self.req.logprobs is not None
+        ids, entries = output.prompt_token_ids, output.prompt_logprobs or []
+        tokens, values, tops = [], [], []
+        for position, token in enumerate(ids):
+            entry = entries[position] if position < len(entries) else None
+            tokens.append(_text(token, entry, self._decode))
+            if entry is None:
+                values.append(None)
+                tops.append(None)
+                continue
+            values.append(max(entry[token].logprob, -9999.0))
+            ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[: self.req.logprobs]
+            tops.append({_text(t, {t: lp}, self._decode): max(lp.logprob, -9999.0) for t, lp in ranked})
+        offsets, at = [], 0
+        for token_text in tokens:
+            offsets.append(at)
+            at += len(token_text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
     async def complete(self, request: Request, streams: list[RequestStream]) -> dict[str, Any]:
         finals: dict[int, RequestOutput] = {}
         async with abort_on_disconnect(request, self.ctx.engine, self.request_ids):
@@ -164,20 +221,24 @@ class _CompletionCall:
         for i in range(len(streams)):
             outs = sorted(finals[i].outputs, key=lambda o: o.index) if i in finals else []
             for out in outs:
+                out = self._visible(out)
                 completion_tokens += len(out.token_ids)
                 prefix = self._echo(i)
                 logprobs = None
                 if self.req.logprobs is not None:
                     items = token_logprobs(out, 0, len(out.token_ids), self.req.logprobs, self._decode)
                     logprobs = _completion_logprobs(items, len(prefix))
-                choices.append(
-                    {
-                        "index": i * self.req.n + out.index,
-                        "text": prefix + out.text,
-                        "logprobs": logprobs,
-                        "finish_reason": out.finish_reason or ("abort" if streams[i].aborted else None),
-                    }
-                )
+                    if self.req.echo:
+                        logprobs = _joined(self._prompt_logprobs(finals[i]), logprobs)
+                choice = {
+                    "index": i * self.req.n + out.index,
+                    "text": prefix + out.text,
+                    "logprobs": logprobs,
+                    "finish_reason": out.finish_reason or ("abort" if streams[i].aborted else None),
+                }
+                if self.req.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = _prompt_logprobs_field(finals[i])
+                choices.append(choice)
         record_usage(request, self.num_prompt_tokens, completion_tokens)
         return {
             "id": self.response_id,
@@ -209,16 +270,27 @@ class _CompletionCall:
         finished = [False] * total
         tokens = [0] * total
         offsets = [len(self._echo(i // n)) for i in range(total)]
+        # with logprobs the echo waits for the prompt's logprobs, which come with the first output
+        scored_echo = self.req.echo and self.req.logprobs is not None
+        echoed = [not self.req.echo] * len(streams)
         async with abort_on_disconnect(request, self.ctx.engine, self.request_ids):
             for i in range(total):
-                if self.req.echo:
+                if self.req.echo and not scored_echo:
                     yield sse(self._chunk({"index": i, "text": self._echo(i // n), "logprobs": None, "finish_reason": None}, include_usage))
             try:
                 async for prompt_index, output in merge_streams(streams):
+                    if not echoed[prompt_index]:
+                        echoed[prompt_index] = True
+                        if scored_echo:
+                            for index in range(prompt_index * n, prompt_index * n + n):
+                                logprobs = self._prompt_logprobs(output)
+                                choice = {"index": index, "text": self._echo(prompt_index), "logprobs": logprobs, "finish_reason": None}
+                                yield sse(self._chunk(choice, include_usage))
                     for out in output.outputs:
                         index = prompt_index * n + out.index
                         if out.index >= n or finished[index]:
                             continue
+                        out = self._visible(out)
                         tokens[index] = len(out.token_ids)
                         record_usage(request, self.num_prompt_tokens, sum(tokens))
                         for choice in self._delta_choices(out, index, trackers[index], offsets):
