@@ -13,15 +13,18 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import FatalEngineError
 from engine.outputs import RequestOutput
+from engine.request_metrics import ABORT, ERROR
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.request_metrics import RequestObserver
     from engine.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -147,6 +150,8 @@ class _Add:
     stream: RequestStream
     accepted: asyncio.Future[None]
     cache_salt: str | None = None
+    #: when the caller handed the request over (monotonic seconds), for the observer's timings
+    arrival: float = 0.0
 
 
 @dataclass(slots=True)
@@ -181,10 +186,14 @@ class AsyncLLMEngine:
 
     Args:
         engine: the synchronous engine; this object owns it from now on.
+        observer: told of each request's arrival, outputs and end, on the engine thread (the server's
+            metrics, :mod:`engine.request_metrics`); None costs nothing. Set it (or the attribute)
+            before the engine starts.
     """
 
-    def __init__(self, engine: EngineCore) -> None:
+    def __init__(self, engine: EngineCore, observer: RequestObserver | None = None) -> None:
         self.engine = engine
+        self.observer = observer
         #: called on the engine thread once the loop has crashed and every request was failed (the
         #: server stops itself, to exit non-zero)
         self.on_dead: Callable[[BaseException], None] | None = None
@@ -278,7 +287,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt))
+        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic()))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -375,12 +384,18 @@ class AsyncLLMEngine:
                 return
             self._streams[command.request_id] = command.stream
             self._num_requests_total += 1
+            if self.observer is not None:
+                num_prompt = len(command.prompt) if isinstance(command.prompt, list) else None
+                width = getattr(command.params, "n", None) or getattr(command.params, "beam_width", 1)
+                self._observe(self.observer.request_added, command.request_id, command.arrival, num_prompt, width)
             self._call_on_loop(command.stream, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
             stream = self._streams.pop(command.request_id, None)
             self.engine.abort_request(command.request_id)
             if stream is not None:
                 self._call_on_loop(stream, stream._finish, True, None)
+                if self.observer is not None:
+                    self._observe(self.observer.request_ended, command.request_id, time.monotonic(), ABORT)
         elif isinstance(command, _AbortAll):
             self._abort_all(None, aborted=True)
 
@@ -388,6 +403,7 @@ class AsyncLLMEngine:
         self._call_on_loop(command.stream, _resolve, command.accepted, exc)
 
     def _step(self) -> None:
+        started = time.monotonic() if self.observer is not None else 0.0
         try:
             outputs = self.engine.step()
         except FatalEngineError:
@@ -398,6 +414,8 @@ class AsyncLLMEngine:
             return
         self._num_steps += 1
         self._peak_batch = max(self._peak_batch, len(outputs))
+        if self.observer is not None:
+            self._observe(self.observer.step_done, started, time.monotonic(), outputs, self._running_ids)
         # One hand-over per event loop per step, not one per request: each call_soon_threadsafe wakes
         # the loop with a syscall and makes the two threads trade the GIL, which at a few hundred
         # streams cost the engine thread milliseconds a step.
@@ -419,7 +437,25 @@ class AsyncLLMEngine:
             except Exception:  # already failing; the stream still has to be released below
                 logger.exception("aborting %s failed", request_id)
             self._call_on_loop(stream, stream._finish, aborted, error)
+            if self.observer is not None:
+                self._observe(self.observer.request_ended, request_id, time.monotonic(), ABORT if aborted else ERROR)
         self._streams.clear()
+
+    def _running_ids(self) -> set[str] | None:
+        # LLMEngine's scheduler lists the sequences it runs; other engines (data-parallel replicas in
+        # other processes, test fakes) do not say, and the observer falls back to their first output
+        running = getattr(getattr(self.engine, "scheduler", None), "running", None)
+        if not isinstance(running, list):
+            return None
+        return {seq.request_id for seq in running}
+
+    def _observe(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            # a metrics bug must not take the engine down with it: serving goes on without the observer
+            logger.exception("the request observer failed; it is switched off")
+            self.observer = None
 
     @staticmethod
     def _call_on_loop(stream: RequestStream, fn: Any, *args: Any) -> None:

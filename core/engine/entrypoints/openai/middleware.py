@@ -26,7 +26,8 @@ _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 
 
 class ApiKeyMiddleware:
-    """Refuses every request but the open paths unless it carries ``Authorization: Bearer <key>``.
+    """Refuses every request but the open paths unless it carries ``Authorization: Bearer <key>`` (or, as
+    Anthropic's clients send it, ``x-api-key: <key>``).
 
     The scheme is matched case-insensitively (RFC 9110 makes it so); the key is compared in constant
     time.
@@ -51,6 +52,11 @@ class ApiKeyMiddleware:
         # compare_digest runs over the whole key even when the scheme is wrong, so that timing says nothing
         key_matches = hmac.compare_digest(token.strip(), self._key)
         if key_matches and scheme.lower() == b"bearer":
+            await self.app(scope, receive, send)
+            return
+        # Anthropic's clients send the key in x-api-key
+        anthropic_key = _header(scope, b"x-api-key")
+        if anthropic_key and hmac.compare_digest(anthropic_key.strip(), self._key):
             await self.app(scope, receive, send)
             return
         message = "missing API key: send 'Authorization: Bearer <key>'" if not given else "invalid API key"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.middleware.cors import CORSMiddleware
 
 from engine import __version__
@@ -19,6 +21,7 @@ from engine.entrypoints.openai.access_log import AccessLogMiddleware
 from engine.entrypoints.openai.errors import install_error_handlers
 from engine.entrypoints.openai.lifecycle import GracefulServer, header_deadline_protocol
 from engine.entrypoints.openai.limits import RequestLimits
+from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.middleware import ApiKeyMiddleware, HostCheckMiddleware, RequestBodyMiddleware
 from engine.entrypoints.openai.openapi import install_openapi, request_body
 from engine.entrypoints.openai.protocol import (
@@ -27,10 +30,12 @@ from engine.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from engine.entrypoints.openai.protocol_anthropic import CountTokensRequest, MessagesRequest
 from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
 from engine.entrypoints.openai.serving_chat import ChatHandler
 from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
+from engine.entrypoints.openai.serving_messages import MessagesHandler
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 from engine.entrypoints.openai.serving_tools import ChatParsers
 
@@ -55,6 +60,14 @@ def _stats(engine: AsyncLLMEngine) -> dict[str, Any]:
         "peak_batch_size": s.peak_batch_size,
         "scheduler": s.scheduler,
     }
+
+
+def engine_version() -> str:
+    """The installed ``engine`` distribution's version (the package's own when it runs from a source tree)."""
+    try:
+        return importlib.metadata.version("engine")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
 
 
 def build_app(
@@ -88,7 +101,8 @@ def build_app(
             (``--tool-call-parser``, ``--enable-auto-tool-choice``, ``--reasoning-parser``); None: none.
 
     Returns:
-        The ASGI app.
+        The ASGI app. Its :class:`ServerMetrics` (``GET /metrics``) is ``app.state.metrics``; it becomes
+        the engine's request observer, replacing any set before.
     """
     names = list(served_model_names or [engine.model_name])
     tokenizer = engine.tokenizer
@@ -99,6 +113,9 @@ def build_app(
         generation_defaults=dict(engine.generation_defaults),
     )  # fmt: skip
     ctx.limits = (limits or RequestLimits()).resolved(engine.max_model_len)
+    metrics = ServerMetrics(engine, ctx.model_name, engine.max_model_len)
+    engine.observer = metrics.tracker
+    version = engine_version()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,6 +133,7 @@ def build_app(
 
     # the request schema (bodies included, see openapi.py) at /openapi.json, browsable at /docs
     app = FastAPI(title="engine", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.metrics = metrics
     install_error_handlers(app)
     # the last added runs first: the Host check, then CORS (whose preflights carry no key), then the key
     app.add_middleware(RequestBodyMiddleware, timeout_s=body_timeout_s)
@@ -134,6 +152,7 @@ def build_app(
     chat = ChatHandler(ctx, chat_parsers)
     completion = CompletionHandler(ctx)
     tokenizing = TokenizeHandler(ctx)
+    anthropic_messages = MessagesHandler(chat)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -144,6 +163,15 @@ def build_app(
     @app.get("/v1/engine/stats")
     async def stats() -> JSONResponse:
         return JSONResponse(_stats(engine))
+
+    # Prometheus' text format (docs/metrics.md); behind the API key like every route but the probes
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version_info() -> JSONResponse:
+        return JSONResponse({"version": version})
 
     # the SageMaker-style probe other engines answer: the same as /health
     @app.get("/ping")
@@ -167,6 +195,15 @@ def build_app(
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
         return await chat(request)
+
+    # Anthropic's Messages API, served by the chat pipeline (its errors in Anthropic's shape)
+    @app.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
+    async def messages(request: Request) -> Response:
+        return await anthropic_messages.messages(request)
+
+    @app.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
+    async def count_tokens(request: Request) -> Response:
+        return await anthropic_messages.count_tokens(request)
 
     @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Any:

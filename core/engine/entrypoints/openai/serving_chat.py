@@ -134,8 +134,23 @@ class ChatHandler:
         self.parsers = parsers or ChatParsers()
 
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
+        req = await parse_body(request, ChatCompletionRequest, self.ctx.max_body_bytes)
+        call, stream = await self.start(request, req)
+        if req.stream:
+            return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")
+        return JSONResponse(await call.complete(request, stream))
+
+    async def start(self, request: Request, req: ChatCompletionRequest) -> tuple[_ChatCall, RequestStream]:
+        """Check a chat request and add it to the engine (other APIs, e.g. Anthropic's Messages, arrive
+        here translated into one).
+
+        Returns:
+            The call, whose ``complete`` or ``stream`` gives the response, and the request's stream.
+
+        Raises:
+            OpenAIError: a field is invalid or refused (named in the error).
+        """
         ctx = self.ctx
-        req = await parse_body(request, ChatCompletionRequest, ctx.max_body_bytes)
         ctx.check_model(req.model)
         check_extra_fields(req, "/v1/chat/completions", ctx.unknown_fields, UNSUPPORTED_CHAT_FIELDS)
         plan = plan_tools(req, self.parsers)
@@ -158,9 +173,7 @@ class ChatHandler:
         stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt, constraint_param)
         call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top, plan, self.parsers)
         record_usage(request, len(prompt_ids), 0)
-        if req.stream:
-            return StreamingResponse(call.stream(request, stream), media_type="text/event-stream")
-        return JSONResponse(await call.complete(request, stream))
+        return call, stream
 
 
 class _ChatCall:
@@ -203,6 +216,8 @@ class _ChatCall:
                     "message": whole_message(parser, out.text),
                     "logprobs": logprobs,
                     "finish_reason": finish_reason(parser, out.finish_reason) or ("abort" if stream.aborted else None),
+                    # the stop string or token id that ended it (None for EOS or the length limit)
+                    "stop_reason": out.stop_reason,
                 }
             )
         record_usage(request, self.num_prompt, sum(len(o.token_ids) for o in outputs))
@@ -279,7 +294,7 @@ class _ChatCall:
             choices.append({"index": out.index, "delta": delta or {"content": ""}, "logprobs": logprobs, "finish_reason": None})
         if out.finished:
             reason = finish_reason(parser, out.finish_reason)
-            choices.append({"index": out.index, "delta": {}, "logprobs": None, "finish_reason": reason})
+            choices.append({"index": out.index, "delta": {}, "logprobs": None, "finish_reason": reason, "stop_reason": out.stop_reason})
         return choices
 
 

@@ -235,6 +235,7 @@ class _CompletionCall:
                     "text": prefix + out.text,
                     "logprobs": logprobs,
                     "finish_reason": out.finish_reason or ("abort" if streams[i].aborted else None),
+                    "stop_reason": out.stop_reason,
                 }
                 if self.req.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = _prompt_logprobs_field(finals[i])
@@ -321,5 +322,5 @@ class _CompletionCall:
         if text or logprobs is not None:
             choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
         if out.finished:
-            choices.append({"index": index, "text": "", "logprobs": None, "finish_reason": out.finish_reason})
+            choices.append({"index": index, "text": "", "logprobs": None, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
         return choices
