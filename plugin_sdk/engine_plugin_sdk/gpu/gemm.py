@@ -1,5 +1,7 @@
 """GEMM on a torch GPU: bf16 / fp16 / fp32 through torch (cuBLAS / hipBLASLt), FP8 e4m3 weights through
-torch's scaled matmul.
+torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``) through a Triton
+weight-only GEMM that dequantizes its tiles in registers
+(:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`).
 
 FP8 activations are quantized per row on the fly in two terms, ``x = hi + lo`` with ``hi = fp8(x)`` and
 ``lo = fp8(x - hi)``, stacked along the rows of one scaled matmul, so the weight is read once (half the
@@ -32,6 +34,7 @@ from engine.interfaces.gemm import (
     QuantizedWeight,
     RowQuantizedActivations,
 )
+from engine.interfaces.grouped_int import GROUPED_INT_BITS
 from engine.interfaces.ops import quantize_rows as reference_quantize_rows
 from engine_plugin_sdk.dtypes import torch_dtype
 from engine_plugin_sdk.gpu.moe import StackedExperts, stack_experts
@@ -42,6 +45,8 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
 #: the dtypes weights and activations run in (FP8 weights are kept apart, as :class:`Fp8Weight`)
 GEMM_DTYPES = ("float32", "bfloat16", "float16")
 _NEGATIVE_ZERO_BITS = -128  # 0x80 as int8
+#: the weight-only schemes the Triton GEMM runs (:class:`GroupedIntWeight`)
+GROUPED_INT_SCHEMES = frozenset(GROUPED_INT_BITS)
 
 
 @dataclass(slots=True)
@@ -62,6 +67,33 @@ class Fp8Weight:
     per_token_activations: bool = False
 
 
+@dataclass(slots=True)
+class GroupedIntWeight:
+    """An ``int4_grouped`` / ``int8_grouped`` weight repacked for the Triton weight-only GEMM
+    (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.pack_grouped_int` says the layout).
+
+    Attributes:
+        codes: uint8 K-major codes, ``[in, out]`` (8-bit) or ``[in / 2, out]`` (4-bit, paired within
+            each ``block_k`` columns).
+        scales: float32 ``[groups, out]``.
+        zero_scales: float32 ``[groups, out]``, ``zeros * scales``.
+        perm: int32 ``[in]`` act-order (stored column ``j`` multiplies input feature ``perm[j]``), or None.
+        bits: 4 or 8.
+        group_size: columns per group.
+        block_k: the kernel's reduction tile, fixed by the 4-bit pairing.
+        shape: ``(out_features, in_features)``.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zero_scales: torch.Tensor
+    perm: torch.Tensor | None
+    bits: int
+    group_size: int
+    block_k: int
+    shape: tuple[int, int]
+
+
 def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same values as ``data * scale`` in e4m3fnuz: bits reinterpreted, ``0x80`` cleared, scale doubled."""
     bits = data.contiguous().view(torch.int8).clone()
@@ -70,7 +102,9 @@ def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tenso
 
 
 class TorchGemmBackend(GemmBackend):
-    """``torch.nn.functional.linear`` on the GPU; FP8 e4m3 weights stay FP8 where the GPU has FP8 units.
+    """``torch.nn.functional.linear`` on the GPU; FP8 e4m3 weights stay FP8 where the GPU has FP8 units, and
+    grouped integer weights stay in their codes where the Triton kernels run (on the GPU, or in the
+    interpreter when the platform turns :attr:`triton_grouped_int` on).
 
     Args:
         device: where weights go.
@@ -86,13 +120,24 @@ class TorchGemmBackend(GemmBackend):
             raise ValueError(f"fp8_dtype must be one of {sorted(FP8_MAX)} or None, got {fp8_dtype!r}")
         self.device = torch.device(device)
         self.fp8_dtype = fp8_dtype
-        self.supported_quant_schemes = frozenset({FP8_SCHEME}) if fp8_dtype else frozenset()
         #: run mixtures of experts through the shared Triton kernels (on the GPU; the platform also turns
         #: this on in interpreter mode) rather than one ``linear`` per expert
         self.triton_moe = self.device.type == "cuda"
         #: the MoE kernels' :class:`~engine_plugin_sdk.gpu.triton_kernels.moe_launchers.MoeTiles`, None
         #: for their defaults (kept as None here so that constructing a backend does not import Triton)
         self.moe_tiles: Any = None
+        #: keep ``int4_grouped`` / ``int8_grouped`` weights quantized for the Triton weight-only GEMM (on the
+        #: GPU; the platform also turns this on in interpreter mode), else dequantize them at load
+        self.triton_grouped_int = self.device.type == "cuda"
+        #: that GEMM's :class:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.GroupedIntTiles`,
+        #: None for its H200 defaults (kept as None so that constructing a backend does not import Triton)
+        self.grouped_int_tiles: Any = None
+
+    @property
+    def supported_quant_schemes(self) -> frozenset[str]:  # type: ignore[override]
+        """FP8 where the GPU has FP8 units, the grouped integer schemes where the Triton GEMM runs."""
+        fp8 = frozenset({FP8_SCHEME}) if self.fp8 else frozenset()
+        return fp8 | (GROUPED_INT_SCHEMES if self.triton_grouped_int else frozenset())
 
     @property
     def fp8(self) -> bool:
@@ -104,6 +149,10 @@ class TorchGemmBackend(GemmBackend):
         if isinstance(weight, QuantizedWeight):
             if weight.scheme == FP8_SCHEME and self.fp8 and fp8_shape_ok(weight.shape):
                 return self._prepare_fp8(weight)
+            if weight.scheme in GROUPED_INT_SCHEMES and self.triton_grouped_int:
+                packed = self._prepare_grouped_int(weight, target)
+                if packed is not None:
+                    return packed
             weight = dequantize_checked(weight)
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
             raise ValueError(f"cannot prepare a weight of type {type(weight).__name__}; expected a float tensor")
@@ -114,7 +163,19 @@ class TorchGemmBackend(GemmBackend):
             return fp8_linear(x, weight, bias)
         if isinstance(x, RowQuantizedActivations):
             x = dequantize_rows(x)
+        if isinstance(weight, GroupedIntWeight):
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
+
+            return grouped_int_linear(x, weight, bias, self._grouped_int_tiles())
         return torch.nn.functional.linear(x, weight, bias)
+
+    def logits(self, x: Any, weight: Any) -> Any:
+        if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
+
+            # float32 straight from the accumulator: no rounding to the activation dtype first
+            return grouped_int_linear(x, weight, None, self._grouped_int_tiles(), out_dtype=torch.float32)
+        return super().logits(x, weight)
 
     def prepare_experts(
         self, gate_up: list[Any], down: list[Any], dtype: Any, gate_up_bias: list[Any] | None = None,
@@ -144,6 +205,21 @@ class TorchGemmBackend(GemmBackend):
         if isinstance(weight, Fp8Weight) and weight.per_token_activations:
             return weight.data.dtype
         return None
+
+    def _grouped_int_tiles(self) -> Any:
+        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles
+
+        return self.grouped_int_tiles or GroupedIntTiles()
+
+    def _prepare_grouped_int(self, weight: QuantizedWeight, dtype: torch.dtype) -> GroupedIntWeight | None:
+        """The weight repacked for the Triton GEMM with ``dtype`` activations, or None for a group size
+        whose largest power-of-two divisor is below the kernel's smallest tile (it is dequantized instead)."""
+        from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as gil
+
+        tiles = self._grouped_int_tiles()
+        widest = tiles.fp32_block_k if dtype == torch.float32 else tiles.block_k
+        block_k = gil.grouped_int_block_k(int(weight.extra["group_size"]), GROUPED_INT_BITS[weight.scheme], widest)
+        return None if block_k is None else gil.pack_grouped_int(weight, block_k, self.device)
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
         out_features, _ = weight.shape

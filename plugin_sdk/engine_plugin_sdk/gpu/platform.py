@@ -11,7 +11,8 @@ import torch and Triton, and detecting the platform must not.
 ``<VENDOR>_INTERPRET=1`` on a machine without the vendor's GPU makes the platform available in
 *interpreter mode*: the shared Triton kernels run on CPU tensors through Triton's interpreter
 (``TRITON_INTERPRET=1``, set by the platform before the kernels are imported). It claims only float16 /
-float32 (``tl.dot`` on bfloat16 is wrong in the interpreter) and no graphs or FP8.
+float32 (``tl.dot`` on bfloat16 is wrong in the interpreter) and no graphs or FP8; of the quantization
+schemes, the grouped integer ones, whose Triton GEMM runs there as on the GPU.
 
 Importing this module must stay cheap: no torch, no Triton (both are imported inside methods).
 """
@@ -46,6 +47,9 @@ INTERPRETER_DTYPES = ("float32", "float16")
 BLOCK_SIZES = (8, 16, 32, 64)
 HEAD_SIZES = (64, 80, 96, 128, 256)
 FP8_SCHEME = "fp8_e4m3"
+#: weight-only schemes the shared Triton GEMM runs on every GPU (spelled out: importing
+#: ``engine.interfaces.grouped_int`` would import torch)
+GROUPED_INT_SCHEMES = ("int4_grouped", "int8_grouped")
 INTERPRETER_KV_CACHE_BYTES = 256 * 1024**2
 
 
@@ -201,6 +205,7 @@ class TorchGpuPlatform(Platform):
                 logits_soft_cap=True,
                 attention_sinks=True,
                 swap=True,
+                quant_schemes=GROUPED_INT_SCHEMES,
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
@@ -209,7 +214,7 @@ class TorchGpuPlatform(Platform):
             kv_cache_dtypes=dtypes + self.device_fp8_kv_cache_dtypes(),
             block_sizes=BLOCK_SIZES,
             head_sizes=HEAD_SIZES,
-            quant_schemes=(FP8_SCHEME,) if self.fp8_dtype() else (),
+            quant_schemes=((FP8_SCHEME,) if self.fp8_dtype() else ()) + GROUPED_INT_SCHEMES,
             graph_capture=True,
             sliding_window=True,
             logits_soft_cap=True,
@@ -303,9 +308,12 @@ class TorchGpuPlatform(Platform):
         backend = self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
         if self.interpret:
             self.kernel_tuning()  # sets interpreter mode before the MoE kernels are imported
+            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
             from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES
 
             backend.triton_moe, backend.moe_tiles = True, INTERPRETER_MOE_TILES
+            backend.triton_grouped_int = True
+            backend.grouped_int_tiles = grouped_int_launchers.INTERPRETER_GROUPED_INT_TILES
         return backend
 
     def make_graph_capture(self) -> GraphCapture:

@@ -81,7 +81,8 @@ def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: s
     caps = plat.capabilities()
     assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap and caps.distributed
     assert plat.arch() == arch.split(":")[0] and plat.wavefront_size() == wave
-    assert plat.fp8_dtype() == fp8 and (caps.quant_schemes == ("fp8_e4m3",)) == (fp8 is not None)
+    assert plat.fp8_dtype() == fp8
+    assert caps.quant_schemes == (("fp8_e4m3",) if fp8 else ()) + ("int4_grouped", "int8_grouped")
     # the labels `engine plugins list` shows say the same
     assert caps.extra == {"gcn_arch": plat.arch(), "wavefront_size": wave, "fp8_dtype": fp8}
     assert plat.validate(EngineConfig(dtype="bfloat16")) == []
@@ -98,7 +99,8 @@ def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -
     plat = RocmPlatform()
     assert plat.interpret and RocmPlatform.detect().available
     caps = plat.capabilities()
-    assert "bfloat16" not in caps.dtypes and not caps.graph_capture and not caps.quant_schemes
+    assert "bfloat16" not in caps.dtypes and not caps.graph_capture
+    assert caps.quant_schemes == ("int4_grouped", "int8_grouped")
     assert plat.validate(EngineConfig(dtype="float32")) == []
     assert plat.validate(EngineConfig(dtype="auto")) == []
     reasons = plat.validate(EngineConfig(dtype="float32", cache={"block_size": 24}))

@@ -1,0 +1,179 @@
+"""The shared grouped-integer weight-only GEMM (``int4_grouped`` / ``int8_grouped``) against a float64
+reference, its load-time packing, split-K, and its place in the NVIDIA GEMM backend (interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.interfaces.gemm import QuantizedWeight
+from engine.interfaces.grouped_int import dequantize_stored, grouped_int_weight, unpack_int4
+from engine_plugin_nvidia.gemm import CudaGemmBackend
+from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
+from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
+    grouped_int_block_k,
+    grouped_int_linear,
+    pack_grouped_int,
+)
+from engine_plugin_sdk.quant import make_quantized_weight
+from engine_plugin_sdk.reference_ops import ref_quantized_linear
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+OUT = 96  # not a power of two: the last column tile is masked
+ROWS = (1, 5, 37)
+SCHEMES = ("int4_grouped", "int8_grouped")
+#: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
+SPLIT_TILES = GroupedIntTiles(
+    block_k=32, gemm=((0, 16, 64, 4, 1),), min_programs=64, max_split_k=3, min_split_blocks=1
+)
+
+
+def tiles_for(device: torch.device) -> GroupedIntTiles:
+    return INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else GroupedIntTiles()
+
+
+def packed(weight: QuantizedWeight, tiles: GroupedIntTiles, device: torch.device) -> GroupedIntWeight:
+    bits = 4 if weight.scheme == "int4_grouped" else 8
+    block_k = grouped_int_block_k(int(weight.extra["group_size"]), bits, tiles.block_k)
+    assert block_k is not None
+    return pack_grouped_int(weight, block_k, device)
+
+
+def reference(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 ``x[:, perm] @ stored.T + bias``."""
+    perm = weight.extra["perm"]
+    xs = x.double().cpu()
+    if perm is not None:
+        xs = xs[:, perm.cpu()]
+    y = xs @ dequantize_stored(weight).double().cpu().T
+    return y if bias is None else y + bias.double().cpu()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(("in_features", "group"), [(256, 128), (64, 32)])
+def test_kernel_matches_float64_reference(
+    device, kernel_dtypes, scheme: str, in_features: int, group: int
+) -> None:
+    gen = torch.Generator().manual_seed(in_features + len(scheme))
+    tiles = tiles_for(device)
+    for case, (with_perm, with_bias) in enumerate(
+        [(True, True), (True, False), (False, True), (False, False)]
+    ):
+        weight = make_quantized_weight(scheme, OUT, in_features, seed=100 + case)
+        assert weight.extra["group_size"] == group
+        if not with_perm:
+            weight.extra["perm"] = None
+        prepared = packed(weight, tiles, device)
+        for dtype in kernel_dtypes:
+            for rows in ROWS:
+                x = torch.randn(rows, in_features, generator=gen).to(dtype)
+                bias = torch.randn(OUT, generator=gen).to(dtype) if with_bias else None
+                got = grouped_int_linear(
+                    x.to(device), prepared, None if bias is None else bias.to(device), tiles
+                )
+                assert got.dtype == dtype and got.shape == (rows, OUT)
+                what = f"{scheme} K={in_features} perm={with_perm} bias={with_bias} {dtype} M={rows}"
+                # the weight is exact once dequantized: hold the kernel to the dense GEMM's tolerance
+                problem = compare(got, reference(x, weight, bias), get_tolerance(dtype), what)
+                assert not problem, problem
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_split_reduction_and_partial_column_tiles(device, scheme: str) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight = make_quantized_weight(scheme, OUT, 256, seed=7)
+    prepared = packed(weight, SPLIT_TILES, device)
+    assert prepared.block_k == 32
+    for rows in (1, 37):
+        x = torch.randn(rows, 256, generator=gen).half()
+        bias = torch.randn(OUT, generator=gen).half()
+        got = grouped_int_linear(x.to(device), prepared, bias.to(device), SPLIT_TILES)
+        assert got.dtype == torch.float16
+        problem = compare(
+            got, reference(x, weight, bias), get_tolerance(torch.float16), f"{scheme} split M={rows}"
+        )
+        assert not problem, problem
+        logits = grouped_int_linear(x.to(device), prepared, None, SPLIT_TILES, out_dtype=torch.float32)
+        assert logits.dtype == torch.float32
+        # float32 out, but the product ran in float16: the float16 tolerance
+        problem = compare(logits, reference(x, weight, None), get_tolerance(torch.float16), "float32 out")
+        assert not problem, problem
+
+
+def test_int4_codes_pair_within_each_reduction_tile() -> None:
+    weight = make_quantized_weight("int4_grouped", 8, 256, seed=3)
+    codes = unpack_int4(weight.data)
+    prepared = pack_grouped_int(weight, 64, torch.device("cpu"))
+    assert prepared.codes.shape == (128, 8) and prepared.codes.dtype == torch.uint8
+    low, high = prepared.codes & 0x0F, prepared.codes >> 4
+    # byte row b * 32 + r: column b * 64 + r low, column b * 64 + 32 + r high
+    assert torch.equal(low[:32].T, codes[:, :32]) and torch.equal(high[:32].T, codes[:, 32:64])
+    assert torch.equal(low[32:64].T, codes[:, 64:96]) and torch.equal(high[32:64].T, codes[:, 96:128])
+    scales, zeros = weight.extra["scales"], weight.extra["zeros"]
+    assert torch.equal(prepared.scales, scales.T) and torch.equal(prepared.zero_scales, (zeros * scales).T)
+    assert prepared.perm is not None and prepared.perm.dtype == torch.int32
+
+
+def test_block_k_follows_the_group_size() -> None:
+    assert grouped_int_block_k(128, 4, 128) == 128 and grouped_int_block_k(4096, 4, 64) == 64
+    assert grouped_int_block_k(96, 4, 128) == 32 and grouped_int_block_k(48, 8, 128) == 16
+    assert grouped_int_block_k(48, 4, 128) is None and grouped_int_block_k(8, 8, 128) is None
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_grouped_int(make_quantized_weight("int8_grouped", 8, 64, seed=1), 64, torch.device("cpu"))
+
+
+def test_backend_keeps_grouped_weights_quantized(device) -> None:
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int, gemm.grouped_int_tiles = True, tiles_for(device)
+    assert {"int4_grouped", "int8_grouped"} <= gemm.supported_quant_schemes
+    gen = torch.Generator().manual_seed(9)
+    for scheme in SCHEMES:
+        weight = make_quantized_weight(scheme, OUT, 256, seed=21, device=device)
+        prepared = gemm.prepare_weight(weight, torch.float16)
+        assert isinstance(prepared, GroupedIntWeight) and prepared.codes.device.type == device.type
+        # float32 activations take their own (narrower on a GPU) reduction tile
+        assert gemm.prepare_weight(weight, torch.float32).block_k == min(
+            gemm.grouped_int_tiles.fp32_block_k, 128
+        )
+        x = torch.randn(2, 3, 256, generator=gen).half().to(device)
+        bias = torch.randn(OUT, generator=gen).half().to(device)
+        got = gemm.linear(x, prepared, bias)
+        assert got.shape == (2, 3, OUT) and got.dtype == torch.float16
+        tol = get_tolerance(torch.float16, quantized=True)
+        problem = compare(got, ref_quantized_linear(x, weight, bias), tol, f"{scheme} linear")
+        assert not problem, problem
+        logits = gemm.logits(x[0], prepared)
+        assert logits.dtype == torch.float32
+        problem = compare(logits, ref_quantized_linear(x[0], weight), tol, "logits")
+        assert not problem, problem
+
+
+def test_group_sizes_the_kernel_cannot_tile_are_dequantized(device) -> None:
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int, gemm.grouped_int_tiles = True, tiles_for(device)
+    gen = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 16, (OUT, 64), generator=gen)
+    scales, zeros = torch.rand(OUT, 4, generator=gen) / 8, torch.full((OUT, 4), 8.0)
+    weight = grouped_int_weight(codes, scales, zeros, 16, 4)  # groups of 16: below a 4-bit tile's 32
+    prepared = gemm.prepare_weight(weight, torch.float32)
+    assert isinstance(prepared, torch.Tensor) and torch.equal(prepared.cpu(), weight.dequantize())
+
+
+def test_without_triton_grouped_weights_are_dequantized_at_load() -> None:
+    gemm = CudaGemmBackend(torch.device("cpu"))
+    assert not gemm.triton_grouped_int and not gemm.supported_quant_schemes
+    prepared = gemm.prepare_weight(make_quantized_weight("int8_grouped", 32, 64, seed=2), torch.float32)
+    assert isinstance(prepared, torch.Tensor) and prepared.dtype == torch.float32
+
+
+def test_interpreter_claims_what_its_backend_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    platform = CudaPlatform()
+    if not platform.interpret:
+        pytest.skip("a GPU is visible: the platform is not in interpreter mode")
+    claimed = platform.capabilities().quant_schemes
+    assert set(claimed) == {"int4_grouped", "int8_grouped"}
+    assert set(claimed) == set(platform.make_gemm_backend().supported_quant_schemes)
