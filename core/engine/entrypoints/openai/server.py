@@ -31,11 +31,13 @@ from engine.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from engine.entrypoints.openai.protocol_anthropic import CountTokensRequest, MessagesRequest
+from engine.entrypoints.openai.protocol_responses import ResponsesRequest
 from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
 from engine.entrypoints.openai.serving_chat import ChatHandler
 from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
 from engine.entrypoints.openai.serving_messages import MessagesHandler
+from engine.entrypoints.openai.serving_responses import ResponsesHandler
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 from engine.entrypoints.openai.serving_tools import ChatParsers
 
@@ -153,6 +155,7 @@ def build_app(
     completion = CompletionHandler(ctx)
     tokenizing = TokenizeHandler(ctx)
     anthropic_messages = MessagesHandler(chat)
+    responses = ResponsesHandler(chat)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -195,6 +198,11 @@ def build_app(
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
         return await chat(request)
+
+    # OpenAI's Responses API, stateless, served by the chat pipeline
+    @app.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
+    async def create_response(request: Request) -> Response:
+        return await responses(request)
 
     # Anthropic's Messages API, served by the chat pipeline (its errors in Anthropic's shape)
     @app.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
