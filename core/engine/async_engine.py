@@ -40,9 +40,10 @@ class EngineCore(Protocol):
     generation_defaults: dict[str, float | int]
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
-        """Queue a request; ``cache_salt`` is passed only when the caller gave one."""
+        """Queue a request; ``cache_salt`` and ``priority`` are passed only when the caller gave them."""
 
     def abort_request(self, request_id: str) -> None: ...
 
@@ -152,6 +153,8 @@ class _Add:
     cache_salt: str | None = None
     #: when the caller handed the request over (monotonic seconds), for the observer's timings
     arrival: float = 0.0
+    #: lower runs first (0: the default)
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -260,7 +263,8 @@ class AsyncLLMEngine:
         self.engine.shutdown()
 
     async def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None,
+        priority: int = 0,
     ) -> RequestStream:
         """Queue a request and wait until the engine accepted or refused it.
 
@@ -270,6 +274,7 @@ class AsyncLLMEngine:
             params: how to sample.
             cache_salt: share cached prefix blocks only with requests of the same salt (None: with every
                 unsalted request).
+            priority: lower runs first; equal priorities in arrival order.
 
         Returns:
             The request's stream of cumulative outputs.
@@ -287,7 +292,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic()))
+        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic(), priority))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -376,9 +381,11 @@ class AsyncLLMEngine:
     def _apply(self, command: _Command) -> None:
         if isinstance(command, _Add):
             # the salt travels only when given, so engines without prefix-cache salts still serve the rest
-            salt = {} if command.cache_salt is None else {"cache_salt": command.cache_salt}
+            extra: dict[str, Any] = {} if command.cache_salt is None else {"cache_salt": command.cache_salt}
+            if command.priority:
+                extra["priority"] = command.priority
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params, **salt)
+                self.engine.add_request(command.request_id, command.prompt, command.params, **extra)
             except Exception as exc:  # refusals travel back to the caller, who decides the HTTP status
                 self._refuse(command, exc)
                 return

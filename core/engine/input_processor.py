@@ -99,6 +99,19 @@ def check_params_against_vocab(params: SamplingParams, vocab_size: int) -> None:
     """
     check_token_ids(params.logit_bias or {}, vocab_size, "logit_bias token id", "logit_bias")
     check_token_ids(params.stop_token_ids or [], vocab_size, "stop_token_ids entry", "stop_token_ids")
+    check_token_ids(params.allowed_token_ids or [], vocab_size, "allowed_token_ids entry", "allowed_token_ids")
+
+
+def bad_word_sequences(tokenizer: Any, words: list[str]) -> list[list[int]]:
+    """The token sequences that spell each bad word, alone and after a space (how it appears mid-text),
+    without special tokens; duplicates once."""
+    sequences: list[list[int]] = []
+    for word in words:
+        for text in (word, " " + word.lstrip()):
+            ids = tokenizer.encode_plain(text)
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return sequences
 
 
 def check_context_length(
@@ -190,4 +203,6 @@ class InputProcessor:
         check_context_length(len(token_ids), params.max_tokens, self.max_model_len)
         check_params_against_vocab(params, self.vocab_size)
         check_cache_salt(cache_salt)
+        if params.bad_words and not params.bad_words_token_ids:
+            params.set_bad_words_token_ids(bad_word_sequences(self.tokenizer, params.bad_words))
         return token_ids

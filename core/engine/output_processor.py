@@ -169,4 +169,5 @@ class OutputProcessor:
             outputs=completions,
             finished=request.is_finished,
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
+            num_cached_tokens=request.sequences[0].num_cached_tokens,
         )

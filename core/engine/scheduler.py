@@ -281,6 +281,8 @@ class Scheduler(SchedulerInterface):
                 seq.num_computed_tokens = bm.match_prefix(
                     seq.seq_id, seq.token_slice(0, seq.num_tokens), seq.cache_salt
                 )
+                if not seq.output_token_ids and not seq.num_preemptions:
+                    seq.num_cached_tokens = seq.num_computed_tokens
             n = min(seq.num_uncomputed_tokens, budget)
             target = seq.num_computed_tokens + n
             # Keep one block per running sequence spare so admitting a prompt does not immediately force

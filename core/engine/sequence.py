@@ -55,6 +55,8 @@ class Sequence:
     pending_forks: list[Sequence] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
+    #: prompt tokens whose KV the prefix cache gave it when it was first admitted
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

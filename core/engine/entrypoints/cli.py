@@ -1,4 +1,4 @@
-"""The ``engine`` command: serve, generate, chat, bench, plugins, models, conformance, plugin scaffolding.
+"""The ``engine`` command: serve, generate, chat, run-batch, bench, plugins, models, conformance, plugin scaffolding.
 
 Heavy imports (torch, transformers, the server) happen inside the subcommands, so that ``engine
 --version`` and argument mistakes answer at once. A user's mistake prints one line and exits non-zero.
@@ -72,7 +72,7 @@ def _port(text: str) -> int:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The options that build an engine, shared by serve, generate, chat and bench throughput."""
+    """The options that build an engine, shared by serve, generate, chat, run-batch and bench throughput."""
     parser.add_argument("--model", default=None, help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default="auto", help=f"device to run on: {DEVICE_CHOICES_HELP} (default: auto)")
     parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")

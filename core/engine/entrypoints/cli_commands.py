@@ -1,4 +1,5 @@
-"""The ``engine`` subcommands besides ``serve``: generate, chat, plugins, models, conformance, plugin new, bench."""
+"""The ``engine`` subcommands besides ``serve``: generate, chat, run-batch, plugins, models, conformance, plugin new,
+bench."""
 
 from __future__ import annotations
 
@@ -251,6 +252,7 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     """Register every subcommand but ``serve`` on the ``engine`` parser."""
     from engine.bench import serve as bench_serve
     from engine.bench import throughput as bench_throughput
+    from engine.entrypoints import run_batch
 
     gen = sub.add_parser("generate", help="generate text for a prompt, streamed to stdout")
     gen.add_argument("prompt", help="the prompt text")
@@ -264,6 +266,9 @@ def add_subcommands(sub: Any, add_engine_args: Callable[[argparse.ArgumentParser
     add_engine_args(chat)
     _add_sampling_args(chat, 512)
     chat.set_defaults(func=cmd_chat)
+
+    # in its own module (run_batch.py): the line format, the in-process client and the ordered writer
+    run_batch.add_run_batch_parser(sub, add_engine_args)
 
     plugins = sub.add_parser("plugins", help="inspect installed hardware plugins")
     plugins_sub = plugins.add_subparsers(dest="plugins_command", metavar="ACTION", required=True)

@@ -45,16 +45,7 @@ def add_serve_hardening_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--body-timeout", type=_seconds, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
                        help="answer 408 to a request whose body does not arrive in this time after its headers "
                             f"(default: {DEFAULT_BODY_TIMEOUT_S:g})")
-    serve.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
-                       help="abort a request that runs longer than this once queued; its response ends with "
-                            "finish_reason 'abort' (default: no deadline; max_tokens bounds a request's work)")
-    serve.add_argument("--max-n", type=positive_int, default=DEFAULT_MAX_N,
-                       help=f"most completions or beams per prompt (n) (default: {DEFAULT_MAX_N})")
-    serve.add_argument("--max-prompts-per-request", type=positive_int, default=DEFAULT_MAX_PROMPTS,
-                       help=f"most prompts in one /v1/completions request (default: {DEFAULT_MAX_PROMPTS})")
-    serve.add_argument("--max-tokens-per-request", type=positive_int, default=None,
-                       help="most tokens one request may occupy: prompts x n x (prompt + max_tokens) "
-                            "(default: --max-n x the context length)")
+    add_request_limit_args(serve)
     serve.add_argument("--allowed-hosts", type=_names, default=None, metavar="HOST[,HOST...]",
                        help="Host header names the server answers ('*': any). Default: on a loopback address "
                             "without --api-key, localhost, 127.0.0.1, [::1] and --host (against DNS rebinding); "
@@ -62,6 +53,39 @@ def add_serve_hardening_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--allowed-origins", type=_names, default=None, metavar="ORIGIN[,ORIGIN...]",
                        help="web origins (https://app.example) whose pages may call the API from a browser "
                             "(CORS); default: none")
+
+
+def add_request_limit_args(parser: argparse.ArgumentParser) -> None:
+    """Add the per-request limits (deadline, ``n``, prompts, tokens), shared by ``serve`` and ``run-batch``."""
+    parser.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="abort a request that runs longer than this once queued; its response ends with "
+                             "finish_reason 'abort' (default: no deadline; max_tokens bounds a request's work)")
+    parser.add_argument("--max-n", type=positive_int, default=DEFAULT_MAX_N,
+                        help=f"most completions or beams per prompt (n) (default: {DEFAULT_MAX_N})")
+    parser.add_argument("--max-prompts-per-request", type=positive_int, default=DEFAULT_MAX_PROMPTS,
+                        help=f"most prompts in one /v1/completions request (default: {DEFAULT_MAX_PROMPTS})")
+    parser.add_argument("--max-tokens-per-request", type=positive_int, default=None,
+                        help="most tokens one request may occupy: prompts x n x (prompt + max_tokens) "
+                             "(default: --max-n x the context length)")
+
+
+def request_limits(args: argparse.Namespace) -> Any:
+    """The server's :class:`~engine.entrypoints.openai.limits.RequestLimits` for the options above.
+
+    Args:
+        args: parsed arguments of a command that called :func:`add_request_limit_args`.
+
+    Returns:
+        The limits to pass as ``build_app``'s ``limits``.
+    """
+    from engine.entrypoints.openai.limits import RequestLimits
+
+    return RequestLimits(
+        max_n=args.max_n,
+        max_prompts=args.max_prompts_per_request,
+        max_tokens=args.max_tokens_per_request,
+        timeout_s=args.request_timeout,
+    )
 
 
 def app_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,17 +97,10 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         ``limits``, ``allowed_hosts``, ``allowed_origins`` and ``body_timeout_s``.
     """
-    from engine.entrypoints.openai.limits import RequestLimits
     from engine.entrypoints.openai.middleware import default_allowed_hosts
 
-    limits = RequestLimits(
-        max_n=args.max_n,
-        max_prompts=args.max_prompts_per_request,
-        max_tokens=args.max_tokens_per_request,
-        timeout_s=args.request_timeout,
-    )
     return {
-        "limits": limits,
+        "limits": request_limits(args),
         "allowed_hosts": default_allowed_hosts(args.host, args.api_key, args.allowed_hosts),
         "allowed_origins": args.allowed_origins,
         "body_timeout_s": args.body_timeout,

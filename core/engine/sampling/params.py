@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from engine.structured_output.params import StructuredOutputsParams
 
@@ -37,6 +37,9 @@ class SamplingParams(BaseModel):
         prompt_logprobs: also return each prompt token's logprob given the tokens before it, with this
             many most likely alternatives (0: just the prompt's own token); the first token has none. Such
             a request computes its whole prompt (no prefix-cache hit skips it).
+        allowed_token_ids: sample only among these tokens.
+        bad_words: words never to generate: each one's tokens (with and without a leading space) are
+            banned as a sequence, the last token whenever the ones before it were just generated.
         skip_special_tokens: leave special tokens out of the text.
         structured_outputs: constrain the output to a JSON schema, a regex, a choice or a grammar
             (exactly one; see :class:`StructuredOutputsParams`).
@@ -62,6 +65,10 @@ class SamplingParams(BaseModel):
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    allowed_token_ids: list[int] | None = Field(None, min_length=1)
+    bad_words: list[str] | None = None
+    # the bad words' token sequences, set by the engine's input processor (it has the tokenizer)
+    _bad_words_token_ids: list[list[int]] | None = PrivateAttr(None)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
 
@@ -114,6 +121,15 @@ class SamplingParams(BaseModel):
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         return self
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """The token sequences :attr:`bad_words` ban (empty until the engine tokenized them)."""
+        return self._bad_words_token_ids or []
+
+    def set_bad_words_token_ids(self, sequences: list[list[int]]) -> None:
+        """Record the bad words' token sequences (the engine's input processor does, once per request)."""
+        self._bad_words_token_ids = sequences
 
     @property
     def greedy(self) -> bool:

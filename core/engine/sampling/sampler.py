@@ -81,6 +81,8 @@ def _needs_processing(row: SamplingRow) -> bool:
     p = row.params
     return bool(
         p.logit_bias
+        or p.allowed_token_ids
+        or p.bad_words
         or (p.min_tokens and len(row.output_token_ids) < p.min_tokens)
         or p.repetition_penalty != 1.0
         or p.presence_penalty
@@ -212,6 +214,10 @@ class Sampler:
                 banned = set(self.eos_token_ids) | set(p.stop_token_ids or ())
                 ban_rows.extend([i] * len(banned))
                 ban_cols.extend(banned)
+            if p.bad_words:
+                banned = _bad_word_endings(p.bad_words_token_ids, row.output_token_ids)
+                ban_rows.extend([i] * len(banned))
+                ban_cols.extend(banned)
         self._check_ids(bias_cols, "logit_bias")
         self._check_ids(ban_cols, "stop_token_ids")
         if bias_rows:
@@ -220,6 +226,12 @@ class Sampler:
         if ban_rows:
             index = (torch.tensor(ban_rows, device=device), torch.tensor(ban_cols, device=device))
             processed.index_put_(index, torch.tensor(float("-inf"), device=device))
+
+        for i, row in enumerate(rows):
+            if row.params.allowed_token_ids:
+                keep = torch.zeros(processed.shape[1], dtype=torch.bool, device=device)
+                keep[torch.tensor(row.params.allowed_token_ids, device=device)] = True
+                processed[i] = torch.where(keep, processed[i], torch.tensor(float("-inf"), device=device))
 
         rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
         if rep:
@@ -280,6 +292,17 @@ class Sampler:
             None if k is None else list(zip(indices_list[i][:k], values_list[i][:k], strict=True))
             for i, k in enumerate(wanted)
         ]
+
+
+def _bad_word_endings(sequences: list[list[int]], output: list[int]) -> set[int]:
+    """The tokens that would complete a bad word now: a one-token word always, a longer one's last token
+    when its other tokens end the output so far."""
+    banned = set()
+    for seq in sequences:
+        head = seq[:-1]
+        if not head or (len(output) >= len(head) and output[len(output) - len(head) :] == head):
+            banned.add(seq[-1])
+    return banned
 
 
 def _token_counts(token_lists: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

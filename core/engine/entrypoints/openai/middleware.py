@@ -187,6 +187,27 @@ def normalize_host(host: str) -> str:
     return value.partition(":")[0].rstrip(".")
 
 
+class RequestIdMiddleware:
+    """Echoes a request's ``X-Request-Id`` header on its response (at most 256 printable ASCII bytes), so a
+    caller or proxy can match the two, whatever the route and also for error responses."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = _header(scope, b"x-request-id")[:256] if scope["type"] == "http" else b""
+        if not given or not all(0x20 <= byte < 0x7F for byte in given):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", given)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 def _header(scope: Scope, name: bytes) -> bytes:
     for key, value in scope["headers"]:
         if key == name:

@@ -118,6 +118,16 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = Field(None, min_length=1)
+    bad_words: list[str] | None = None
+    # scheduling: lower runs first (FCFS among equals)
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    # the response's id is built on it (the engine's own id stays unique); X-Request-Id is echoed apart
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    # keep only the last k prompt tokens (the oldest are dropped)
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    # the response carries the prompt's token ids and each choice's generated ids
+    return_token_ids: bool = False
     # beam search (an extension): `n` beams are kept and returned, best first
     use_beam_search: bool = False
     length_penalty: float = Field(1.0, ge=-10.0, le=10.0)

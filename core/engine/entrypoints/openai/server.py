@@ -22,7 +22,12 @@ from engine.entrypoints.openai.errors import install_error_handlers
 from engine.entrypoints.openai.lifecycle import GracefulServer, header_deadline_protocol
 from engine.entrypoints.openai.limits import RequestLimits
 from engine.entrypoints.openai.metrics import ServerMetrics
-from engine.entrypoints.openai.middleware import ApiKeyMiddleware, HostCheckMiddleware, RequestBodyMiddleware
+from engine.entrypoints.openai.middleware import (
+    ApiKeyMiddleware,
+    HostCheckMiddleware,
+    RequestBodyMiddleware,
+    RequestIdMiddleware,
+)
 from engine.entrypoints.openai.openapi import install_openapi, request_body
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -139,6 +144,7 @@ def build_app(
     install_error_handlers(app)
     # the last added runs first: the Host check, then CORS (whose preflights carry no key), then the key
     app.add_middleware(RequestBodyMiddleware, timeout_s=body_timeout_s)
+    app.add_middleware(RequestIdMiddleware)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=OPEN_PATHS)
     if allowed_origins:

@@ -27,10 +27,12 @@ from engine.entrypoints.openai.serving_common import (
     add_request,
     check_prompt,
     refused_as_bad_request,
+    response_id,
     sampling_params,
     sse,
     stop_hold_back,
     token_logprobs,
+    truncated,
     usage,
 )
 from engine.entrypoints.openai.serving_tools import (
@@ -167,11 +169,13 @@ class ChatHandler:
         prompt_ids = await chat_prompt_ids(
             ctx, req.messages, req.add_generation_prompt, tools=plan.tools, template_kwargs=req.chat_template_kwargs
         )
+        prompt_ids = truncated(prompt_ids, req.truncate_prompt_tokens)
         check_prompt(prompt_ids, max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_completion_tokens")
         ctx.limits.check_total_tokens([len(prompt_ids)], req.n, max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await add_request(ctx, request_id, prompt_ids, params, req.cache_salt, constraint_param)
-        call = _ChatCall(ctx, req, request_id, len(prompt_ids), num_top, plan, self.parsers)
+        request_id = response_id("chatcmpl", req.request_id)
+        engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if req.request_id else request_id
+        stream = await add_request(ctx, engine_id, prompt_ids, params, req.cache_salt, constraint_param, req.priority)
+        call = _ChatCall(ctx, req, request_id, prompt_ids, num_top, plan, self.parsers, engine_id)
         record_usage(request, len(prompt_ids), 0)
         return call, stream
 
@@ -180,15 +184,18 @@ class _ChatCall:
     """One chat request's response, whole or as server-sent events."""
 
     def __init__(
-        self, ctx: ServingContext, req: ChatCompletionRequest, request_id: str, num_prompt: int, num_top: int,
-        plan: ToolPlan, parsers: ChatParsers,
+        self, ctx: ServingContext, req: ChatCompletionRequest, request_id: str, prompt_ids: list[int], num_top: int,
+        plan: ToolPlan, parsers: ChatParsers, engine_id: str,
     ) -> None:  # fmt: skip
         self.ctx = ctx
         self.plan = plan
         self.parsers = parsers
         self.req = req
+        #: the response's id, and the engine's id of the request (they differ when the caller named it)
         self.request_id = request_id
-        self.num_prompt = num_prompt
+        self.engine_id = engine_id
+        self.prompt_ids = prompt_ids
+        self.num_prompt = len(prompt_ids)
         self.num_top = num_top
         self.created = int(time.time())
 
@@ -197,7 +204,7 @@ class _ChatCall:
 
     async def complete(self, request: Request, stream: RequestStream) -> dict[str, Any]:
         final: RequestOutput | None = None
-        async with abort_on_disconnect(request, self.ctx.engine, [self.request_id]):
+        async with abort_on_disconnect(request, self.ctx.engine, [self.engine_id]):
             try:
                 async for output in stream:
                     final = output
@@ -218,6 +225,7 @@ class _ChatCall:
                     "finish_reason": finish_reason(parser, out.finish_reason) or ("abort" if stream.aborted else None),
                     # the stop string or token id that ended it (None for EOS or the length limit)
                     "stop_reason": out.stop_reason,
+                    **({"token_ids": list(out.token_ids)} if self.req.return_token_ids else {}),
                 }
             )
         record_usage(request, self.num_prompt, sum(len(o.token_ids) for o in outputs))
@@ -227,7 +235,8 @@ class _ChatCall:
             "created": self.created,
             "model": self.ctx.model_name,
             "choices": choices,
-            "usage": usage(self.num_prompt, sum(len(o.token_ids) for o in outputs)),
+            "usage": usage(self.num_prompt, sum(len(o.token_ids) for o in outputs), final.num_cached_tokens if final else 0),
+            **({"prompt_token_ids": self.prompt_ids} if self.req.return_token_ids else {}),
         }
 
     def _chunk(self, choices: list[dict[str, Any]], with_usage_field: bool, usage_value: Any = None) -> dict[str, Any]:
@@ -249,7 +258,7 @@ class _ChatCall:
         parsers = [ChatOutputParser(self.plan, self.parsers) for _ in range(self.req.n)]
         finished = [False] * self.req.n
         completion_tokens = [0] * self.req.n
-        async with abort_on_disconnect(request, self.ctx.engine, [self.request_id]):
+        async with abort_on_disconnect(request, self.ctx.engine, [self.engine_id]):
             first = [
                 {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for i in range(self.req.n)

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -162,6 +163,8 @@ def sampling_params(
         "ignore_eos": req.ignore_eos,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "logprobs": logprobs,
+        "allowed_token_ids": req.allowed_token_ids,
+        "bad_words": req.bad_words,
         "skip_special_tokens": req.skip_special_tokens,
         "structured_outputs": constraint,
     }
@@ -237,15 +240,17 @@ async def add_request(
     params: SamplingParams | BeamSearchParams,
     cache_salt: str | None = None,
     constraint_param: str | None = None,
+    priority: int = 0,
 ) -> RequestStream:
     """Hand a request to the engine, mapping its refusals to HTTP errors.
 
     Args:
         constraint_param: the request field that set ``params.structured_outputs``
             (:func:`constraint_field`): the engine's refusal of the constraint names it instead.
+        priority: lower runs first.
     """
     try:
-        stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt)
+        stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt, **({"priority": priority} if priority else {}))
     except InvalidRequestError as exc:
         if constraint_param is not None and exc.param == "structured_outputs" and constraint_param != exc.param:
             raise bad_request(f"{constraint_param}: {exc}", param=constraint_param, code=exc.code) from None
@@ -393,9 +398,23 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` when the prefix cache's share is known."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
+
+
+def truncated(prompt: list[int], keep: int | None) -> list[int]:
+    """The last ``keep`` prompt tokens (``truncate_prompt_tokens``), or the whole prompt."""
+    return prompt if keep is None or keep >= len(prompt) else prompt[len(prompt) - keep :]
+
+
+def response_id(prefix: str, request_id: str | None) -> str:
+    """The response's id: built on the caller's ``request_id`` when given."""
+    return f"{prefix}-{request_id}" if request_id else f"{prefix}-{uuid.uuid4().hex}"

@@ -25,10 +25,12 @@ from engine.entrypoints.openai.serving_common import (
     check_prompt,
     merge_streams,
     refused_as_bad_request,
+    response_id,
     sampling_params,
     sse,
     stop_hold_back,
     token_logprobs,
+    truncated,
     usage,
 )
 from engine.entrypoints.openai.structured_fields import constraint_field
@@ -134,17 +136,27 @@ class CompletionHandler:
         constraint_param = constraint_field(req)
         batch = self._batch(req)
         prompts = await ctx.off_loop(sum(len(p) for p in batch), self._tokenize, batch, req.echo)
+        if req.truncate_prompt_tokens is not None:
+            # the echo shows what the model saw
+            tokenizer = ctx.engine.tokenizer
+            kept = [truncated(ids, req.truncate_prompt_tokens) for ids, _ in prompts]
+            prompts = [
+                (k, text if len(k) == len(ids) else tokenizer.decode(k, skip_special_tokens=False) if req.echo else "")
+                for k, (ids, text) in zip(kept, prompts)
+            ]
         for ids, _ in prompts:
             check_prompt(ids, req.max_tokens, ctx.engine.max_model_len, ctx.vocab_size, "max_tokens")
         ctx.limits.check_total_tokens(
             [len(ids) for ids, _ in prompts], req.n, req.max_tokens, ctx.engine.max_model_len, "max_tokens"
         )
-        base_id = f"cmpl-{uuid.uuid4().hex}"
-        request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+        base_id = response_id("cmpl", req.request_id)
+        # the engine's ids stay unique even when callers reuse a request_id
+        engine_id = f"{base_id}-{uuid.uuid4().hex[:8]}" if req.request_id else base_id
+        request_ids = [engine_id if len(prompts) == 1 else f"{engine_id}-{i}" for i in range(len(prompts))]
         streams: list[RequestStream] = []
         try:
             for rid, (ids, _) in zip(request_ids, prompts, strict=False):
-                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt, constraint_param))
+                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt, constraint_param, req.priority))
         except BaseException:
             for rid in request_ids[: len(streams)]:
                 ctx.engine.abort(rid)
@@ -239,6 +251,9 @@ class _CompletionCall:
                 }
                 if self.req.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = _prompt_logprobs_field(finals[i])
+                if self.req.return_token_ids:
+                    choice["prompt_token_ids"] = self.prompts[i][0]
+                    choice["token_ids"] = list(out.token_ids)
                 choices.append(choice)
         record_usage(request, self.num_prompt_tokens, completion_tokens)
         return {
@@ -247,7 +262,7 @@ class _CompletionCall:
             "created": self.created,
             "model": self.ctx.model_name,
             "choices": choices,
-            "usage": usage(self.num_prompt_tokens, completion_tokens),
+            "usage": usage(self.num_prompt_tokens, completion_tokens, sum(f.num_cached_tokens for f in finals.values())),
         }
 
     def _chunk(self, choice: dict[str, Any] | None, with_usage_field: bool, usage_value: Any = None) -> dict[str, Any]:
