@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from engine.llm import LLM
     from engine.outputs import CompletionOutput, RequestOutput
     from engine.plugins import DeviceNotAvailableError, PluginManager, select_platform
+    from engine.pooling.params import PoolingParams
     from engine.sampling.params import SamplingParams
     from engine.structured_output.params import StructuredOutputsParams
 
@@ -21,6 +22,7 @@ __all__ = [
     "DeviceNotAvailableError",
     "EngineConfig",
     "PluginManager",
+    "PoolingParams",
     "RequestOutput",
     "SamplingParams",
     "SchedulerConfig",
@@ -40,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from engine.sampling.params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from engine.pooling.params import PoolingParams
+
+        return PoolingParams
     if name == "StructuredOutputsParams":
         from engine.structured_output.params import StructuredOutputsParams
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from engine.pooling.pooler import PooledChunk
 from engine.prompt_logprobs import PromptLogprobs
 from engine.sampling.sampler import SampleResult, SamplingRow, greedy_result
 from engine.sequence import Sequence
@@ -51,6 +52,8 @@ class LaunchedStep:
     deferred: DeferredSampling | None = None
     #: the logprobs of prompt tokens this step scored (requests with ``prompt_logprobs``), on the host
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    #: pooling requests' chunks this step computed (their hidden states reduced), on the host
+    pooled: list[PooledChunk] = field(default_factory=list)
 
     @property
     def overlapped(self) -> bool:

@@ -12,7 +12,8 @@ from engine.beam_search import BeamSearchParams
 from engine.chat_input import encode_conversation
 from engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from engine.engine_factory import create_engine
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.pooling.params import PoolingParams
 from engine.sampling.params import SamplingParams
 
 _CACHE_KEYS = set(CacheConfig.model_fields)
@@ -130,6 +131,38 @@ class LLM:
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
         return self._run(prompts, params_list, use_tqdm, priorities, cache_salt)
 
+    def embed(
+        self,
+        prompts: str | list[int] | dict[str, Any] | Seq[str | list[int] | dict[str, Any]],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """Embed each prompt: its final hidden states pooled (the model's pooling, or ``pooling_params``');
+        outputs in prompt order, each vector at ``outputs.embedding``.
+
+        Args:
+            prompts: as for :meth:`generate`.
+            pooling_params: pooling type, normalization and Matryoshka ``dimensions`` (default: the model's
+                sentence-transformers config, else the last token's state, normalized).
+            use_tqdm: show a progress bar.
+
+        Raises:
+            engine.errors.InvalidRequestError: a bad prompt, or ``dimensions`` past the model's width.
+        """
+        single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
+        items = [prompts] if single else list(prompts)
+        params = pooling_params or PoolingParams()
+        return self._run([_unwrap_prompt(p) for p in items], [params] * len(items), use_tqdm)  # type: ignore[list-item,return-value]
+
+    def encode(
+        self,
+        prompts: str | list[int] | dict[str, Any] | Seq[str | list[int] | dict[str, Any]],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """The pooled hidden states of each prompt, as :meth:`embed` (``outputs.data`` is the tensor)."""
+        return self.embed(prompts, pooling_params, use_tqdm)
+
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -192,6 +225,9 @@ class LLM:
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
+            if isinstance(params, PoolingParams):
+                engine.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
+                continue
             engine.validate_request(
                 prompt, params.step_params() if isinstance(params, BeamSearchParams) else params, cache_salt
             )

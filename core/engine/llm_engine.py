@@ -22,10 +22,13 @@ from engine.interfaces.platform import Platform
 from engine.launched_step import LaunchedStep
 from engine.loader.generation_defaults import format_generation_defaults, read_generation_defaults
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.parallel.mp_workers import WorkerFailed
 from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
+from engine.pooling.config import read_pooler_config
+from engine.pooling.params import PoolingParams
+from engine.pooling.requests import PoolingRequests
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
@@ -75,6 +78,10 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        #: pooling (embedding) requests' accumulated chunks, with the model's declared pooling
+        self.pooling = PoolingRequests(read_pooler_config(self.model_path))
+        #: finished pooling requests' outputs, handed out by the next :meth:`step`
+        self._pooled_outputs: list[PoolingRequestOutput] = []
         #: structured output: compiled grammars and the constrained sequences' matchers
         self.structured = StructuredOutputManager(self._make_structured_backend)
         #: constrained requests whose grammar is still compiling, kept out of the scheduler until it is
@@ -185,6 +192,13 @@ class LLMEngine:
         """
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if isinstance(params, PoolingParams):
+            self._add_pooling(request_id, prompt, params, priority, cache_salt)
+            return
+        if not getattr(self.model, "generates", True):
+            raise InvalidRequestError(
+                f"{self.model_config.architecture} has no LM head: it serves embeddings (LLM.embed, /v1/embeddings), not generation"
+            )
         if isinstance(params, BeamSearchParams):
             token_ids = self.validate_request(prompt, params.step_params(), cache_salt)
             self._admit(params.beam_width, "the beam width (n)")
@@ -219,6 +233,35 @@ class LLMEngine:
             self._awaiting_grammar[request_id] = (request, grammar)
             return
         self.scheduler.add(first)
+
+    def _add_pooling(
+        self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None
+    ) -> None:
+        """Queue a pooling request: one sequence whose prompt is computed and pooled, nothing sampled."""
+        hidden = self.model_config.hidden_size
+        if params.dimensions is not None and params.dimensions > hidden:
+            raise InvalidRequestError(f"dimensions {params.dimensions} exceeds the model's {hidden}", param="dimensions")
+        token_ids = self.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
+        self._admit(1, "n")
+        # generation settings the scheduler reads; the sequence ends once its prompt is pooled
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, SamplingParams(max_tokens=1), final_only=True)
+        seq = Sequence(
+            seq_id=next(self._seq_ids), request_id=request_id, index=0, prompt_token_ids=token_ids,
+            params=request.params, arrival=next(self._arrivals), priority=priority, cache_salt=cache_salt,
+        )  # fmt: skip
+        seq.pooling = params
+        request.sequences.append(seq)
+        self.requests[request_id] = request
+        self.pooling.add(request_id, params)
+        self.scheduler.add(seq)
+
+    def _finish_pooled(self, launched: LaunchedStep) -> None:
+        """End the pooling requests whose prompt this step finished pooling; their outputs go out."""
+        for seq, output in self.pooling.take(launched.pooled):
+            seq.status = SequenceStatus.FINISHED
+            self.scheduler.remove(seq)
+            self.requests.pop(seq.request_id, None)
+            self._pooled_outputs.append(output)
 
     def _admit_compiled(self) -> list[Request]:
         """Queue the requests whose grammar compiled; end those whose compilation failed.
@@ -282,6 +325,7 @@ class LLMEngine:
                     self.scheduler.remove(seq)
                     seq.status = SequenceStatus.FINISHED
             self.structured.release(request.sequences)
+            self.pooling.discard(rid)
             # nothing reports on it any more: its output state goes with it
             self.output_processor.release(request)
 
@@ -323,6 +367,8 @@ class LLMEngine:
         if launched is not None:
             for scored in launched.prompt_logprobs:
                 self.output_processor.add_prompt_logprobs(scored)
+            if launched.pooled:
+                self._finish_pooled(launched)
         if previous is not None:
             self._take_samples(previous, touched)
         if launched is not None and launched.deferred is not None:
@@ -348,6 +394,9 @@ class LLMEngine:
             for c in out.outputs:
                 c.text = self.tokenizer.decode(c.token_ids)
             outputs.append(out)
+        if self._pooled_outputs:
+            outputs.extend(self._pooled_outputs)  # type: ignore[arg-type]
+            self._pooled_outputs = []
         return outputs
 
     def _take_samples(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:

@@ -20,6 +20,7 @@ from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_me
 from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
+from engine.pooling.pooler import PooledChunk, PoolRows, pool_chunks
 from engine.prompt_logprobs import PromptLogprobs, PromptRows, prompt_rows, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
@@ -41,6 +42,8 @@ class StepInputs:
     #: rows scoring prompt tokens (``prompt_logprobs``): their logits follow the sampled rows' in
     #: ``logits_indices``
     prompt_rows: list[PromptRows] = field(default_factory=list)
+    #: rows of pooling requests, whose hidden states are pooled rather than turned into logits
+    pool_rows: list[PoolRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -110,6 +113,7 @@ class ModelRunner:
         logits_indices: list[int] = []
         targets: list[Sequence] = []
         scored: list[PromptRows] = []
+        pooled: list[PoolRows] = []
         # rows whose input is the previous (overlapped) step's sample, still only on the device
         fill_rows: list[int] = []
         fill_from: list[int] = []
@@ -154,6 +158,10 @@ class ModelRunner:
                 rows = prompt_rows(seq, start, start + n, offset)
                 if rows is not None:
                     scored.append(rows)
+            if seq.pooling is not None:
+                pooled.append(PoolRows(seq, offset, start, n))
+                offset += n
+                continue  # nothing is sampled for it
             offset += n
             if item.samples:
                 logits_indices.append(offset - 1)
@@ -208,6 +216,7 @@ class ModelRunner:
             logits_indices=logits_t,
             sample_targets=targets,
             prompt_rows=scored,
+            pool_rows=pooled,
         )
 
     @torch.inference_mode()
@@ -250,6 +259,9 @@ class ModelRunner:
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
                 inputs.logits_indices if has_rows else None,
             ))  # fmt: skip
+        if inputs.pool_rows and (isinstance(self.model, PlatformModelRunner) or self.micro_batches > 1):
+            raise RuntimeError("pooling requests need the core's model forward (not a platform runner or pipeline stages)")
+        pooled: list[PooledChunk] = []
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
@@ -265,6 +277,7 @@ class ModelRunner:
                 hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
             if hidden is None:
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
+            pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
         scored: list[PromptLogprobs] = []
         if inputs.prompt_rows:
@@ -272,7 +285,7 @@ class ModelRunner:
             scored = score_prompt_rows(logits[sampled:], inputs.prompt_rows)
             logits = logits[:sampled]
         if not inputs.sample_targets:
-            return LaunchedStep([], prompt_logprobs=scored)
+            return LaunchedStep([], prompt_logprobs=scored, pooled=pooled)
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
@@ -285,7 +298,7 @@ class ModelRunner:
             launched = self._greedy_in_flight(targets, logits, token_bitmask)
         else:
             launched = LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
-        launched.prompt_logprobs = scored
+        launched.prompt_logprobs, launched.pooled = scored, pooled
         return launched
 
     def _sample(

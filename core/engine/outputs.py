@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -65,3 +66,36 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    """A pooling request's result.
+
+    Attributes:
+        data: float32 ``[dimensions]`` on the host.
+    """
+
+    data: Any
+
+    @property
+    def embedding(self) -> list[float]:
+        """The vector as a list (what ``LLM.embed`` callers read)."""
+        return [float(v) for v in self.data.tolist()]
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """A finished pooling request (``LLM.embed``, ``LLM.encode``, ``/v1/embeddings``).
+
+    Attributes:
+        request_id: the caller's id.
+        prompt_token_ids: the tokenized prompt.
+        outputs: the pooled vector.
+        finished: always True: a pooling request reports once, when its prompt is done.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: PoolingOutput
+    finished: bool = True

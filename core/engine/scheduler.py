@@ -276,8 +276,8 @@ class Scheduler(SchedulerInterface):
         self.waiting.sort(key=self._waiting_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            # a request scoring its prompt computes all of it: cached blocks would skip their logits
-            if seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None:
+            # a request scoring or pooling its prompt computes all of it: cached blocks would skip its rows
+            if seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None and seq.pooling is None:
                 seq.num_computed_tokens = bm.match_prefix(
                     seq.seq_id, seq.token_slice(0, seq.num_tokens), seq.cache_salt
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling.params import SamplingParams
 
@@ -57,6 +58,9 @@ class Sequence:
     num_preemptions: int = 0
     #: prompt tokens whose KV the prefix cache gave it when it was first admitted
     num_cached_tokens: int = 0
+    #: a pooling request's settings (``PoolingParams``): its prompt's hidden states are pooled and no
+    #: token is sampled; None for generation
+    pooling: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.loader.errors import ModelLoadError
 from engine.models.base import CausalLM
+from engine.models.base_models import LlamaModel, Qwen2Model, Qwen3Model
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
@@ -72,6 +73,11 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("GptOssForCausalLM", GptOssForCausalLM),
     ("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM),
     ("DeepseekV2ForCausalLM", DeepseekV2ForCausalLM),
+    # decoder base models: embedding checkpoints (pooling only)
+    ("Qwen3Model", Qwen3Model),
+    ("Qwen2Model", Qwen2Model),
+    ("LlamaModel", LlamaModel),
+    ("MistralModel", LlamaModel),
 )
 
 

@@ -1,0 +1,93 @@
+"""Pooling a step's hidden states: which rows belong to which pooling request, their per-chunk
+reduction on the device, and the finished vector (dimensions cut, then normalized) once a prompt is done.
+
+A prompt may arrive in several chunks (chunked prefill): each chunk contributes a partial sum (MEAN), its
+first row (CLS, the chunk at position 0) or its last row (LAST, the chunk that ends the prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.pooling.config import PoolerConfig
+from engine.pooling.params import PoolingParams
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRows:
+    """The rows of one step holding part of one pooling request's prompt.
+
+    Attributes:
+        seq: the request's sequence.
+        first_row: its first row in the step's flat batch.
+        first_position: the prompt position of that row.
+        count: how many rows.
+    """
+
+    seq: Sequence
+    first_row: int
+    first_position: int
+    count: int
+
+
+@dataclass(slots=True)
+class PooledChunk:
+    """One chunk's contribution, on the host: the sum of its rows, its first and last rows."""
+
+    seq: Sequence
+    first_position: int
+    count: int
+    total: torch.Tensor
+    first: torch.Tensor
+    last: torch.Tensor
+
+
+def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> list[PooledChunk]:
+    """Each chunk's reduction of ``hidden [tokens, width]``, in float32 on the host."""
+    out = []
+    for r in rows:
+        block = hidden[r.first_row : r.first_row + r.count].float()
+        out.append(PooledChunk(r.seq, r.first_position, r.count, block.sum(dim=0).cpu(), block[0].cpu(), block[-1].cpu()))
+    return out
+
+
+@dataclass(slots=True)
+class PoolingState:
+    """What one pooling request has accumulated so far."""
+
+    params: PoolingParams
+    total: torch.Tensor | None = None
+    first: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    tokens: int = 0
+    seen: set[int] = field(default_factory=set)
+
+    def add(self, chunk: PooledChunk) -> None:
+        """Take a chunk (one computed again after a preemption is taken once)."""
+        if chunk.first_position in self.seen:
+            return
+        self.seen.add(chunk.first_position)
+        self.total = chunk.total if self.total is None else self.total + chunk.total
+        if chunk.first_position == 0:
+            self.first = chunk.first
+        self.last = chunk.last
+        self.tokens += chunk.count
+
+    def result(self, defaults: PoolerConfig) -> torch.Tensor:
+        """The pooled vector, cut to ``dimensions`` and normalized as asked."""
+        kind = self.params.pooling_type or defaults.pooling_type
+        assert self.total is not None and self.last is not None
+        if kind == "MEAN":
+            vector = self.total / self.tokens
+        elif kind == "CLS":
+            assert self.first is not None
+            vector = self.first
+        else:
+            vector = self.last
+        if self.params.dimensions is not None:
+            vector = vector[: self.params.dimensions]
+        normalize = defaults.normalize if self.params.normalize is None else self.params.normalize
+        return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
