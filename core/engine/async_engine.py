@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import FatalEngineError
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.request_metrics import ABORT, ERROR
 
 if TYPE_CHECKING:
@@ -175,6 +175,8 @@ _Command = _Add | _Abort | _AbortAll | _Stop
 
 def _snapshot(output: RequestOutput) -> RequestOutput:
     # The engine may keep mutating its output objects in later steps; hand the loop a private copy.
+    if isinstance(output, PoolingRequestOutput):
+        return output  # made once, when the request finished
     outs = [
         dataclasses.replace(
             c, token_ids=list(c.token_ids), logprobs=list(c.logprobs) if c.logprobs is not None else None

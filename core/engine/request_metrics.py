@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
 
 #: the finish reason of a request aborted by its caller (a client hang-up, a deadline, the server's shutdown)
 ABORT = "abort"
@@ -212,6 +212,11 @@ class RequestTracker:
             # the scheduler's report missed it: the step that returned its first output ran it by then
             live.scheduled = started
             self._unscheduled.discard(request_id)
+        if isinstance(output, PoolingRequestOutput):
+            # a pooled prompt: no tokens generated, its one output is its first and last
+            live.first_token = live.last_token = now
+            self._finish(request_id, live, now, ("stop",))
+            return
         lengths = [len(c.token_ids) for c in output.outputs]
         longest = max(lengths, default=0)
         if longest > live.longest:

@@ -41,6 +41,7 @@ from engine.entrypoints.openai.request_body import DEFAULT_MAX_BODY_BYTES
 from engine.entrypoints.openai.serving_chat import ChatHandler
 from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
+from engine.entrypoints.openai.serving_embeddings import EmbeddingRequest, EmbeddingsHandler
 from engine.entrypoints.openai.serving_messages import MessagesHandler
 from engine.entrypoints.openai.serving_responses import ResponsesHandler
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
@@ -162,6 +163,7 @@ def build_app(
     tokenizing = TokenizeHandler(ctx)
     anthropic_messages = MessagesHandler(chat)
     responses = ResponsesHandler(chat)
+    embeddings = EmbeddingsHandler(ctx)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -204,6 +206,10 @@ def build_app(
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
         return await chat(request)
+
+    @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
+    async def create_embeddings(request: Request) -> Response:
+        return await embeddings(request)
 
     # OpenAI's Responses API, stateless, served by the chat pipeline
     @app.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
