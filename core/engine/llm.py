@@ -163,6 +163,40 @@ class LLM:
         """The pooled hidden states of each prompt, as :meth:`embed` (``outputs.data`` is the tensor)."""
         return self.embed(prompts, pooling_params, use_tqdm)
 
+    def classify(
+        self, prompts: str | list[int] | Seq[str | list[int]], use_tqdm: bool = True
+    ) -> list[PoolingRequestOutput]:
+        """Run a sequence-classification model's head: ``outputs.probs`` per prompt (softmax over the
+        labels, a sigmoid for a single label), in prompt order.
+
+        Raises:
+            engine.errors.InvalidRequestError: the model has no classification head, or a bad prompt.
+        """
+        return self.embed(prompts, PoolingParams(task="classify"), use_tqdm)  # type: ignore[arg-type]
+
+    def reward(
+        self, prompts: str | list[int] | Seq[str | list[int]], use_tqdm: bool = True
+    ) -> list[PoolingRequestOutput]:
+        """A reward model's raw scores (the head's logits, no activation), in prompt order."""
+        return self.embed(prompts, PoolingParams(task="classify", activation=False), use_tqdm)  # type: ignore[arg-type]
+
+    def score(self, text_1: str | Seq[str], text_2: str | Seq[str], use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """Score text pairs with a cross-encoder (a reranker): one ``text_1`` against each ``text_2``, or
+        pairwise for equal-length lists; each pair is tokenized as the model's tokenizer joins two texts,
+        and ``outputs.score`` is the head's probability (a sigmoid for a single label).
+
+        Raises:
+            ValueError: lists of different lengths (other than one ``text_1``).
+        """
+        firsts = [text_1] if isinstance(text_1, str) else list(text_1)
+        seconds = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(firsts) == 1:
+            firsts = firsts * len(seconds)
+        if len(firsts) != len(seconds):
+            raise ValueError(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: give one text_1 or as many as text_2")
+        pairs = [self.tokenizer.encode_pair(a, b) for a, b in zip(firsts, seconds)]
+        return self.embed(pairs, PoolingParams(task="classify"), use_tqdm)
+
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],

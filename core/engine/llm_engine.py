@@ -79,7 +79,10 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         #: pooling (embedding) requests' accumulated chunks, with the model's declared pooling
-        self.pooling = PoolingRequests(read_pooler_config(self.model_path))
+        self.pooling = PoolingRequests(
+            read_pooler_config(self.model_path, getattr(self.model, "default_pooling_type", "LAST")),
+            getattr(self.model, "classification_head", None),
+        )
         #: finished pooling requests' outputs, handed out by the next :meth:`step`
         self._pooled_outputs: list[PoolingRequestOutput] = []
         #: structured output: compiled grammars and the constrained sequences' matchers
@@ -241,6 +244,8 @@ class LLMEngine:
         hidden = self.model_config.hidden_size
         if params.dimensions is not None and params.dimensions > hidden:
             raise InvalidRequestError(f"dimensions {params.dimensions} exceeds the model's {hidden}", param="dimensions")
+        if params.task == "classify" and self.pooling.head is None:
+            raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
         token_ids = self.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
         self._admit(1, "n")
         # generation settings the scheduler reads; the sequence ends once its prompt is pooled

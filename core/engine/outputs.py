@@ -83,6 +83,16 @@ class PoolingOutput:
         """The vector as a list (what ``LLM.embed`` callers read)."""
         return [float(v) for v in self.data.tolist()]
 
+    @property
+    def probs(self) -> list[float]:
+        """A classifier's label probabilities (``LLM.classify``)."""
+        return self.embedding
+
+    @property
+    def score(self) -> float:
+        """A cross-encoder's or reward model's single score (``LLM.score``, ``LLM.reward``)."""
+        return float(self.data.reshape(-1)[0])
+
 
 @dataclass(slots=True)
 class PoolingRequestOutput:

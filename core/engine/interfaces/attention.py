@@ -27,7 +27,10 @@ class AttentionMetadata:
         max_seq_len: largest context length in the batch.
         block_size: tokens per KV block.
         scale: softmax scale, usually ``head_dim ** -0.5``.
-        causal: whether a query token attends only to positions at or before its own.
+        causal: whether a query token attends only to positions at or before its own. False (every
+            token sees the whole context: encoder models) only for backends whose platform claims
+            ``non_causal_attention``, and only in steps where every sequence's query is its whole context
+            (``query_lens_cpu == seq_lens_cpu``, nothing cached before the step).
         sliding_window: if set, a query at position p attends only to positions > p - sliding_window.
             Table entries of blocks that lie wholly before the window of a sequence's first query are
             released by the engine and point at an unrelated block (its null block): a backend must not

@@ -41,6 +41,11 @@ class Capabilities:
         sliding_window: whether attention honours ``sliding_window``.
         logits_soft_cap: whether attention honours ``logits_soft_cap``.
         attention_sinks: whether attention honours ``AttentionMetadata.sinks`` (gpt-oss).
+        non_causal_attention: whether attention honours ``AttentionMetadata.causal=False`` (every query
+            token sees its sequence's whole context, later positions included) in steps where every
+            sequence's whole context is its query: no cached prefix, the prompt computed in one step, as
+            encoder models (BERT, XLM-RoBERTa embedders and rerankers) run. Nothing is claimed for a
+            non-causal step over a cached prefix.
         swap: whether the block cache can swap blocks to host memory.
         warm_up: whether kernels compile on first use (per batch kind or launch shape), so the engine
             should run a few dummy steps at start-up to compile them before the first request.
@@ -57,6 +62,7 @@ class Capabilities:
     sliding_window: bool = False
     logits_soft_cap: bool = False
     attention_sinks: bool = False
+    non_causal_attention: bool = False
     swap: bool = False
     warm_up: bool = False
     distributed: bool = False

@@ -68,6 +68,11 @@ class Tokenizer:
             return encode_ids(self._encoder, text, add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """The token ids of a text pair as the model's tokenizer joins them (``[CLS] a [SEP] b [SEP]`` for
+        BERT): a cross-encoder's input."""
+        return list(self.hf(first, second, add_special_tokens=True)["input_ids"])
+
     def encode_plain(self, text: str) -> list[int]:
         """Return the token ids of ``text`` read as plain text: a special token's string in it
         (``<|im_end|>``) becomes the ids of those characters, never the special token, and no BOS/EOS

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Qwen2's checkpoints (causal LM, base model, classifier): q/k/v biases without the config saying so
+QWEN2_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen2Model", "Qwen2ForSequenceClassification")
+
 
 @dataclass(slots=True)
 class ModelConfig:
@@ -57,7 +60,7 @@ class ModelConfig:
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
         eos_ids = [int(e) for e in eos] if isinstance(eos, list) else ([int(eos)] if eos is not None else [])
-        attention_bias = bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM"
+        attention_bias = bool(cfg.get("attention_bias", False)) or arch in QWEN2_ARCHITECTURES
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch != "Qwen2ForCausalLM") else None
         rope_theta = cfg.get("rope_theta")
         rope_scaling = cfg.get("rope_scaling")

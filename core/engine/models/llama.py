@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from engine.models.config import ModelConfig
+from engine.models.config import QWEN2_ARCHITECTURES, ModelConfig
 from engine.models.layers.decoder import DenseDecoder
 from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, llama_permuted_heads
 from engine.models.layers.hf_config import rope_parameters, scaling_of
@@ -60,7 +60,7 @@ class LlamaForCausalLM(DenseDecoder):
             layers=tuple(LayerSpec(sliding_window=config.sliding_window) for _ in range(config.num_layers)),
             ropes=(standard_rope(config),),
             qkv_bias=config.attention_bias,
-            o_bias=config.attention_bias and config.architecture != "Qwen2ForCausalLM",
+            o_bias=config.attention_bias and config.architecture not in QWEN2_ARCHITECTURES,
         )
 
     @classmethod

@@ -39,6 +39,10 @@ from engine.models.olmoe import OlmoeForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from engine.models.sequence_classification import (
+    LlamaForSequenceClassification,
+    Qwen3ForSequenceClassification,
+)
 from engine.models.smollm3 import SmolLM3ForCausalLM
 from engine.models.stablelm import StableLmForCausalLM
 
@@ -78,6 +82,11 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("Qwen2Model", Qwen2Model),
     ("LlamaModel", LlamaModel),
     ("MistralModel", LlamaModel),
+    # sequence classifiers: rerankers, classifiers and reward models (pooling with a head)
+    ("LlamaForSequenceClassification", LlamaForSequenceClassification),
+    ("Qwen2ForSequenceClassification", LlamaForSequenceClassification),
+    ("MistralForSequenceClassification", LlamaForSequenceClassification),
+    ("Qwen3ForSequenceClassification", Qwen3ForSequenceClassification),
 )
 
 

@@ -23,11 +23,13 @@ class PoolerConfig:
     normalize: bool = True
 
 
-def read_pooler_config(folder: str | None) -> PoolerConfig:
+def read_pooler_config(folder: str | None, default: PoolingType = "LAST") -> PoolerConfig:
     """The pooling a checkpoint declares.
 
     Args:
         folder: the model folder (None or a file: the defaults).
+        default: the architecture's own pooling where the files declare none (``LAST`` for decoders,
+            ``CLS`` for BERT-like encoders).
 
     Returns:
         The declared pooling type and whether a ``Normalize`` module follows it.
@@ -36,16 +38,16 @@ def read_pooler_config(folder: str | None) -> PoolerConfig:
         ValueError: a pooling config the engine does not implement (e.g. max-pooling), named.
     """
     if folder is None or not os.path.isdir(folder):
-        return PoolerConfig()
+        return PoolerConfig(default)
     modules_file = os.path.join(folder, "modules.json")
     if not os.path.exists(modules_file):
-        return PoolerConfig()
+        return PoolerConfig(default)
     with open(modules_file) as f:
         modules = json.load(f)
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
     pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
     if pooling is None:
-        return PoolerConfig(normalize=normalize)
+        return PoolerConfig(default, normalize)
     with open(os.path.join(folder, pooling.get("path", "1_Pooling"), "config.json")) as f:
         flags = json.load(f)
     chosen = [kind for key, kind in _ST_MODES if flags.get(key)]

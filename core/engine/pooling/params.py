@@ -19,6 +19,11 @@ class PoolingParams(BaseModel):
         normalize: scale to unit length; None: the model's own (sentence-transformers' ``Normalize``
             module, else True).
         dimensions: keep the first ``dimensions`` values (Matryoshka embeddings), before normalizing.
+        task: ``embed``: the pooled vector; ``classify``: the model's classification head on it (a
+            sequence-classification, reranker or reward model), its logits turned into probabilities
+            unless ``activation`` is off.
+        activation: for ``classify``: softmax over the labels, or a sigmoid for a single label
+            (sentence-transformers' cross-encoders); False keeps the raw logits (reward models).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -26,3 +31,5 @@ class PoolingParams(BaseModel):
     pooling_type: PoolingType | None = None
     normalize: bool | None = None
     dimensions: int | None = Field(None, ge=1)
+    task: Literal["embed", "classify"] = "embed"
+    activation: bool = True

@@ -7,6 +7,7 @@ first row (CLS, the chunk at position 0) or its last row (LAST, the chunk that e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -76,8 +77,13 @@ class PoolingState:
         self.last = chunk.last
         self.tokens += chunk.count
 
-    def result(self, defaults: PoolerConfig) -> torch.Tensor:
-        """The pooled vector, cut to ``dimensions`` and normalized as asked."""
+    def result(self, defaults: PoolerConfig, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """The pooled vector, cut to ``dimensions`` and normalized as asked; for ``classify``, the head's
+        logits, as probabilities unless ``activation`` is off.
+
+        Raises:
+            ValueError: ``classify`` for a model without a classification head.
+        """
         kind = self.params.pooling_type or defaults.pooling_type
         assert self.total is not None and self.last is not None
         if kind == "MEAN":
@@ -87,6 +93,13 @@ class PoolingState:
             vector = self.first
         else:
             vector = self.last
+        if self.params.task == "classify":
+            if head is None:
+                raise ValueError("the model has no classification head")
+            logits = head(vector).float().cpu()
+            if not self.params.activation:
+                return logits
+            return torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)
         if self.params.dimensions is not None:
             vector = vector[: self.params.dimensions]
         normalize = defaults.normalize if self.params.normalize is None else self.params.normalize

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from engine.outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling.config import PoolerConfig
 from engine.pooling.params import PoolingParams
@@ -13,11 +17,13 @@ class PoolingRequests:
     """Pooling requests in flight, by request id.
 
     Args:
-        defaults: the model's pooling (its sentence-transformers config, else LAST and normalized).
+        defaults: the model's pooling (its sentence-transformers config, else its architecture's).
+        head: the model's classification head (pooled hidden state -> logits), None without one.
     """
 
-    def __init__(self, defaults: PoolerConfig) -> None:
+    def __init__(self, defaults: PoolerConfig, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.defaults = defaults
+        self.head = head
         self._states: dict[str, PoolingState] = {}
 
     def add(self, request_id: str, params: PoolingParams) -> None:
@@ -40,6 +46,6 @@ class PoolingRequests:
             state.add(chunk)
             if chunk.first_position + chunk.count == len(seq.prompt_token_ids):
                 del self._states[seq.request_id]
-                output = PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(state.result(self.defaults)))
+                output = PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(state.result(self.defaults, self.head)))
                 done.append((seq, output))
         return done
