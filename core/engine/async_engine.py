@@ -236,6 +236,13 @@ class AsyncLLMEngine:
         return self.engine.generation_defaults
 
     @property
+    def label_names(self) -> dict[int, str]:
+        """A classifier's label names by index (its config's ``id2label``); empty when unknown."""
+        config = getattr(self.engine, "model_config", None)
+        raw = config.hf_config.get("id2label") if config is not None else None
+        return {int(k): str(v) for k, v in (raw or {}).items()}
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

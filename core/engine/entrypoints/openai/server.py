@@ -44,6 +44,13 @@ from engine.entrypoints.openai.serving_completion import CompletionHandler
 from engine.entrypoints.openai.serving_embeddings import EmbeddingRequest, EmbeddingsHandler
 from engine.entrypoints.openai.serving_messages import MessagesHandler
 from engine.entrypoints.openai.serving_responses import ResponsesHandler
+from engine.entrypoints.openai.serving_scoring import (
+    ClassifyRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+    ScoringHandler,
+)
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 from engine.entrypoints.openai.serving_tools import ChatParsers
 
@@ -164,6 +171,7 @@ def build_app(
     anthropic_messages = MessagesHandler(chat)
     responses = ResponsesHandler(chat)
     embeddings = EmbeddingsHandler(ctx)
+    scoring = ScoringHandler(ctx)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -210,6 +218,26 @@ def build_app(
     @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
     async def create_embeddings(request: Request) -> Response:
         return await embeddings(request)
+
+    # the leading engine's scoring routes (sequence-classification models; /pooling for any model)
+    @app.post("/classify", openapi_extra=request_body(ClassifyRequest))
+    async def classify(request: Request) -> Response:
+        return await scoring.classify(request)
+
+    @app.post("/score", openapi_extra=request_body(ScoreRequest))
+    @app.post("/v1/score", openapi_extra=request_body(ScoreRequest))
+    async def score(request: Request) -> Response:
+        return await scoring.score(request)
+
+    @app.post("/rerank", openapi_extra=request_body(RerankRequest))
+    @app.post("/v1/rerank", openapi_extra=request_body(RerankRequest))
+    @app.post("/v2/rerank", openapi_extra=request_body(RerankRequest))
+    async def rerank(request: Request) -> Response:
+        return await scoring.rerank(request)
+
+    @app.post("/pooling", openapi_extra=request_body(PoolingRequest))
+    async def pooling(request: Request) -> Response:
+        return await scoring.pooling(request)
 
     # OpenAI's Responses API, stateless, served by the chat pipeline
     @app.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))

@@ -46,6 +46,40 @@ class EmbeddingRequest(BaseModel):
     priority: int = 0
 
 
+async def pool_all(
+    ctx: ServingContext, request: Request, prompts: list[list[int]], params: PoolingParams, priority: int = 0
+) -> list[Any]:
+    """Run one pooling request per prompt and wait for all of them (aborted if the client goes away).
+
+    Returns:
+        The ``PoolingRequestOutput`` of each prompt, in order.
+
+    Raises:
+        OpenAIError: a refusal (400), the engine stopped (503).
+    """
+    base = f"pool-{uuid.uuid4().hex}"
+    request_ids = [f"{base}-{i}" for i in range(len(prompts))]
+    streams = []
+    try:
+        for rid, ids in zip(request_ids, prompts):
+            streams.append(await add_request(ctx, rid, ids, params, None, None, priority))
+    except BaseException:
+        for rid in request_ids[: len(streams)]:
+            ctx.engine.abort(rid)
+        raise
+    finals: dict[int, Any] = {}
+    async with abort_on_disconnect(request, ctx.engine, request_ids):
+        try:
+            async for i, output in merge_streams(streams):
+                finals[i] = output
+        except EngineDeadError as exc:
+            raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+    if len(finals) < len(prompts):
+        raise OpenAIError(503, "the request was aborted before it was computed", code="aborted")
+    record_usage(request, sum(len(ids) for ids in prompts), 0)
+    return [finals[i] for i in range(len(prompts))]
+
+
 class EmbeddingsHandler:
     """Serves embeddings for one server."""
 
@@ -85,27 +119,8 @@ class EmbeddingsHandler:
         size = len(raw) if isinstance(raw, str) else sum(len(x) if isinstance(x, (str, list)) else 1 for x in raw)
         prompts = await ctx.off_loop(size, self._prompts, req)
         params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
-        base = f"embd-{uuid.uuid4().hex}"
-        request_ids = [f"{base}-{i}" for i in range(len(prompts))]
-        streams = []
-        try:
-            for rid, ids in zip(request_ids, prompts):
-                streams.append(await add_request(ctx, rid, ids, params, None, None, req.priority))
-        except BaseException:
-            for rid in request_ids[: len(streams)]:
-                ctx.engine.abort(rid)
-            raise
-        finals: dict[int, Any] = {}
-        async with abort_on_disconnect(request, ctx.engine, request_ids):
-            try:
-                async for i, output in merge_streams(streams):
-                    finals[i] = output
-            except EngineDeadError as exc:
-                raise OpenAIError(503, str(exc), code="engine_unavailable") from None
-        if len(finals) < len(prompts):
-            raise OpenAIError(503, "the request was aborted before its embeddings were computed", code="aborted")
+        finals = await pool_all(ctx, request, prompts, params, req.priority)
         num_tokens = sum(len(ids) for ids in prompts)
-        record_usage(request, num_tokens, 0)
         data = []
         for i in range(len(prompts)):
             vector = finals[i].outputs.data.float().numpy().astype(np.float32)
