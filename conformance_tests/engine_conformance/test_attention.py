@@ -1,6 +1,6 @@
 """Paged attention against the float64 reference: decode, prefill, chunked prefill, GQA/MQA, every claimed
-head size, block size and dtype, sliding window (with released blocks), soft-cap. The coverage matrix, the
-long contexts and the offsets beyond 32 bits have modules of their own."""
+head size, block size and dtype, sliding window (with released blocks), soft-cap, sinks, non-causal (encoder)
+steps. The coverage matrix, the long contexts and the offsets beyond 32 bits have modules of their own."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ MIXED = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
 #: a continuous-batching step as the scheduler orders it: running decodes first, then prompt chunks (one of
 #: them a single token, which is not a decode row of the leading run)
 DECODE_ROWS_FIRST = ([1, 1, 1, 1, 7, 1, 12], [40, 9, 77, 33, 7, 30, 60])
+#: an encoder step: whole prompts, nothing cached. A one-token prompt (which a backend may run as a decode
+#: row), prompts within a block and over several, two of one length (batched prefill paths group those), and
+#: one longer than the widest query tile of the GPU tunings (128 rows), so that a tile's rows must see keys
+#: beyond the tile's own
+NON_CAUSAL = ([1, 7, 33, 7, 150], [1, 7, 33, 7, 150])
 
 
 def build(
@@ -156,3 +161,27 @@ def test_attention_sinks(platform: Platform, caps: Capabilities, device: Any, re
         problems = problems[:3]
     for problem in problems:
         run_attention_problem(platform, problem, "attention.sinks")
+
+
+@pytest.mark.capability("attention.non_causal")
+def test_non_causal_attention(
+    platform: Platform, caps: Capabilities, device: Any, record_property: Any
+) -> None:
+    """Encoder attention (``metadata.causal=False``: every token sees its whole prompt, later tokens
+    included) on a step of whole prompts of several lengths with GQA, in every claimed model dtype, and
+    with the logit soft-cap where that is claimed too (it moves some backends off their plain SDPA path
+    onto a masked one). A platform that does not claim it must refuse such a step."""
+    default = default_geometry(caps).dtype
+    dtypes = [default, *(d for d in map(torch_dtype, caps.dtypes) if d != default)]
+    problems = [
+        build(caps, device, NON_CAUSAL, num_heads=8, num_kv_heads=2, seed=50 + i, dtype=dtype, causal=False)
+        for i, dtype in enumerate(dtypes)
+    ]
+    if not caps.non_causal_attention:
+        check_unclaimed_attention_feature(platform, problems[0], "attention.non_causal", record_property)
+        return
+    if caps.logits_soft_cap:
+        problems.append(build(caps, device, NON_CAUSAL, seed=60, soft_cap=1.5, causal=False))
+    for problem in problems:
+        dtype_name = str(problem.dtype).removeprefix("torch.")
+        run_attention_problem(platform, problem, "attention.non_causal", f"dtype {dtype_name}")

@@ -152,6 +152,9 @@ class EngineConfig(BaseModel):
         generation_config: ``auto`` takes the sampling defaults (temperature, top_p, top_k, min_p,
             repetition_penalty) of the checkpoint's ``generation_config.json`` for the fields a request
             leaves unset; ``none`` uses the engine's own defaults (``SamplingParams``').
+        runner: ``generate`` takes generation requests only, ``pooling`` pooling requests only
+            (embeddings, classification, scores); ``auto`` takes what the model serves (an embedding or
+            classification checkpoint pools only, a causal LM does both).
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -166,6 +169,7 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = False
     quantization: Literal["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"] = "auto"
     generation_config: Literal["auto", "none"] = "auto"
+    runner: Literal["auto", "generate", "pooling"] = "auto"
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)

@@ -21,6 +21,10 @@ _SCHED_KEYS = set(SchedulerConfig.model_fields)
 _PARALLEL_KEYS = set(ParallelConfig.model_fields)
 
 
+#: ``LLM(task=...)`` values that mean ``runner="pooling"``
+_POOLING_TASKS = frozenset({"embed", "classify", "score", "reward", "encode"})
+
+
 class LLM:
     """Generate text offline, batching every prompt through the engine.
 
@@ -51,6 +55,12 @@ class LLM:
         generation_config: str = "auto",
         **kwargs: Any,
     ) -> None:
+        task = kwargs.pop("task", None)
+        if task is not None:
+            # the leading engine's older spelling of the runner
+            if task not in _POOLING_TASKS and task != "generate":
+                raise ValueError(f"task must be 'generate' or one of {sorted(_POOLING_TASKS)}, got {task!r}")
+            kwargs.setdefault("runner", "generate" if task == "generate" else "pooling")
         cache = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
         sched = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCHED_KEYS}
         parallel = {k: kwargs.pop(k) for k in list(kwargs) if k in _PARALLEL_KEYS}

@@ -79,6 +79,9 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         #: pooling (embedding) requests' accumulated chunks, with the model's declared pooling
+        if hasattr(self.model, "sep_token_id"):
+            # a cross-encoder's second text is token type 1: the model finds it after the first [SEP]
+            self.model.sep_token_id = getattr(getattr(self.tokenizer, "hf", None), "sep_token_id", None)
         self.pooling = PoolingRequests(
             read_pooler_config(self.model_path, getattr(self.model, "default_pooling_type", "LAST")),
             getattr(self.model, "classification_head", None),
@@ -196,12 +199,16 @@ class LLMEngine:
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(params, PoolingParams):
+            if self.config.runner == "generate":
+                raise InvalidRequestError("this engine runs generation only (runner='generate'); pooling requests need runner 'pooling' or 'auto'")
             self._add_pooling(request_id, prompt, params, priority, cache_salt)
             return
         if not getattr(self.model, "generates", True):
             raise InvalidRequestError(
                 f"{self.model_config.architecture} has no LM head: it serves embeddings (LLM.embed, /v1/embeddings), not generation"
             )
+        if self.config.runner == "pooling":
+            raise InvalidRequestError("this engine runs pooling requests only (runner='pooling'): embeddings, classification and scores")
         if isinstance(params, BeamSearchParams):
             token_ids = self.validate_request(prompt, params.step_params(), cache_salt)
             self._admit(params.beam_width, "the beam width (n)")
@@ -255,6 +262,13 @@ class LLMEngine:
             params=request.params, arrival=next(self._arrivals), priority=priority, cache_salt=cache_salt,
         )  # fmt: skip
         seq.pooling = params
+        if getattr(self.model, "needs_whole_prompt", False):
+            budget = self.config.scheduler.max_num_batched_tokens
+            if budget is not None and len(token_ids) > budget:
+                raise InvalidRequestError(
+                    f"the prompt has {len(token_ids)} tokens; {self.model_config.architecture} computes a prompt in one step, and a step holds max_num_batched_tokens={budget}"
+                )
+            seq.whole_prompt = True
         request.sequences.append(seq)
         self.requests[request_id] = request
         self.pooling.add(request_id, params)

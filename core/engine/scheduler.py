@@ -284,6 +284,8 @@ class Scheduler(SchedulerInterface):
                 if not seq.output_token_ids and not seq.num_preemptions:
                     seq.num_cached_tokens = seq.num_computed_tokens
             n = min(seq.num_uncomputed_tokens, budget)
+            if seq.whole_prompt and n < seq.num_uncomputed_tokens:
+                break  # it waits for a step with room for all of it
             target = seq.num_computed_tokens + n
             # Keep one block per running sequence spare so admitting a prompt does not immediately force
             # a preemption at the next decode step.

@@ -61,6 +61,8 @@ class Sequence:
     #: a pooling request's settings (``PoolingParams``): its prompt's hidden states are pooled and no
     #: token is sampled; None for generation
     pooling: Any = None
+    #: the prompt runs in one step, never in chunks (an encoder's bidirectional attention needs all of it)
+    whole_prompt: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -118,3 +118,15 @@ def test_a_causal_lm_pooled_by_its_last_token_and_mixed_with_generation(tiny_lla
     assert len(finished["gen"].outputs[0].token_ids) == 4
     assert torch.allclose(finished["emb"].outputs.data, vector, atol=1e-5)
     assert_all_blocks_free(llm)
+
+
+def test_the_runner_option_limits_what_an_engine_takes(tiny_llama_dir):
+    pooling = _llm(tiny_llama_dir, task="embed")  # the older spelling of runner="pooling"
+    assert len(pooling.embed(PROMPTS[0], use_tqdm=False)[0].outputs.embedding) == 256  # the tiny Llama's width
+    with pytest.raises(InvalidRequestError, match="runner='pooling'"):
+        pooling.generate(PROMPTS[0], SamplingParams(max_tokens=2), use_tqdm=False)
+    generating = _llm(tiny_llama_dir, runner="generate")
+    with pytest.raises(InvalidRequestError, match="runner='generate'"):
+        generating.embed(PROMPTS[0], use_tqdm=False)
+    with pytest.raises(ValueError, match="task must be"):
+        _llm(tiny_llama_dir, task="translate")

@@ -105,9 +105,28 @@ def test_reference_backend_solves_problems(dtype: torch.dtype) -> None:
     assert compare(p.run(ReferenceAttentionBackend()), p.reference_output(), p.tolerance(), "reference") == ""
 
 
+def test_non_causal_problem_is_whole_prompts_against_bidirectional_sdpa() -> None:
+    lens = [1, 7, 33]
+    p = make_attention_problem(3, lens, lens, 8, 2, 64, 16, 128, seed=7, causal=False)
+    assert not p.metadata.causal and p.prefix_slot_mapping.numel() == 0
+    expected, start = [], 0
+    for n, k, v in zip(lens, p.key_history, p.value_history, strict=True):
+        q = p.query[start : start + n].to(F64).transpose(0, 1)
+        kv = [t.to(F64).repeat_interleave(4, 1).transpose(0, 1) for t in (k, v)]
+        expected.append(torch.nn.functional.scaled_dot_product_attention(q, *kv).transpose(0, 1))
+        start += n
+    torch.testing.assert_close(p.reference_output(), torch.cat(expected), rtol=1e-10, atol=1e-10)
+    assert compare(p.run(ReferenceAttentionBackend()), p.reference_output(), p.tolerance(), "reference") == ""
+    # the same inputs under the causal mask give another answer: the row would catch a backend ignoring it
+    causal = make_attention_problem(3, lens, lens, 8, 2, 64, 16, 128, seed=7)
+    torch.testing.assert_close(causal.query, p.query)
+    assert compare(causal.reference_output(), p.reference_output(), p.tolerance(), "causal")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"query_lens": [3], "context_lens": [5], "causal": False}, "no cached prefix"),
         ({"query_lens": [3], "context_lens": [2]}, "query_len <= context_len"),
         ({"query_lens": [1, 1], "context_lens": [2]}, "entries each"),
         ({"query_lens": [1], "context_lens": [1000]}, "blocks but the pool has"),

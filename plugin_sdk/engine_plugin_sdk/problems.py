@@ -133,6 +133,7 @@ def make_attention_problem(
     release_out_of_window: bool = False,
     scale: float | None = None,
     sinks: bool = False,
+    causal: bool = True,
 ) -> AttentionProblem:
     """Build a random paged-attention problem.
 
@@ -162,12 +163,17 @@ def make_attention_problem(
             backend that recomputes the default instead of reading ``metadata.scale`` must fail.
         sinks: give every head a random attention sink (``metadata.sinks``, float32, spread so that some
             heads give the sink most of their weight and others almost none).
+        causal: False builds an encoder step (``metadata.causal=False``: every token sees its whole
+            sequence, later positions included), whose reference is computed without the causal mask.
+            Only defined where each sequence's query is its whole context, so ``query_lens`` must equal
+            ``context_lens`` (no cached prefix).
 
     Returns:
         The :class:`AttentionProblem`.
 
     Raises:
-        ValueError: for inconsistent lengths, or more blocks needed than the pool has.
+        ValueError: for inconsistent lengths, more blocks needed than the pool has, or a non-causal
+            problem over a cached prefix.
     """
     query_lens, context_lens = list(query_lens), list(context_lens)
     if len(query_lens) != num_seqs or len(context_lens) != num_seqs:
@@ -177,6 +183,12 @@ def make_attention_problem(
             raise ValueError(f"each sequence needs 1 <= query_len <= context_len, got {q} and {c}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if not causal and query_lens != context_lens:
+        # the contract (Capabilities.non_causal_attention) says nothing of non-causal chunks over a prefix
+        raise ValueError(
+            f"a non-causal problem needs query_lens == context_lens (no cached prefix), got {query_lens} "
+            f"and {context_lens}"
+        )
     device = torch.device(device)
     kv_cache_dtype = kv_cache_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
@@ -249,7 +261,7 @@ def make_attention_problem(
         max_seq_len=max(context_lens),
         block_size=block_size,
         scale=head_dim**-0.5 if scale is None else scale,
-        causal=True,
+        causal=causal,
         sliding_window=sliding_window,
         logits_soft_cap=soft_cap,
         sinks=on_device(torch.randn(num_heads, generator=gen) * 3.0) if sinks else None,

@@ -24,7 +24,11 @@ BLOCK_DIM = 1
 
 
 class ReferenceAttentionBackend(AttentionBackend):
-    """Gathers each sequence's blocks by its block table and attends in float32."""
+    """Gathers each sequence's blocks by its block table and attends in float32.
+
+    Honours every field of :class:`AttentionMetadata`: causal or not (``causal=False``, the encoder
+    case), sliding window, soft-cap and sinks, in any combination.
+    """
 
     supported_block_sizes: tuple[int, ...] = (8, 16, 32)
     supported_head_sizes: tuple[int, ...] = (64, 80, 128, 256)

@@ -49,6 +49,7 @@ class ReferencePlatform(Platform):
             sliding_window=True,
             logits_soft_cap=True,
             attention_sinks=True,
+            non_causal_attention=True,
             swap=True,
         )
 

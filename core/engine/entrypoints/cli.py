@@ -91,6 +91,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "prepares the next step while the device runs greedy steps)")
     parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                         help="when KV blocks run out: swap a request to host memory, or recompute it later")
+    parser.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
+                        help="'pooling' serves embeddings, classification and scores only; 'generate' generation "
+                             "only; 'auto' what the checkpoint serves")
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"],
                         help="'auto' keeps a quantized checkpoint's matrices (GGUF, GPTQ, AWQ, "
                              "compressed-tensors, FP8) quantized where the device's GEMM runs them; "
@@ -160,6 +163,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             load_format=getattr(args, "load_format", "auto"),
             quantization=args.quantization,
             generation_config=getattr(args, "generation_config", "auto"),
+            runner=getattr(args, "runner", "auto"),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
             parallel=ParallelConfig(

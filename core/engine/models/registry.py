@@ -24,6 +24,12 @@ from typing import TYPE_CHECKING, Any
 from engine.loader.errors import ModelLoadError
 from engine.models.base import CausalLM
 from engine.models.base_models import LlamaModel, Qwen2Model, Qwen3Model
+from engine.models.bert import (
+    BertForSequenceClassification,
+    BertModel,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaModel,
+)
 from engine.models.cohere import CohereForCausalLM
 from engine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
@@ -87,6 +93,11 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("Qwen2ForSequenceClassification", LlamaForSequenceClassification),
     ("MistralForSequenceClassification", LlamaForSequenceClassification),
     ("Qwen3ForSequenceClassification", Qwen3ForSequenceClassification),
+    # encoders (bidirectional attention): embeddings and cross-encoder rerankers
+    ("BertModel", BertModel),
+    ("BertForSequenceClassification", BertForSequenceClassification),
+    ("XLMRobertaModel", XLMRobertaModel),
+    ("XLMRobertaForSequenceClassification", XLMRobertaForSequenceClassification),
 )
 
 

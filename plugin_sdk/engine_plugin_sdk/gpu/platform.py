@@ -204,6 +204,7 @@ class TorchGpuPlatform(Platform):
                 sliding_window=True,
                 logits_soft_cap=True,
                 attention_sinks=True,
+                non_causal_attention=True,
                 swap=True,
                 quant_schemes=GROUPED_INT_SCHEMES,
                 extra=self.interpreter_extra(),
@@ -219,6 +220,7 @@ class TorchGpuPlatform(Platform):
             sliding_window=True,
             logits_soft_cap=True,
             attention_sinks=True,
+            non_causal_attention=True,
             swap=True,
             # Triton compiles each kernel variant on its first launch
             warm_up=True,

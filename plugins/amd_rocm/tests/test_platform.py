@@ -80,6 +80,7 @@ def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: s
     assert not plat.interpret and plat.torch_device() == torch.device("cuda", 0)
     caps = plat.capabilities()
     assert "bfloat16" in caps.dtypes and caps.graph_capture and caps.swap and caps.distributed
+    assert caps.non_causal_attention
     assert plat.arch() == arch.split(":")[0] and plat.wavefront_size() == wave
     assert plat.fp8_dtype() == fp8
     assert caps.quant_schemes == (("fp8_e4m3",) if fp8 else ()) + ("int4_grouped", "int8_grouped")
@@ -101,6 +102,7 @@ def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -
     caps = plat.capabilities()
     assert "bfloat16" not in caps.dtypes and not caps.graph_capture
     assert caps.quant_schemes == ("int4_grouped", "int8_grouped")
+    assert caps.non_causal_attention  # the interpreted Triton attention honours causal=False too
     assert plat.validate(EngineConfig(dtype="float32")) == []
     assert plat.validate(EngineConfig(dtype="auto")) == []
     reasons = plat.validate(EngineConfig(dtype="float32", cache={"block_size": 24}))

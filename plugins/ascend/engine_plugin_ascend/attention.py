@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from engine_plugin_ascend.attention_plan import (
+    NON_CAUSAL_REFUSED,
     SPARSE_RIGHT_DOWN_CAUSAL,
     AscendStepPlan,
     AttentionLaunch,
@@ -63,6 +64,10 @@ class AscendAttentionBackend(AttentionBackend):
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
         if metadata.sinks is not None:
             raise NotImplementedError("the Ascend plugin's attention has no attention sinks (attention_sinks is not claimed)")
+        if not metadata.causal:
+            # checked here as well as in the plan: a model that copies a causal step's metadata with
+            # causal=False shares its extras, and so the causal plan cached there
+            raise NotImplementedError(NON_CAUSAL_REFUSED)
         key_cache, value_cache = split_caches(kv_cache)
         self._check(query, key, value, key_cache, metadata)
         plan = self._step_plan(metadata, query.shape[0])

@@ -20,6 +20,10 @@ from engine_plugin_sdk import AttentionMetadata
 #: sparse_mode values of npu_fused_infer_attention_score used here
 SPARSE_NONE = 0
 SPARSE_RIGHT_DOWN_CAUSAL = 3
+#: why a non-causal (encoder) step is refused
+NON_CAUSAL_REFUSED = (
+    "the Ascend plugin's attention has no non-causal attention (non_causal_attention is not claimed)"
+)
 
 @dataclass(frozen=True, slots=True)
 class AttentionLaunch:
@@ -58,13 +62,19 @@ class AscendStepPlan:
 
 
 def check_supported_features(metadata: AttentionMetadata) -> None:
-    """Raise ValueError for attention features this plugin does not claim."""
+    """Refuse the attention features this plugin does not claim.
+
+    Raises:
+        ValueError: for a sliding window, a soft-cap, or a step recorded into a graph.
+        NotImplementedError: for a non-causal (encoder) step: the plan has no launch without the causal
+            mask (``non_causal_attention`` is not claimed).
+    """
     if metadata.sliding_window is not None:
         raise ValueError("sliding-window attention is not supported on npu")
     if metadata.logits_soft_cap is not None:
         raise ValueError("logits soft-capping is not supported on npu")
     if not metadata.causal:
-        raise ValueError("non-causal attention is not supported on npu")
+        raise NotImplementedError(NON_CAUSAL_REFUSED)
     if metadata.graph_capture:
         raise ValueError(
             "attention on npu cannot be captured in a decode graph yet: the fused attention takes sequence "
@@ -107,6 +117,7 @@ def build_step_plan(metadata: AttentionMetadata, num_tokens: int) -> AscendStepP
 
     Raises:
         ValueError: for inconsistent metadata or an unclaimed feature.
+        NotImplementedError: for a non-causal step (see :func:`check_supported_features`).
     """
     check_supported_features(metadata)
     _validate(metadata, num_tokens)

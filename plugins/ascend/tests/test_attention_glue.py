@@ -128,13 +128,18 @@ def test_a_pure_decode_step_needs_no_index_work() -> None:
     [
         ({"sliding_window": 8}, "sliding-window"),
         ({"logits_soft_cap": 2.0}, "soft-capping"),
-        ({"causal": False}, "non-causal"),
         ({"graph_capture": True}, "decode graph"),
     ],
 )
 def test_unclaimed_features_are_refused(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_step_plan(metadata_for([1], [5], **change), 1)
+
+
+def test_non_causal_steps_are_refused_naming_the_capability() -> None:
+    # an encoder step (whole prompts, no prefix) is still refused: no launch here drops the causal mask
+    with pytest.raises(NotImplementedError, match="non_causal_attention is not claimed"):
+        build_step_plan(metadata_for([1, 5], [1, 5], causal=False), 6)
 
 
 def test_inconsistent_metadata_is_refused() -> None:

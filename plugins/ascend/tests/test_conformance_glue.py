@@ -51,7 +51,8 @@ def test_conformance_suite_passes_on_the_glue(monkeypatch: pytest.MonkeyPatch, t
     assert MUST_PASS <= passed, sorted(MUST_PASS - passed)
     not_claimed = {r["name"] for r in rows if r["status"] == "not claimed"}
     # graph_capture: not claimed, yet the suite still checks AscendGraphCapture replays equal eager
-    assert {"attention.sliding_window", "attention.logits_soft_cap", "graph_capture"} <= not_claimed
+    unclaimed = {"attention.sliding_window", "attention.logits_soft_cap", "attention.non_causal"}
+    assert unclaimed | {"graph_capture"} <= not_claimed
 
 
 @pytest.mark.slow

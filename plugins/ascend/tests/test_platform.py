@@ -42,6 +42,8 @@ def test_capability_claims(platform: AscendPlatform) -> None:
     assert {64, 128, 256} <= set(caps.head_sizes) and all(h % 16 == 0 for h in caps.head_sizes)
     assert caps.swap and not caps.graph_capture  # see platform.capabilities: host lengths in graphs
     assert not caps.sliding_window and not caps.logits_soft_cap and caps.quant_schemes == ()
+    # the fused attention is launched with the causal mask only (see attention_plan)
+    assert not caps.attention_sinks and not caps.non_causal_attention
     assert caps.extra["preferred_dtype"] == caps.dtypes[0]
     assert AscendPlatform.name == "npu" and "ascend" in AscendPlatform.aliases and AscendPlatform.priority > 0
 

@@ -85,6 +85,7 @@ class CpuPlatform(Platform):
             sliding_window=True,
             logits_soft_cap=True,
             attention_sinks=True,
+            non_causal_attention=True,
             swap=True,
             distributed=True,
             extra={"preferred_dtype": preferred},

@@ -54,6 +54,7 @@ def test_capabilities() -> None:
     assert caps.block_sizes == (8, 16, 32, 64)
     assert {64, 80, 96, 128, 256} <= set(caps.head_sizes)
     assert caps.swap and caps.sliding_window and caps.logits_soft_cap and not caps.graph_capture
+    assert caps.attention_sinks and caps.non_causal_attention
     # K-quants are claimed only where the C kernels can be built
     k_quants = {"gguf_q4_k", "gguf_q6_k"} if CpuPlatform().native_kernels_possible() else set()
     grouped = {"int4_grouped", "int8_grouped"}

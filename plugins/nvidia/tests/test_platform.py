@@ -41,6 +41,8 @@ def test_claims_and_validate(platform: CudaPlatform) -> None:
     fp8_kv = platform.validate(EngineConfig(dtype=caps.dtypes[0], cache={"kv_cache_dtype": "fp8"}))
     assert bool(fp8_kv) == platform.interpret
     assert platform.validate_head_size(72) and not platform.validate_head_size(128)
+    # the shared Triton attention honours causal=False (encoder steps), interpreted or compiled
+    assert caps.non_causal_attention
     if platform.interpret:
         # the grouped-integer GEMM runs in the interpreter too; FP8 does not
         assert "bfloat16" not in caps.dtypes and not caps.graph_capture

@@ -136,6 +136,7 @@ class TpuPlatform(Platform):
             graph_capture=False,
             sliding_window=True,
             logits_soft_cap=True,
+            non_causal_attention=True,
             swap=True,
             extra={
                 "backend": "tpu" if self.on_tpu else CPU_LABEL,

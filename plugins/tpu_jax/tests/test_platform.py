@@ -31,7 +31,10 @@ def test_without_a_tpu_detect_explains_and_names_the_switch(monkeypatch: pytest.
 def test_the_cpu_switch_makes_it_available_with_a_loud_label() -> None:
     result = TpuPlatform.detect()
     assert result.available and result.reason == CPU_LABEL
-    assert TpuPlatform().capabilities().extra["backend"] == CPU_LABEL
+    caps = TpuPlatform().capabilities()
+    assert caps.extra["backend"] == CPU_LABEL
+    # both attention kernels (jax.numpy and Pallas) honour causal=False; sinks they have not
+    assert caps.non_causal_attention and not caps.attention_sinks
     assert cpu_fallback_allowed({ALLOW_CPU_ENV: "1"}) and not cpu_fallback_allowed({ALLOW_CPU_ENV: "0"})
 
 

@@ -1,0 +1,102 @@
+"""Embedding throughput: the engine's ``LLM.embed`` against sentence-transformers on the same model, in one
+run (texts/s for ``--num-texts`` texts of ``--text-tokens`` tokens, sentence-transformers at
+``--batch-size``).
+
+The model is a BGE-small-shaped BERT (12 layers, hidden 384, 12 heads; bge-large: ``--large``) with random
+weights and sentence-transformers' files (CLS pooling, normalized), saved once under a temporary folder;
+its WordPiece tokenizer is built here over a small vocabulary (the weights are random either way).
+
+    python benchmarks/embedding_throughput.py [--dtype float32|bfloat16] [--large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core", "tests"))
+
+
+def build(out: str, large: bool) -> str:
+    """The model folder (BERT + sentence-transformers' files)."""
+    import transformers
+    from test_encoders import save_wordpiece_tokenizer
+
+    save_wordpiece_tokenizer(out)
+    sizes = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096) if large else dict(
+        hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536
+    )  # fmt: skip
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **sizes)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    with open(os.path.join(out, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    for folder in ("1_Pooling", "2_Normalize"):
+        os.makedirs(os.path.join(out, folder), exist_ok=True)
+    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": sizes["hidden_size"], "pooling_mode_cls_token": True}, f)
+    return out
+
+
+def texts(n: int, tokens: int) -> list[str]:
+    """``n`` different texts of ``tokens`` tokens each (with [CLS] and [SEP]) from the tokenizer's words."""
+    words = "the quick brown fox jumps over lazy dog paris is capital of france food was delicious".split()
+    return [" ".join(words[(i + j) % len(words)] for j in range(tokens - 2)) for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-texts", type=int, default=512)
+    parser.add_argument("--text-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--large", action="store_true", help="bge-large's shape instead of bge-small's")
+    parser.add_argument("--out", default="benchmarks/results/embedding_throughput_cpu.json")
+    args = parser.parse_args()
+    from sentence_transformers import SentenceTransformer
+
+    from engine import LLM
+
+    path = build(tempfile.mkdtemp(prefix="embed-bench-"), args.large)
+    batch = texts(args.num_texts, args.text_tokens)
+    dtype = getattr(torch, args.dtype)
+    st = SentenceTransformer(path, device="cpu", model_kwargs={"dtype": dtype})
+    st.encode(batch[: args.batch_size], batch_size=args.batch_size)  # warm-up
+    started = time.perf_counter()
+    reference = st.encode(batch, batch_size=args.batch_size, convert_to_tensor=True).float()
+    st_s = time.perf_counter() - started
+    llm = LLM(model=path, device="cpu", dtype=args.dtype, max_num_batched_tokens=args.batch_size * args.text_tokens, max_num_seqs=256)
+    llm.embed(batch[: args.batch_size], use_tqdm=False)  # warm-up
+    started = time.perf_counter()
+    outs = llm.embed(batch, use_tqdm=False)
+    engine_s = time.perf_counter() - started
+    got = torch.stack([o.outputs.data for o in outs])
+    cosine = torch.nn.functional.cosine_similarity(got.double(), reference.double()).min().item()
+    report = {
+        "model": "bge-large-shaped BERT" if args.large else "bge-small-shaped BERT", "dtype": args.dtype,
+        "texts": args.num_texts, "text_tokens": args.text_tokens, "st_batch_size": args.batch_size,
+        "sentence_transformers_texts_per_s": round(args.num_texts / st_s, 1),
+        "engine_texts_per_s": round(args.num_texts / engine_s, 1), "ratio": round(st_s / engine_s, 2),
+        "min_cosine_vs_sentence_transformers": round(cosine, 6), "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }  # fmt: skip
+    print(json.dumps(report, indent=2))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
