@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.speculative.config import SpeculativeConfig, parse_speculative_config
+
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: KV cache dtypes by name (each platform claims its own subset); ``float8_e4m3fn`` stores keys and values
 #: unscaled (scale 1), halving the cache's bytes against bf16 (vLLM's ``--kv-cache-dtype fp8`` without
@@ -15,6 +17,8 @@ _KV_CACHE_DTYPE_ALIASES = {
     "auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
     "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
 }
+
+
 
 
 class CacheConfig(BaseModel):
@@ -155,6 +159,8 @@ class EngineConfig(BaseModel):
         runner: ``generate`` takes generation requests only, ``pooling`` pooling requests only
             (embeddings, classification, scores); ``auto`` takes what the model serves (an embedding or
             classification checkpoint pools only, a causal LM does both).
+        speculative_config: speculative decoding, with the leading engine's keys (``{"method": "ngram",
+            "num_speculative_tokens": 4, "prompt_lookup_max": 4}``); None: off.
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -170,9 +176,15 @@ class EngineConfig(BaseModel):
     quantization: Literal["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"] = "auto"
     generation_config: Literal["auto", "none"] = "auto"
     runner: Literal["auto", "generate", "pooling"] = "auto"
+    speculative_config: SpeculativeConfig | None = None
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _check_speculative(cls, v: object) -> object:
+        return parse_speculative_config(v)  # type: ignore[arg-type]
 
     @field_validator("dtype")
     @classmethod

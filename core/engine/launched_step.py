@@ -11,6 +11,7 @@ from engine.pooling.pooler import PooledChunk
 from engine.prompt_logprobs import PromptLogprobs
 from engine.sampling.sampler import SampleResult, SamplingRow, greedy_result
 from engine.sequence import Sequence
+from engine.speculative.verify import Verified
 
 
 @dataclass(slots=True)
@@ -54,6 +55,8 @@ class LaunchedStep:
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     #: pooling requests' chunks this step computed (their hidden states reduced), on the host
     pooled: list[PooledChunk] = field(default_factory=list)
+    #: decodes whose proposals this step verified: the tokens each keeps (speculative decoding)
+    verified: list[tuple[Sequence, Verified]] = field(default_factory=list)
 
     @property
     def overlapped(self) -> bool:

@@ -32,6 +32,7 @@ from engine.pooling.requests import PoolingRequests
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
+from engine.speculative.speculator import Speculator
 from engine.structured_output.backend import StructuredOutputBackend
 from engine.structured_output.manager import StructuredOutputManager
 
@@ -78,6 +79,10 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        #: speculative decoding (None: off)
+        self.speculator = (
+            Speculator(self.config.speculative_config, self.max_model_len) if self.config.speculative_config is not None else None
+        )
         #: pooling (embedding) requests' accumulated chunks, with the model's declared pooling
         if hasattr(self.model, "sep_token_id"):
             # a cross-encoder's second text is token type 1: the model finds it after the first [SEP]
@@ -377,7 +382,8 @@ class LLMEngine:
         launched = None
         token_bitmask = self.structured.fill_bitmask if self.structured.num_matchers else None
         if not plan.is_empty:
-            overlap = self.config.scheduler.async_scheduling and not self.beams.groups
+            # verification reads each step's tokens before proposing the next: no step left in flight
+            overlap = self.config.scheduler.async_scheduling and not self.beams.groups and self.speculator is None
             launched = self.runner.launch(
                 plan, self.generator, previous, overlap=overlap, generator_of=self.output_processor.generator_of,
                 token_bitmask=token_bitmask, defer_bitmask=previous is not None,
@@ -423,6 +429,8 @@ class LLMEngine:
         step), advance their grammars together, then process each sequence's output."""
         result = launched.resolve()
         if result is None:
+            if self.speculator is not None and launched.verified:
+                self._take_verified(launched, touched)  # every row of the step was a verified decode
             return
         taken: list[tuple[int, Sequence]] = []
         for i, seq in enumerate(launched.targets):
@@ -449,6 +457,31 @@ class LLMEngine:
             request = self.requests.get(seq.request_id)
             if request is not None:
                 touched[seq.request_id] = request
+        if self.speculator is not None:
+            self._take_verified(launched, touched)
+            self.speculator.propose(s for _, s in taken if not s.is_finished)
+
+    def _take_verified(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:
+        """Append what each verified decode keeps (accepted proposals, then the target's own token), one
+        token at a time through output processing, and count the accepted proposals as computed."""
+        assert self.speculator is not None
+        for seq, verified in launched.verified:
+            if seq.is_finished:
+                continue
+            result = verified.result
+            for i, token in enumerate(result.token_ids):
+                seq.output_token_ids.append(token)
+                if self.output_processor.process_token(seq, result, i):
+                    seq.status = SequenceStatus.FINISHED
+                    self.scheduler.remove(seq)
+                    break
+            else:
+                seq.num_computed_tokens += verified.accepted
+            request = self.requests.get(seq.request_id)
+            if request is not None:
+                touched[seq.request_id] = request
+        self.speculator.record(v for _, v in launched.verified)
+        self.speculator.propose(seq for seq, _ in launched.verified if not seq.is_finished)
 
     def _fork_siblings(self, parent: Sequence) -> None:
         for child in parent.pending_forks:
@@ -460,7 +493,7 @@ class LLMEngine:
     def stats(self) -> dict[str, int | float]:
         """Counters for the server's metrics."""
         sched, bm = self.scheduler, self.block_manager
-        return {
+        stats: dict[str, int | float] = {
             "num_running": len(sched.running),
             "num_waiting": sched.num_waiting,
             "num_swapped": len(sched.swapped),
@@ -473,3 +506,6 @@ class LLMEngine:
             "num_preemptions": sched.num_preemptions,
             "num_swaps_out": sched.num_swaps_out,
         }
+        if self.speculator is not None:
+            stats.update(self.speculator.stats())  # type: ignore[arg-type]
+        return stats

@@ -25,6 +25,7 @@ from engine.prompt_logprobs import PromptLogprobs, PromptRows, prompt_rows, scor
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence
+from engine.speculative.verify import SpecRows, Verified, verify
 
 
 @dataclass(slots=True)
@@ -44,6 +45,8 @@ class StepInputs:
     prompt_rows: list[PromptRows] = field(default_factory=list)
     #: rows of pooling requests, whose hidden states are pooled rather than turned into logits
     pool_rows: list[PoolRows] = field(default_factory=list)
+    #: decodes with proposals: their logits follow the sampled rows' in ``logits_indices``
+    spec_rows: list[SpecRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -114,6 +117,7 @@ class ModelRunner:
         targets: list[Sequence] = []
         scored: list[PromptRows] = []
         pooled: list[PoolRows] = []
+        speculated: list[SpecRows] = []
         # rows whose input is the previous (overlapped) step's sample, still only on the device
         fill_rows: list[int] = []
         fill_from: list[int] = []
@@ -142,7 +146,11 @@ class ModelRunner:
                 seq_lens.append(start + 1)
             else:
                 end = start + n
-                input_ids.extend(seq.token_slice(start, end))
+                if item.num_spec:
+                    # the last token, then the proposals this step verifies
+                    input_ids.extend(seq.token_slice(start, end - item.num_spec) + seq.spec_tokens[: item.num_spec])
+                else:
+                    input_ids.extend(seq.token_slice(start, end))
                 positions.extend(range(start, end))
                 for out, table in zip(slots, seq_tables):
                     # slots block by block rather than token by token: a long prefill is a few list extends
@@ -162,6 +170,10 @@ class ModelRunner:
                 pooled.append(PoolRows(seq, offset, start, n))
                 offset += n
                 continue  # nothing is sampled for it
+            if item.num_spec:
+                speculated.append(SpecRows(seq, offset, seq.spec_tokens[: item.num_spec]))
+                offset += n
+                continue  # its rows are verified, not sampled
             offset += n
             if item.samples:
                 logits_indices.append(offset - 1)
@@ -169,6 +181,9 @@ class ModelRunner:
                 for sibling in seq.pending_forks:
                     logits_indices.append(offset - 1)
                     targets.append(sibling)
+        # the logits rows: sampled, then verified (each proposal's and the one after), then prompt-scoring
+        for spec in speculated:
+            logits_indices.extend(range(spec.first_row, spec.first_row + len(spec.drafts) + 1))
         for rows in scored:
             logits_indices.extend(range(rows.first_row, rows.first_row + rows.count))
         qsl = [0]
@@ -217,6 +232,7 @@ class ModelRunner:
             sample_targets=targets,
             prompt_rows=scored,
             pool_rows=pooled,
+            spec_rows=speculated,
         )
 
     @torch.inference_mode()
@@ -252,8 +268,8 @@ class ModelRunner:
         """
         apply_block_moves(self.block_cache, step.swap_out, step.copies, step.swap_in)
         inputs = self.prepare(step, previous)
-        # rows whose logits are needed: the sampled ones, then those scoring prompt tokens
-        has_rows = bool(inputs.sample_targets or inputs.prompt_rows)
+        # rows whose logits are needed: the sampled ones, the verified ones, those scoring prompt tokens
+        has_rows = bool(inputs.sample_targets or inputs.prompt_rows or inputs.spec_rows)
         if self.mirror is not None:
             self.mirror(step_message(
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
@@ -280,12 +296,17 @@ class ModelRunner:
             pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
         scored: list[PromptLogprobs] = []
+        verified: list[tuple[Sequence, Verified]] = []
+        sampled = len(inputs.sample_targets)
+        if inputs.spec_rows:
+            verified = self._verify(logits[sampled:], inputs.spec_rows, generator, generator_of or _no_generator)
         if inputs.prompt_rows:
-            sampled = len(inputs.sample_targets)
-            scored = score_prompt_rows(logits[sampled:], inputs.prompt_rows)
+            spec_count = sum(len(spec.drafts) + 1 for spec in inputs.spec_rows)
+            scored = score_prompt_rows(logits[sampled + spec_count :], inputs.prompt_rows)
+        if has_rows:
             logits = logits[:sampled]
         if not inputs.sample_targets:
-            return LaunchedStep([], prompt_logprobs=scored, pooled=pooled)
+            return LaunchedStep([], prompt_logprobs=scored, pooled=pooled, verified=verified)
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
@@ -298,8 +319,26 @@ class ModelRunner:
             launched = self._greedy_in_flight(targets, logits, token_bitmask)
         else:
             launched = LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
-        launched.prompt_logprobs, launched.pooled = scored, pooled
+        launched.prompt_logprobs, launched.pooled, launched.verified = scored, pooled, verified
         return launched
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        specs: list[SpecRows],
+        generator: torch.Generator | None,
+        generator_of: Callable[[Sequence], torch.Generator | None],
+    ) -> list[tuple[Sequence, Verified]]:
+        """Check each sequence's proposals against its rows of ``logits`` (on the host)."""
+        host = logits.float().cpu()
+        out, at = [], 0
+        for spec in specs:
+            count = len(spec.drafts) + 1
+            seq = spec.seq
+            row = SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, generator_of(seq))
+            out.append((seq, verify(self.sampler, host[at : at + count], row, spec.drafts, generator)))
+            at += count
+        return out
 
     def _sample(
         self,

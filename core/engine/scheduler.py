@@ -30,6 +30,8 @@ class ScheduledSequence:
     num_new_tokens: int
     #: whether this chunk reaches the end of the sequence, so a token is sampled after it
     samples: bool
+    #: of ``num_new_tokens``, the last ones that are proposals (``seq.spec_tokens``) to verify
+    num_spec: int = 0
 
     @classmethod
     def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
@@ -247,8 +249,19 @@ class Scheduler(SchedulerInterface):
                 continue  # preempted earlier in this step
             n = min(seq.num_uncomputed_tokens, budget)
             start = seq.num_computed_tokens
+            # a decode with proposals verifies them in the same step, room allowing
+            spec = min(len(seq.spec_tokens), budget - 1) if seq.spec_tokens and n == 1 == seq.num_uncomputed_tokens else 0
+            if spec and not bm.can_allocate(seq.seq_id, start + 1 + spec, num_computed=start):
+                spec = 0  # memory is tight: decode without them rather than preempt for them
             if windowed:
                 bm.release_out_of_window(seq.seq_id, start)
+            if spec:
+                out.copies.extend(bm.copies_for_write(seq.seq_id, start))
+                bm.allocate(seq.seq_id, start + 1 + spec)
+                out.scheduled.append(ScheduledSequence(seq, 1 + spec, True, spec))
+                scheduled.add(seq.seq_id)
+                budget -= 1 + spec
+                continue
             if n == 1 and bm.has_private_slot(seq.seq_id, start):
                 # a decode into a block it owns: nothing to allocate or copy (most rows of a big batch)
                 out.scheduled.append(ScheduledSequence(seq, 1, start + 1 == seq.num_tokens))
@@ -308,6 +321,7 @@ class Scheduler(SchedulerInterface):
         self.running.remove(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        seq.spec_tokens = []
         out.preempted.append(seq)
         host = self.host_allocator
         bm = self.block_manager
@@ -358,5 +372,6 @@ class Scheduler(SchedulerInterface):
             seq = item.seq
             if seq.status is SequenceStatus.FINISHED:
                 continue  # finished by the tokens of the step before (overlapped): its blocks are gone
-            seq.num_computed_tokens += item.num_new_tokens
+            # proposals count as computed only once accepted (the engine adds those)
+            seq.num_computed_tokens += item.num_new_tokens - item.num_spec
             bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens, seq.cache_salt)

@@ -63,6 +63,8 @@ class Sequence:
     pooling: Any = None
     #: the prompt runs in one step, never in chunks (an encoder's bidirectional attention needs all of it)
     whole_prompt: bool = False
+    #: speculative decoding: tokens proposed after the last one, checked by the next step
+    spec_tokens: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -96,7 +96,7 @@ def test_repetition_penalty_formula() -> None:
     sampler = Sampler([3], 4)
     result = sampler(logits, [row(greedy(repetition_penalty=penalty), prompt=[0], output=[1])])
     assert result.token_ids == [2]  # 1.5 now beats 2.0/2
-    processed = sampler._process(logits, [row(greedy(repetition_penalty=penalty), prompt=[0], output=[1])])
+    processed = sampler.process(logits, [row(greedy(repetition_penalty=penalty), prompt=[0], output=[1])])
     torch.testing.assert_close(processed, expected)
 
 
@@ -105,7 +105,7 @@ def test_presence_and_frequency_penalty_formula() -> None:
     logits = torch.randn(1, 6)
     output = [1, 1, 1, 4]
     params = greedy(presence_penalty=0.5, frequency_penalty=0.25)
-    processed = Sampler([0], 6)._process(logits, [row(params, prompt=[2, 2], output=output)])
+    processed = Sampler([0], 6).process(logits, [row(params, prompt=[2, 2], output=output)])
     expected = logits.clone()
     expected[0, 1] -= 0.5 + 3 * 0.25
     expected[0, 4] -= 0.5 + 1 * 0.25
@@ -121,9 +121,9 @@ def test_penalties_batch_rows_independent() -> None:
         row(greedy(frequency_penalty=1.0), output=[5, 5]),
     ]
     sampler = Sampler([0], 8)
-    processed = sampler._process(logits, rows)
+    processed = sampler.process(logits, rows)
     for i, r in enumerate(rows):
-        torch.testing.assert_close(processed[i : i + 1], sampler._process(logits[i : i + 1], [r]))
+        torch.testing.assert_close(processed[i : i + 1], sampler.process(logits[i : i + 1], [r]))
     torch.testing.assert_close(processed[1], logits[1])
 
 

@@ -36,6 +36,19 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+
+def _json_object(text: str) -> dict:
+    """A JSON object given on the command line (argparse turns the ValueError into a one-line error)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
 def parse_memory(text: str) -> tuple[int | None, float | None]:
     """``--kv-cache-memory``: a size like ``2GiB`` / ``512MB`` / ``1000000``, or a fraction like ``0.3``.
 
@@ -91,6 +104,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "prepares the next step while the device runs greedy steps)")
     parser.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                         help="when KV blocks run out: swap a request to host memory, or recompute it later")
+    parser.add_argument("--speculative-config", type=_json_object, default=None,
+                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     parser.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
                         help="'pooling' serves embeddings, classification and scores only; 'generate' generation "
                              "only; 'auto' what the checkpoint serves")
@@ -164,6 +179,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             quantization=args.quantization,
             generation_config=getattr(args, "generation_config", "auto"),
             runner=getattr(args, "runner", "auto"),
+            speculative_config=getattr(args, "speculative_config", None),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
             parallel=ParallelConfig(

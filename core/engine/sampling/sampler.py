@@ -76,7 +76,7 @@ def greedy_result(ids_and_logprobs: torch.Tensor, top_logprobs: list | None = No
     return SampleResult([int(t) for t in ids], values, [1] * len(ids), top_logprobs or [None] * len(ids))
 
 
-def _needs_processing(row: SamplingRow) -> bool:
+def needs_processing(row: SamplingRow) -> bool:
     """Whether the row changes the logits before the pick (anything beyond a plain argmax or draw)."""
     p = row.params
     return bool(
@@ -151,7 +151,7 @@ class Sampler:
                 return self._greedy_fast_path(logits, rows)
             token_ids = logits.argmax(dim=-1)
         else:
-            processed = self._process(logits, rows) if any(_needs_processing(r) for r in rows) else logits
+            processed = self.process(logits, rows) if any(needs_processing(r) for r in rows) else logits
             token_ids = self._pick(processed, rows, generator)
         raw_logprobs = torch.log_softmax(raw, dim=-1)
         sampled_logprobs = raw_logprobs.gather(1, token_ids.unsqueeze(1))
@@ -173,7 +173,7 @@ class Sampler:
         Then the logits can stay where the model computed them and only the chosen ids and logprobs
         travel to the host, instead of ``[rows, vocab]`` float32 every step.
         """
-        return all(r.params.greedy for r in rows) and not any(_needs_processing(r) for r in rows)
+        return all(r.params.greedy for r in rows) and not any(needs_processing(r) for r in rows)
 
     def greedy_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token ids and their raw logprobs, left on the logits' device (nothing waits for it).
@@ -193,7 +193,7 @@ class Sampler:
         both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
         return greedy_result(both, self._top_logprobs(raw_logprobs, rows))
 
-    def _process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Logit bias, min_tokens and penalties, applied to the rows that ask for them."""
         processed = logits.clone()
         device = logits.device
