@@ -81,7 +81,7 @@ class BatchSummary:
 
 
 def served_batch_urls(app: FastAPI) -> frozenset[str]:
-    """The :data:`BATCH_URLS` the app has a POST route for (``/v1/embeddings`` only on embedding servers)."""
+    """The :data:`BATCH_URLS` the app has a POST route for."""
     posted = {getattr(route, "path", None) for route in app.routes if "POST" in (getattr(route, "methods", None) or ())}
     return frozenset(url for url in BATCH_URLS if url in posted)
 

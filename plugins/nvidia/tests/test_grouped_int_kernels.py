@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.grouped_int import dequantize_stored, grouped_int_weight, unpack_int4
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
+from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     INTERPRETER_GROUPED_INT_TILES,
