@@ -4,6 +4,8 @@ KV block free afterwards, acceptance statistics, and one-line errors for a bad s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from dense_model_utils import PROMPTS
@@ -108,3 +110,19 @@ def test_a_bad_speculative_config_is_a_one_line_error(tiny_llama_dir):
     ):
         with pytest.raises(ValueError, match=message):
             LLM(model=tiny_llama_dir, device="cpu", speculative_config=config)
+
+
+def test_speculation_counters_reach_the_metrics(tiny_llama_dir):
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.async_engine import AsyncLLMEngine
+    from engine.entrypoints.openai.server import build_app
+
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, speculative_config=NGRAM)
+    with TestClient(build_app(AsyncLLMEngine(llm.llm_engine))) as client:
+        assert client.post("/v1/completions", json={"prompt": REPETITIVE[0], "max_tokens": 8}).status_code == 200
+        names = {f.name for f in text_string_to_metric_families(client.get("/metrics").text)}
+        stats = client.get("/v1/engine/stats").json()
+    assert {"engine:spec_decode_num_draft_tokens", "engine:spec_decode_num_accepted_tokens"} <= names
+    assert "spec_acceptance_rate" in json.dumps(stats)

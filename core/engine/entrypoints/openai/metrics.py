@@ -105,6 +105,9 @@ class _EngineStatsCollector(Collector):
             ),
             ("prefix_cache_hits", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
             ("num_preemptions", "num_preemptions", "Sequences preempted since the engine started."),
+            # speculative decoding, when it is on
+            ("spec_decode_num_draft_tokens", "spec_num_proposed_tokens", "Speculative tokens proposed for verification."),
+            ("spec_decode_num_accepted_tokens", "spec_num_accepted_tokens", "Speculative tokens the target model accepted."),
         )
         for name, key, doc in counters:
             if key in sched:
