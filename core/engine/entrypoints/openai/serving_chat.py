@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 
 from engine.async_engine import EngineDeadError, RequestStream
 from engine.chat_input import encode_conversation
@@ -178,6 +179,27 @@ class ChatHandler:
         call = _ChatCall(ctx, req, request_id, prompt_ids, num_top, plan, self.parsers, engine_id)
         record_usage(request, len(prompt_ids), 0)
         return call, stream
+
+
+def translated_chat_request(
+    fields: dict[str, Any], optional: tuple[tuple[str, Any], ...], param: str
+) -> ChatCompletionRequest:
+    """The chat request another API's request translates into (Anthropic's Messages, OpenAI's
+    Responses): ``fields`` plus each optional field that was given.
+
+    Args:
+        fields: the chat request's fields.
+        optional: (chat field, value) pairs, set only where the value is not None.
+        param: the other API's field to blame when the translation is not a valid chat request.
+
+    Raises:
+        OpenAIError: 400 naming ``param``.
+    """
+    fields = {**fields, **{name: value for name, value in optional if value is not None}}
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise bad_request(f"{param}: {exc.errors()[0]['msg']}", param=param) from None
 
 
 class _ChatCall:

@@ -11,7 +11,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
@@ -24,7 +23,7 @@ from engine.entrypoints.openai.protocol_anthropic import (
     TextBlock,
 )
 from engine.entrypoints.openai.request_body import parse_body
-from engine.entrypoints.openai.serving_chat import ChatHandler, chat_prompt_ids
+from engine.entrypoints.openai.serving_chat import ChatHandler, chat_prompt_ids, translated_chat_request
 from engine.entrypoints.openai.serving_tools import plan_tools
 
 #: HTTP status -> Anthropic's error type
@@ -130,13 +129,8 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     }
     if req.stream:
         fields["stream_options"] = {"include_usage": True}  # message_delta reports the output tokens
-    for name, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k), ("stop", req.stop_sequences)):
-        if value is not None:
-            fields[name] = value
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise bad_request(f"messages: {exc.errors()[0]['msg']}", param="messages") from None
+    optional = (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k), ("stop", req.stop_sequences))
+    return translated_chat_request(fields, optional, "messages")
 
 
 def _stop_reason(choice: dict[str, Any], stop_sequences: list[str] | None) -> tuple[str, str | None]:
@@ -251,14 +245,11 @@ class MessagesHandler:
             req = await parse_body(request, CountTokensRequest, ctx.max_body_bytes)
             ctx.check_model(req.model)
             _check_thinking(req.thinking)
-            chat = ChatCompletionRequest.model_validate({
-                "model": req.model, "messages": _chat_messages(req.system, req.messages), **_tools(req.tools, req.tool_choice),
-            })  # fmt: skip
+            fields = {"model": req.model, "messages": _chat_messages(req.system, req.messages), **_tools(req.tools, req.tool_choice)}
+            chat = translated_chat_request(fields, (), "messages")
             plan = plan_tools(chat, self.chat.parsers)
             ids = await chat_prompt_ids(ctx, chat.messages, True, tools=plan.tools)
             return JSONResponse({"input_tokens": len(ids)})
         except OpenAIError as err:
             return anthropic_error(err)
-        except ValidationError as exc:
-            return anthropic_error(bad_request(f"messages: {exc.errors()[0]['msg']}", param="messages"))
 

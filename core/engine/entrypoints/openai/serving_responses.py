@@ -12,13 +12,12 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
 from engine.entrypoints.openai.errors import bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.protocol_responses import ResponsesRequest, TextFormat
 from engine.entrypoints.openai.request_body import parse_body
-from engine.entrypoints.openai.serving_chat import ChatHandler
+from engine.entrypoints.openai.serving_chat import ChatHandler, translated_chat_request
 
 
 def _chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -79,13 +78,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     response_format = _response_format(req.text.format if req.text else None)
     if response_format is not None:
         fields["response_format"] = response_format
-    for name, value in (("max_completion_tokens", req.max_output_tokens), ("temperature", req.temperature), ("top_p", req.top_p), ("user", req.user)):
-        if value is not None:
-            fields[name] = value
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise bad_request(f"input: {exc.errors()[0]['msg']}", param="input") from None
+    optional = (("max_completion_tokens", req.max_output_tokens), ("temperature", req.temperature), ("top_p", req.top_p), ("user", req.user))
+    return translated_chat_request(fields, optional, "input")
 
 
 class _Response:
