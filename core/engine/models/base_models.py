@@ -15,8 +15,9 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 PREFIX = "model."
 
 
-class _BaseModel(DenseDecoder):
-    """The causal LM's transformer under its base-model names; no logits (nothing to sample with)."""
+class HeadlessDecoder(DenseDecoder):
+    """A causal LM's transformer without its LM head (embedding and classification checkpoints): it
+    serves pooling requests only."""
 
     #: generation needs an LM head, which these checkpoints do not have
     generates: ClassVar[bool] = False
@@ -30,8 +31,17 @@ class _BaseModel(DenseDecoder):
 
     @classmethod
     def weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """The causal LM's tensors without the ``model.`` prefix and without ``lm_head``."""
-        return {name.removeprefix(PREFIX): shape for name, shape in super().weight_shapes(config).items() if name != "lm_head.weight"}
+        """The causal LM's tensors without ``lm_head``."""
+        return {name: shape for name, shape in super().weight_shapes(config).items() if name != "lm_head.weight"}
+
+
+class _BaseModel(HeadlessDecoder):
+    """The causal LM's transformer under its base-model names (no ``model.`` prefix)."""
+
+    @classmethod
+    def weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """The headless tensors without the ``model.`` prefix."""
+        return {name.removeprefix(PREFIX): shape for name, shape in super().weight_shapes(config).items()}
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load under the causal LM's names."""

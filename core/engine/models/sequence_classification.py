@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.models.base_models import HeadlessDecoder
 from engine.models.config import ModelConfig
-from engine.models.layers.decoder import DenseDecoder
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 
@@ -23,25 +23,15 @@ def num_labels(hf_config: dict[str, Any]) -> int:
     return len(labels) if labels else int(hf_config.get("num_labels", 2))
 
 
-class _SequenceClassifier(DenseDecoder):
+class _SequenceClassifier(HeadlessDecoder):
     """A decoder with a linear ``score`` head instead of the LM head."""
 
-    generates: ClassVar[bool] = False
     default_pooling_type: ClassVar[str] = "LAST"
 
     @classmethod
-    def config_from_hf(cls, hf_config: dict[str, Any]) -> ModelConfig:
-        """The causal LM's config; the (absent) LM head is tied to the embeddings."""
-        config = super().config_from_hf(hf_config)
-        config.tie_word_embeddings = True
-        return config
-
-    @classmethod
     def weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """The causal LM's tensors without ``lm_head``, and ``score.weight`` ``[labels, hidden]``."""
-        shapes = {n: s for n, s in super().weight_shapes(config).items() if n != "lm_head.weight"}
-        shapes[SCORE] = (num_labels(config.hf_config), config.hidden_size)
-        return shapes
+        """The headless tensors, and ``score.weight`` ``[labels, hidden]``."""
+        return {**super().weight_shapes(config), SCORE: (num_labels(config.hf_config), config.hidden_size)}
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load the transformer, and keep the head in the model dtype."""
