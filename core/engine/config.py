@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.lora.config import LoRAConfig
 from engine.speculative.config import SpeculativeConfig, parse_speculative_config
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -161,6 +162,7 @@ class EngineConfig(BaseModel):
             classification checkpoint pools only, a causal LM does both).
         speculative_config: speculative decoding, with the leading engine's keys (``{"method": "ngram",
             "num_speculative_tokens": 4, "prompt_lookup_max": 4}``); None: off.
+        lora: multi-LoRA serving (``enable_lora``): device slots and the largest rank; None: off.
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -177,6 +179,7 @@ class EngineConfig(BaseModel):
     generation_config: Literal["auto", "none"] = "auto"
     runner: Literal["auto", "generate", "pooling"] = "auto"
     speculative_config: SpeculativeConfig | None = None
+    lora: LoRAConfig | None = None
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.graph_capture import GraphCapture
+from engine.interfaces.lora import LoraStep
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class DecodeGraphs:
         sliding_window: the model's attention window, if any.
         kv_layout: the model's KV groups, if it keeps a block table per group: each group then has its
             own static slot mapping and block table.
+        lora_slots: the engine's adapter slots (``max_loras``; 0: LoRA off): each row's slot is then a
+            static input too (padding rows -1), and the graphs run the adapters' products.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class DecodeGraphs:
         device: torch.device,
         sliding_window: int | None = None,
         kv_layout: KVGroupLayout | None = None,
+        lora_slots: int = 0,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -70,6 +74,7 @@ class DecodeGraphs:
         self.sliding_window = sliding_window
         self.kv_layout = kv_layout
         self.num_groups = len(kv_layout.groups) if kv_layout is not None else 1
+        self.lora_slots = lora_slots
         self._query_start = torch.arange(self.buckets[-1] + 1, dtype=torch.int32, device=device)
 
     @torch.inference_mode()
@@ -77,15 +82,22 @@ class DecodeGraphs:
         """Record every bucket; returns the seconds it took."""
         start = time.perf_counter()
         self.graphs.capture(self._step, self.buckets, self._make_inputs)
+        if self.lora_slots:
+            self.model.use_lora_step(None)  # the last bucket's plan must not reach an eager step
         seconds = time.perf_counter() - start
         logger.info("decode graphs: %d buckets up to batch %d captured in %.1f s", len(self.buckets), self.buckets[-1], seconds)
         return seconds
 
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata | GroupedAttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | GroupedAttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor | None:
         """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
-        step is not a pure decode or does not fit a bucket (the caller then runs it eagerly)."""
+        step is not a pure decode or does not fit a bucket (the caller then runs it eagerly). ``lora``
+        gives each row's adapter slot (None: no row has one)."""
         groups = metadata.by_group if isinstance(metadata, GroupedAttentionMetadata) else [metadata]
         first = groups[0]
         n = first.num_seqs
@@ -99,6 +111,9 @@ class DecodeGraphs:
         for meta in groups:
             inputs.append(F.pad(meta.slot_mapping, (0, pad), value=-1))
             inputs.append(F.pad(meta.block_tables, (0, self.max_blocks - meta.block_tables.shape[1], 0, pad)))
+        if self.lora_slots:
+            slots = lora.token_slots if lora is not None else torch.full((n,), -1, dtype=torch.int32, device=self.device)
+            inputs.append(F.pad(slots, (0, pad), value=-1))
         return self.graphs.run(bucket, *inputs)[:n]
 
     def _make_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
@@ -111,6 +126,8 @@ class DecodeGraphs:
         for _ in range(self.num_groups):  # each group's slot mapping and block table
             inputs.append(torch.full((batch,), -1, dtype=torch.int64, device=dev))
             inputs.append(torch.zeros((batch, self.max_blocks), dtype=torch.int32, device=dev))
+        if self.lora_slots:
+            inputs.append(torch.full((batch,), -1, dtype=torch.int32, device=dev))
         return tuple(inputs)
 
     def _step(
@@ -123,6 +140,10 @@ class DecodeGraphs:
         *other_groups: torch.Tensor,
     ) -> torch.Tensor:
         batch = input_ids.shape[0]
+        if self.lora_slots:
+            *other_groups, token_slots = other_groups
+            # planned from the device tensor alone: the graph replays it with each step's slots
+            self.model.use_lora_step(LoraStep(token_slots, None, self.lora_slots))
         # host-side fields describe the bucket, not the data: the graph must not depend on context lengths
         metadata = AttentionMetadata(
             query_start_loc=self._query_start[: batch + 1],

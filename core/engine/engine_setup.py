@@ -30,6 +30,8 @@ from engine.loader import dummy_weights, iter_weights, load_model_config, load_t
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
 from engine.loader.paths import default_served_name
 from engine.loader.prequantized.config import PRE_QUANTIZED_METHODS
+from engine.lora.manager import LoraManager
+from engine.lora.setup import attach_lora, lora_config_problems
 from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
@@ -76,6 +78,7 @@ class EngineParts:
         runner: runs steps of the model (with decode graphs when captured).
         num_blocks: KV blocks in the pool.
         workers: the other tensor-parallel ranks' processes (None: one process).
+        lora: the adapters and their device slots (None: LoRA off).
     """
 
     config: EngineConfig
@@ -96,6 +99,7 @@ class EngineParts:
     runner: ModelRunner
     num_blocks: int
     workers: RankWorkers | None = None
+    lora: LoraManager | None = None
 
 
 def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
@@ -291,6 +295,7 @@ def _finish_parts(
     ops: OpTable,
     workers: RankWorkers | None,
 ) -> EngineParts:
+    lora = attach_lora(config, model)
     layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]
     block_cache, num_blocks = make_kv_pool(config, platform, model_config, attention, layout, model)
@@ -314,6 +319,7 @@ def _finish_parts(
     if workers is not None:
         runner.mirror = workers.mirror
     runner.micro_batches = config.parallel.micro_batches
+    runner.lora = lora
     if layout is not None:
         runner.use_kv_groups(layout)
         logger.info(
@@ -342,6 +348,7 @@ def _finish_parts(
         runner=runner,
         num_blocks=num_blocks,
         workers=workers,
+        lora=lora,
     )
 
 
@@ -356,6 +363,7 @@ def _check_config(
         for feature, description in model_class.required_features(model_config).items():
             if not getattr(caps, feature, False):
                 reasons.append(f"{model_config.architecture} needs {description}, which {platform.name} does not support")
+    reasons += lora_config_problems(config, platform, model_class)
     method = config.quantization
     if method in PRE_QUANTIZED_METHODS:
         found = model_config.hf_config.get("quantization_config") or {}
@@ -487,6 +495,7 @@ def _capture_and_warm_up(
         runner.decode_graphs = DecodeGraphs(
             model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
             max_model_len, block_size, runner.device, model_config.sliding_window, runner.kv_layout,
+            lora_slots=runner.lora.config.max_loras if runner.lora is not None else 0,
         )  # fmt: skip
         # DecodeGraphs.capture logs what it captured and how long it took
         logger.info("capturing decode graphs (batches of up to %d sequences)...", config.scheduler.max_num_seqs)

@@ -12,6 +12,7 @@ from engine.beam_search import BeamSearchParams
 from engine.chat_input import encode_conversation
 from engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from engine.engine_factory import create_engine
+from engine.lora import LoRAConfig, LoRARequest
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling.params import PoolingParams
 from engine.sampling.params import SamplingParams
@@ -19,6 +20,7 @@ from engine.sampling.params import SamplingParams
 _CACHE_KEYS = set(CacheConfig.model_fields)
 _SCHED_KEYS = set(SchedulerConfig.model_fields)
 _PARALLEL_KEYS = set(ParallelConfig.model_fields)
+_LORA_KEYS = set(LoRAConfig.model_fields)
 
 
 #: ``LLM(task=...)`` values that mean ``runner="pooling"``
@@ -39,7 +41,9 @@ class LLM:
             that pass no ``sampling_params`` (see :meth:`get_default_sampling_params`); ``"none"``: the
             engine's own ``SamplingParams()``.
         **kwargs: any :class:`EngineConfig` field, or a cache / scheduler field such as ``block_size``,
-            ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``.
+            ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``;
+            ``enable_lora=True`` with ``max_loras``, ``max_lora_rank``, ``max_cpu_loras`` serves LoRA
+            adapters (``generate(..., lora_request=LoRARequest(...))``).
 
     Raises:
         ValueError: for unknown keyword arguments or invalid settings (pydantic's message).
@@ -64,6 +68,11 @@ class LLM:
         cache = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
         sched = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCHED_KEYS}
         parallel = {k: kwargs.pop(k) for k in list(kwargs) if k in _PARALLEL_KEYS}
+        lora = {k: kwargs.pop(k) for k in list(kwargs) if k in _LORA_KEYS}
+        if kwargs.pop("enable_lora", False):
+            kwargs["lora"] = LoRAConfig(**lora)
+        elif lora:
+            raise ValueError(f"{', '.join(sorted(lora))} need enable_lora=True")
         config = EngineConfig(
             model=model,
             device=device,
@@ -109,6 +118,7 @@ class LLM:
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Complete each prompt; outputs come back in prompt order.
 
@@ -121,9 +131,11 @@ class LLM:
             priority: per prompt, lower runs first (default all 0: first come, first served).
             cache_salt: the prompts share cached prefix blocks only with requests of the same salt
                 (default None: with every unsalted request).
+            lora_request: the LoRA adapter every prompt runs under, or one per prompt (None entries: the
+                base model); needs ``enable_lora=True``. An adapter is loaded on first use.
 
         Raises:
-            InvalidRequestError: for a bad prompt or settings; raised before any prompt runs.
+            InvalidRequestError: for a bad prompt, settings or adapter; raised before any prompt runs.
         """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -139,7 +151,8 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-        return self._run(prompts, params_list, use_tqdm, priorities, cache_salt)
+        loras = _per_prompt(lora_request, len(prompts))
+        return self._run(prompts, params_list, use_tqdm, priorities, cache_salt, loras)
 
     def embed(
         self,
@@ -217,6 +230,7 @@ class LLM:
         allow_special_tokens: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation or a batch of them, using the model's chat template.
 
@@ -235,6 +249,7 @@ class LLM:
                 format (``engine.chat_tools``); the outputs are text, to be parsed with a tool parser
                 (``engine.tool_parsers``) if wanted.
             chat_template_kwargs: extra template variables, such as ``{"enable_thinking": False}``.
+            lora_request: see :meth:`generate`.
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (or a list of such lists)")
@@ -246,7 +261,7 @@ class LLM:
             )  # fmt: skip
             for c in conversations
         ]
-        return self.generate(token_prompts, sampling_params, use_tqdm, cache_salt=cache_salt)
+        return self.generate(token_prompts, sampling_params, use_tqdm, cache_salt=cache_salt, lora_request=lora_request)
 
     def beam_search(
         self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None,
@@ -266,8 +281,11 @@ class LLM:
         use_tqdm: bool,
         priorities: list[int] | None = None,
         cache_salt: str | None = None,
+        loras: list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
+        for lora in set(loras or []) - {None}:  # a broken adapter fails the call before any prompt runs
+            engine.add_lora(lora)
         for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
             if isinstance(params, PoolingParams):
                 engine.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
@@ -277,9 +295,13 @@ class LLM:
             )
         ids = []
         try:
-            for prompt, params, prio in zip(prompts, params_list, priorities or [0] * len(prompts)):
+            for prompt, params, prio, lora in zip(
+                prompts, params_list, priorities or [0] * len(prompts), loras or [None] * len(prompts)
+            ):
                 rid = f"offline-{next(self._counter)}"
-                engine.add_request(rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt)
+                engine.add_request(
+                    rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt, lora_request=lora
+                )
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)
@@ -293,6 +315,20 @@ class LLM:
             engine.abort_request(ids)  # leave no request (and no KV block) behind on an error or Ctrl-C
             raise
         return [results[rid] for rid in ids]
+
+
+def _per_prompt(lora: LoRARequest | Seq[LoRARequest | None] | None, count: int) -> list[LoRARequest | None] | None:
+    """``lora_request`` as one entry per prompt (None: no prompt has an adapter).
+
+    Raises:
+        ValueError: a list whose length is not the number of prompts.
+    """
+    if lora is None or isinstance(lora, LoRARequest):
+        return None if lora is None else [lora] * count
+    loras = list(lora)
+    if len(loras) != count:
+        raise ValueError(f"got {len(loras)} LoRA requests for {count} prompts")
+    return loras
 
 
 def _unwrap_prompt(prompt: Any) -> Any:

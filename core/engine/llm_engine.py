@@ -21,6 +21,8 @@ from engine.input_processor import InputProcessor
 from engine.interfaces.platform import Platform
 from engine.launched_step import LaunchedStep
 from engine.loader.generation_defaults import format_generation_defaults, read_generation_defaults
+from engine.lora.engine_adapters import EngineLoras
+from engine.lora.request import LoRARequest
 from engine.output_processor import OutputProcessor
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.parallel.mp_workers import WorkerFailed
@@ -70,6 +72,10 @@ class LLMEngine:
         self.runner = parts.runner
         #: the other tensor-parallel ranks' processes (None: this process runs the whole model)
         self.workers = parts.workers
+        #: LoRA adapters (their manager is None when ``enable_lora`` is off)
+        self.loras = EngineLoras(parts.lora)
+        if parts.lora is not None:
+            self.scheduler.max_loras = parts.lora.config.max_loras
         #: the checkpoint's sampling defaults for fields a request leaves unset (``generation_config``)
         self.generation_defaults: dict[str, float | int] = (
             read_generation_defaults(self.model_path) if self.config.generation_config == "auto" else {}
@@ -184,6 +190,7 @@ class LLMEngine:
         priority: int = 0,
         final_only: bool = False,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; it runs from the next :meth:`step`.
 
@@ -195,14 +202,20 @@ class LLMEngine:
                 callers read); saves building an output and decoding text per token.
             cache_salt: the request's prefix cache is shared only with requests of the same salt
                 (None: with every unsalted request).
+            lora_request: the LoRA adapter it runs under (registered and loaded on first use), None for
+                the base model.
 
         Raises:
-            InvalidRequestError: see :meth:`validate_request`, a duplicate request id, or ``n`` (the beam
-                width) larger than ``max_waiting_requests``, which could never be queued.
+            InvalidRequestError: see :meth:`validate_request`, a duplicate request id, ``n`` (the beam
+                width) larger than ``max_waiting_requests``, which could never be queued, or an adapter
+                that cannot be used (LoRA off, unreadable, not fitting the model).
             QueueFullError: the waiting queue is at ``max_waiting_requests``; every kind of request counts.
         """
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if lora_request is not None and isinstance(params, (PoolingParams, BeamSearchParams)):
+            kind = "pooling" if isinstance(params, PoolingParams) else "beam search"
+            raise InvalidRequestError(f"LoRA adapters are not supported for {kind} requests yet", param="lora_request")
         if isinstance(params, PoolingParams):
             if self.config.runner == "generate":
                 raise InvalidRequestError("this engine runs generation only (runner='generate'); pooling requests need runner 'pooling' or 'auto'")
@@ -235,6 +248,7 @@ class LLMEngine:
                 cache_salt=cache_salt,
             )
             request.sequences.append(seq)
+        self.loras.tag(request.sequences, lora_request)
         self.output_processor.add_request(request)
         # Only the first sequence prefills; its siblings take its prompt blocks by reference once that is
         # done (copy-on-write on the shared last block), and sample their first token from its logits.
@@ -248,6 +262,19 @@ class LLMEngine:
             self._awaiting_grammar[request_id] = (request, grammar)
             return
         self.scheduler.add(first)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register and load an adapter (False: it already is). Raises ``InvalidRequestError`` for one that
+        cannot be used (the engine is unchanged)."""
+        return self.loras.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter (False: unknown). Raises ``InvalidRequestError`` while requests run under it."""
+        return self.loras.remove(lora_id, (seq for r in self.requests.values() for seq in r.sequences))
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The registered adapters."""
+        return self.loras.list()
 
     def _add_pooling(
         self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None

@@ -14,10 +14,13 @@ from engine.decode_graphs import DecodeGraphs
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache, apply_block_moves
+from engine.interfaces.lora import LoraStep
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
+from engine.lora.manager import LoraManager
+from engine.lora.step_rows import lora_rows
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
 from engine.pooling.pooler import PooledChunk, PoolRows, pool_chunks
@@ -47,6 +50,8 @@ class StepInputs:
     pool_rows: list[PoolRows] = field(default_factory=list)
     #: decodes with proposals: their logits follow the sampled rows' in ``logits_indices``
     spec_rows: list[SpecRows] = field(default_factory=list)
+    #: each row's adapter slot, None when no row runs under an adapter
+    lora: LoraStep | None = None
 
 
 class ModelRunner:
@@ -87,6 +92,8 @@ class ModelRunner:
         self.mirror: Callable[[StepMessage], None] | None = None
         #: pipeline parallelism: the micro-batches each step is cut into (1: the whole step at once)
         self.micro_batches = 1
+        #: set by the engine under ``enable_lora``: the adapters' device slots
+        self.lora: LoraManager | None = None
 
     @property
     def layer_caches(self) -> list[Any]:
@@ -224,6 +231,7 @@ class ModelRunner:
         )
         if self.kv_layout is not None:
             metadata = grouped_metadata(metadata, self.kv_layout, table_tensors, slots_t)
+        lora = lora_rows(self.lora, step, self.device) if self.lora is not None else None
         return StepInputs(
             input_ids=ids_t,
             positions=pos_t,
@@ -233,6 +241,7 @@ class ModelRunner:
             prompt_rows=scored,
             pool_rows=pooled,
             spec_rows=speculated,
+            lora=lora,
         )
 
     @torch.inference_mode()
@@ -290,8 +299,10 @@ class ModelRunner:
         else:
             hidden = None
             if self.decode_graphs is not None:
-                hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+                hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
             if hidden is None:
+                if self.lora is not None:
+                    self.model.use_lora_step(inputs.lora)
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
             pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
@@ -446,6 +457,8 @@ class ModelRunner:
             )  # fmt: skip
             assert logits is not None
             return logits.cpu()
+        if self.lora is not None:
+            self.model.use_lora_step(inputs.lora)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
         return self.model.compute_logits(hidden).cpu()
 

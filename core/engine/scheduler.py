@@ -186,6 +186,8 @@ class Scheduler(SchedulerInterface):
         self.num_preemptions = 0
         self.num_swaps_out = 0
         self.num_steps = 0
+        #: the most distinct LoRA adapters among running sequences (``max_loras``; None: LoRA off)
+        self.max_loras: int | None = None
 
     def add(self, seq: Sequence) -> None:
         """See :meth:`SchedulerInterface.add`."""
@@ -288,11 +290,14 @@ class Scheduler(SchedulerInterface):
             return out  # swapped sequences come back before anyone new is admitted
         self.waiting.sort(key=self._waiting_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            index = self._first_admissible(self.waiting)
+            if index is None:
+                break  # every waiting sequence needs an adapter beyond max_loras
+            seq = self.waiting[index]
             # a request scoring or pooling its prompt computes all of it: cached blocks would skip its rows
             if seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None and seq.pooling is None:
                 seq.num_computed_tokens = bm.match_prefix(
-                    seq.seq_id, seq.token_slice(0, seq.num_tokens), seq.cache_salt
+                    seq.seq_id, seq.token_slice(0, seq.num_tokens), seq.prefix_key
                 )
                 if not seq.output_token_ids and not seq.num_preemptions:
                     seq.num_cached_tokens = seq.num_computed_tokens
@@ -307,13 +312,24 @@ class Scheduler(SchedulerInterface):
                     bm.free(seq.seq_id)
                     seq.num_computed_tokens = 0
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(index)
             bm.allocate(seq.seq_id, target)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
         return out
+
+    def _first_admissible(self, queue: list[Sequence]) -> int | None:
+        """The first sequence of ``queue`` whose adapter may join the running ones (``max_loras``)."""
+        if self.max_loras is None:
+            return 0
+        running = {s.lora_id for s in self.running if s.lora_id}
+        room = len(running) < self.max_loras
+        for index, seq in enumerate(queue):
+            if not seq.lora_id or seq.lora_id in running or room:
+                return index
+        return None
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Move ``seq``'s blocks to host memory if there is room, else free them and requeue it to be
@@ -346,7 +362,10 @@ class Scheduler(SchedulerInterface):
         bm = self.block_manager
         self.swapped.sort(key=lambda s: (s.priority, s.arrival))
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.swapped[0]
+            index = self._first_admissible(self.swapped)
+            if index is None:
+                break
+            seq = self.swapped[index]
             host_table = self.host_tables[seq.seq_id]
             n = min(seq.num_uncomputed_tokens, budget)
             # Its blocks come back first, then the blocks its next tokens need.
@@ -354,7 +373,7 @@ class Scheduler(SchedulerInterface):
             live = [block is not None for block in host_table]
             if sum(live) + max(0, extra) > bm.num_free_blocks:
                 break
-            self.swapped.pop(0)
+            self.swapped.pop(index)
             device_blocks = bm.allocate_entries(seq.seq_id, live)
             out.swap_in.extend(zip([h for h in host_table if h is not None], device_blocks))
             self._free_host(seq.seq_id)
@@ -374,4 +393,4 @@ class Scheduler(SchedulerInterface):
                 continue  # finished by the tokens of the step before (overlapped): its blocks are gone
             # proposals count as computed only once accepted (the engine adds those)
             seq.num_computed_tokens += item.num_new_tokens - item.num_spec
-            bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens, seq.cache_salt)
+            bm.register_computed(seq.seq_id, seq.token_slice, seq.num_computed_tokens, seq.prefix_key)

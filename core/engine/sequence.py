@@ -65,6 +65,15 @@ class Sequence:
     whole_prompt: bool = False
     #: speculative decoding: tokens proposed after the last one, checked by the next step
     spec_tokens: list[int] = field(default_factory=list)
+    #: the LoRA adapter it runs under (``LoRARequest.lora_int_id``), 0 for the base model
+    lora_id: int = 0
+    #: what the adapter adds to the prefix-cache key (prompts under different adapters share no blocks)
+    lora_key: tuple[str, int] | None = None
+
+    @property
+    def prefix_key(self) -> object:
+        """The extra key of its prefix-cache blocks: the cache salt, and the adapter if any."""
+        return self.cache_salt if self.lora_key is None else (self.cache_salt, *self.lora_key)
 
     @property
     def num_tokens(self) -> int:

@@ -89,3 +89,12 @@ def tiny_llama_dir(tmp_path_factory, hf_tokenizer_dir) -> str:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, hf_tokenizer_dir) -> str:
     return _save_tiny("qwen2", str(tmp_path_factory.mktemp("tiny-qwen2")), hf_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_loras(tmp_path_factory, tiny_llama_dir) -> dict[str, str]:
+    """PEFT adapters of mixed ranks and targets on the tiny Llama (``lora_adapters.ADAPTERS``): name -> folder."""
+    from lora_adapters import ADAPTERS, save_adapter
+
+    root = tmp_path_factory.mktemp("tiny-llama-loras")
+    return {name: save_adapter(tiny_llama_dir, str(root / name), seed=100 + i, **kw) for i, (name, kw) in enumerate(ADAPTERS.items())}

@@ -174,3 +174,34 @@ class GemmBackend(ABC):
 
         return reference_fused_moe(self, x, experts, topk_weights, topk_ids, activation)
 
+    def plan_lora(self, step: Any) -> Any:
+        """Prepare a step's adapter rows once for every :meth:`add_lora` of that step.
+
+        The default groups the rows by slot on the host
+        (:func:`engine.interfaces.lora.group_lora_rows`); a backend that records steps into graphs
+        overrides it with a plan built from ``step.token_slots`` alone (``token_slots_cpu`` is None
+        while recording).
+
+        Args:
+            step: a :class:`engine.interfaces.lora.LoraStep`.
+
+        Returns:
+            An opaque plan handed to :meth:`add_lora` (the default's may be None: no row has an adapter).
+        """
+        from engine.interfaces.lora import group_lora_rows
+
+        return group_lora_rows(step)
+
+    def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
+        """Add each row's adapter update to a projection's output, in place:
+        ``y[t] += scales[s] * (x[t] @ a[s].T) @ b[s].T`` for ``s = token_slots[t] >= 0``.
+
+        Args:
+            y: ``[rows, out_features]``, the projection's output (any float dtype, float32 logits too).
+            x: ``[rows, in_features]``, the projection's input, in the model dtype.
+            weights: the projection's :class:`engine.interfaces.lora.LoraWeights`.
+            plan: from :meth:`plan_lora` for this step's rows.
+        """
+        from engine.interfaces.lora import grouped_add_lora
+
+        grouped_add_lora(y, x, weights, plan)

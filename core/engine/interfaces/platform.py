@@ -51,6 +51,9 @@ class Capabilities:
             should run a few dummy steps at start-up to compile them before the first request.
         distributed: whether :meth:`Platform.make_communicator` builds communicators (tensor, pipeline
             and expert parallelism need them).
+        lora: whether the GEMM backend's :meth:`GemmBackend.plan_lora` / :meth:`GemmBackend.add_lora`
+            run batched LoRA adapters (``enable_lora``), inside recorded graphs too where the platform
+            records them.
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -66,6 +69,7 @@ class Capabilities:
     swap: bool = False
     warm_up: bool = False
     distributed: bool = False
+    lora: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -62,6 +62,17 @@ class DecoderLayer:
     mla: MlaAttention | None = None
     #: float32 ``[heads]`` attention sinks of this rank's heads (gpt-oss), None without
     sinks: torch.Tensor | None = None
+    #: the adapter slots of this layer's projections (``engine.lora.slots.LayerLora``), None without LoRA
+    lora: Any = None
+
+    def _project(self, model: DenseDecoder, x: Any, weight: Any, bias: torch.Tensor | None, projection: str) -> torch.Tensor:
+        # the base product, plus each row's adapter update where the step has adapter rows
+        y = model.gemm.linear(x, weight, bias)
+        if model.lora_plan is not None and self.lora is not None:
+            slots = getattr(self.lora, projection)
+            if slots is not None:
+                model.gemm.add_lora(y, x, slots, model.lora_plan)
+        return y
 
     def _norm_in(
         self,
@@ -106,7 +117,7 @@ class DecoderLayer:
             assert self.rope is not None
             return self.mla.forward(model, x, model.rotaries[self.rope], tables[self.rope], kv_cache, meta)
         cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
-        qkv = model.gemm.linear(x, self.qkv, self.qkv_bias)
+        qkv = self._project(model, x, self.qkv, self.qkv_bias, "qkv")
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([model.q_size, model.kv_size, model.kv_size], dim=-1)
         if model.spec.qk_norm == "full":
@@ -129,7 +140,7 @@ class DecoderLayer:
             # the copy shares the step's extras, so a backend's per-step plan is still built once
             meta = dataclasses.replace(meta, sinks=self.sinks)
         attn = model.attention.forward(q, k, v, kv_cache, meta)
-        out = model.gemm.linear(attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias)
+        out = self._project(model, attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias, "o")
         return out if model.tp is None else model.tp.reduce(out)
 
     def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
@@ -137,13 +148,13 @@ class DecoderLayer:
         or the layer's mixture of experts."""
         if self.moe is not None:
             return self.moe.forward(model, x)
-        gate_up = model.gemm.linear(x, self.gate_up)
+        gate_up = self._project(model, x, self.gate_up, None, "gate_up")
         if model.spec.activation == "gelu_tanh":
-            out = model.gemm.linear(model.ops.gelu_tanh_and_mul(gate_up), self.down)
+            out = self._project(model, model.ops.gelu_tanh_and_mul(gate_up), self.down, None, "down")
         elif self.down_fp8 is not None:
-            out = model.gemm.linear(model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down)
+            out = self._project(model, model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down, None, "down")
         else:
-            out = model.gemm.linear(model.ops.silu_and_mul(gate_up), self.down)
+            out = self._project(model, model.ops.silu_and_mul(gate_up), self.down, None, "down")
         return out if model.tp is None else model.tp.reduce(out)
 
     def forward(

@@ -17,6 +17,7 @@ import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
+from engine.interfaces.lora import LoraStep
 from engine.interfaces.ops import OpTable
 from engine.kv_groups import GroupedAttentionMetadata
 from engine.loader.lazy_tensor import materialize
@@ -87,6 +88,9 @@ class DenseDecoder(CausalLM):
         self.final_norm: torch.Tensor | None = None
         self.final_norm_bias: torch.Tensor | None = None
         self.lm_head: Any = None
+        #: the GEMM backend's plan of this step's adapter rows (``GemmBackend.plan_lora``), None without
+        #: adapters; set per step by :meth:`use_lora_step`
+        self.lora_plan: Any = None
 
     # --- what the loader asks of the class ----------------------------------------------------------
 
@@ -233,6 +237,10 @@ class DenseDecoder(CausalLM):
         self.lm_head = loader.matrix(head, projection=False)
 
     # --- forward -------------------------------------------------------------------------------------
+
+    def use_lora_step(self, step: LoraStep | None) -> None:
+        """The adapter slot of each row of the next forward (None: no row has one)."""
+        self.lora_plan = None if step is None else self.gemm.plan_lora(step)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The spec's norm kind over the last dim (``bias`` only for LayerNorms)."""
