@@ -159,7 +159,7 @@ QUICK_OP_LEVEL = (
     "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
     "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
     "attention.non_causal", "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "moe",
-    "graph_capture", "contract", "distributed",
+    "lora", "graph_capture", "contract", "distributed",
 )  # fmt: skip
 
 

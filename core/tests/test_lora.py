@@ -178,3 +178,30 @@ def test_lora_request_needs_enable_lora(tiny_llama_dir, tiny_llama_loras):
         llm.shutdown()
     with pytest.raises(ValueError, match="need enable_lora=True"):
         LLM(tiny_llama_dir, device="cpu", max_loras=2)
+
+
+def test_decode_graph_steps_carry_each_rows_slot(tiny_llama_dir, tiny_llama_loras, references):
+    # decode steps replayed through the graph path (recorded eagerly here): each row's slot is a static
+    # input padded with -1, planned from the device tensor alone
+    from engine.decode_graphs import DecodeGraphs
+    from engine.interfaces.graph_capture import EagerGraphCapture
+
+    llm = LLM(tiny_llama_dir, device="cpu", dtype="float32", enable_lora=True, max_loras=3, max_num_seqs=6)
+    try:
+        runner = llm.llm_engine.runner
+        runner.decode_graphs = DecodeGraphs(
+            runner.model, runner.layer_caches, EagerGraphCapture(), 6, 256, 16, runner.device, lora_slots=3
+        )
+        runner.decode_graphs.capture()
+        replays = []
+        run = runner.decode_graphs.run
+        runner.decode_graphs.run = lambda *a: replays.append(a[-1]) or run(*a)
+        requests = _requests(tiny_llama_loras)[:3]
+        loras = [None, *requests, requests[0]]
+        outs = llm.generate(PROMPTS[:1] * 2 + PROMPTS[1:4], GREEDY, lora_request=loras, use_tqdm=False)
+        for out, lora in zip(outs, loras):
+            expected = hf_greedy(references[None if lora is None else lora.lora_name], list(out.prompt_token_ids), 8)
+            assert list(out.outputs[0].token_ids) == expected, lora
+        assert any(step is not None for step in replays)  # decodes went through the graph path with slots
+    finally:
+        llm.shutdown()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_conformance.broken_plugins import EXPECTED_FAILURES
-from engine_conformance.runner import FAIL, PASS, run_conformance, run_suite, summarize
+from engine_conformance.runner import FAIL, NOT_CLAIMED, PASS, run_conformance, run_suite, summarize
 
 
 def _run_broken(module: str, report: Path) -> int:
@@ -65,3 +65,18 @@ def test_broken_plugin_leaves_unrelated_capabilities_passing(
     )
     statuses = {row["name"]: row["status"] for row in json.loads(report.read_text())["capabilities"]}
     assert statuses and set(statuses.values()) == {PASS}
+
+
+def test_lora_slot_zero_scale_fails_every_row_with_adapters_and_only_those(tmp_path: Path) -> None:
+    # a step without adapters cannot show the scale bug: that row passes, every row that reads slots fails
+    # (but the recorded-graph one: the reference platform records no graphs)
+    module = "lora_scale_of_slot_zero"
+    device, _ = EXPECTED_FAILURES[module]
+    report = tmp_path / "report.json"
+    args = ["--plugin-module", f"engine_conformance.broken_plugins.{module}", "--capability", "lora.add"]
+    assert run_conformance(device, None, str(report), args) == 1
+    statuses = {row["name"]: row["status"] for row in json.loads(report.read_text())["capabilities"]}
+    for dtype in ("float32", "bfloat16"):
+        assert statuses.pop(f"lora.add.no_adapter.{dtype}") == PASS
+        assert statuses.pop(f"lora.add.graph_replay.{dtype}") == NOT_CLAIMED
+    assert len(statuses) == 8 and set(statuses.values()) == {FAIL}, statuses

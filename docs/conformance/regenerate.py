@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OP_LEVEL = ["attention", "kv_write", "block_cache", "ops", "gemm", "moe", "graph_capture", "contract"]
+OP_LEVEL = ["attention", "kv_write", "block_cache", "ops", "gemm", "moe", "lora", "graph_capture", "contract"]
 
 #: device -> (report file, environment, extra pytest arguments)
 REPORTS: dict[str, tuple[str, dict[str, str], list[str]]] = {

@@ -60,6 +60,14 @@ if TYPE_CHECKING:
         pack_int4,
         unpack_int4,
     )
+    from engine.interfaces.lora import (
+        GroupedLoraRows,
+        LoraStep,
+        LoraWeights,
+        group_lora_rows,
+        grouped_add_lora,
+        reference_add_lora,
+    )
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
     from engine.interfaces.ops import CORE_OP_NAMES, OP_NAMES, OpTable, silu_and_mul
     from engine.interfaces.ops import reference_ops as reference_op_table
@@ -94,6 +102,13 @@ _LAZY = {
     "grouped_int_weight": "engine.interfaces.grouped_int",
     "pack_int4": "engine.interfaces.grouped_int",
     "unpack_int4": "engine.interfaces.grouped_int",
+    # batched LoRA: the adapters' layout, a step's slots, the default plan and product, the float64 meaning
+    "GroupedLoraRows": "engine.interfaces.lora",
+    "LoraStep": "engine.interfaces.lora",
+    "LoraWeights": "engine.interfaces.lora",
+    "group_lora_rows": "engine.interfaces.lora",
+    "grouped_add_lora": "engine.interfaces.lora",
+    "reference_add_lora": "engine.interfaces.lora",
     "CORE_OP_NAMES": "engine.interfaces.ops",
     # the core's torch op, for a plugin kernel's fallback
     "silu_and_mul": "engine.interfaces.ops",
@@ -138,7 +153,10 @@ __all__ = [
     "FlatStep",
     "GemmBackend",
     "GraphCapture",
+    "GroupedLoraRows",
     "KVCacheSpec",
+    "LoraStep",
+    "LoraWeights",
     "OpTable",
     "Platform",
     "PlatformModelRunner",
@@ -153,12 +171,15 @@ __all__ = [
     "dequantize_stored",
     "dtype_name",
     "get_tolerance",
+    "group_lora_rows",
+    "grouped_add_lora",
     "grouped_int_codes",
     "grouped_int_weight",
     "hookimpl",
     "make_attention_problem",
     "make_quantized_weight",
     "pack_int4",
+    "reference_add_lora",
     "reference_op_table",
     "scaffold_plugin",
     "silu_and_mul",

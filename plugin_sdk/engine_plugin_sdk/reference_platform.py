@@ -51,6 +51,7 @@ class ReferencePlatform(Platform):
             attention_sinks=True,
             non_causal_attention=True,
             swap=True,
+            lora=True,
         )
 
     def total_memory_bytes(self) -> int:

@@ -47,4 +47,5 @@ EXPECTED_FAILURES = {
     "all_gather_rank_order": ("broken-all-gather", "distributed.all_gather"),
     "moe_counts_a_repeated_expert_once": ("broken-moe-repeats", "moe.fused.float32"),
     "non_causal_masked_causally": ("broken-non-causal", "attention.non_causal"),
+    "lora_scale_of_slot_zero": ("broken-lora-scale", "lora.add.mixed_ranks.float32"),
 }

@@ -62,19 +62,23 @@ class LoraStep:
 
 @dataclass(slots=True)
 class GroupedLoraRows:
-    """The default plan of a step: its rows grouped by slot and padded to the largest group.
+    """The default plan of a step: its rows grouped by slot, each group padded to one width.
 
     Attributes:
-        slots: int64 ``[groups]``, the slots present in the step.
+        slots: int64 ``[groups]``, the slots of the groups; None when the groups are every slot in order
+            (then the weights are used as they are, without gathering the slots present).
         rows: int64 ``[groups * width]``, each group's row indices, padded with row 0.
-        valid: ``[groups * width, 1]``, 1 for a real row and 0 for padding (in float32).
+        valid: ``[groups * width, 1]`` float32, 1 for a real row and 0 for padding.
         width: rows per group after padding.
+        gather: int64 ``[rows]``: where each row's update is in the groups' flat output (a row without an
+            adapter points at a padding row, whose update is zero).
     """
 
-    slots: torch.Tensor
+    slots: torch.Tensor | None
     rows: torch.Tensor
     valid: torch.Tensor
     width: int
+    gather: torch.Tensor
 
 
 def group_lora_rows(step: LoraStep) -> GroupedLoraRows | None:
@@ -92,35 +96,46 @@ def group_lora_rows(step: LoraStep) -> GroupedLoraRows | None:
             groups.setdefault(slot, []).append(row)
     if not groups:
         return None
-    width = max(len(rows) for rows in groups.values())
+    # more than half the slots present: pad the absent ones rather than gather the present ones' weights
+    every = 2 * len(groups) > step.num_slots
+    order = list(range(step.num_slots)) if every else sorted(groups)
+    # one padding row at least where some row has no adapter: that row's update is read from it
+    width = max(len(rows) for rows in groups.values()) + (len(values) > sum(len(r) for r in groups.values()))
     flat: list[int] = []
     valid: list[float] = []
-    for rows in groups.values():
+    gather = [width - 1] * len(values)
+    for index, slot in enumerate(order):
+        rows = groups.get(slot, [])
+        for position, row in enumerate(rows):
+            gather[row] = index * width + position
         flat += rows + [0] * (width - len(rows))
         valid += [1.0] * len(rows) + [0.0] * (width - len(rows))
     device = step.token_slots.device
     return GroupedLoraRows(
-        slots=torch.tensor(list(groups), dtype=torch.int64, device=device),
+        slots=None if every else torch.tensor(order, dtype=torch.int64, device=device),
         rows=torch.tensor(flat, dtype=torch.int64, device=device),
         valid=torch.tensor(valid, dtype=torch.float32, device=device).unsqueeze(1),
         width=width,
+        gather=torch.tensor(gather, dtype=torch.int64, device=device),
     )
 
 
 def grouped_add_lora(y: torch.Tensor, x: torch.Tensor, weights: LoraWeights, plan: GroupedLoraRows | None) -> None:
     """The default :meth:`GemmBackend.add_lora` on a :func:`group_lora_rows` plan: one batched product per
-    stage for all of the step's adapters (the shrink in float32 for accuracy, the expand in ``y``'s dtype
-    unless that is lower than ``x``'s)."""
+    stage for all of the step's adapters, in the adapters' dtype, then each row's update gathered back."""
     if plan is None:
         return
-    groups = plan.slots.shape[0]
-    xs = x.index_select(0, plan.rows).view(groups, plan.width, -1)
-    a = weights.a.index_select(0, plan.slots)
-    shrunk = torch.bmm(xs.float(), a.transpose(1, 2).float())
-    shrunk = shrunk * weights.scales.index_select(0, plan.slots).view(groups, 1, 1)
-    b = weights.b.index_select(0, plan.slots)
-    out = torch.bmm(shrunk.to(b.dtype), b.transpose(1, 2)).view(groups * plan.width, -1)
-    y.index_add_(0, plan.rows, (out * plan.valid.to(out.dtype)).to(y.dtype))
+    a, b, scales = weights.a, weights.b, weights.scales
+    if plan.slots is not None:
+        a, b, scales = a.index_select(0, plan.slots), b.index_select(0, plan.slots), scales.index_select(0, plan.slots)
+    groups = a.shape[0]
+    xs = x.index_select(0, plan.rows).view(groups, plan.width, -1).to(a.dtype)
+    shrunk = torch.bmm(xs, a.transpose(1, 2))
+    # padding rows become zero here, so the rows without an adapter gather a zero update
+    weight = scales.view(groups, 1, 1) * plan.valid.view(groups, plan.width, 1)
+    shrunk = (shrunk.float() * weight).to(b.dtype)
+    out = torch.bmm(shrunk, b.transpose(1, 2)).view(groups * plan.width, -1)
+    y.add_(out.index_select(0, plan.gather).to(y.dtype))
 
 
 def reference_add_lora(y: torch.Tensor, x: torch.Tensor, weights: LoraWeights, token_slots: torch.Tensor) -> torch.Tensor:

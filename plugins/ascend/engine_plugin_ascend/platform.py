@@ -95,6 +95,9 @@ class AscendPlatform(Platform):
             logits_soft_cap=False,
             swap=True,
             distributed=True,
+            # the GemmBackend default: index_select, bmm and index_add_, which torch_npu runs; graphs are
+            # not claimed, so the default's host-side plan is never recorded
+            lora=True,
             extra={"preferred_dtype": PREFERRED_DTYPE, "kernels": kernels},
         )
 

@@ -27,7 +27,7 @@ import torch
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
-from engine_plugin_sdk import GemmBackend, QuantizedWeight, torch_dtype
+from engine_plugin_sdk import GemmBackend, QuantizedWeight, grouped_add_lora, torch_dtype
 
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
@@ -49,6 +49,9 @@ SINGLE_THREAD_MAX_ROWS = 4
 #: ... unless the weight is large: the tied 49152x576 int8 lm_head takes 3.3 ms on one thread and 1.6 ms
 #: on two; the layer matrices (up to 3072x576) are as fast or faster on one
 SINGLE_THREAD_MAX_ELEMENTS = 8 * 2**20
+#: multiply-adds of a step's LoRA products below which they run on one thread (a decode step's are tens
+#: of microseconds; a barrier of torch's pool on a busy 2-core machine can cost milliseconds)
+LORA_SINGLE_THREAD_MAX_WORK = 64 * 2**20
 #: most rows the C kernels run before the bf16 dense copy takes over: measured time ratios (C / oneDNN,
 #: both on 2 threads, SmolLM2 shapes) at 24 / 32 / 48 rows: 4-bit 0.68-1.03 / 0.84-1.06 / 0.83-1.03,
 #: 8-bit lm_head 0.83 / 1.04 / 1.02
@@ -201,6 +204,22 @@ class CpuGemmBackend(GemmBackend):
         torch.set_num_threads(1)
         try:
             return self._packed_linear(x, weight, bias, rows)
+        finally:
+            torch.set_num_threads(threads)
+
+    def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
+        """The SDK's grouped products, on one thread when small: a step's adapters add a few tiny products
+        per projection, between the C kernels whose pool would contend with torch's for the cores."""
+        if plan is None:
+            return
+        threads = torch.get_num_threads()
+        work = plan.rows.numel() * weights.rank * (weights.a.shape[2] + weights.b.shape[1])
+        if threads == 1 or work > LORA_SINGLE_THREAD_MAX_WORK:
+            grouped_add_lora(y, x, weights, plan)
+            return
+        torch.set_num_threads(1)
+        try:
+            grouped_add_lora(y, x, weights, plan)
         finally:
             torch.set_num_threads(threads)
 

@@ -88,6 +88,10 @@ class CpuPlatform(Platform):
             non_causal_attention=True,
             swap=True,
             distributed=True,
+            # the GemmBackend default (rows grouped by slot, two batched products) runs as it is on the host,
+            # but its plan reads the slots there, which a fullgraph torch.compile of a decode step cannot
+            # record: no LoRA with compiled decode steps until the plan is built on the device
+            lora=not compile_enabled(),
             extra={"preferred_dtype": preferred},
         )
 
