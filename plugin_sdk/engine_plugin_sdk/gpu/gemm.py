@@ -1,7 +1,9 @@
 """GEMM on a torch GPU: bf16 / fp16 / fp32 through torch (cuBLAS / hipBLASLt), FP8 e4m3 weights through
 torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``) through a Triton
 weight-only GEMM that dequantizes its tiles in registers
-(:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`).
+(:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`), and batched LoRA adapters through two
+Triton kernels that read each row's slot on the device
+(:mod:`~engine_plugin_sdk.gpu.triton_kernels.lora_kernels`).
 
 FP8 activations are quantized per row on the fly in two terms, ``x = hi + lo`` with ``hi = fp8(x)`` and
 ``lo = fp8(x - hi)``, stacked along the rows of one scaled matmul, so the weight is read once (half the
@@ -132,6 +134,12 @@ class TorchGemmBackend(GemmBackend):
         #: that GEMM's :class:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.GroupedIntTiles`,
         #: None for its H200 defaults (kept as None so that constructing a backend does not import Triton)
         self.grouped_int_tiles: Any = None
+        #: run batched LoRA through the shared Triton kernels (on the GPU; the platform also turns this on in
+        #: interpreter mode): their plan is the device's slots alone, so a step can be recorded in a graph
+        self.triton_lora = self.device.type == "cuda"
+        #: the LoRA kernels' :class:`~engine_plugin_sdk.gpu.triton_kernels.lora_launchers.LoraTiles`, None
+        #: for their defaults (kept as None so that constructing a backend does not import Triton)
+        self.lora_tiles: Any = None
 
     @property
     def supported_quant_schemes(self) -> frozenset[str]:  # type: ignore[override]
@@ -198,6 +206,26 @@ class TorchGemmBackend(GemmBackend):
             gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, activation=activation,
             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
         )  # fmt: skip
+
+    def plan_lora(self, step: Any) -> Any:
+        """The step's rows sorted by slot on the device (once per step for every projection): the kernels
+        read them there, and ``token_slots_cpu`` is never touched, so the plan is the same while a graph
+        is recorded."""
+        if not self.triton_lora:
+            return super().plan_lora(step)
+        from engine_plugin_sdk.gpu.triton_kernels.lora_launchers import sort_lora_rows
+
+        return sort_lora_rows(step.token_slots)
+
+    def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
+        if not self.triton_lora:
+            super().add_lora(y, x, weights, plan)
+            return
+        from engine_plugin_sdk.gpu.triton_kernels.lora_launchers import add_lora
+
+        if isinstance(x, RowQuantizedActivations):
+            x = dequantize_rows(x)
+        add_lora(y, x, weights, plan, self.lora_tiles)
 
     def row_quantized_input(self, weight: Any) -> Any | None:
         """The weight's FP8 dtype for a W8A8 weight (its activations take one FP8 term per row, which the

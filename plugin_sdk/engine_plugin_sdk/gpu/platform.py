@@ -207,6 +207,8 @@ class TorchGpuPlatform(Platform):
                 non_causal_attention=True,
                 swap=True,
                 quant_schemes=GROUPED_INT_SCHEMES,
+                # the LoRA kernels run in the interpreter as on the GPU (float16 / float32 only, like tl.dot)
+                lora=True,
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
@@ -226,6 +228,8 @@ class TorchGpuPlatform(Platform):
             warm_up=True,
             # NCCL (RCCL) needs the GPUs: the interpreter does not claim it
             distributed=True,
+            # the shared Triton LoRA kernels: no host read of the slots, so inside decode graphs too
+            lora=True,
             extra=self.device_extra(),
         )
 
@@ -310,12 +314,13 @@ class TorchGpuPlatform(Platform):
         backend = self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
         if self.interpret:
             self.kernel_tuning()  # sets interpreter mode before the MoE kernels are imported
-            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
+            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers, lora_launchers
             from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES
 
             backend.triton_moe, backend.moe_tiles = True, INTERPRETER_MOE_TILES
             backend.triton_grouped_int = True
             backend.grouped_int_tiles = grouped_int_launchers.INTERPRETER_GROUPED_INT_TILES
+            backend.triton_lora, backend.lora_tiles = True, lora_launchers.INTERPRETER_LORA_TILES
         return backend
 
     def make_graph_capture(self) -> GraphCapture:
