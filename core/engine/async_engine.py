@@ -1,9 +1,10 @@
 """An asyncio front for :class:`~engine.llm_engine.LLMEngine`: one thread steps the engine, coroutines stream.
 
 The engine is not thread-safe, so a single background thread owns it. Coroutines never touch it: they
-put commands (add, abort, stop) on a thread-safe queue, and the thread hands every step's outputs back
-to the owning request's stream on the event loop with ``call_soon_threadsafe``. When there is no work
-the thread blocks on the queue, so an idle server uses no CPU.
+put commands (add, abort, stop, and :mod:`engine.engine_calls` such as adding a LoRA adapter) on a
+thread-safe queue, and the thread hands every step's outputs back to the owning request's stream on
+the event loop with ``call_soon_threadsafe``. When there is no work the thread blocks on the queue, so
+an idle server uses no CPU.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.engine_calls import EngineCall
 from engine.errors import FatalEngineError
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.request_metrics import ABORT, ERROR
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.lora.request import LoRARequest
     from engine.request_metrics import RequestObserver
     from engine.sampling.params import SamplingParams
 
@@ -41,9 +44,9 @@ class EngineCore(Protocol):
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None,
-        priority: int = 0,
+        priority: int = 0, lora_request: LoRARequest | None = None,
     ) -> None:
-        """Queue a request; ``cache_salt`` and ``priority`` are passed only when the caller gave them."""
+        """Queue a request; ``cache_salt``, ``priority`` and ``lora_request`` are passed only when given."""
 
     def abort_request(self, request_id: str) -> None: ...
 
@@ -155,6 +158,7 @@ class _Add:
     arrival: float = 0.0
     #: lower runs first (0: the default)
     priority: int = 0
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)
@@ -170,7 +174,7 @@ class _Stop:
     pass
 
 
-_Command = _Add | _Abort | _AbortAll | _Stop
+_Command = _Add | _Abort | _AbortAll | _Stop | EngineCall
 
 
 def _snapshot(output: RequestOutput) -> RequestOutput:
@@ -273,7 +277,7 @@ class AsyncLLMEngine:
 
     async def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None,
-        priority: int = 0,
+        priority: int = 0, lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Queue a request and wait until the engine accepted or refused it.
 
@@ -284,6 +288,7 @@ class AsyncLLMEngine:
             cache_salt: share cached prefix blocks only with requests of the same salt (None: with every
                 unsalted request).
             priority: lower runs first; equal priorities in arrival order.
+            lora_request: the LoRA adapter it runs under; None: the base model.
 
         Returns:
             The request's stream of cumulative outputs.
@@ -293,15 +298,14 @@ class AsyncLLMEngine:
             engine.errors.QueueFullError: the waiting queue is full.
             EngineDeadError: the engine is not running.
         """
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine is not running: {self._dead}")
-        if self._shut_down:
-            raise EngineDeadError("the engine is shut down")
+        self._check_alive()
         self.start()
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic(), priority))
+        self._commands.put(
+            _Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic(), priority, lora_request)
+        )
         try:
             await accepted
         except asyncio.CancelledError:
@@ -309,6 +313,39 @@ class AsyncLLMEngine:
             self.abort(request_id)
             raise
         return stream
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine is not running: {self._dead}")
+        if self._shut_down:
+            raise EngineDeadError("the engine is shut down")
+
+    async def run_on_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread, between steps, and return its result.
+
+        Raises:
+            Exception: what ``fn`` raised (``InvalidRequestError`` for a refused adapter).
+            EngineDeadError: the engine is not running.
+        """
+        self._check_alive()
+        self.start()
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._commands.put(EngineCall(fn, done))
+        return await done
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """``LLMEngine.add_lora`` on the engine thread: False when already registered; raises
+        ``InvalidRequestError`` for an adapter that cannot be used."""
+        return bool(await self.run_on_engine(lambda engine: engine.add_lora(lora_request)))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """``LLMEngine.remove_lora`` on the engine thread: False when unknown; raises
+        ``InvalidRequestError`` while requests run under it."""
+        return bool(await self.run_on_engine(lambda engine: engine.remove_lora(lora_int_id)))
+
+    async def list_loras(self) -> list[LoRARequest]:
+        """The engine's registered adapters."""
+        return list(await self.run_on_engine(lambda engine: engine.list_loras()))
 
     def abort(self, request_id: str) -> None:
         """Ask the engine thread to abort a request at its next iteration; unknown ids are ignored."""
@@ -323,10 +360,11 @@ class AsyncLLMEngine:
         self._commands.put(_AbortAll())
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its cumulative outputs; aborts it if the consumer stops early."""
-        stream = await self.add_request(request_id, prompt, params, cache_salt)
+        stream = await self.add_request(request_id, prompt, params, cache_salt, lora_request=lora_request)
         try:
             async for output in stream:
                 yield output
@@ -360,6 +398,8 @@ class AsyncLLMEngine:
                     for c in commands:
                         if isinstance(c, _Add):
                             self._refuse(c, EngineDeadError("the server is shutting down"))
+                        elif isinstance(c, EngineCall):
+                            c.settle(None, EngineDeadError("the server is shutting down"))
                     self._abort_all(None, aborted=True)
                     return
                 for command in commands:
@@ -393,6 +433,8 @@ class AsyncLLMEngine:
             extra: dict[str, Any] = {} if command.cache_salt is None else {"cache_salt": command.cache_salt}
             if command.priority:
                 extra["priority"] = command.priority
+            if command.lora_request is not None:
+                extra["lora_request"] = command.lora_request
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params, **extra)
             except Exception as exc:  # refusals travel back to the caller, who decides the HTTP status
@@ -414,6 +456,8 @@ class AsyncLLMEngine:
                     self._observe(self.observer.request_ended, command.request_id, time.monotonic(), ABORT)
         elif isinstance(command, _AbortAll):
             self._abort_all(None, aborted=True)
+        elif isinstance(command, EngineCall):
+            command.run(self.engine)
 
     def _refuse(self, command: _Add, exc: BaseException) -> None:
         self._call_on_loop(command.stream, _resolve, command.accepted, exc)

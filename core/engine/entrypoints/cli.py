@@ -180,6 +180,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             generation_config=getattr(args, "generation_config", "auto"),
             runner=getattr(args, "runner", "auto"),
             speculative_config=getattr(args, "speculative_config", None),
+            lora=getattr(args, "lora_config", None),
             cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**scheduler),
             parallel=ParallelConfig(
@@ -216,15 +217,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     from engine.async_engine import AsyncLLMEngine
+    from engine.entrypoints.lora_args import load_lora_modules, runtime_lora_updating
     from engine.entrypoints.openai.server import build_app, serve_app
     from engine.entrypoints.serve_args import app_options, chat_parsers
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    engine = AsyncLLMEngine(load_engine(args))
+    llm_engine = load_engine(args)
     names = [args.served_model_name] if args.served_model_name else None
+    try:
+        loras = load_lora_modules(llm_engine, args, names or [llm_engine.model_name])
+    except CliError:
+        llm_engine.shutdown()
+        raise
+    engine = AsyncLLMEngine(llm_engine)
     app = build_app(engine, served_model_names=names, api_key=args.api_key, access_log=not args.disable_log_requests,
                     allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
-                    chat_parsers=chat_parsers(args, engine.tokenizer), **app_options(args))
+                    chat_parsers=chat_parsers(args, engine.tokenizer), lora_requests=loras,
+                    allow_runtime_lora_updating=runtime_lora_updating(args), **app_options(args))
     print(f"serving {names[0] if names else engine.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     # a crashed engine loop (a tensor-parallel rank gone, a device error) cannot serve again: the server
     # stops as on SIGTERM and the process exits non-zero, for its supervisor to restart it
@@ -243,7 +252,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.entrypoints import cli_commands, serve_args
+    from engine.entrypoints import cli_commands, lora_args, serve_args
 
     parser = OneLineArgumentParser(prog="engine", description="LLM inference and serving engine with hardware plugins")
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
@@ -266,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "tokens themselves, so a message can end its turn and open another; for trusted "
                             "clients only (default: they stay plain text)")
     serve_args.add_serve_parser_args(serve)
+    lora_args.add_lora_args(serve)
     # the parser names are checked once the plugin files they may come from are loaded
-    serve.set_defaults(func=cmd_serve, check_args=functools.partial(serve_args.check_parser_args, serve))
+    serve.set_defaults(func=cmd_serve, check_args=functools.partial(serve_args.check_serve_args, serve))
 
     cli_commands.add_subcommands(sub, add_engine_args)
     return parser

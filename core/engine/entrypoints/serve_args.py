@@ -159,6 +159,15 @@ def check_parser_args(serve: argparse.ArgumentParser, args: argparse.Namespace) 
     )
 
 
+def check_serve_args(serve: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every ``engine serve`` check that runs once the command line is read: the parser options
+    (:func:`check_parser_args`) and the LoRA options (:func:`~engine.entrypoints.lora_args.check_lora_args`)."""
+    from engine.entrypoints.lora_args import check_lora_args
+
+    check_parser_args(serve, args)
+    check_lora_args(serve, args)
+
+
 def chat_parsers(args: argparse.Namespace, tokenizer: Any) -> Any:
     """The server's :class:`~engine.entrypoints.openai.serving_tools.ChatParsers` for the options above,
     built with the model's tokenizer (after :func:`check_parser_args`)."""

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.middleware.cors import CORSMiddleware
 
 from engine import __version__
@@ -43,6 +44,12 @@ from engine.entrypoints.openai.serving_common import ServingContext
 from engine.entrypoints.openai.serving_completion import CompletionHandler
 from engine.entrypoints.openai.serving_embeddings import EmbeddingRequest, EmbeddingsHandler
 from engine.entrypoints.openai.serving_messages import MessagesHandler
+from engine.entrypoints.openai.serving_models import (
+    LoadLoRAAdapterRequest,
+    OpenAIServingModels,
+    UnloadLoRAAdapterRequest,
+    check_lora_names,
+)
 from engine.entrypoints.openai.serving_responses import ResponsesHandler
 from engine.entrypoints.openai.serving_scoring import (
     ClassifyRequest,
@@ -53,6 +60,7 @@ from engine.entrypoints.openai.serving_scoring import (
 )
 from engine.entrypoints.openai.serving_tokenize import TokenizeHandler
 from engine.entrypoints.openai.serving_tools import ChatParsers
+from engine.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +105,8 @@ def build_app(
     access_log: bool = True,
     allow_special_tokens_in_messages: bool = False,
     chat_parsers: ChatParsers | None = None,
+    lora_requests: Sequence[LoRARequest] = (),
+    allow_runtime_lora_updating: bool = False,
 ) -> FastAPI:
     """Create the app around a (not yet started) async engine; the app starts and stops its thread.
 
@@ -114,18 +124,27 @@ def build_app(
             tokens, as the template's own markers are (trusted clients only; off: they stay plain text).
         chat_parsers: the tool-call and reasoning parsers chat responses are read with
             (``--tool-call-parser``, ``--enable-auto-tool-choice``, ``--reasoning-parser``); None: none.
+        lora_requests: LoRA adapters the engine has registered (``--lora-modules``), served under their
+            names: the ``model`` field selects them and ``/v1/models`` lists them.
+        allow_runtime_lora_updating: add ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+            (the engine must run with LoRA enabled).
 
     Returns:
         The ASGI app. Its :class:`ServerMetrics` (``GET /metrics``) is ``app.state.metrics``; it becomes
         the engine's request observer, replacing any set before.
+
+    Raises:
+        ValueError: an adapter's name is the base model's or another adapter's.
     """
     names = list(served_model_names or [engine.model_name])
+    check_lora_names(lora_requests, names)
     tokenizer = engine.tokenizer
     vocab_size = int(getattr(tokenizer, "vocab_size", 0) or len(tokenizer.hf))
     ctx = ServingContext(
         engine=engine, served_model_names=names, vocab_size=vocab_size, max_body_bytes=max_body_bytes,
         allow_special_tokens_in_messages=allow_special_tokens_in_messages,
         generation_defaults=dict(engine.generation_defaults),
+        lora_requests={lora.lora_name: lora for lora in lora_requests},
     )  # fmt: skip
     ctx.limits = (limits or RequestLimits()).resolved(engine.max_model_len)
     metrics = ServerMetrics(engine, ctx.model_name, engine.max_model_len)
@@ -172,6 +191,7 @@ def build_app(
     responses = ResponsesHandler(chat)
     embeddings = EmbeddingsHandler(ctx)
     scoring = ScoringHandler(ctx)
+    models_handler = OpenAIServingModels(ctx)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -198,18 +218,29 @@ def build_app(
     async def ping() -> JSONResponse:
         return await health()
 
-    def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "engine", "max_model_len": engine.max_model_len}
-
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model_card(n) for n in names]})
+        return JSONResponse(models_handler.show_available_models())
 
     # ``:path`` because a served name may hold slashes (``HuggingFaceTB/SmolLM2-135M-Instruct``)
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
         ctx.check_model(model_id)
-        return JSONResponse(model_card(model_id))
+        return JSONResponse(models_handler.model_card(model_id))
+
+    body_models: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest]
+    # not mounted otherwise: the routes answer 404 as any unknown path does
+    if allow_runtime_lora_updating:
+
+        @app.post("/v1/load_lora_adapter", openapi_extra=request_body(LoadLoRAAdapterRequest))
+        async def load_lora_adapter(request: Request) -> Response:
+            return await models_handler.load_lora_adapter(request)
+
+        @app.post("/v1/unload_lora_adapter", openapi_extra=request_body(UnloadLoRAAdapterRequest))
+        async def unload_lora_adapter(request: Request) -> Response:
+            return await models_handler.unload_lora_adapter(request)
+
+        body_models += [LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
@@ -265,7 +296,7 @@ def build_app(
     async def detokenize(request: Request) -> Response:
         return await tokenizing.detokenize(request)
 
-    install_openapi(app, [ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest])
+    install_openapi(app, body_models)
     return app
 
 

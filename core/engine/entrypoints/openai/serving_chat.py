@@ -175,7 +175,7 @@ class ChatHandler:
         ctx.limits.check_total_tokens([len(prompt_ids)], req.n, max_tokens, ctx.engine.max_model_len, "max_completion_tokens")
         request_id = response_id("chatcmpl", req.request_id)
         engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if req.request_id else request_id
-        stream = await add_request(ctx, engine_id, prompt_ids, params, req.cache_salt, constraint_param, req.priority)
+        stream = await add_request(ctx, engine_id, prompt_ids, params, req.cache_salt, constraint_param, req.priority, req.model)
         call = _ChatCall(ctx, req, request_id, prompt_ids, num_top, plan, self.parsers, engine_id)
         record_usage(request, len(prompt_ids), 0)
         return call, stream
@@ -220,6 +220,8 @@ class _ChatCall:
         self.num_prompt = len(prompt_ids)
         self.num_top = num_top
         self.created = int(time.time())
+        #: the ``model`` the response reports: the adapter's name under a LoRA adapter
+        self.model = ctx.reported_model(req.model)
 
     def _decode(self, token_id: int) -> str:
         return self.ctx.engine.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -255,7 +257,7 @@ class _ChatCall:
             "id": self.request_id,
             "object": "chat.completion",
             "created": self.created,
-            "model": self.ctx.model_name,
+            "model": self.model,
             "choices": choices,
             "usage": usage(self.num_prompt, sum(len(o.token_ids) for o in outputs), final.num_cached_tokens if final else 0),
             **({"prompt_token_ids": self.prompt_ids} if self.req.return_token_ids else {}),
@@ -266,7 +268,7 @@ class _ChatCall:
             "id": self.request_id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": self.ctx.model_name,
+            "model": self.model,
             "choices": choices,
         }
         if with_usage_field:

@@ -36,6 +36,7 @@ from engine.input_processor import (
     check_prompt_token_ids,
     check_token_ids,
 )
+from engine.lora.request import LoRARequest
 from engine.outputs import CompletionOutput, Logprob
 from engine.sampling.params import SamplingParams
 
@@ -68,6 +69,8 @@ class ServingContext:
         generation_defaults: the checkpoint's sampling defaults (``LLMEngine.generation_defaults``), used
             for each of those fields a request leaves unset.
         unknown_fields: the undeclared request fields already logged (``request_fields``).
+        lora_requests: the LoRA adapters ``model`` may name, by name (``--lora-modules``, and
+            ``/v1/load_lora_adapter`` in :mod:`~engine.entrypoints.openai.serving_models`).
     """
 
     engine: AsyncLLMEngine
@@ -80,19 +83,36 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
     unknown_fields: UnknownFieldLog = field(default_factory=UnknownFieldLog)
+    lora_requests: dict[str, LoRARequest] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
 
     def check_model(self, requested: str | None) -> None:
-        if requested is not None and requested not in self.served_model_names:
+        """Refuse a ``model`` that is neither a served name of the base model nor an adapter's (404)."""
+        if requested is not None and requested not in self.served_model_names and requested not in self.lora_requests:
             raise OpenAIError(
                 404,
-                f"the model {requested!r} does not exist; this server serves {self.served_model_names}",
+                f"the model {requested!r} does not exist; this server serves {[*self.served_model_names, *self.lora_requests]}",
                 param="model",
                 code="model_not_found",
             )
+
+    def lora_request(self, requested: str | None) -> LoRARequest | None:
+        """The adapter ``model`` names; None for the base model (or no ``model``). Raises a 404 for an
+        unknown name."""
+        self.check_model(requested)
+        return None if requested is None else self.lora_requests.get(requested)
+
+    def check_base_model(self, requested: str | None) -> None:
+        """:meth:`check_model` for the pooling routes, which do not run adapters yet (a 400 naming ``model``)."""
+        if self.lora_request(requested) is not None:
+            raise bad_request(f"{requested!r} is a LoRA adapter; pooling requests run on the base model only", param="model")
+
+    def reported_model(self, requested: str | None) -> str:
+        """The ``model`` a response reports: the adapter's name for an adapter, else the base model's."""
+        return requested if requested is not None and requested in self.lora_requests else self.model_name
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         """Refuse ids outside the model's vocabulary with a 400 naming ``param``."""
@@ -241,6 +261,7 @@ async def add_request(
     cache_salt: str | None = None,
     constraint_param: str | None = None,
     priority: int = 0,
+    model: str | None = None,
 ) -> RequestStream:
     """Hand a request to the engine, mapping its refusals to HTTP errors.
 
@@ -248,10 +269,19 @@ async def add_request(
         constraint_param: the request field that set ``params.structured_outputs``
             (:func:`constraint_field`): the engine's refusal of the constraint names it instead.
         priority: lower runs first.
+        model: the request's ``model``: a LoRA adapter's name runs it under that adapter.
     """
+    # resolved here, in the same event-loop turn that queues the request: an unload queued before it
+    # has already dropped the name (404), and one queued after it sees the request running (400)
+    lora = ctx.lora_request(model)
+    extra: dict[str, Any] = {"priority": priority} if priority else {}
+    if lora is not None:
+        extra["lora_request"] = lora
     try:
-        stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt, **({"priority": priority} if priority else {}))
+        stream = await ctx.engine.add_request(request_id, prompt, params, cache_salt, **extra)
     except InvalidRequestError as exc:
+        if exc.param == "lora_request":  # the adapter is what the request chose by its ``model``
+            raise bad_request(str(exc), param="model", code=exc.code) from None
         if constraint_param is not None and exc.param == "structured_outputs" and constraint_param != exc.param:
             raise bad_request(f"{constraint_param}: {exc}", param=constraint_param, code=exc.code) from None
         raise bad_request(str(exc), param=exc.param, code=exc.code) from None

@@ -156,7 +156,7 @@ class CompletionHandler:
         streams: list[RequestStream] = []
         try:
             for rid, (ids, _) in zip(request_ids, prompts, strict=False):
-                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt, constraint_param, req.priority))
+                streams.append(await add_request(ctx, rid, ids, params, req.cache_salt, constraint_param, req.priority, req.model))
         except BaseException:
             for rid in request_ids[: len(streams)]:
                 ctx.engine.abort(rid)
@@ -186,6 +186,8 @@ class _CompletionCall:
         self.prompts = prompts
         self.created = int(time.time())
         self.num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        #: the ``model`` the response reports: the adapter's name under a LoRA adapter
+        self.model = ctx.reported_model(req.model)
 
     def _decode(self, token_id: int) -> str:
         return self.ctx.engine.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -260,7 +262,7 @@ class _CompletionCall:
             "id": self.response_id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.ctx.model_name,
+            "model": self.model,
             "choices": choices,
             "usage": usage(self.num_prompt_tokens, completion_tokens, sum(f.num_cached_tokens for f in finals.values())),
         }
@@ -270,7 +272,7 @@ class _CompletionCall:
             "id": self.response_id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.ctx.model_name,
+            "model": self.model,
             "choices": [choice] if choice is not None else [],
         }
         if with_usage_field:

@@ -114,7 +114,7 @@ class EmbeddingsHandler:
     async def __call__(self, request: Request) -> JSONResponse:
         ctx = self.ctx
         req = await parse_body(request, EmbeddingRequest, ctx.max_body_bytes)
-        ctx.check_model(req.model)
+        ctx.check_base_model(req.model)
         raw = req.input
         size = len(raw) if isinstance(raw, str) else sum(len(x) if isinstance(x, (str, list)) else 1 for x in raw)
         prompts = await ctx.off_loop(size, self._prompts, req)

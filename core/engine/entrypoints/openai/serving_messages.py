@@ -233,7 +233,7 @@ class MessagesHandler:
             call, stream = await self.chat.start(request, chat_request(req))
             if req.stream:
                 message_id = f"msg_{call.request_id.removeprefix('chatcmpl-')}"
-                events = anthropic_events(call.stream(request, stream), req, message_id, call.ctx.model_name, call.num_prompt)
+                events = anthropic_events(call.stream(request, stream), req, message_id, call.model, call.num_prompt)
                 return StreamingResponse(events, media_type="text/event-stream")
             return JSONResponse(anthropic_message(await call.complete(request, stream), req))
         except OpenAIError as err:

@@ -226,7 +226,7 @@ class ResponsesHandler:
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
         req = await parse_body(request, ResponsesRequest, self.chat.ctx.max_body_bytes)
         call, stream = await self.chat.start(request, chat_request(req))
-        builder = _Response(req, f"resp_{call.request_id.removeprefix('chatcmpl-')}", call.ctx.model_name)
+        builder = _Response(req, f"resp_{call.request_id.removeprefix('chatcmpl-')}", call.model)
         if req.stream:
             return StreamingResponse(response_events(call.stream(request, stream), builder), media_type="text/event-stream")
         return JSONResponse(response_object(await call.complete(request, stream), builder))

@@ -75,7 +75,7 @@ class ScoringHandler:
 
     async def classify(self, request: Request) -> JSONResponse:
         req = await parse_body(request, ClassifyRequest, self.ctx.max_body_bytes)
-        self.ctx.check_model(req.model)
+        self.ctx.check_base_model(req.model)
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts:
             raise bad_request("input must not be empty", param="input")
@@ -91,7 +91,7 @@ class ScoringHandler:
 
     async def score(self, request: Request) -> JSONResponse:
         req = await parse_body(request, ScoreRequest, self.ctx.max_body_bytes)
-        self.ctx.check_model(req.model)
+        self.ctx.check_base_model(req.model)
         firsts = [req.text_1] if isinstance(req.text_1, str) else list(req.text_1)
         seconds = [req.text_2] if isinstance(req.text_2, str) else list(req.text_2)
         if not firsts or not seconds:
@@ -107,7 +107,7 @@ class ScoringHandler:
 
     async def rerank(self, request: Request) -> JSONResponse:
         req = await parse_body(request, RerankRequest, self.ctx.max_body_bytes)
-        self.ctx.check_model(req.model)
+        self.ctx.check_base_model(req.model)
         prompts = [self._pair_ids(req.query, d) for d in req.documents]
         outs = await pool_all(self.ctx, request, prompts, PoolingParams(task="classify"), req.priority)
         ranked = sorted(range(len(outs)), key=lambda i: -outs[i].outputs.score)[: req.top_n]
@@ -120,7 +120,7 @@ class ScoringHandler:
 
     async def pooling(self, request: Request) -> JSONResponse:
         req = await parse_body(request, PoolingRequest, self.ctx.max_body_bytes)
-        self.ctx.check_model(req.model)
+        self.ctx.check_base_model(req.model)
         raw = req.input
         items: list[Any] = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
         if not items:
