@@ -52,6 +52,8 @@ class StepInputs:
     spec_rows: list[SpecRows] = field(default_factory=list)
     #: each row's adapter slot, None when no row runs under an adapter
     lora: LoraStep | None = None
+    #: each logits row's adapter slot (the rows ``logits_indices`` picks), None likewise
+    lora_logits: LoraStep | None = None
 
 
 class ModelRunner:
@@ -231,7 +233,7 @@ class ModelRunner:
         )
         if self.kv_layout is not None:
             metadata = grouped_metadata(metadata, self.kv_layout, table_tensors, slots_t)
-        lora = lora_rows(self.lora, step, self.device) if self.lora is not None else None
+        lora, lora_logits = lora_rows(self.lora, step, self.device, logits_indices) if self.lora is not None else (None, None)
         return StepInputs(
             input_ids=ids_t,
             positions=pos_t,
@@ -242,6 +244,7 @@ class ModelRunner:
             pool_rows=pooled,
             spec_rows=speculated,
             lora=lora,
+            lora_logits=lora_logits,
         )
 
     @torch.inference_mode()
@@ -305,6 +308,8 @@ class ModelRunner:
                     self.model.use_lora_step(inputs.lora)
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
             pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
+            if self.lora is not None:
+                self.model.use_lora_logits(inputs.lora_logits)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
         scored: list[PromptLogprobs] = []
         verified: list[tuple[Sequence, Verified]] = []
@@ -459,6 +464,7 @@ class ModelRunner:
             return logits.cpu()
         if self.lora is not None:
             self.model.use_lora_step(inputs.lora)
+            self.model.use_lora_logits(inputs.lora)  # every row's logits
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
         return self.model.compute_logits(hidden).cpu()
 

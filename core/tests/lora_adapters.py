@@ -15,6 +15,7 @@ ADAPTERS: dict[str, dict[str, Any]] = {
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     ),  # fmt: skip
     "pattern": dict(r=8, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], rank_pattern={"down_proj": 2}, alpha_pattern={"v_proj": 32}),
+    "embed-head": dict(r=8, lora_alpha=16, target_modules=["embed_tokens", "lm_head", "o_proj"]),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,14 @@ from engine.lora.request import LoRARequest
 
 #: the prefix PEFT writes before a module's path in the base model
 PEFT_PREFIX = "base_model.model."
-_KEY = re.compile(r"^(?P<module>.+)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.[A-Za-z0-9_]+)?\.weight$")
+#: ``{module}.lora_A.weight`` (an adapter name may sit before ``.weight``); an embedding's parts are saved
+#: as ``{module}.lora_embedding_A`` without the suffix
+_KEY = re.compile(
+    r"^(?P<module>.+)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.(?!weight$)[A-Za-z0-9_]+)?(?:\.weight)?$"
+)
 _EMBEDDING_PARTS = {"lora_embedding_A": "lora_A", "lora_embedding_B": "lora_B"}
+#: a copy of a targeted layer's base weight, which PEFT saves beside an embedding's or lm_head's adapter
+_BASE_LAYER = re.compile(r"^(?P<module>.+)\.base_layer\.weight$")
 
 
 class LoraLoadError(ValueError):
@@ -50,10 +56,13 @@ class LoraAdapter:
     Attributes:
         request: how it was asked for.
         modules: the base model's module path (``model.layers.0.self_attn.q_proj``) -> its update.
+        base_layers: shapes of base weights PEFT saved with the adapter (an embedding's or lm_head's).
     """
 
     request: LoRARequest
     modules: dict[str, LoraModule]
+    #: shapes of the base weights saved with it (module path -> shape): they must be the model's own
+    base_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -139,7 +148,12 @@ def load_peft_adapter(request: LoRARequest) -> LoraAdapter:
         raise LoraLoadError(f"LoRA adapter {request.lora_name!r}: {request.lora_path!r} is not a folder")
     config = read_adapter_config(folder)
     parts: dict[str, dict[str, torch.Tensor]] = {}
+    base_layers: dict[str, tuple[int, ...]] = {}
     for key, tensor in _read_tensors(folder).items():
+        base = _BASE_LAYER.match(key)
+        if base is not None:
+            base_layers[base["module"].removeprefix(PEFT_PREFIX)] = tuple(tensor.shape)
+            continue
         match = _KEY.match(key)
         if match is None:
             raise LoraLoadError(f"LoRA adapter {request.lora_name!r}: unexpected tensor {key!r}")
@@ -165,4 +179,4 @@ def load_peft_adapter(request: LoRARequest) -> LoraAdapter:
             raise LoraLoadError(f"LoRA adapter {request.lora_name!r}: {module} has rank {a.shape[0]}, its config says {r}")
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
         modules[module] = LoraModule(a.float().contiguous(), b.float().contiguous(), float(scale))
-    return LoraAdapter(request, modules)
+    return LoraAdapter(request, modules, base_layers)

@@ -41,7 +41,8 @@ class LoraTargets:
 
     Attributes:
         parts: ``model.layers.{i}.self_attn.q_proj`` etc. -> (layer index, :class:`TargetPart`).
-        shapes: projection -> (bands, out_features, in_features), the same for every layer.
+        shapes: projection -> (bands, out_features, in_features), the same for every layer (for the
+            model-level ``embed`` and ``lm_head`` too).
         interleaved_rope: GLM's rotary layout (Q/K rows are permuted at load; adapters' ``B`` rows too):
             (heads, kv heads, head_dim, rotary_dim), or None.
     """
@@ -52,12 +53,8 @@ class LoraTargets:
 
 
 def decoder_targets(model: Any) -> LoraTargets:
-    """The targets of a :class:`~engine.models.layers.decoder.DenseDecoder`.
-
-    Raises:
-        ValueError: the model has no layer LoRA can run on (every layer a mixture of experts or latent
-            attention).
-    """
+    """The targets of a :class:`~engine.models.layers.decoder.DenseDecoder`: its layers' projections (not
+    a mixture of experts' or latent attention's) and the embeddings and lm_head."""
     spec, cfg = model.spec, model.config
     hidden, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q_size, kv_size = cfg.num_heads * hd, cfg.num_kv_heads * hd
@@ -80,13 +77,16 @@ def decoder_targets(model: Any) -> LoraTargets:
             if layer_spec.moe and part.projection in ("gate_up", "down"):
                 continue
             parts[prefix + name] = (i, part)
-    if not parts:
-        raise ValueError(f"{cfg.architecture} has no projection LoRA adapters can target here")
+    # the model-level targets (layer -1): the token embeddings (PEFT's lora_embedding_A/B) and the lm_head
+    parts["model.embed_tokens"] = (-1, TargetPart("embed", 0, (0, hidden), cfg.vocab_size))
+    parts["lm_head"] = (-1, TargetPart("lm_head", 0, (0, cfg.vocab_size), hidden))
     shapes = {
         "qkv": (len(qkv), q_size + 2 * kv_size, hidden),
         "o": (1, hidden, q_size),
         "gate_up": (len(gate_up), 2 * inter, hidden),
         "down": (1, hidden, inter),
+        "embed": (1, hidden, cfg.vocab_size),
+        "lm_head": (1, cfg.vocab_size, hidden),
     }
     rope = spec.ropes[0] if spec.ropes else None
     interleaved = (cfg.num_heads, cfg.num_kv_heads, hd, rope.rotary_dim) if rope is not None and rope.interleaved else None
@@ -103,11 +103,19 @@ def check_adapter(adapter: LoraAdapter, targets: LoraTargets, max_rank: int) -> 
     name = adapter.request.lora_name
     if adapter.rank > max_rank:
         raise LoraLoadError(f"LoRA adapter {name!r} has rank {adapter.rank}, above max_lora_rank={max_rank}")
+    for module, shape in adapter.base_layers.items():
+        found = targets.parts.get(module)
+        expected = None if found is None else (found[1].rows[1], found[1].in_features)
+        if found is not None and found[1].projection == "embed":
+            expected = (found[1].in_features, found[1].rows[1])  # the embedding table is [vocab, hidden]
+        if found is None or shape != expected:
+            # a resized vocabulary or a fully trained layer: the adapter would need more than its update
+            raise LoraLoadError(f"LoRA adapter {name!r} carries a base weight for {module} of shape {shape}; adapters that replace base weights are not supported")
     for module, update in adapter.modules.items():
         found = targets.parts.get(module)
         if found is None:
             short = module.rsplit(".", 1)[-1]
-            raise LoraLoadError(f"LoRA adapter {name!r} targets {module}; this engine runs adapters on the layers' q/k/v, o, gate/up and down projections only (not {short})")
+            raise LoraLoadError(f"LoRA adapter {name!r} targets {module}; this engine runs adapters on the layers' q/k/v, o, gate/up and down projections, the embeddings and the lm_head only (not {short})")
         _, part = found
         expected_b = (part.rows[1], update.rank)
         if tuple(update.a.shape) != (update.rank, part.in_features) or tuple(update.b.shape) != expected_b:

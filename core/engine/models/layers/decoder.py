@@ -89,8 +89,14 @@ class DenseDecoder(CausalLM):
         self.final_norm_bias: torch.Tensor | None = None
         self.lm_head: Any = None
         #: the GEMM backend's plan of this step's adapter rows (``GemmBackend.plan_lora``), None without
-        #: adapters; set per step by :meth:`use_lora_step`
+        #: adapters, and the step itself (the embeddings' adapters read its slots); see :meth:`use_lora_step`
         self.lora_plan: Any = None
+        self.lora_step: LoraStep | None = None
+        #: the plan of the logits rows' adapters (the lm_head's), set by :meth:`use_lora_logits`
+        self.lora_logits_plan: Any = None
+        #: the adapter slots of the lm_head and of the embeddings (``engine.lora.slots``), None without
+        self.lora_head: Any = None
+        self.lora_embed: Any = None
 
     # --- what the loader asks of the class ----------------------------------------------------------
 
@@ -240,7 +246,12 @@ class DenseDecoder(CausalLM):
 
     def use_lora_step(self, step: LoraStep | None) -> None:
         """The adapter slot of each row of the next forward (None: no row has one)."""
+        self.lora_step = step
         self.lora_plan = None if step is None else self.gemm.plan_lora(step)
+
+    def use_lora_logits(self, step: LoraStep | None) -> None:
+        """The adapter slot of each row of the next :meth:`compute_logits` (None: no row has one)."""
+        self.lora_logits_plan = None if step is None or self.lora_head is None else self.gemm.plan_lora(step)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The spec's norm kind over the last dim (``bias`` only for LayerNorms)."""
@@ -334,7 +345,10 @@ class DenseDecoder(CausalLM):
         for the others) and the ranks' sum is every token's row."""
         assert self.embed_tokens is not None
         if self.tp is None:
-            return self.embed_tokens.index_select(0, input_ids)
+            hidden = self.embed_tokens.index_select(0, input_ids)
+            if self.lora_embed is not None and self.lora_step is not None:
+                self.lora_embed.add(self.gemm, hidden, input_ids, self.lora_step, self.lora_plan)
+            return hidden
         rows = self.embed_tokens.shape[0]
         local = input_ids - self.vocab_start
         inside = (local >= 0) & (local < rows)
@@ -350,6 +364,8 @@ class DenseDecoder(CausalLM):
         if pp is not None and not pp.is_last:
             return pp.recv_logits(hidden.shape[0], self.config.vocab_size, self.device) if pp.is_first else None
         logits = self.gemm.logits(hidden, self.lm_head)
+        if self.lora_logits_plan is not None:
+            self.gemm.add_lora(logits, hidden, self.lora_head, self.lora_logits_plan)
         if self.tp is not None:
             logits = self.tp.gather_logits(logits, self.config.vocab_size)
         if self.spec.logit_scale is not None:
