@@ -85,7 +85,11 @@ class LoraSlots:
         expand = LoraWeights(identity, torch.zeros(num_slots, hidden, max_rank, device=device, dtype=dtype),
                              torch.zeros(num_slots, device=device, dtype=torch.float32))  # fmt: skip
         self.embed = EmbeddingLora(torch.zeros(num_slots, vocab, max_rank, device=device, dtype=dtype), expand)
-        model.lora_head, model.lora_embed = self.head, self.embed
+        #: the slots whose adapter updates the lm_head / the embeddings: with none, the model skips them
+        #: outside recorded graphs
+        self.head_slots: set[int] = set()
+        self.embed_slots: set[int] = set()
+        model.lora_head, model.lora_embed, model.lora_slots = self.head, self.embed, self
 
     def _all(self) -> list[LoraWeights]:
         weights = [w for layer in self.layers for w in (getattr(layer, p) for p in PROJECTIONS) if w is not None]
@@ -107,6 +111,8 @@ class LoraSlots:
             w.b[slot].zero_()
             w.scales[slot] = 0.0
         self.embed.rows[slot].zero_()
+        self.head_slots.discard(slot)
+        self.embed_slots.discard(slot)
 
     def _weights(self, index: int, projection: str) -> LoraWeights:
         if projection == "lm_head":
@@ -124,7 +130,10 @@ class LoraSlots:
             w = self._weights(index, part.projection)
             band, r = part.band * r_max, update.rank
             first, count = part.rows
+            if part.projection == "lm_head":
+                self.head_slots.add(slot)
             if part.projection == "embed":
+                self.embed_slots.add(slot)
                 self.embed.rows[slot, :, :r].copy_(update.a.T)
             else:
                 w.a[slot, band : band + r].copy_(update.a)

@@ -97,6 +97,9 @@ class DenseDecoder(CausalLM):
         #: the adapter slots of the lm_head and of the embeddings (``engine.lora.slots``), None without
         self.lora_head: Any = None
         self.lora_embed: Any = None
+        #: the adapters' slots (``engine.lora.slots.LoraSlots``), which say whether any adapter updates
+        #: the lm_head or the embeddings
+        self.lora_slots: Any = None
 
     # --- what the loader asks of the class ----------------------------------------------------------
 
@@ -251,7 +254,8 @@ class DenseDecoder(CausalLM):
 
     def use_lora_logits(self, step: LoraStep | None) -> None:
         """The adapter slot of each row of the next :meth:`compute_logits` (None: no row has one)."""
-        self.lora_logits_plan = None if step is None or self.lora_head is None else self.gemm.plan_lora(step)
+        unused = self.lora_slots is None or not self.lora_slots.head_slots
+        self.lora_logits_plan = None if step is None or unused else self.gemm.plan_lora(step)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The spec's norm kind over the last dim (``bias`` only for LayerNorms)."""
@@ -346,7 +350,8 @@ class DenseDecoder(CausalLM):
         assert self.embed_tokens is not None
         if self.tp is None:
             hidden = self.embed_tokens.index_select(0, input_ids)
-            if self.lora_embed is not None and self.lora_step is not None:
+            # inside a recorded graph it always runs: an adapter loaded later may update the embeddings
+            if self.lora_step is not None and (self.lora_step.token_slots_cpu is None or self.lora_slots.embed_slots):
                 self.lora_embed.add(self.gemm, hidden, input_ids, self.lora_step, self.lora_plan)
             return hidden
         rows = self.embed_tokens.shape[0]
