@@ -23,6 +23,7 @@ from engine.engine_calls import EngineCall
 from engine.errors import FatalEngineError
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.request_metrics import ABORT, ERROR
+from engine.request_stream import EngineDeadError, RequestStream
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -64,10 +65,6 @@ class EngineCore(Protocol):
     def num_total_blocks(self) -> int: ...
 
 
-class EngineDeadError(RuntimeError):
-    """The engine's step raised, or the engine was shut down, while this request was in flight."""
-
-
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot taken by the engine thread after each of its iterations.
@@ -90,60 +87,6 @@ class EngineStats:
     num_steps: int
     peak_batch_size: int
     scheduler: dict[str, Any] = field(default_factory=dict)
-
-
-class RequestStream:
-    """The outputs of one request, as an async iterator living on the event loop.
-
-    The engine's outputs are cumulative, so a consumer slower than the engine only needs the latest one:
-    the stream keeps just that, which bounds memory however slow a client reads.
-    """
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self.aborted = False
-        self._loop = loop
-        self._latest: RequestOutput | None = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self._event = asyncio.Event()
-
-    # Called on the event loop (via call_soon_threadsafe from the engine thread).
-    def _deliver(self, output: RequestOutput) -> None:
-        self._latest = output
-        if output.finished:
-            self._closed = True
-        self._event.set()
-
-    def _finish(self, aborted: bool, error: BaseException | None) -> None:
-        self.aborted = self.aborted or aborted
-        self._error = error
-        self._closed = True
-        self._event.set()
-
-    @property
-    def finished(self) -> bool:
-        return self._closed and self._latest is None
-
-    @property
-    def closed(self) -> bool:
-        """Whether the engine is done with this request (its last output may still be unread)."""
-        return self._closed
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        while True:
-            if self._latest is not None:
-                out, self._latest = self._latest, None
-                return out
-            if self._closed:
-                if self._error is not None:
-                    raise self._error
-                raise StopAsyncIteration
-            await self._event.wait()
-            self._event.clear()
 
 
 @dataclass(slots=True)

@@ -15,17 +15,19 @@ from typing import Any
 import torch
 
 from engine.block_manager import BlockManager
-from engine.config import KV_CACHE_DTYPES, EngineConfig
+from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs
+from engine.errors import EngineConfigError
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionBackend
-from engine.interfaces.block_cache import BlockCache, KVCacheSpec
+from engine.interfaces.block_cache import BlockCache
 from engine.interfaces.communicator import Communicator
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import OpTable, reference_ops
 from engine.interfaces.platform import Platform
 from engine.kv_groups import KVGroupLayout, plan_kv_groups
+from engine.kv_pool import longest_fitting_len, make_kv_pool
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
 from engine.loader.paths import default_served_name
@@ -48,11 +50,6 @@ from engine.warm_up import run_warm_up, warm_up_batches
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KV_DTYPES = {name: getattr(torch, name) for name in KV_CACHE_DTYPES}
-
-
-class EngineConfigError(ValueError):
-    """The configuration cannot run on the selected platform; the message lists every reason."""
 
 
 @dataclass(slots=True)
@@ -307,7 +304,7 @@ def _finish_parts(
     else:
         block_manager = HybridBlockManager(num_blocks, config.cache.block_size, windows, config.cache.enable_prefix_caching)
     # a sequence must fit the pool alone; under a window it needs only its window's blocks
-    max_model_len = _longest_fitting_len(
+    max_model_len = longest_fitting_len(
         config, windows, config.max_model_len or model_config.max_position_embeddings, block_manager.num_total_blocks
     )
     # a manager with a table per KV group never swaps: its sequences are recomputed
@@ -400,86 +397,6 @@ def kv_group_layout(model: object) -> KVGroupLayout | None:
         return None
     windows = getattr(model, "layer_windows", None)
     return plan_kv_groups(windows) if windows else None
-
-
-def _longest_fitting_len(config: EngineConfig, windows: list[int | None], max_len: int, num_blocks: int) -> int:
-    """``max_len``, or less if one sequence of that length would need more than ``num_blocks`` blocks."""
-    def need(length: int) -> int:
-        return sum(_blocks_per_sequence(config, window, length) for window in windows)
-
-    if need(max_len) <= num_blocks:
-        return max_len
-    low, high = 1, max_len  # need() grows with the length: the longest that fits, by bisection
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if need(mid) <= num_blocks else (low, mid - 1)
-    return low
-
-
-def make_kv_pool(
-    config: EngineConfig,
-    platform: Platform,
-    model_config: ModelConfig,
-    attention: AttentionBackend,
-    layout: KVGroupLayout | None = None,
-    model: Any = None,
-) -> tuple[BlockCache, int]:
-    """The platform's KV pool, sized from the configured budget, and its number of blocks (with KV groups,
-    a block spans one group's layers: the pool has ``layout.slots`` layer tensors). A tensor-parallel
-    rank's pool holds its own KV heads (``model.num_kv_heads``)."""
-    spec = KVCacheSpec(
-        num_layers=layout.slots if layout is not None else getattr(model, "num_local_layers", model_config.num_layers),
-        num_kv_heads=getattr(model, "num_kv_heads", model_config.num_kv_heads),
-        head_dim=model_config.head_dim,
-        block_size=config.cache.block_size,
-        dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
-    )
-    max_len = config.max_model_len or model_config.max_position_embeddings
-    windows = layout.windows if layout is not None else [model_config.sliding_window]
-    num_blocks = _num_kv_blocks(config, platform, spec, max_len, windows)
-    return platform.make_block_cache(spec, num_blocks, attention), num_blocks
-
-
-def _blocks_per_sequence(config: EngineConfig, window: int | None, max_len: int) -> int:
-    """The most blocks one sequence of up to ``max_len`` tokens holds at once.
-
-    Under a sliding window a sequence keeps only the blocks its next step can see: those of the window
-    before the step's first token, plus the step's own tokens (up to a whole chunk), plus one for the
-    block boundaries the window and the chunk may straddle.
-    """
-    bs = config.cache.block_size
-    whole = -(-max_len // bs)
-    if window is None:
-        return whole
-    step = min(max_len, config.scheduler.max_num_batched_tokens)
-    return min(whole, -(-(window - 1 + step) // bs) + 1)
-
-
-def _num_kv_blocks(
-    config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int, windows: list[int | None]
-) -> int:
-    """Blocks in the KV pool: the override, else the memory budget's worth, never more than can be used.
-
-    Raises:
-        EngineConfigError: the budget is smaller than one block.
-    """
-    cache = config.cache
-    if cache.num_blocks_override is not None:
-        return cache.num_blocks_override
-    per_block = spec.bytes_per_block(platform.element_size(spec.dtype))
-    budget = cache.kv_cache_memory_bytes or platform.default_kv_cache_bytes()
-    if budget is None:
-        budget = int(platform.free_memory_bytes() * cache.memory_fraction)
-    num_blocks = budget // per_block
-    # More blocks than every sequence at full length could use is memory taken for nothing (one more
-    # is the null block of a sliding-window model).
-    per_sequence = sum(_blocks_per_sequence(config, window, max_len) for window in windows)
-    reserved = any(window is not None for window in windows)
-    useful = config.scheduler.max_num_seqs * per_sequence + reserved
-    num_blocks = min(num_blocks, useful)
-    if num_blocks < 1:
-        raise EngineConfigError(f"the KV cache budget of {budget} bytes is smaller than one block ({per_block} bytes)")
-    return num_blocks
 
 
 def _capture_and_warm_up(

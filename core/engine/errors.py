@@ -40,3 +40,7 @@ class QueueFullError(RuntimeError):
 class FatalEngineError(RuntimeError):
     """The engine cannot go on (a tensor-parallel rank is gone): the requests in flight fail and the
     server stops, where a failed step would only fail its own requests."""
+
+
+class EngineConfigError(ValueError):
+    """The configuration cannot run on the selected platform; the message lists every reason."""

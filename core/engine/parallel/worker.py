@@ -57,7 +57,8 @@ class RankShard:
 
     def allocate(self, num_blocks: int) -> None:
         """Allocate a KV pool of ``num_blocks`` blocks (the driver's count) for this rank's layers and heads."""
-        from engine.engine_setup import kv_group_layout, make_kv_pool
+        from engine.engine_setup import kv_group_layout
+        from engine.kv_pool import make_kv_pool
 
         layout = kv_group_layout(self.model)
         cache = self.config.cache.model_copy(update={"num_blocks_override": num_blocks})
