@@ -122,13 +122,14 @@ class BeamSearcher:
         prompt_token_ids: list[int],
         params: BeamSearchParams,
         cache_salt: str | None = None,
-    ) -> None:
-        """Start a beam group from its root sequence (queued in the scheduler to prefill)."""
+    ) -> Sequence:
+        """Start a beam group from its root sequence (queued in the scheduler to prefill); returns the root."""
         root = self._new_seq(request_id, prompt_token_ids, [], params, cache_salt)
         group = BeamGroup(request_id, prompt, prompt_token_ids, params, [_Beam(root)], cache_salt=cache_salt)
         self.groups[request_id] = group
         self._beam_of[root.seq_id] = (group, group.beams[0])
         self.scheduler.add(root)
+        return root
 
     def owns(self, seq: Sequence) -> bool:
         return seq.seq_id in self._beam_of
@@ -188,6 +189,7 @@ class BeamSearcher:
                     group.finished.append(_Hypothesis(tokens, score, score / len(tokens) ** params.length_penalty))
                 continue
             child = self._new_seq(group.request_id, group.prompt_token_ids, tokens, params, group.cache_salt)
+            child.lora_id, child.lora_key = parent.seq.lora_id, parent.seq.lora_key
             self.block_manager.fork(parent.seq.seq_id, child.seq_id)
             child.num_computed_tokens = parent.seq.num_computed_tokens
             self.scheduler.add_running(child)

@@ -265,14 +265,15 @@ class LLM:
 
     def beam_search(
         self, prompts: str | list[int] | Seq[str] | Seq[list[int]], params: BeamSearchParams | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = False, lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Beam search for each prompt (strings or token ids); each output's completions are the
-        ``beam_width`` best hypotheses, best first."""
+        ``beam_width`` best hypotheses, best first; ``lora_request`` as for :meth:`generate`."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
-        return self._run(prompts, [params or BeamSearchParams()] * len(prompts), use_tqdm)
+        loras = _per_prompt(lora_request, len(prompts))
+        return self._run(prompts, [params or BeamSearchParams()] * len(prompts), use_tqdm, loras=loras)
 
     def _run(
         self,

@@ -213,9 +213,8 @@ class LLMEngine:
         """
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if lora_request is not None and isinstance(params, (PoolingParams, BeamSearchParams)):
-            kind = "pooling" if isinstance(params, PoolingParams) else "beam search"
-            raise InvalidRequestError(f"LoRA adapters are not supported for {kind} requests yet", param="lora_request")
+        if lora_request is not None and isinstance(params, PoolingParams):
+            raise InvalidRequestError("LoRA adapters are not supported for pooling requests yet", param="lora_request")
         if isinstance(params, PoolingParams):
             if self.config.runner == "generate":
                 raise InvalidRequestError("this engine runs generation only (runner='generate'); pooling requests need runner 'pooling' or 'auto'")
@@ -230,7 +229,10 @@ class LLMEngine:
         if isinstance(params, BeamSearchParams):
             token_ids = self.validate_request(prompt, params.step_params(), cache_salt)
             self._admit(params.beam_width, "the beam width (n)")
-            self.beams.add(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, cache_salt)
+            if lora_request is not None:
+                self.loras.add(lora_request)  # a broken adapter is refused before the group exists
+            root = self.beams.add(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, cache_salt)
+            self.loras.tag([root], lora_request)  # the beams forked from it inherit the adapter
             return
         token_ids = self.validate_request(prompt, params, cache_salt)
         self._admit(params.n, "n")

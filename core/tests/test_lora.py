@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from dense_model_utils import hf_greedy
 from lora_adapters import merged_hf
 
@@ -203,3 +204,22 @@ def test_decode_graph_steps_carry_each_rows_slot(tiny_llama_dir, tiny_llama_lora
         assert any(step is not None for step in replays)  # decodes went through the graph path with slots
     finally:
         llm.shutdown()
+
+
+def test_beam_search_under_an_adapter(lora_llm, tiny_llama_loras, references):
+    from engine.beam_search import BeamSearchParams
+
+    lora = _requests(tiny_llama_loras)[0]
+    params = BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True)
+    out = lora_llm.beam_search(PROMPTS[1], params, lora_request=lora)[0]
+    hf = references[lora.lora_name]
+    ids = list(out.prompt_token_ids)
+    with torch.no_grad():
+        want = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), num_beams=3,
+            max_new_tokens=6, min_new_tokens=6, do_sample=False, early_stopping=True, length_penalty=1.0, pad_token_id=0,
+        )[0, len(ids) :].tolist()
+    assert list(out.outputs[0].token_ids) == want
+    base = lora_llm.beam_search(PROMPTS[1], params)[0]
+    assert base.outputs[0].token_ids != out.outputs[0].token_ids
+    assert_all_blocks_free(lora_llm)
