@@ -159,6 +159,7 @@ class LLM:
         prompts: str | list[int] | dict[str, Any] | Seq[str | list[int] | dict[str, Any]],
         pooling_params: PoolingParams | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[PoolingRequestOutput]:
         """Embed each prompt: its final hidden states pooled (the model's pooling, or ``pooling_params``');
         outputs in prompt order, each vector at ``outputs.embedding``.
@@ -168,6 +169,7 @@ class LLM:
             pooling_params: pooling type, normalization and Matryoshka ``dimensions`` (default: the model's
                 sentence-transformers config, else the last token's state, normalized).
             use_tqdm: show a progress bar.
+            lora_request: the LoRA adapter the prompts run under, or one per prompt (``enable_lora``).
 
         Raises:
             engine.errors.InvalidRequestError: a bad prompt, or ``dimensions`` past the model's width.
@@ -175,7 +177,8 @@ class LLM:
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
         items = [prompts] if single else list(prompts)
         params = pooling_params or PoolingParams()
-        return self._run([_unwrap_prompt(p) for p in items], [params] * len(items), use_tqdm)  # type: ignore[list-item,return-value]
+        loras = _per_prompt(lora_request, len(items))
+        return self._run([_unwrap_prompt(p) for p in items], [params] * len(items), use_tqdm, loras=loras)  # type: ignore[list-item,return-value]
 
     def encode(
         self,

@@ -213,12 +213,10 @@ class LLMEngine:
         """
         if request_id in self.requests or request_id in self.beams.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if lora_request is not None and isinstance(params, PoolingParams):
-            raise InvalidRequestError("LoRA adapters are not supported for pooling requests yet", param="lora_request")
         if isinstance(params, PoolingParams):
             if self.config.runner == "generate":
                 raise InvalidRequestError("this engine runs generation only (runner='generate'); pooling requests need runner 'pooling' or 'auto'")
-            self._add_pooling(request_id, prompt, params, priority, cache_salt)
+            self._add_pooling(request_id, prompt, params, priority, cache_salt, lora_request)
             return
         if not getattr(self.model, "generates", True):
             raise InvalidRequestError(
@@ -279,7 +277,8 @@ class LLMEngine:
         return self.loras.list()
 
     def _add_pooling(
-        self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None
+        self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a pooling request: one sequence whose prompt is computed and pooled, nothing sampled."""
         hidden = self.model_config.hidden_size
@@ -296,6 +295,7 @@ class LLMEngine:
             params=request.params, arrival=next(self._arrivals), priority=priority, cache_salt=cache_salt,
         )  # fmt: skip
         seq.pooling = params
+        self.loras.tag([seq], lora_request)
         if getattr(self.model, "needs_whole_prompt", False):
             budget = self.config.scheduler.max_num_batched_tokens
             if budget is not None and len(token_ids) > budget:
@@ -377,6 +377,8 @@ class LLMEngine:
                 if not seq.is_finished:
                     self.scheduler.remove(seq)
                     seq.status = SequenceStatus.FINISHED
+            if self.speculator is not None:
+                self.speculator.finished(*request.sequences, aborted=True)
             self.structured.release(request.sequences)
             self.pooling.discard(rid)
             # nothing reports on it any more: its output state goes with it
@@ -443,7 +445,9 @@ class LLMEngine:
             self._in_flight = launched
         for out in outputs:
             if out.finished:
-                self.output_processor.release(self.requests.pop(out.request_id))
+                self.output_processor.release(done := self.requests.pop(out.request_id))
+                if self.speculator is not None:
+                    self.speculator.finished(*done.sequences)
         for out in self.beams.expand_ready():
             for c in out.outputs:
                 c.text = self.tokenizer.decode(c.token_ids)

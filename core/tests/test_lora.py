@@ -223,3 +223,17 @@ def test_beam_search_under_an_adapter(lora_llm, tiny_llama_loras, references):
     base = lora_llm.beam_search(PROMPTS[1], params)[0]
     assert base.outputs[0].token_ids != out.outputs[0].token_ids
     assert_all_blocks_free(lora_llm)
+
+
+def test_embeddings_under_adapters(lora_llm, tiny_llama_loras, references):
+    # pooling requests under different adapters (and the base) share steps; each equals HF's merged model
+    requests = _requests(tiny_llama_loras)
+    loras = [None, requests[0], requests[2], requests[4]]
+    outs = lora_llm.embed([PROMPTS[3]] * len(loras), lora_request=loras, use_tqdm=False)
+    for out, lora in zip(outs, loras):
+        hf = references[None if lora is None else lora.lora_name]
+        with torch.no_grad():
+            state = hf.model(torch.tensor([list(out.prompt_token_ids)])).last_hidden_state[0, -1]
+        want = torch.nn.functional.normalize(state, dim=-1)
+        assert torch.allclose(torch.tensor(out.outputs.embedding), want, atol=1e-4), lora
+    assert_all_blocks_free(lora_llm)

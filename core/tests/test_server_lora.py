@@ -118,10 +118,31 @@ def test_an_unknown_model_is_a_404(client, server):
 
 
 @pytest.mark.slow
-def test_pooling_routes_refuse_an_adapter(server):
-    r = post(server, "/v1/embeddings", {"model": SERVED[0], "input": "hello"})
+def test_embeddings_under_an_adapter_and_scores_refuse_one(client, server, references):
+    got = client.embeddings.create(model=SERVED[0], input=PROMPT)
+    assert got.model == SERVED[0]
+    want = last_token_state(references[SERVED[0]], got_ids(server))
+    assert max(abs(a - b) for a, b in zip(got.data[0].embedding, want)) < 1e-4
+    base = client.embeddings.create(model="tiny", input=PROMPT).data[0].embedding
+    assert max(abs(a - b) for a, b in zip(got.data[0].embedding, base)) > 1e-3
+    r = post(server, "/score", {"model": SERVED[0], "text_1": "a", "text_2": "b"})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "model" and "LoRA" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "model"
+
+
+def got_ids(server) -> list[int]:
+    r = post(server, "/tokenize", {"model": "tiny", "prompt": PROMPT})
+    return r.json()["tokens"]
+
+
+def last_token_state(hf, ids: list[int]) -> list[float]:
+    """HF's normalized final hidden state of the last prompt token (the engine's default pooling of a
+    causal LM)."""
+    import torch
+
+    with torch.no_grad():
+        state = hf.model(torch.tensor([ids])).last_hidden_state[0, -1]
+    return torch.nn.functional.normalize(state, dim=-1).tolist()
 
 
 @pytest.mark.slow

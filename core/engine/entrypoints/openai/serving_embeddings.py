@@ -47,9 +47,11 @@ class EmbeddingRequest(BaseModel):
 
 
 async def pool_all(
-    ctx: ServingContext, request: Request, prompts: list[list[int]], params: PoolingParams, priority: int = 0
+    ctx: ServingContext, request: Request, prompts: list[list[int]], params: PoolingParams, priority: int = 0,
+    model: str | None = None,
 ) -> list[Any]:
-    """Run one pooling request per prompt and wait for all of them (aborted if the client goes away).
+    """Run one pooling request per prompt and wait for all of them (aborted if the client goes away);
+    ``model`` names a LoRA adapter to run them under (or the base model).
 
     Returns:
         The ``PoolingRequestOutput`` of each prompt, in order.
@@ -62,7 +64,7 @@ async def pool_all(
     streams = []
     try:
         for rid, ids in zip(request_ids, prompts):
-            streams.append(await add_request(ctx, rid, ids, params, None, None, priority))
+            streams.append(await add_request(ctx, rid, ids, params, None, None, priority, model))
     except BaseException:
         for rid in request_ids[: len(streams)]:
             ctx.engine.abort(rid)
@@ -114,12 +116,12 @@ class EmbeddingsHandler:
     async def __call__(self, request: Request) -> JSONResponse:
         ctx = self.ctx
         req = await parse_body(request, EmbeddingRequest, ctx.max_body_bytes)
-        ctx.check_base_model(req.model)
+        ctx.check_model(req.model)
         raw = req.input
         size = len(raw) if isinstance(raw, str) else sum(len(x) if isinstance(x, (str, list)) else 1 for x in raw)
         prompts = await ctx.off_loop(size, self._prompts, req)
         params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
-        finals = await pool_all(ctx, request, prompts, params, req.priority)
+        finals = await pool_all(ctx, request, prompts, params, req.priority, req.model)
         num_tokens = sum(len(ids) for ids in prompts)
         data = []
         for i in range(len(prompts)):
@@ -127,6 +129,6 @@ class EmbeddingsHandler:
             embedding: Any = base64.b64encode(vector.tobytes()).decode() if req.encoding_format == "base64" else vector.tolist()
             data.append({"object": "embedding", "index": i, "embedding": embedding})
         return JSONResponse({
-            "object": "list", "data": data, "model": ctx.model_name,
+            "object": "list", "data": data, "model": ctx.reported_model(req.model),
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
         })  # fmt: skip
