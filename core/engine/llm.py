@@ -303,9 +303,9 @@ class LLM:
                 prompts, params_list, priorities or [0] * len(prompts), loras or [None] * len(prompts)
             ):
                 rid = f"offline-{next(self._counter)}"
-                engine.add_request(
-                    rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt, lora_request=lora
-                )
+                # only when given: a data-parallel engine (which refuses LoRA at start-up) takes no adapter
+                extra = {"lora_request": lora} if lora is not None else {}
+                engine.add_request(rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt, **extra)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)
