@@ -161,7 +161,8 @@ class EngineConfig(BaseModel):
             (embeddings, classification, scores); ``auto`` takes what the model serves (an embedding or
             classification checkpoint pools only, a causal LM does both).
         speculative_config: speculative decoding, with the leading engine's keys (``{"method": "ngram",
-            "num_speculative_tokens": 4, "prompt_lookup_max": 4}``); None: off.
+            "num_speculative_tokens": 4, "prompt_lookup_max": 4}``, or ``{"method": "suffix"}`` with its
+            ``suffix_decoding_*`` keys); None: off.
         lora: multi-LoRA serving (``enable_lora``): device slots and the largest rank; None: off.
     """
 

@@ -6,27 +6,75 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+#: the leading engine's default for suffix decoding, which proposes only what its tries make likely
+SUFFIX_DEFAULT_TOKENS = 32
+#: the most proposals n-gram lookup makes per step (it proposes whatever follows a match)
+NGRAM_MAX_TOKENS = 16
+METHODS = ("ngram", "suffix")
+
+
+def _method_of(key: str) -> str | None:
+    """The method a key belongs to (None: shared)."""
+    if key.startswith("prompt_lookup_"):
+        return "ngram"
+    if key.startswith("suffix_decoding_"):
+        return "suffix"
+    return None
+
 
 class SpeculativeConfig(BaseModel):
     """How to speculate.
 
     Attributes:
         method: ``ngram``: prompt lookup, the continuation of the latest earlier occurrence of the
-            sequence's last n tokens (prompt and output), longest n first.
-        num_speculative_tokens: proposals per step and sequence.
-        prompt_lookup_min: the shortest n-gram matched.
-        prompt_lookup_max: the longest n-gram matched.
+            sequence's last n tokens (prompt and output), longest n first. ``suffix``: suffix decoding,
+            the likeliest continuation of the sequence's longest matching suffix in a trie of its own
+            tokens or in one of recently finished outputs.
+        num_speculative_tokens: the most proposals per step and sequence (required for ``ngram``, at most
+            16; ``suffix`` defaults to 32 and proposes fewer where its tries are unsure).
+        prompt_lookup_min: ``ngram``: the shortest n-gram matched.
+        prompt_lookup_max: ``ngram``: the longest n-gram matched.
+        suffix_decoding_max_tree_depth: ``suffix``: the longest substring the tries keep; it bounds the
+            match plus the proposal.
+        suffix_decoding_max_cached_requests: ``suffix``: how many finished sequences' outputs the global
+            trie holds, the oldest evicted first (0: no global trie). The default, 256, is below the
+            leading engine's 10000: this trie is plain Python objects (about 17 MB per 1,000 tokens of
+            unrepetitive text at depth 64), and 10000 long outputs would take many GB.
+        suffix_decoding_max_spec_factor: ``suffix``: a match of n tokens proposes at most
+            ``floor(factor * n)``.
+        suffix_decoding_min_token_prob: ``suffix``: proposals stop before a token whose estimated
+            probability (its count over its siblings') is lower.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram"] = "ngram"
-    num_speculative_tokens: int = Field(..., ge=1, le=16)
+    method: Literal["ngram", "suffix"] = "ngram"
+    num_speculative_tokens: int = Field(..., ge=1)
     prompt_lookup_min: int = Field(1, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
+    suffix_decoding_max_tree_depth: int = Field(64, ge=1)
+    suffix_decoding_max_cached_requests: int = Field(256, ge=0)
+    suffix_decoding_max_spec_factor: float = Field(1.0, ge=0)
+    suffix_decoding_min_token_prob: float = Field(0.1, ge=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        method = data.get("method", "ngram")
+        for key in data:
+            owner = _method_of(key)
+            if owner is not None and method in METHODS and owner != method:
+                raise ValueError(f"{key} is a setting of method {owner!r}, not of {method!r}")
+        if method == "suffix" and "num_speculative_tokens" not in data:
+            return {**data, "num_speculative_tokens": SUFFIX_DEFAULT_TOKENS}
+        return data
 
     @model_validator(mode="after")
     def _check_lookup(self) -> SpeculativeConfig:
+        if self.method == "ngram" and self.num_speculative_tokens > NGRAM_MAX_TOKENS:
+            raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens} exceeds {NGRAM_MAX_TOKENS}, the most for ngram")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} exceeds prompt_lookup_max {self.prompt_lookup_max}")
         return self
@@ -36,17 +84,18 @@ def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig | None) -> 
     """A ``speculative_config`` as given (a dict, from Python or the CLI's JSON), checked.
 
     Raises:
-        ValueError: an unknown method or key, or a bad value, in one line.
+        ValueError: an unknown method or key, a key of the other method, or a bad value, in one line.
     """
     if raw is None or isinstance(raw, SpeculativeConfig):
         return raw
     if not isinstance(raw, dict):
         raise ValueError(f"speculative_config must be an object, got {type(raw).__name__}")
-    if "method" in raw and raw["method"] != "ngram":
-        raise ValueError(f"speculative_config method {raw['method']!r} is not supported (supported: ngram)")
+    if "method" in raw and raw["method"] not in METHODS:
+        raise ValueError(f"speculative_config method {raw['method']!r} is not supported (supported: {', '.join(METHODS)})")
     try:
         return SpeculativeConfig(**raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "speculative_config"
-        raise ValueError(f"speculative_config {where}: {first['msg']}") from None
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"speculative_config {where}: {message}" if where else f"speculative_config: {message}") from None
