@@ -467,9 +467,13 @@ class LLMEngine:
             return
         taken: list[tuple[int, Sequence]] = []
         for i, seq in enumerate(launched.targets):
+            if seq.is_finished:
+                # finished or aborted while the step was in flight, or by the overlapped step before this
+                # one, whose tokens were read after this step was scheduled
+                continue
             if launched.overlapped:
-                if seq.is_finished or not seq.output_token_ids or seq.output_token_ids[-1] != PENDING_TOKEN:
-                    continue  # finished or aborted while the step was in flight
+                if not seq.output_token_ids or seq.output_token_ids[-1] != PENDING_TOKEN:
+                    continue
                 seq.output_token_ids.pop()
             if self.beams.owns(seq):
                 self.beams.on_sampled(seq, result.top_logprobs[i])

@@ -125,3 +125,21 @@ def test_streamed_steps_and_abort_in_flight(pair):
     assert all(-1 not in ids for ids in seen)
     assert [len(ids) for ids in seen] == list(range(len(seen[0]), len(seen[0]) + len(seen)))
     assert_all_blocks_free(overlapped)
+
+
+def test_a_step_that_cannot_overlap_after_one_that_did_adds_nothing_to_what_it_finished(pair):
+    """A greedy request finished by an overlapped step's token, read only after the next step (which cannot
+    overlap: a sampled request joined) was issued with a row for it: that row's token is dropped, whatever
+    step the sampled request joins at."""
+    overlapped, _ = pair
+    engine = overlapped.llm_engine
+    for joins_after in range(1, 6):
+        engine.add_request(f"g{joins_after}", PROMPTS[0], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        outputs = {}
+        for _ in range(joins_after):
+            outputs.update((o.request_id, o) for o in engine.step())
+        engine.add_request(f"s{joins_after}", PROMPTS[1], SamplingParams(max_tokens=3, temperature=1.0, seed=1))
+        while engine.has_unfinished_requests():
+            outputs.update((o.request_id, o) for o in engine.step())
+        assert len(outputs[f"g{joins_after}"].outputs[0].token_ids) == 4, joins_after
+    assert_all_blocks_free(overlapped)
