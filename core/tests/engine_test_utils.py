@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 
 def assert_all_blocks_free(llm) -> None:
@@ -43,3 +45,13 @@ def process_state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def run_cli(
+    *args: str, stdin: str | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``engine ARGS...`` in a child Python (the module form of the console script), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **(env or {})},
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -15,15 +14,7 @@ import pytest
 from engine import __version__
 from engine.entrypoints import cli
 from engine.entrypoints.cli import main, parse_memory
-
-
-def run_cli(
-    *args: str, stdin: str | None = None, timeout: float = 300, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **(env or {})},
-    )
+from engine_test_utils import run_cli
 
 
 def test_version(capsys):

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from engine.entrypoints.cli import main
 from engine.entrypoints.lora_args import runtime_lora_updating
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "engine.entrypoints.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+from engine_test_utils import run_cli
 
 
 @pytest.mark.parametrize(

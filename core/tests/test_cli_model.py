@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-
-def run_cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
-    )
+from engine_test_utils import run_cli
 
 
 @pytest.mark.slow
