@@ -1,9 +1,13 @@
-"""n-gram and suffix speculative decoding on the CPU with the embedded model (SmolLM2-135M-Instruct, its
-default packed bf16 path): copy-heavy requests (rewrite a given text, 256 tokens) at batch 1, and the
-throughput cost at batch 64 on requests whose outputs share little with their prompts; plain, n-gram and
-suffix decoding one after the other in one run.
+"""n-gram, suffix and draft-model speculative decoding on the CPU with the embedded model
+(SmolLM2-135M-Instruct, its default packed bf16 path): copy-heavy requests (rewrite a given text, 256
+tokens) at batch 1, and the throughput cost at batch 64 on requests whose outputs share little with their
+prompts; plain and the methods one after the other in one run.
+
+``draft`` drafts with the embedded GGUF on its packed Q4_1 path: against a target of the same model run
+unquantized (``--quantization none``, float32) it is self-speculation with a quantized draft.
 
     python benchmarks/speculative_ngram.py [--tokens 256] [--k 4] [--suffix-k 32] [--methods plain,ngram,suffix]
+    python benchmarks/speculative_ngram.py --methods plain,draft --quantization none --dtype float32
 """
 
 from __future__ import annotations
@@ -45,21 +49,39 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="ngram's num_speculative_tokens")
     parser.add_argument("--suffix-k", type=int, default=32, help="suffix's num_speculative_tokens (its default)")
     parser.add_argument("--methods", default="plain,ngram,suffix", help="comma-separated, plain first")
+    parser.add_argument("--model", default=None, help="the target (default: the embedded GGUF); also the draft's file")
+    parser.add_argument("--device", default=None, help="the best available when not given")
+    parser.add_argument("--quantization", default="auto", help="the target's (the draft keeps its Q4_1)")
+    parser.add_argument("--dtype", default="auto", help="the target's and the draft's")
+    parser.add_argument("--no-auto-disable", action="store_true", help="keep proposing whatever it costs")
     parser.add_argument("--out", default="benchmarks/results/speculative_ngram_cpu.json")
     args = parser.parse_args()
     from engine import LLM
+    from engine.loader.paths import default_model_path
 
     configs = {
         "plain": None,
         "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         "suffix": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
+        "draft": {"model": args.model or default_model_path(), "num_speculative_tokens": args.k},
     }
+    if args.no_auto_disable:
+        configs = {k: v if v is None else {**v, "auto_disable": False} for k, v in configs.items()}
     methods = args.methods.split(",")
-    report: dict = {"cpu": platform.processor() or platform.machine(), "tokens": args.tokens, "k": args.k, "suffix_k": args.suffix_k}
+    report: dict = {
+        "cpu": platform.processor() or platform.machine(), "tokens": args.tokens, "k": args.k, "suffix_k": args.suffix_k,
+        "quantization": args.quantization, "dtype": args.dtype,
+    }  # fmt: skip
     for name in methods:
         spec = configs[name]
-        llm = LLM(kv_cache_memory_bytes=256 << 20, speculative_config=spec)
-        run(llm, [COPY_PROMPT], 16)  # warm-up
+        llm = LLM(
+            args.model, kv_cache_memory_bytes=256 << 20, speculative_config=spec, quantization=args.quantization,
+            dtype=args.dtype, **({"device": args.device} if args.device else {}),
+        )  # fmt: skip
+        # warm-up: the kernels of every shape, and the speculation switch's first measurements of both
+        # workloads (it keeps measuring while serving; a server spends its time in that steady state)
+        run(llm, [COPY_PROMPT], args.tokens // 2)
+        run(llm, QUESTIONS, 32)
         speculator = llm.llm_engine.speculator
         if speculator is not None and speculator.cache is not None:
             # the warm-up's output would hand suffix decoding the measured run's first tokens

@@ -45,6 +45,8 @@ from engine.phases import timed_phase
 from engine.plugins.manager import PluginManager
 from engine.sampling.sampler import Sampler
 from engine.scheduler import Scheduler
+from engine.speculative.draft_model import DraftParts
+from engine.speculative.draft_setup import LoadedDraft, finish_draft, load_draft, wants_draft
 from engine.warm_up import run_warm_up, warm_up_batches
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class EngineParts:
         num_blocks: KV blocks in the pool.
         workers: the other tensor-parallel ranks' processes (None: one process).
         lora: the adapters and their device slots (None: LoRA off).
+        draft: the draft model of speculative decoding (None: no draft model).
     """
 
     config: EngineConfig
@@ -97,6 +100,7 @@ class EngineParts:
     num_blocks: int
     workers: RankWorkers | None = None
     lora: LoraManager | None = None
+    draft: DraftParts | None = None
 
 
 def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager: PluginManager) -> EngineParts:
@@ -144,8 +148,10 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         model, attention, ops = build_model(
             config, platform, registry, model_path, model_config, model_class, *(parallel or (None, None))
         )
+        # the draft's weights before the pools are sized: the target's pool leaves the draft's room
+        draft = load_draft(config, platform, registry, model_config) if wants_draft(config) else None
         parts = _finish_parts(config, platform, model_path, model_config, dtype, device, tokenizer, eos_token_ids,
-                              model, attention, ops, workers)  # fmt: skip
+                              model, attention, ops, workers, draft)  # fmt: skip
     except BaseException:
         if workers is not None:
             workers.close()
@@ -291,11 +297,14 @@ def _finish_parts(
     attention: AttentionBackend,
     ops: OpTable,
     workers: RankWorkers | None,
+    draft: LoadedDraft | None = None,
 ) -> EngineParts:
     lora = attach_lora(config, model)
     layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]
-    block_cache, num_blocks = make_kv_pool(config, platform, model_config, attention, layout, model)
+    block_cache, num_blocks = make_kv_pool(
+        config, platform, model_config, attention, layout, model, draft.bytes_per_block if draft is not None else 0
+    )
     if workers is not None:
         workers.start_pools(num_blocks)
     block_manager: BlockManager | HybridBlockManager
@@ -346,6 +355,7 @@ def _finish_parts(
         num_blocks=num_blocks,
         workers=workers,
         lora=lora,
+        draft=finish_draft(config, platform, draft, num_blocks) if draft is not None else None,
     )
 
 

@@ -39,10 +39,12 @@ def make_kv_pool(
     attention: AttentionBackend,
     layout: KVGroupLayout | None = None,
     model: Any = None,
+    extra_bytes_per_block: int = 0,
 ) -> tuple[BlockCache, int]:
     """The platform's KV pool, sized from the configured budget, and its number of blocks (with KV groups,
     a block spans one group's layers: the pool has ``layout.slots`` layer tensors). A tensor-parallel
-    rank's pool holds its own KV heads (``model.num_kv_heads``)."""
+    rank's pool holds its own KV heads (``model.num_kv_heads``). ``extra_bytes_per_block`` is what each
+    block costs elsewhere out of the same budget (a draft model's pool of as many blocks)."""
     spec = KVCacheSpec(
         num_layers=layout.slots if layout is not None else getattr(model, "num_local_layers", model_config.num_layers),
         num_kv_heads=getattr(model, "num_kv_heads", model_config.num_kv_heads),
@@ -52,7 +54,7 @@ def make_kv_pool(
     )
     max_len = config.max_model_len or model_config.max_position_embeddings
     windows = layout.windows if layout is not None else [model_config.sliding_window]
-    num_blocks = _num_kv_blocks(config, platform, spec, max_len, windows)
+    num_blocks = _num_kv_blocks(config, platform, spec, max_len, windows, extra_bytes_per_block)
     return platform.make_block_cache(spec, num_blocks, attention), num_blocks
 
 
@@ -72,7 +74,12 @@ def blocks_per_sequence(config: EngineConfig, window: int | None, max_len: int) 
 
 
 def _num_kv_blocks(
-    config: EngineConfig, platform: Platform, spec: KVCacheSpec, max_len: int, windows: list[int | None]
+    config: EngineConfig,
+    platform: Platform,
+    spec: KVCacheSpec,
+    max_len: int,
+    windows: list[int | None],
+    extra_bytes_per_block: int = 0,
 ) -> int:
     """Blocks in the KV pool: the override, else the memory budget's worth, never more than can be used.
 
@@ -82,7 +89,7 @@ def _num_kv_blocks(
     cache = config.cache
     if cache.num_blocks_override is not None:
         return cache.num_blocks_override
-    per_block = spec.bytes_per_block(platform.element_size(spec.dtype))
+    per_block = spec.bytes_per_block(platform.element_size(spec.dtype)) + extra_bytes_per_block
     budget = cache.kv_cache_memory_bytes or platform.default_kv_cache_bytes()
     if budget is None:
         budget = int(platform.free_memory_bytes() * cache.memory_fraction)

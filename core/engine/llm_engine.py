@@ -87,7 +87,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         #: speculative decoding (None: off)
         self.speculator = (
-            Speculator(self.config.speculative_config, self.max_model_len) if self.config.speculative_config is not None else None
+            Speculator(self.config.speculative_config, self.max_model_len, parts.draft)
+            if self.config.speculative_config is not None
+            else None
         )
         #: pooling (embedding) requests' accumulated chunks, with the model's declared pooling
         if hasattr(self.model, "sep_token_id"):
@@ -414,7 +416,10 @@ class LLMEngine:
         token_bitmask = self.structured.fill_bitmask if self.structured.num_matchers else None
         if not plan.is_empty:
             # verification reads each step's tokens before proposing the next: no step left in flight
-            overlap = self.config.scheduler.async_scheduling and not self.beams.groups and self.speculator is None
+            overlap = self.config.scheduler.async_scheduling and not self.beams.groups
+            if self.speculator is not None:
+                # proposals need each step read before the next is scheduled; a step without them may overlap
+                overlap = self.speculator.begin_step(plan) and overlap
             launched = self.runner.launch(
                 plan, self.generator, previous, overlap=overlap, generator_of=self.output_processor.generator_of,
                 token_bitmask=token_bitmask, defer_bitmask=previous is not None,
@@ -464,6 +469,7 @@ class LLMEngine:
         if result is None:
             if self.speculator is not None and launched.verified:
                 self._take_verified(launched, touched)  # every row of the step was a verified decode
+                self._propose([], launched)
             return
         taken: list[tuple[int, Sequence]] = []
         for i, seq in enumerate(launched.targets):
@@ -496,7 +502,7 @@ class LLMEngine:
                 touched[seq.request_id] = request
         if self.speculator is not None:
             self._take_verified(launched, touched)
-            self.speculator.propose(s for _, s in taken if not s.is_finished)
+            self._propose([s for _, s in taken], launched)
 
     def _take_verified(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:
         """Append what each verified decode keeps (accepted proposals, then the target's own token), one
@@ -518,7 +524,14 @@ class LLMEngine:
             if request is not None:
                 touched[seq.request_id] = request
         self.speculator.record(v for _, v in launched.verified)
-        self.speculator.propose(seq for seq, _ in launched.verified if not seq.is_finished)
+
+    def _propose(self, sampled: list[Sequence], launched: LaunchedStep) -> None:
+        """Proposals for the next step of every sequence this step gave tokens to (sampled or verified);
+        the tokens count towards the speculation switch's measurement."""
+        assert self.speculator is not None
+        emitted = len(sampled) + sum(len(v.result.token_ids) for _, v in launched.verified)
+        seqs = [s for s in sampled if not s.is_finished] + [s for s, _ in launched.verified if not s.is_finished]
+        self.speculator.propose(seqs, emitted, read_late=launched.overlapped)
 
     def _fork_siblings(self, parent: Sequence) -> None:
         for child in parent.pending_forks:

@@ -16,7 +16,8 @@ from engine.speculative.config import parse_speculative_config
 from engine.speculative.suffix import SuffixCache, SuffixTrie, propose_suffix
 from engine_test_utils import assert_all_blocks_free
 
-SUFFIX = {"method": "suffix", "num_speculative_tokens": 8}
+#: the speculation switch off: these tests count proposals, which its timing-driven choices would change
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "auto_disable": False}
 REPETITIVE = [
     "one two three four five one two three four five one two three",
     "The cat sat on the mat. The cat sat on the mat. The cat",

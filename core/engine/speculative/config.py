@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 SUFFIX_DEFAULT_TOKENS = 32
 #: the most proposals n-gram lookup makes per step (it proposes whatever follows a match)
 NGRAM_MAX_TOKENS = 16
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "draft_model")
 
 
 def _method_of(key: str) -> str | None:
@@ -19,6 +19,8 @@ def _method_of(key: str) -> str | None:
         return "ngram"
     if key.startswith("suffix_decoding_"):
         return "suffix"
+    if key.startswith("draft_"):
+        return "draft_model"
     return None
 
 
@@ -30,6 +32,8 @@ class SpeculativeConfig(BaseModel):
             sequence's last n tokens (prompt and output), longest n first. ``suffix``: suffix decoding,
             the likeliest continuation of the sequence's longest matching suffix in a trie of its own
             tokens or in one of recently finished outputs.
+            ``draft_model``: the greedy continuation of a smaller model (``model``) that runs beside the
+            target with a KV cache of its own.
         num_speculative_tokens: the most proposals per step and sequence (required for ``ngram``, at most
             16; ``suffix`` defaults to 32 and proposes fewer where its tries are unsure).
         prompt_lookup_min: ``ngram``: the shortest n-gram matched.
@@ -44,11 +48,18 @@ class SpeculativeConfig(BaseModel):
             ``floor(factor * n)``.
         suffix_decoding_min_token_prob: ``suffix``: proposals stop before a token whose estimated
             probability (its count over its siblings') is lower.
+        model: ``draft_model``: a smaller model of the same vocabulary (an HF folder or a GGUF file) whose
+            greedy continuation is proposed; giving it without a method selects ``draft_model``.
+        draft_tensor_parallel_size: ``draft_model``: the draft runs on one device (only 1 is accepted).
+        disable_by_batch_size: no proposals while at least this many sequences decode (None: no bound).
+        auto_disable: measure the decode rate of steps with and without proposals for each batch-size
+            class and propose only while that pays (``engine.speculative.switch``); outputs are the same
+            either way.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram", "suffix"] = "ngram"
+    method: Literal["ngram", "suffix", "draft_model"] = "ngram"
     num_speculative_tokens: int = Field(..., ge=1)
     prompt_lookup_min: int = Field(1, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
@@ -56,12 +67,18 @@ class SpeculativeConfig(BaseModel):
     suffix_decoding_max_cached_requests: int = Field(256, ge=0)
     suffix_decoding_max_spec_factor: float = Field(1.0, ge=0)
     suffix_decoding_min_token_prob: float = Field(0.1, ge=0, le=1)
+    model: str | None = None
+    draft_tensor_parallel_size: int = Field(1, ge=1, le=1)
+    disable_by_batch_size: int | None = Field(None, ge=1)
+    auto_disable: bool = True
 
     @model_validator(mode="before")
     @classmethod
     def _check_keys(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if "method" not in data and data.get("model") is not None:
+            data = {**data, "method": "draft_model"}
         method = data.get("method", "ngram")
         for key in data:
             owner = _method_of(key)
@@ -75,6 +92,10 @@ class SpeculativeConfig(BaseModel):
     def _check_lookup(self) -> SpeculativeConfig:
         if self.method == "ngram" and self.num_speculative_tokens > NGRAM_MAX_TOKENS:
             raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens} exceeds {NGRAM_MAX_TOKENS}, the most for ngram")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method 'draft_model' needs the draft's model (a folder or GGUF file)")
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f"model is a setting of method 'draft_model', not of {self.method!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} exceeds prompt_lookup_max {self.prompt_lookup_max}")
         return self

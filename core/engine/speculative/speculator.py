@@ -3,12 +3,16 @@ suffix method's tries, and the acceptance counters."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
+from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.config import SpeculativeConfig
+from engine.speculative.draft_model import DraftModelProposer, DraftParts
 from engine.speculative.ngram import propose_ngram
 from engine.speculative.suffix import SuffixCache, SuffixTrie, propose_suffix
+from engine.speculative.switch import SpeculationSwitch
 from engine.speculative.verify import Verified
 
 
@@ -18,9 +22,10 @@ class Speculator:
     Args:
         config: the method and its settings.
         max_model_len: the context limit (proposals never run past it).
+        draft: the draft model's runner and pool (method ``draft_model``).
     """
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftParts | None = None) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.num_proposed = 0
@@ -33,14 +38,71 @@ class Speculator:
         self.cache: SuffixCache | None = None
         if config.method == "suffix" and config.suffix_decoding_max_cached_requests > 0:
             self.cache = SuffixCache(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests)
+        #: draft_model: the draft and its mirrors of the proposing sequences
+        self.draft = DraftModelProposer(draft) if draft is not None else None
+        if self.draft is not None:
+            self.max_model_len = min(max_model_len, draft.max_model_len)
+        #: turns proposals off while steps without them decode faster (None: ``auto_disable`` off)
+        self.switch = SpeculationSwitch() if config.auto_disable else None
+        #: the step being run as the switch will see it: (batch, proposals after it, decode only, start time)
+        self._measuring: tuple[int, bool, bool, float] | None = None
+        #: tokens the steps gave since the running step began (read back late under overlap)
+        self._emitted = 0
+        #: whether the sequences of the running step get proposals once its tokens are read
+        self._propose_next = True
+        #: the running step has more sequences than ``disable_by_batch_size``
+        self._capped = False
 
-    def propose(self, seqs: Iterable[Sequence]) -> None:
-        """Set each decoding sequence's ``spec_tokens`` (empty where nothing matches or nothing fits).
+    def begin_step(self, plan: SchedulerOutput) -> bool:
+        """Called as each step is scheduled: closes the measurement of the step before, decides whether
+        this step's sequences get proposals once it is read, and says whether the step may be left in
+        flight (overlapped with the next one's scheduling), which only a step carrying no proposals and
+        followed by none may be.
+
+        Args:
+            plan: the step about to be launched.
+
+        Returns:
+            Whether the engine may overlap this step.
+        """
+        now = time.perf_counter()
+        if self.switch is not None and self._measuring is not None:
+            batch, proposed, decode_only, started = self._measuring
+            if decode_only:
+                self.switch.observe(batch, proposed, self._emitted, now - started)
+        self._emitted = 0
+        batch = len(plan.scheduled)
+        capped = self.config.disable_by_batch_size is not None and batch >= self.config.disable_by_batch_size
+        self._propose_next = not capped and (self.switch is None or self.switch.allows(batch))
+        self._capped = capped
+        decode_only = all(item.num_new_tokens == 1 + item.num_spec for item in plan.scheduled)
+        carries = any(item.num_spec for item in plan.scheduled)
+        self._measuring = (batch, self._propose_next or carries, decode_only, now) if batch else None
+        return not self._propose_next and not carries
+
+    def propose(self, seqs: list[Sequence], emitted: int, read_late: bool = False) -> None:
+        """Set each decoding sequence's ``spec_tokens`` (empty where nothing matches or nothing fits, or
+        where the switch turned proposals off).
 
         Constrained sequences (structured output) and pooling ones get none: their tokens are checked
         against a grammar step by step, or there are no tokens.
+
+        Args:
+            seqs: the sequences the step just read gave tokens to, unfinished.
+            emitted: the tokens that step gave in all.
+            read_late: the step was overlapped: the next one is already in flight, so nothing is proposed.
         """
         cfg = self.config
+        self._emitted += emitted
+        if read_late or not self._propose_next:
+            for seq in seqs:
+                seq.spec_tokens = []
+            if read_late or self._capped:
+                return
+            # a seeded request draws its random numbers differently with proposals than without: it keeps
+            # them, so that its output does not depend on the switch's (timing-driven) choices
+            seqs = [seq for seq in seqs if seq.params.seed is not None and not seq.params.greedy]
+        drafting: dict[int, tuple[Sequence, int]] = {}
         for seq in seqs:
             params = seq.params
             room = min(cfg.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
@@ -52,8 +114,15 @@ class Speculator:
             if cfg.method == "suffix":
                 seq.spec_tokens = self._propose_suffix(seq, room)
                 continue
+            if self.draft is not None:
+                drafting[seq.seq_id] = (seq, room)
+                continue
             tokens = seq.prompt_token_ids + seq.output_token_ids
             seq.spec_tokens = propose_ngram(tokens, room, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+        if drafting:
+            assert self.draft is not None
+            for seq_id, tokens in self.draft.propose(drafting).items():
+                drafting[seq_id][0].spec_tokens = tokens
 
     def finished(self, *seqs: Sequence, aborted: bool = False) -> None:
         """Forget ended sequences' tries; the outputs of those that finished (not ``aborted``) join the
@@ -65,7 +134,11 @@ class Speculator:
         """
         for seq in seqs:
             self.tries.pop(seq.seq_id, None)
-            if self.cache is not None and not aborted:
+            if self.draft is not None:
+                self.draft.finished(seq.seq_id)
+            # while the switch keeps proposals off, the global trie is not fed either: at large batches
+            # its upkeep in Python would cost more than the steps it was turned off to spare
+            if self.cache is not None and not aborted and self._propose_next:
                 self.cache.add(seq.output_token_ids)
 
     def _propose_suffix(self, seq: Sequence, room: int) -> list[int]:
@@ -102,4 +175,5 @@ class Speculator:
             "spec_num_accepted_tokens": self.num_accepted,
             "spec_acceptance_rate": round(self.num_accepted / self.num_proposed, 4) if self.num_proposed else 0.0,
             "spec_mean_accepted_length": round((self.num_accepted + steps) / steps, 4) if steps else 0.0,
+            "spec_steps_switched_off": self.switch.steps_off if self.switch is not None else 0,
         }

@@ -1,0 +1,135 @@
+"""Speculative decoding with a draft model: greedy tokens identical with and without it on a mixed batch
+(a draft that agrees now and then, under chunked prefill), every proposal of a draft equal to the target
+accepted, the draft's and the target's KV blocks all free afterwards, and one-line errors for a draft
+that cannot serve the target."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from dense_model_utils import PROMPTS
+
+from engine import LLM, SamplingParams
+from engine.errors import EngineConfigError
+from engine_test_utils import assert_all_blocks_free
+
+KV = 16 << 20
+
+
+@pytest.fixture(scope="module")
+def near_draft_dir(tmp_path_factory, tiny_llama_dir) -> str:
+    """The tiny Llama with noise on every matrix: its greedy choice agrees with the target's often, not
+    always, so verification both accepts and rejects."""
+    from transformers import LlamaForCausalLM
+
+    out = str(tmp_path_factory.mktemp("near-draft"))
+    model = LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=generator) * 0.03)
+    model.save_pretrained(out)
+    for name in os.listdir(tiny_llama_dir):
+        if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
+            shutil.copy(os.path.join(tiny_llama_dir, name), out)
+    return out
+
+
+def _greedy(llm: LLM, prompts: list[str], max_tokens: int = 20) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _assert_draft_free(llm: LLM) -> None:
+    draft = llm.llm_engine.speculator.draft
+    assert draft is not None and not draft.mirrors
+    bm = draft.parts.block_manager
+    assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_greedy_tokens_are_unchanged_with_a_draft_that_agrees_now_and_then(tiny_llama_dir, near_draft_dir):
+    kwargs = dict(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=KV)
+    prompts = PROMPTS[:5]
+    expected = _greedy(LLM(**kwargs), prompts)
+    spec = LLM(
+        **kwargs, max_num_batched_tokens=16,
+        speculative_config={"model": near_draft_dir, "num_speculative_tokens": 3, "auto_disable": False},
+    )  # fmt: skip
+    assert _greedy(spec, prompts) == expected
+    stats = spec.llm_engine.stats()
+    assert stats["spec_method"] == "draft_model"
+    assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_proposed_tokens"]
+    assert_all_blocks_free(spec)
+    _assert_draft_free(spec)
+
+
+def test_a_draft_equal_to_the_target_has_every_proposal_accepted(tiny_llama_dir):
+    kwargs = dict(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=KV)
+    prompts = PROMPTS[:3]
+    expected = _greedy(LLM(**kwargs), prompts, 17)
+    spec = LLM(
+        **kwargs,
+        speculative_config={"method": "draft_model", "model": tiny_llama_dir, "num_speculative_tokens": 4, "auto_disable": False},
+    )
+    assert _greedy(spec, prompts, 17) == expected
+    stats = spec.llm_engine.stats()
+    assert stats["spec_num_proposed_tokens"] > 0
+    assert stats["spec_acceptance_rate"] == 1.0
+    # 17 tokens: the prefill's, three verified steps of 4 proposals and a bonus token, then one plain decode
+    # (a last token leaves no room to propose)
+    assert stats["spec_mean_accepted_length"] == 5.0
+    assert stats["spec_num_proposed_tokens"] == 3 * 4 * len(prompts)
+    assert_all_blocks_free(spec)
+    _assert_draft_free(spec)
+
+
+def test_a_draft_of_another_architecture_keeps_sampled_requests_running(tiny_llama_dir, tiny_qwen2_dir):
+    """A Qwen2 draft for a Llama target: seeded sampling is reproducible, and stop by EOS, max_tokens and
+    aborts leave no block behind in either pool."""
+    spec = LLM(
+        model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=KV,
+        speculative_config={"model": tiny_qwen2_dir, "num_speculative_tokens": 2},
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    first = [o.outputs[0].token_ids for o in spec.generate(PROMPTS[:4], params, use_tqdm=False)]
+    again = [o.outputs[0].token_ids for o in spec.generate(PROMPTS[:4], params, use_tqdm=False)]
+    assert first == again and all(first)
+    assert_all_blocks_free(spec)
+    _assert_draft_free(spec)
+
+
+def test_a_draft_that_cannot_serve_the_target_is_a_one_line_error(tiny_llama_dir, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    wide = str(tmp_path / "wide-vocab")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=50000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256,
+    )).save_pretrained(wide)  # fmt: skip
+    for config, message in (
+        ({"model": wide, "num_speculative_tokens": 2}, "vocabulary \\(50000 tokens\\) is larger than the target's"),
+        ({"model": str(tmp_path / "missing"), "num_speculative_tokens": 2}, "speculative_config model"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs the draft's model"),
+        ({"method": "ngram", "model": tiny_llama_dir, "num_speculative_tokens": 2}, "model is a setting of method 'draft_model'"),
+        ({"model": tiny_llama_dir, "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
+        ({"model": tiny_llama_dir}, "num_speculative_tokens"),
+    ):
+        with pytest.raises(ValueError, match=message) as err:
+            LLM(model=tiny_llama_dir, device="cpu", kv_cache_memory_bytes=KV, speculative_config=config)
+        if isinstance(err.value, EngineConfigError):  # (the others are the configuration's validation errors)
+            assert "\n" not in str(err.value)
+
+
+def test_cli_names_a_missing_draft_in_one_line(tiny_llama_dir, tmp_path):
+    from engine_test_utils import run_cli
+
+    config = '{"model": "%s", "num_speculative_tokens": 2}' % (tmp_path / "no-such-draft")
+    result = run_cli("generate", "hello", "--model", tiny_llama_dir, "--device", "cpu", "--speculative-config", config, timeout=300)
+    err = result.stderr.strip()
+    assert result.returncode == 1
+    assert len(err.splitlines()) == 1 and err.startswith("error: speculative_config model"), err
