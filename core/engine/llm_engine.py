@@ -31,6 +31,7 @@ from engine.plugins.selection import select_platform
 from engine.pooling.config import read_pooler_config
 from engine.pooling.params import PoolingParams
 from engine.pooling.requests import PoolingRequests
+from engine.pooling.validation import check_per_token_params
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
@@ -288,6 +289,7 @@ class LLMEngine:
             raise InvalidRequestError(f"dimensions {params.dimensions} exceeds the model's {hidden}", param="dimensions")
         if params.task == "classify" and self.pooling.head is None:
             raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
+        check_per_token_params(params, hidden, self.model_config.hf_config)
         token_ids = self.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
         self._admit(1, "n")
         # generation settings the scheduler reads; the sequence ends once its prompt is pooled

@@ -73,15 +73,16 @@ class PoolingOutput:
     """A pooling request's result.
 
     Attributes:
-        data: float32 ``[dimensions]`` on the host.
+        data: float32 ``[dimensions]`` on the host; ``[tokens, dimensions]`` for the per-token pooling types
+            (``ALL``, ``STEP``).
     """
 
     data: Any
 
     @property
-    def embedding(self) -> list[float]:
-        """The vector as a list (what ``LLM.embed`` callers read)."""
-        return [float(v) for v in self.data.tolist()]
+    def embedding(self) -> list[Any]:
+        """The vector as a list (what ``LLM.embed`` callers read); a list of rows for per-token pooling."""
+        return self.data.tolist()
 
     @property
     def probs(self) -> list[float]:

@@ -46,5 +46,11 @@ def test_classify_and_pooling(served):
     assert len(data) == 2 and all(d["num_classes"] == 1 and 0 < d["probs"][0] < 1 for d in data)
     pooled = client.post("/pooling", json={"input": "I loved it"}).json()["data"][0]["data"]
     assert len(pooled) == 128
+    tokens = client.post("/pooling", json={"input": [5, 6, 7], "task": "token_embed", "normalize": False}).json()
+    assert [len(row) for row in tokens["data"][0]["data"]] == [128, 128, 128]
+    probs = client.post("/pooling", json={"input": [5, 6, 7, 8], "task": "token_classify"}).json()["data"][0]["data"]
+    assert len(probs) == 4 and all(len(row) == 1 and 0 < row[0] < 1 for row in probs)
+    bad = client.post("/pooling", json={"input": "x", "task": "generate"})
+    assert bad.status_code == 400 and "task" in bad.text
     unknown = client.post("/rerank", json={"query": "q", "documents": ["d"], "frobnicate": 1})
     assert unknown.status_code == 400 and "frobnicate" in unknown.text

@@ -2,7 +2,8 @@
 reduction on the device, and the finished vector (dimensions cut, then normalized) once a prompt is done.
 
 A prompt may arrive in several chunks (chunked prefill): each chunk contributes a partial sum (MEAN), its
-first row (CLS, the chunk at position 0) or its last row (LAST, the chunk that ends the prompt).
+first row (CLS, the chunk at position 0) or its last row (LAST, the chunk that ends the prompt), or, for
+the per-token types (ALL, STEP), all its rows.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class PoolRows:
 
 @dataclass(slots=True)
 class PooledChunk:
-    """One chunk's contribution, on the host: the sum of its rows, its first and last rows."""
+    """One chunk's contribution, on the host: the sum of its rows, its first and last rows, and every row
+    for a per-token pooling type."""
 
     seq: Sequence
     first_position: int
@@ -44,6 +46,7 @@ class PooledChunk:
     total: torch.Tensor
     first: torch.Tensor
     last: torch.Tensor
+    rows: torch.Tensor | None = None
 
 
 def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> list[PooledChunk]:
@@ -51,7 +54,8 @@ def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> list[PooledChunk]
     out = []
     for r in rows:
         block = hidden[r.first_row : r.first_row + r.count].float()
-        out.append(PooledChunk(r.seq, r.first_position, r.count, block.sum(dim=0).cpu(), block[0].cpu(), block[-1].cpu()))
+        every = block.cpu() if r.seq.pooling.per_token else None
+        out.append(PooledChunk(r.seq, r.first_position, r.count, block.sum(dim=0).cpu(), block[0].cpu(), block[-1].cpu(), every))
     return out
 
 
@@ -65,6 +69,8 @@ class PoolingState:
     last: torch.Tensor | None = None
     tokens: int = 0
     seen: set[int] = field(default_factory=set)
+    #: per-token types: each chunk's rows by its first position
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def add(self, chunk: PooledChunk) -> None:
         """Take a chunk (one computed again after a preemption is taken once)."""
@@ -76,16 +82,26 @@ class PoolingState:
             self.first = chunk.first
         self.last = chunk.last
         self.tokens += chunk.count
+        if chunk.rows is not None:
+            self.rows[chunk.first_position] = chunk.rows
 
-    def result(self, defaults: PoolerConfig, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def result(
+        self,
+        defaults: PoolerConfig,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> torch.Tensor:
         """The pooled vector, cut to ``dimensions`` and normalized as asked; for ``classify``, the head's
-        logits, as probabilities unless ``activation`` is off.
+        logits, as probabilities unless ``activation`` is off. Per-token types give one such row per kept
+        token (``[rows, width]``).
 
         Raises:
             ValueError: ``classify`` for a model without a classification head.
         """
         kind = self.params.pooling_type or defaults.pooling_type
         assert self.total is not None and self.last is not None
+        if kind in ("ALL", "STEP"):
+            return self._per_token(kind, defaults, head, prompt_token_ids or [])
         if kind == "MEAN":
             vector = self.total / self.tokens
         elif kind == "CLS":
@@ -104,3 +120,31 @@ class PoolingState:
             vector = vector[: self.params.dimensions]
         normalize = defaults.normalize if self.params.normalize is None else self.params.normalize
         return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
+
+    def _per_token(
+        self,
+        kind: str,
+        defaults: PoolerConfig,
+        head: Callable[[torch.Tensor], torch.Tensor] | None,
+        prompt_token_ids: list[int],
+    ) -> torch.Tensor:
+        params = self.params
+        rows = torch.cat([self.rows[start] for start in sorted(self.rows)])
+        if kind == "STEP" and params.step_tag_id is not None:
+            keep = torch.tensor(prompt_token_ids[: rows.shape[0]]) == params.step_tag_id
+            rows = rows[keep]
+        if params.task == "classify":
+            if head is None:
+                raise ValueError("the model has no classification head")
+            logits = head(rows).float().cpu()
+            if params.returned_token_ids is not None:
+                logits = logits[:, params.returned_token_ids]
+            if not params.activation:
+                return logits
+            return torch.sigmoid(logits) if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)
+        if params.returned_token_ids is not None:
+            rows = rows[:, params.returned_token_ids]
+        elif params.dimensions is not None:
+            rows = rows[:, : params.dimensions]
+        normalize = defaults.normalize if params.normalize is None else params.normalize
+        return torch.nn.functional.normalize(rows, dim=-1) if normalize else rows

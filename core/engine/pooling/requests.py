@@ -46,6 +46,6 @@ class PoolingRequests:
             state.add(chunk)
             if chunk.first_position + chunk.count == len(seq.prompt_token_ids):
                 del self._states[seq.request_id]
-                output = PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(state.result(self.defaults, self.head)))
+                output = PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(state.result(self.defaults, self.head, seq.prompt_token_ids)))
                 done.append((seq, output))
         return done

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -47,6 +47,9 @@ class PoolingRequest(_Body):
     input: str | list[str] | list[int] | list[list[int]] = Field(..., examples=["The food was delicious"])
     normalize: bool | None = None
     dimensions: int | None = Field(None, ge=1)
+    #: ``embed``: one pooled vector (the default); ``token_embed``: every token's hidden state; ``classify`` /
+    #: ``token_classify``: the classification head's probabilities, on the pooled state or on every token
+    task: Literal["embed", "token_embed", "classify", "token_classify"] = "embed"
 
 
 class ScoringHandler:
@@ -132,7 +135,10 @@ class ScoringHandler:
             else:
                 check_prompt(list(item), None, self.ctx.engine.max_model_len, self.ctx.vocab_size, "input")
                 prompts.append(list(item))
-        params = PoolingParams(normalize=req.normalize, dimensions=req.dimensions)
+        params = PoolingParams(
+            normalize=req.normalize, dimensions=req.dimensions, task="classify" if req.task.endswith("classify") else "embed",
+            pooling_type="ALL" if req.task.startswith("token_") else None,
+        )  # fmt: skip
         outs = await pool_all(self.ctx, request, prompts, params, req.priority)
         data = [{"index": i, "object": "pooling", "data": out.outputs.embedding} for i, out in enumerate(outs)]
         return JSONResponse(self._envelope(data, sum(len(p) for p in prompts)))
