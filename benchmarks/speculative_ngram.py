@@ -3,11 +3,11 @@
 tokens) at batch 1, and the throughput cost at batch 64 on requests whose outputs share little with their
 prompts; plain and the methods one after the other in one run.
 
-``draft`` drafts with the embedded GGUF on its packed Q4_1 path: against a target of the same model run
-unquantized (``--quantization none``, float32) it is self-speculation with a quantized draft.
+``draft`` drafts with ``--draft`` (default: the target's own file, which only checks the plumbing: every
+proposal is accepted); point it at a smaller model of the target's family.
 
     python benchmarks/speculative_ngram.py [--tokens 256] [--k 4] [--suffix-k 32] [--methods plain,ngram,suffix]
-    python benchmarks/speculative_ngram.py --methods plain,draft --quantization none --dtype float32
+    python benchmarks/speculative_ngram.py --model BIG --methods plain,draft --draft SMALL
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--methods", default="plain,ngram,suffix", help="comma-separated, plain first")
     parser.add_argument("--model", default=None, help="the target (default: the embedded GGUF); also the draft's file")
     parser.add_argument("--device", default=None, help="the best available when not given")
-    parser.add_argument("--quantization", default="auto", help="the target's (the draft keeps its Q4_1)")
+    parser.add_argument("--draft", default=None, help="the draft model of method draft (default: the target)")
+    parser.add_argument("--quantization", default="auto", help="the target's")
     parser.add_argument("--dtype", default="auto", help="the target's and the draft's")
     parser.add_argument("--no-auto-disable", action="store_true", help="keep proposing whatever it costs")
     parser.add_argument("--out", default="benchmarks/results/speculative_ngram_cpu.json")
@@ -63,7 +64,7 @@ def main() -> None:
         "plain": None,
         "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         "suffix": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
-        "draft": {"model": args.model or default_model_path(), "num_speculative_tokens": args.k},
+        "draft": {"model": args.draft or args.model or default_model_path(), "num_speculative_tokens": args.k},
     }
     if args.no_auto_disable:
         configs = {k: v if v is None else {**v, "auto_disable": False} for k, v in configs.items()}

@@ -133,3 +133,29 @@ def test_cli_names_a_missing_draft_in_one_line(tiny_llama_dir, tmp_path):
     err = result.stderr.strip()
     assert result.returncode == 1
     assert len(err.splitlines()) == 1 and err.startswith("error: speculative_config model"), err
+
+
+def test_a_mirror_always_feeds_its_last_token_again():
+    """The target sampled the draft's own first proposal without verifying it (a step that carried none):
+    the mirror already holds that token's KV, but its next forward must still take the token."""
+    from types import SimpleNamespace
+
+    from engine.block_manager import BlockManager
+    from engine.sequence import Sequence
+    from engine.speculative.draft_model import DraftModelProposer
+
+    target = Sequence(7, "r", 0, [1, 2, 3], SamplingParams(max_tokens=8), 0, output_token_ids=[10, 11])
+    proposer = DraftModelProposer(SimpleNamespace(block_manager=BlockManager(8, 4)))
+    mirror = proposer._sync(target)
+    assert (mirror.num_tokens, mirror.num_computed_tokens) == (5, 0)
+    mirror.output_token_ids += [12, 13, 14]  # proposals; the KV of all but the last computed
+    mirror.num_computed_tokens = 7
+    target.output_token_ids.append(12)  # sampled plainly, equal to the first proposal
+    mirror = proposer._sync(target)
+    assert mirror.output_token_ids == [10, 11, 12] and mirror.num_computed_tokens == 5
+    # proposals again, the first accepted, the second rejected: the cache is kept up to the accepted one
+    mirror.output_token_ids += [13, 14]
+    mirror.num_computed_tokens = 7
+    target.output_token_ids += [13, 99]
+    mirror = proposer._sync(target)
+    assert mirror.output_token_ids == [10, 11, 12, 13, 99] and mirror.num_computed_tokens == 7

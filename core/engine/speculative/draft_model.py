@@ -101,7 +101,12 @@ class DraftModelProposer:
         while same < limit and old[same] == new[same]:
             same += 1
         mirror.output_token_ids = list(new)
-        mirror.num_computed_tokens = min(mirror.num_computed_tokens, len(mirror.prompt_token_ids) + same)
+        # the last token is always fed again, even when its KV is in the cache already (a step that
+        # verified none of the proposals, say for want of blocks, sampled the draft's own first one): its
+        # forward gives the next proposal
+        mirror.num_computed_tokens = min(
+            mirror.num_computed_tokens, len(mirror.prompt_token_ids) + same, mirror.num_tokens - 1
+        )
         return mirror
 
     def _reserve(self, mirror: Sequence, num_tokens: int, keep: dict[int, Any]) -> bool:
