@@ -159,3 +159,53 @@ def test_a_mirror_always_feeds_its_last_token_again():
     target.output_token_ids += [13, 99]
     mirror = proposer._sync(target)
     assert mirror.output_token_ids == [10, 11, 12, 13, 99] and mirror.num_computed_tokens == 7
+
+
+def _save_scaled(source: str, out: str, head_scale: float) -> str:
+    """``source`` with its LM head scaled: a peakier next-token distribution."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    model.save_pretrained(out)
+    for name in os.listdir(source):
+        if name.startswith("tokenizer") or name == "special_tokens_map.json":
+            shutil.copy(os.path.join(source, name), out)
+    return out
+
+
+def test_sampling_at_temperature_one_keeps_the_target_distribution(tiny_llama_dir, tmp_path):
+    """Many samples of one prompt's second token at temperature 1, proposed by a draft equal to the target
+    (its argmax, accepted with the target's probability of it: here 13-65%, so both branches run) on a target
+    whose distribution is peaked enough for that: their frequencies follow the target's own conditional
+    distribution (HF's softmax given the prompt and each sample's first token), as closely as plain
+    sampling's do."""
+    from transformers import LlamaForCausalLM
+
+    target = _save_scaled(tiny_llama_dir, str(tmp_path / "target"), 4.0)
+    hf = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    kwargs = dict(model=target, device="cpu", dtype="float32", kv_cache_memory_bytes=KV, seed=11)
+    ids = [1, 450, 3304, 2181]
+    params = SamplingParams(n=120, max_tokens=3, temperature=1.0, ignore_eos=True)
+
+    def distance(llm: LLM) -> float:
+        samples = [c.token_ids for out in llm.generate([ids] * 10, params, use_tqdm=False) for c in out.outputs]
+        firsts = sorted({s[0] for s in samples})
+        with torch.no_grad():
+            rows = hf(torch.tensor([ids + [f] for f in firsts])).logits[:, -1].softmax(-1)
+        expected = torch.zeros(rows.shape[-1], dtype=torch.float64)
+        seen = torch.zeros_like(expected)
+        for s in samples:
+            expected += rows[firsts.index(s[0])].double() / len(samples)
+            seen[s[1]] += 1 / len(samples)
+        return 0.5 * float((seen - expected).abs().sum())
+
+    plain = distance(LLM(**kwargs))
+    spec = LLM(**kwargs, speculative_config={"model": target, "num_speculative_tokens": 1, "auto_disable": False})
+    drafted = distance(spec)
+    stats = spec.llm_engine.stats()
+    assert stats["spec_num_accepted_tokens"] > 100, {k: v for k, v in stats.items() if k.startswith("spec")}
+    assert drafted < max(1.5 * plain, 0.1), (drafted, plain)
+    assert_all_blocks_free(spec)
+    _assert_draft_free(spec)
