@@ -417,7 +417,6 @@ class LLMEngine:
         launched = None
         token_bitmask = self.structured.fill_bitmask if self.structured.num_matchers else None
         if not plan.is_empty:
-            # verification reads each step's tokens before proposing the next: no step left in flight
             overlap = self.config.scheduler.async_scheduling and not self.beams.groups
             if self.speculator is not None:
                 # proposals need each step read before the next is scheduled; a step without them may overlap

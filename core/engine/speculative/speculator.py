@@ -50,7 +50,7 @@ class Speculator:
         self._emitted = 0
         #: whether the sequences of the running step get proposals once its tokens are read
         self._propose_next = True
-        #: the running step has more sequences than ``disable_by_batch_size``
+        #: the running step has at least ``disable_by_batch_size`` sequences
         self._capped = False
 
     def begin_step(self, plan: SchedulerOutput) -> bool:
