@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import tempfile
 
 import torch
 from lora_throughput import MODULES, write_adapters
+from tiny_gpu_models import save_tiny
 
 
 def merged_reference(base_dir: str, adapter_dir: str | None):
@@ -45,26 +45,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokenizer", default=".nvcarry/llama3-8b-dummy", help="a folder holding a HF tokenizer")
     args = parser.parse_args()
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from engine import LLM, SamplingParams
     from engine.lora import LoRARequest
 
     root = tempfile.mkdtemp()
-    base = os.path.join(root, "base")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(base)
-    for name in os.listdir(args.tokenizer):
-        if name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(os.path.join(args.tokenizer, name), base)
+    base = save_tiny("llama", os.path.join(root, "base"), args.tokenizer, 0)
     llm = LLM(base, device=args.device, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=16, max_num_seqs=16)
     shapes = llm.llm_engine.model_config
     adapters = []

@@ -11,38 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 
-import torch
+from tiny_gpu_models import save_tiny
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,", "Paged attention stores the key value cache"]
-
-
-def save_tiny(kind: str, out: str, tokenizer: str, seed: int, noise_of: str | None = None) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    common = dict(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-                  tie_word_embeddings=False)  # fmt: skip
-    if noise_of is not None:
-        model = LlamaForCausalLM.from_pretrained(noise_of, dtype=torch.float32)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.add_(torch.randn_like(p) * 0.03)
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common)) if kind == "llama" else Qwen2ForCausalLM(Qwen2Config(**common))
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, 0.08)
-    model.save_pretrained(out)
-    for name in os.listdir(tokenizer):
-        if name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(os.path.join(tokenizer, name), out)
-    return out
 
 
 def main() -> None:
