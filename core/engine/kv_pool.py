@@ -45,17 +45,29 @@ def make_kv_pool(
     a block spans one group's layers: the pool has ``layout.slots`` layer tensors). A tensor-parallel
     rank's pool holds its own KV heads (``model.num_kv_heads``). ``extra_bytes_per_block`` is what each
     block costs elsewhere out of the same budget (a draft model's pool of as many blocks)."""
-    spec = KVCacheSpec(
+    spec = kv_cache_spec(
+        config, model_config,
         num_layers=layout.slots if layout is not None else getattr(model, "num_local_layers", model_config.num_layers),
         num_kv_heads=getattr(model, "num_kv_heads", model_config.num_kv_heads),
-        head_dim=model_config.head_dim,
-        block_size=config.cache.block_size,
-        dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
-    )
+    )  # fmt: skip
     max_len = config.max_model_len or model_config.max_position_embeddings
     windows = layout.windows if layout is not None else [model_config.sliding_window]
     num_blocks = _num_kv_blocks(config, platform, spec, max_len, windows, extra_bytes_per_block)
     return platform.make_block_cache(spec, num_blocks, attention), num_blocks
+
+
+def kv_cache_spec(
+    config: EngineConfig, model_config: ModelConfig, num_layers: int | None = None, num_kv_heads: int | None = None
+) -> KVCacheSpec:
+    """The KV blocks' shape for ``model_config`` under ``config`` (its block size and KV dtype); the layer
+    and head counts default to the model's."""
+    return KVCacheSpec(
+        num_layers=model_config.num_layers if num_layers is None else num_layers,
+        num_kv_heads=model_config.num_kv_heads if num_kv_heads is None else num_kv_heads,
+        head_dim=model_config.head_dim,
+        block_size=config.cache.block_size,
+        dtype=_KV_DTYPES[config.cache.kv_cache_dtype or config.dtype],
+    )
 
 
 def blocks_per_sequence(config: EngineConfig, window: int | None, max_len: int) -> int:

@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import EngineConfigError
@@ -16,6 +14,7 @@ from engine.interfaces.block_cache import KVCacheSpec
 from engine.interfaces.model_runner import PlatformModelRunner
 from engine.interfaces.ops import OpTable
 from engine.interfaces.platform import Platform
+from engine.kv_pool import kv_cache_spec
 from engine.loader import load_model_config, resolve_model_path
 from engine.loader.errors import ModelLoadError
 from engine.model_runner import ModelRunner
@@ -81,13 +80,7 @@ def load_draft(
         raise EngineConfigError(
             f"speculative_config model {spec_config.model}: a draft runs on the core's models with one attention window for every layer"
         )
-    kv = KVCacheSpec(
-        num_layers=draft_config.num_layers,
-        num_kv_heads=draft_config.num_kv_heads,
-        head_dim=draft_config.head_dim,
-        block_size=config.cache.block_size,
-        dtype=getattr(torch, config.cache.kv_cache_dtype or config.dtype),
-    )
+    kv = kv_cache_spec(config, draft_config)
     return LoadedDraft(model, ops, attention, draft_config, path, kv, kv.bytes_per_block(platform.element_size(kv.dtype)))
 
 
