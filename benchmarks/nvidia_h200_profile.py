@@ -46,7 +46,7 @@ def _time_rotating(fn: Any, weights: list[torch.Tensor], x: torch.Tensor, repeat
 
 def cmd_gemv(args: argparse.Namespace) -> dict[str, dict[Any, float]]:
     """Seconds per call of cuBLAS and each Triton GEMV config, per projection (prints the best six)."""
-    from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
+    from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
 
     print(f"{'shape':10s} {'method':22s} {'us':>8s} {'TB/s':>6s}")
     results: dict[str, dict[Any, float]] = {}

@@ -217,7 +217,7 @@ def gemms(llm: Any, bandwidth: float, sweep: bool) -> dict[str, dict[str, float]
                 bn, bk, nw, ns = cfg
 
                 def fn(a: torch.Tensor, w: torch.Tensor, bn: int = bn, bk: int = bk, nw: int = nw, ns: int = ns) -> Any:
-                    from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
+                    from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
 
                     return gemv(a, w, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns)
 
@@ -308,22 +308,36 @@ def variants(llm: Any, roofline: float) -> dict[str, float]:
 
 
 def graph_variants(llm: Any, roofline: float) -> dict[str, float]:
-    """Decode tok/s with Gemma's post-norm + add + pre-norm op (``post_norm_add_rms_norm``) off and on,
-    graphs recaptured for each, interleaved."""
+    """Decode tok/s with the step's fusions off and on, graphs recaptured for each, interleaved: the rotary
+    embedding inside the decode attention kernel (``fuses_rotary``), the gated GEMV (gate/up with its
+    activation, ``gated_activations``) and its tiles, and Gemma's post-norm + add + pre-norm op."""
+    from engine_plugin_nvidia import gemm as nv_gemm
+
     engine = llm.llm_engine
     model = engine.runner.model
-    can_fuse_norms = model.fuses_post_norms
-    if not can_fuse_norms:
-        return {}
-    rows = [("unfused norms", False), ("fused norms", True), ("unfused norms (again)", False), ("fused norms (again)", True)]
+    attention, gemm = model.attention, model.gemm
+    tile = dict(nv_gemm.GATED_GEMV_TILE)
+    norms_default = bool(model.fuses_post_norms)
+    tiles = {"4x1024 w4": {**tile, "num_warps": 4}, "2x1024 w4": {**tile, "block_n": 2, "num_warps": 4},
+             "8x512 w8": {**tile, "block_n": 8, "block_k": 512, "num_warps": 8}}  # fmt: skip
+    rows: list[tuple[str, bool, bool, bool, dict]] = [
+        ("no fusion", False, False, norms_default, tile), ("rotary in attention", True, False, norms_default, tile),
+        ("gated GEMV", False, True, norms_default, tile), ("both", True, True, norms_default, tile),
+        ("no fusion (again)", False, False, norms_default, tile), ("both (again)", True, True, norms_default, tile),
+        *((f"both, gated tile {name}", True, True, norms_default, t) for name, t in tiles.items()),
+    ]
+    if norms_default:
+        rows.append(("both, unfused norms", True, True, False, tile))
     out = {}
-    for label, norms in rows:
-        model._fuses_post_norms = norms
+    for label, rotary, gated, norms, gated_tile in rows:
+        attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = rotary, gated, norms
+        nv_gemm.GATED_GEMV_TILE = gated_tile
         engine.runner.decode_graphs.capture()
         rate = decode_rate(llm)
         out[label] = rate
         print(f"    {label:38s} {rate:7.1f} tok/s = {rate / roofline:.3f} of the roofline", flush=True)
-    model._fuses_post_norms = True
+    attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = True, True, norms_default
+    nv_gemm.GATED_GEMV_TILE = tile
     engine.runner.decode_graphs.capture()
     return out
 
@@ -338,7 +352,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the Triton GEMV tiles on each projection too")
     parser.add_argument("--variants", action="store_true", help="decode tok/s before / after the LM-head and pick changes")
     parser.add_argument("--graph-variants", action="store_true",
-                        help="decode tok/s with the post-norm fusion off and on (models that have it)")
+                        help="decode tok/s with the rotary, gated-GEMV and post-norm fusions off and on")
     parser.add_argument("--skip-profile", action="store_true", help="only the decode rate and the variants")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

@@ -158,8 +158,8 @@ QUICK_OP_LEVEL = (
     "attention.decode", "attention.prefill", "attention.chunked_prefill", "attention.decode_rows_first",
     "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
     "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
-    "attention.non_causal", "attention.large_block_index", "kv_write", "block_cache", "ops", "gemm", "moe",
-    "lora", "graph_capture", "contract", "distributed",
+    "attention.non_causal", "attention.rotary", "attention.large_block_index", "kv_write", "block_cache", "ops",
+    "gemm", "moe", "lora", "graph_capture", "contract", "distributed",
 )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
-from engine_plugin_sdk.reference_ops import ref_linear, ref_quantized_linear
+from engine_plugin_sdk.reference_ops import ref_gated_linear, ref_linear, ref_quantized_linear
 from engine_plugin_sdk.tolerances import get_tolerance
 
 IN_FEATURES = 256
@@ -154,3 +154,30 @@ def test_quantized_linear_shapes(
             x = torch.randn(rows, QUANT_K, generator=gen).to(dtype).to(device)
             label = f"{capability} {dtype_name} M={rows}"
             check_output(gemm.linear(x, prepared), ref_quantized_linear(x, weight), x, tol, label)
+
+
+#: a gated MLP's widths: 2 x 200 gate/up rows (not a multiple of any row tile) over K=576
+GATED_K, GATED_D = 576, 200
+
+
+@pytest.mark.capability("gemm.gated_linear.{dtype_name}")
+def test_gated_linear(platform: Platform, device: Any, dtype_name: str) -> None:
+    """``gated_linear`` for each activation the backend claims, at 1, 7 and 33 rows (one row is the
+    fused batch-1 GEMV on GPUs), contiguous and as a strided view, against the float64 product and
+    activation."""
+    capability = f"gemm.gated_linear.{dtype_name}"
+    gemm = platform.make_gemm_backend()
+    if not gemm.gated_activations:
+        not_claimed("the GEMM backend fuses no gated activation (the core runs linear and the activation op)")
+    dtype = torch_dtype(dtype_name)
+    gen = torch.Generator().manual_seed(67)
+    weight = (torch.randn(2 * GATED_D, GATED_K, generator=gen) * GATED_K**-0.5).to(dtype).to(device)
+    prepared = gemm.prepare_weight(weight, dtype)
+    tol = get_tolerance(dtype)
+    for activation in sorted(gemm.gated_activations):
+        for rows in QUANT_ROWS:
+            x = torch.randn(rows, GATED_K, generator=gen).to(dtype).to(device)
+            expected = ref_gated_linear(x, weight, activation)
+            label = f"{capability} {activation} M={rows}"
+            check_output(gemm.gated_linear(x, prepared, activation), expected, x, tol, label)
+            check_output(gemm.gated_linear(strided_rows(x), prepared, activation), expected, x, tol, f"{label} strided view")

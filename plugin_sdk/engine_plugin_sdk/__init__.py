@@ -49,6 +49,7 @@ from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.interfaces.attention import RotaryInput
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
     from engine.interfaces.grouped_int import (
         GROUPED_INT_BITS,
@@ -93,6 +94,8 @@ _LAZY = {
     "ACTIVATIONS_KEY": "engine.interfaces.gemm",
     "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
     "RowQuantizedActivations": "engine.interfaces.gemm",
+    # one layer's rotation, for an attention backend that fuses it (AttentionBackend.forward_rotary)
+    "RotaryInput": "engine.interfaces.attention",
     # the grouped-integer weight layout (GPTQ / AWQ / compressed-tensors W4A16 and W8A16)
     "GROUPED_INT_BITS": "engine.interfaces.grouped_int",
     "INT4_GROUPED": "engine.interfaces.grouped_int",
@@ -110,8 +113,9 @@ _LAZY = {
     "grouped_add_lora": "engine.interfaces.lora",
     "reference_add_lora": "engine.interfaces.lora",
     "CORE_OP_NAMES": "engine.interfaces.ops",
-    # the core's torch op, for a plugin kernel's fallback
+    # the core's torch ops, for a plugin kernel's fallback
     "silu_and_mul": "engine.interfaces.ops",
+    "gelu_tanh_and_mul": "engine.interfaces.ops",
     "FlatStep": "engine.interfaces.model_runner",
     "PlatformModelRunner": "engine.interfaces.model_runner",
     "EngineConfig": "engine.config",
@@ -162,6 +166,7 @@ __all__ = [
     "PlatformModelRunner",
     "QuantizedWeight",
     "ReferencePlatform",
+    "RotaryInput",
     "RowQuantizedActivations",
     "Tolerance",
     "TorchBlockCache",
@@ -172,6 +177,7 @@ __all__ = [
     "dtype_name",
     "get_tolerance",
     "group_lora_rows",
+    "gelu_tanh_and_mul",
     "grouped_add_lora",
     "grouped_int_codes",
     "grouped_int_weight",

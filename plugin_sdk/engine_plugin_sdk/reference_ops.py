@@ -262,6 +262,19 @@ def ref_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * gate * (1.0 + torch.tanh(inner)) * xf[..., d:]
 
 
+def ref_gated_linear(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(x @ G.T) * (x @ U.T)`` in float64, ``weight`` stacking the gate's rows over the up rows
+    (:meth:`GemmBackend.gated_linear`).
+
+    Raises:
+        ValueError: for an activation other than ``"silu"`` and ``"gelu_tanh"``.
+    """
+    gated = {"silu": ref_silu_and_mul, "gelu_tanh": ref_gelu_tanh_and_mul}.get(activation)
+    if gated is None:
+        raise ValueError(f"unknown gated activation {activation!r} (known: silu, gelu_tanh)")
+    return gated(ref_linear(x, weight))
+
+
 def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim (biased variance) in float64; ``bias`` None for none."""
     xf = x.to(F64)

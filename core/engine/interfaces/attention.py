@@ -72,6 +72,20 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+@dataclass(frozen=True, slots=True)
+class RotaryInput:
+    """One layer's rotary embedding for :meth:`AttentionBackend.forward_rotary`: rotate-half (NeoX
+    layout) over the whole head, the same rotation ``ops.rotary_embedding`` applies.
+
+    Attributes:
+        index: int64 ``[num_tokens]``, each new token's row of ``table``.
+        table: float32 ``[rows, head_dim]``: a row's ``head_dim / 2`` cosines, then its sines.
+    """
+
+    index: Any
+    table: Any
+
+
 class AttentionBackend(ABC):
     """Paged attention over a block-structured KV cache.
 
@@ -83,6 +97,8 @@ class AttentionBackend(ABC):
     supported_block_sizes: tuple[int, ...] = (16,)
     #: head dimensions this backend runs
     supported_head_sizes: tuple[int, ...] = (64, 128)
+    #: whether :meth:`forward_rotary` runs (the core rotates queries and keys itself otherwise)
+    fuses_rotary: bool = False
 
     @abstractmethod
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -132,6 +148,27 @@ class AttentionBackend(ABC):
         Raises:
             ValueError: if the metadata uses a feature this backend does not claim.
         """
+
+    def forward_rotary(
+        self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata, rotary: RotaryInput
+    ) -> Any:
+        """:meth:`forward` for an unrotated query and key: rotate both by ``rotary`` first (the key is
+        cached rotated). A backend fuses the rotation into its attention where that saves a launch (a
+        decode kernel that loads the query and stores the key anyway); the core calls this only when
+        :attr:`fuses_rotary` is set, and only for a rotary over the whole head.
+
+        Args:
+            query, key, value, kv_cache, metadata: as for :meth:`forward`; ``query`` and ``key`` may be
+                rotated in place.
+            rotary: the layer's rotation.
+
+        Returns:
+            As :meth:`forward`.
+
+        Raises:
+            ValueError: as :meth:`forward`, or for a backend without :attr:`fuses_rotary`.
+        """
+        raise ValueError(f"{type(self).__name__} does not fuse the rotary embedding into attention")
 
     def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
         """Return keys and values ``[len(block_ids) * block_size, num_kv_heads, head_dim]`` of some blocks.

@@ -57,6 +57,9 @@ class GemmBackend(ABC):
 
     #: quantization schemes whose weights :meth:`prepare_weight` keeps quantized
     supported_quant_schemes: frozenset[str] = frozenset()
+    #: the gated activations (``"silu"``, ``"gelu_tanh"``) :meth:`gated_linear` runs; the core calls it
+    #: only for these and otherwise runs :meth:`linear` and the op table's activation
+    gated_activations: frozenset[str] = frozenset()
 
     @abstractmethod
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
@@ -87,6 +90,31 @@ class GemmBackend(ABC):
         Returns:
             ``[..., out_features]`` in ``x``'s dtype.
         """
+
+    def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
+        """The gated MLP's input projection and activation in one: ``act(x @ G.T) * (x @ U.T)``, where
+        ``weight`` stacks the gate's rows ``G`` over the up projection's rows ``U`` (``[2 * d, in]``).
+
+        A backend fuses the activation into the product where that saves a pass over the ``2 * d``
+        outputs (a single-row GEMV streams both halves and writes only ``d`` values); the core calls
+        this only for the activations in :attr:`gated_activations`.
+
+        Args:
+            x: ``[..., in_features]`` activations (or a :class:`RowQuantizedActivations` for a weight
+                whose :meth:`row_quantized_input` asks for one).
+            weight: a weight returned by :meth:`prepare_weight`, ``2 * d`` output features.
+            activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU with the tanh GELU).
+
+        Returns:
+            ``[..., d]`` in the activations' dtype.
+
+        Raises:
+            ValueError: for an activation not in :attr:`gated_activations`.
+        """
+        raise ValueError(
+            f"{type(self).__name__} does not fuse gated activations (asked for {activation!r}); "
+            "the core runs linear() and the activation op instead"
+        )
 
     def row_quantized_input(self, weight: Any) -> Any | None:
         """The FP8 dtype in which :meth:`linear` takes this weight's activations pre-quantized per row.

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.interfaces.attention import AttentionBackend, AttentionMetadata
+from engine.interfaces.attention import AttentionBackend, AttentionMetadata, RotaryInput
 from engine_plugin_sdk.dtypes import as_copyable
 from engine_plugin_sdk.gpu.platform import BLOCK_SIZES, HEAD_SIZES
 from engine_plugin_sdk.gpu.triton_kernels import launchers
@@ -34,6 +34,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
     supported_head_sizes = HEAD_SIZES
     #: the device name error messages mention
     platform_name: ClassVar[str] = "gpu"
+    fuses_rotary = True
 
     def __init__(self, tuning: KernelTuning) -> None:
         self.tuning = tuning
@@ -51,21 +52,37 @@ class TritonPagedAttentionBackend(AttentionBackend):
         launchers.write_kv(key, value, kv_cache, slot_mapping)
 
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
+        return self._attend(query, key, value, kv_cache, metadata, None)
+
+    def forward_rotary(
+        self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata, rotary: RotaryInput
+    ) -> Any:
+        return self._attend(query, key, value, kv_cache, metadata, rotary)
+
+    def _attend(
+        self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata, rotary: RotaryInput | None
+    ) -> Any:
         check_inputs(query, key, kv_cache, metadata, self.platform_name)
+        decode = metadata.num_seqs > 0 and metadata.is_pure_decode and query.shape[0] == metadata.num_seqs
+        fused = decode and self.fused_decode_write
+        if rotary is not None and not fused:
+            # only the fused decode kernel rotates by itself: every other batch takes the rotary kernel
+            launchers.rotary_embedding(rotary.index, query, key, rotary.table)
+            rotary = None
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         common = {"window": metadata.sliding_window, "soft_cap": metadata.logits_soft_cap, "sinks": metadata.sinks}
-        decode = metadata.num_seqs > 0 and metadata.is_pure_decode and query.shape[0] == metadata.num_seqs
-        fused = decode and self.fused_decode_write
         if not fused:
             launchers.write_kv(key, value, kv_cache, metadata.slot_mapping)
         if decode:
-            # fused: the decode kernel writes the new keys and values itself (one launch fewer per layer)
+            # fused: the decode kernel writes the new keys and values itself (one launch fewer per layer),
+            # and rotates the query and key on the way (one more)
             launchers.paged_decode(
                 out, query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.scale,
                 self.decode_splits(metadata, kv_cache.shape[3]), self.tuning, **common,
                 new_kv=(key, value, metadata.slot_mapping) if fused else None,
+                rotary=(rotary.index, rotary.table) if rotary is not None else None,
             )  # fmt: skip
         elif metadata.num_seqs:
             # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each

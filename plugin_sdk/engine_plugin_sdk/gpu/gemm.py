@@ -47,6 +47,8 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0}
 #: the dtypes weights and activations run in (FP8 weights are kept apart, as :class:`Fp8Weight`)
 GEMM_DTYPES = ("float32", "bfloat16", "float16")
 _NEGATIVE_ZERO_BITS = -128  # 0x80 as int8
+#: the gated activations the Triton kernels run (:meth:`TorchGemmBackend.gated_linear`)
+GATED_ACTIVATIONS = frozenset({"silu", "gelu_tanh"})
 #: the weight-only schemes the Triton GEMM runs (:class:`GroupedIntWeight`)
 GROUPED_INT_SCHEMES = frozenset(GROUPED_INT_BITS)
 
@@ -140,6 +142,14 @@ class TorchGemmBackend(GemmBackend):
         #: the LoRA kernels' :class:`~engine_plugin_sdk.gpu.triton_kernels.lora_launchers.LoraTiles`, None
         #: for their defaults (kept as None so that constructing a backend does not import Triton)
         self.lora_tiles: Any = None
+        #: run :meth:`gated_linear`'s activation through the Triton kernels (on the GPU; the platform also
+        #: turns this on in interpreter mode), else claim no gated activation
+        self.triton_gated = self.device.type == "cuda"
+
+    @property
+    def gated_activations(self) -> frozenset[str]:  # type: ignore[override]
+        """Both gated activations wherever the Triton kernels run."""
+        return GATED_ACTIVATIONS if self.triton_gated else frozenset()
 
     @property
     def supported_quant_schemes(self) -> frozenset[str]:  # type: ignore[override]
@@ -176,6 +186,15 @@ class TorchGemmBackend(GemmBackend):
 
             return grouped_int_linear(x, weight, bias, self._grouped_int_tiles())
         return torch.nn.functional.linear(x, weight, bias)
+
+    def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
+        """The product, then the Triton gated activation (a vendor's backend fuses the single-row case)."""
+        from engine_plugin_sdk.gpu.triton_kernels import launchers
+
+        act = {"silu": launchers.silu_and_mul, "gelu_tanh": launchers.gelu_tanh_and_mul}.get(activation)
+        if act is None or activation not in self.gated_activations:
+            return super().gated_linear(x, weight, activation)
+        return act(self.linear(x, weight))
 
     def logits(self, x: Any, weight: Any) -> Any:
         if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):

@@ -27,7 +27,14 @@ import torch
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
-from engine_plugin_sdk import GemmBackend, QuantizedWeight, grouped_add_lora, torch_dtype
+from engine_plugin_sdk import (
+    GemmBackend,
+    QuantizedWeight,
+    gelu_tanh_and_mul,
+    grouped_add_lora,
+    silu_and_mul,
+    torch_dtype,
+)
 
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
@@ -103,6 +110,7 @@ class CpuGemmBackend(GemmBackend):
         native: the plugin's C kernels, or None to use torch's packed kernels.
     """
 
+    gated_activations: frozenset[str] = frozenset({"silu", "gelu_tanh"})
     #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
     supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | GROUPED_SCHEMES
 
@@ -206,6 +214,18 @@ class CpuGemmBackend(GemmBackend):
             return self._packed_linear(x, weight, bias, rows)
         finally:
             torch.set_num_threads(threads)
+
+    def gated_linear(self, x: Any, weight: Any, activation: str) -> torch.Tensor:
+        """The product, then the activation (the C kernel's SwiGLU on bf16 rows): nothing fuses on a CPU,
+        where the product's output stays in cache for the activation anyway."""
+        if activation not in self.gated_activations:
+            return super().gated_linear(x, weight, activation)
+        projected = self.linear(x, weight)
+        if activation == "gelu_tanh":
+            return gelu_tanh_and_mul(projected)
+        if self.native is not None and self.native.accepts(projected) and projected.shape[-1] % 2 == 0:
+            return self.native.silu_and_mul(projected)
+        return silu_and_mul(projected)
 
     def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
         """The SDK's grouped products, on one thread when small: a step's adapters add a few tiny products

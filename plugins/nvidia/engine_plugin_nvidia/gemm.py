@@ -41,6 +41,9 @@ GEMV_WIDE_TILE: dict | None = GEMV_TILE
 #: slowest (3.3-3.9 TB/s against the GEMV's 4.4 at Llama-3-8B's lm_head; Gemma-2's tied head is 1.8 GB).
 #: The GEMV also writes float32 straight from its accumulator: no bf16 rounding and no cast kernel
 LOGITS_GEMV_TILE: dict | None = GEMV_TILE
+#: the tile of the gated GEMV (gate/up and the activation in one kernel, batch 1): ``block_n`` gate rows
+#: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
+GATED_GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 8, "num_stages": 2}
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -73,14 +76,23 @@ class CudaGemmBackend(TorchGemmBackend):
             return fp8_linear(x, weight, bias, quantize=quantize_rows_fp8)
         tile = _gemv_tile(x, weight)
         if tile is not None:
-            from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
+            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
 
             return gemv(x, weight, bias, **tile)
         return super().linear(x, weight, bias)
 
+    def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
+        # one row: the gated GEMV streams gate and up rows together and applies the activation to its
+        # accumulators, one launch instead of cuBLAS's (or the GEMV's) plus the activation kernel's
+        if activation in self.gated_activations and _gemv_fits(x, weight):
+            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gated_gemv
+
+            return gated_gemv(x, weight, activation, **GATED_GEMV_TILE)
+        return super().gated_linear(x, weight, activation)
+
     def logits(self, x: Any, weight: Any) -> Any:
         if LOGITS_GEMV_TILE is not None and _gemv_fits(x, weight):
-            from engine_plugin_sdk.gpu.triton_kernels.launchers import gemv
+            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
 
             return gemv(x, weight, out_dtype=torch.float32, **LOGITS_GEMV_TILE)
         return super().logits(x, weight)

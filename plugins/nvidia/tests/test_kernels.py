@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_plugin_sdk.gpu.triton_kernels import INTERPRETER_TUNING, KernelTuning, launchers
+from engine_plugin_sdk.gpu.triton_kernels import INTERPRETER_TUNING, KernelTuning, gemv_launchers, launchers
 from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
     ref_fused_add_rms_norm,
+    ref_gated_linear,
     ref_gelu_tanh_and_mul,
     ref_layer_norm,
     ref_post_norm_add_rms_norm,
@@ -227,18 +228,39 @@ def test_gemv_matches_float64(device, out_features, in_features, tile, dtype):
     weight = torch.randn(out_features, in_features, generator=gen).to(dtype).to(device)
     bias = torch.randn(out_features, generator=gen).to(dtype).to(device)
     ref = x.double() @ weight.double().T + bias.double()
-    out = launchers.gemv(x, weight, bias, block_n=tile[0], block_k=tile[1])
+    out = gemv_launchers.gemv(x, weight, bias, block_n=tile[0], block_k=tile[1])
     assert out.shape == (1, out_features) and out.dtype == dtype
     # fp32 accumulation; the only rounding beyond it is the store in the output dtype
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
-    no_bias = launchers.gemv(x[0], weight, block_n=tile[0], block_k=tile[1])
+    no_bias = gemv_launchers.gemv(x[0], weight, block_n=tile[0], block_k=tile[1])
     torch.testing.assert_close(no_bias.double(), ref[0] - bias.double(), rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    ("d", "in_features", "tile", "dtype"),
+    [(40, 64, (16, 32), torch.float16), (37, 100, (8, 32), torch.float32), (24, 2048, (4, 1024), torch.float16)],
+)
+def test_gated_gemv_matches_float64(device, activation, d, in_features, tile, dtype):
+    """The fused gate/up GEMV with its activation epilogue, ragged row blocks and K tails included."""
+    gen = torch.Generator().manual_seed(d * in_features + len(activation))
+    x = torch.randn(1, in_features, generator=gen).to(dtype).to(device)
+    weight = (torch.randn(2 * d, in_features, generator=gen) * in_features**-0.5).to(dtype).to(device)
+    ref = ref_gated_linear(x, weight, activation)
+    out = gemv_launchers.gated_gemv(x, weight, activation, block_n=tile[0], block_k=tile[1])
+    assert out.shape == (1, d) and out.dtype == dtype
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    with pytest.raises(ValueError, match="odd"):
+        gemv_launchers.gated_gemv(x, weight[1:], activation)
+    with pytest.raises(ValueError, match="unknown gated activation"):
+        gemv_launchers.gated_gemv(x, weight, "relu")
 
 
 def test_gemv_refuses_more_than_one_row(device):
     with pytest.raises(ValueError, match="one row"):
-        launchers.gemv(torch.randn(2, 8).to(device), torch.randn(4, 8).to(device))
+        gemv_launchers.gemv(torch.randn(2, 8).to(device), torch.randn(4, 8).to(device))
 
 
 def test_batch1_products_take_the_gemv_on_a_gpu(device):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_plugin_sdk.gpu.triton_kernels import launchers, pdl
+from engine_plugin_sdk.gpu.triton_kernels import gemv_launchers, launchers, pdl
 from engine_plugin_sdk.reference_ops import ref_fused_add_rms_norm, ref_silu_and_mul
 
 needs_pdl = pytest.mark.skipif(
@@ -30,9 +30,9 @@ def pdl_on():
 def _chain(x, residual, norm_w, w_up, w_down):
     """norm -> wide GEMV -> silu_and_mul -> narrow GEMV -> norm: each kernel reads the one before it."""
     h, res = launchers.fused_add_rms_norm(x, residual, norm_w, 1e-6)
-    up = launchers.gemv(h, w_up, block_n=8, block_k=512)
+    up = gemv_launchers.gemv(h, w_up, block_n=8, block_k=512)
     act = launchers.silu_and_mul(up)
-    down = launchers.gemv(act, w_down, block_n=4, block_k=1024)
+    down = gemv_launchers.gemv(act, w_down, block_n=4, block_k=1024)
     return launchers.fused_add_rms_norm(down, res, norm_w, 1e-6)
 
 

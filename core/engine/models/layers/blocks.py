@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.attention import AttentionMetadata, RotaryInput
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.lazy_tensor import materialize
 from engine.loader.quantized import concat_weights
@@ -133,13 +133,20 @@ class DecoderLayer:
             # the norm ops take one scale for every row, so normalise with ones and scale per head after
             q = model.norm(q.reshape(-1, cfg.head_dim), self.head_ones).view_as(q) * self.q_norm
             k = model.norm(k.reshape(-1, cfg.head_dim), self.head_ones).view_as(k) * self.k_norm
+        rotary = None
         if self.rope is not None:
             index, table = tables[self.rope]
-            q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
+            if model.attention.fuses_rotary and model.rotaries[self.rope].rotary_dim == cfg.head_dim:
+                rotary = RotaryInput(index, table)
+            else:
+                q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
         if self.sinks is not None:
             # the copy shares the step's extras, so a backend's per-step plan is still built once
             meta = dataclasses.replace(meta, sinks=self.sinks)
-        attn = model.attention.forward(q, k, v, kv_cache, meta)
+        if rotary is not None:
+            attn = model.attention.forward_rotary(q, k, v, kv_cache, meta, rotary)
+        else:
+            attn = model.attention.forward(q, k, v, kv_cache, meta)
         out = self._project(model, attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias, "o")
         return out if model.tp is None else model.tp.reduce(out)
 
@@ -148,6 +155,10 @@ class DecoderLayer:
         or the layer's mixture of experts."""
         if self.moe is not None:
             return self.moe.forward(model, x)
+        if self._fused_gate_up(model):
+            act = model.gemm.gated_linear(x, self.gate_up, model.spec.activation)
+            out = self._project(model, act, self.down, None, "down")
+            return out if model.tp is None else model.tp.reduce(out)
         gate_up = self._project(model, x, self.gate_up, None, "gate_up")
         if model.spec.activation == "gelu_tanh":
             out = self._project(model, model.ops.gelu_tanh_and_mul(gate_up), self.down, None, "down")
@@ -156,6 +167,13 @@ class DecoderLayer:
         else:
             out = self._project(model, model.ops.silu_and_mul(gate_up), self.down, None, "down")
         return out if model.tp is None else model.tp.reduce(out)
+
+    def _fused_gate_up(self, model: DenseDecoder) -> bool:
+        # the backend fuses the activation into the gate/up product unless an adapter adds to that
+        # product first, or the W8A8 down projection takes the activation's FP8 output
+        if model.spec.activation not in model.gemm.gated_activations or self.down_fp8 is not None:
+            return False
+        return model.lora_plan is None or self.lora is None or self.lora.gate_up is None
 
     def forward(
         self,

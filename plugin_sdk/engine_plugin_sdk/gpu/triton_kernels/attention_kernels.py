@@ -21,7 +21,7 @@ LOG2E = 1.4426950408889634
 #: (``stride_bt``) and pointers into slices taken at a row offset, whose 16-byte alignment follows the
 #: offset. Triton would compile a variant for each divisibility class of each, a second or so apiece and
 #: mid-serving; the kernels read them as scalars, so specializing on them gains nothing.
-BATCH_VARYING_ARGS = ["block_tables_ptr", "seq_lens_ptr", "query_start_ptr", "slot_ptr", "stride_bt"]
+BATCH_VARYING_ARGS = ["block_tables_ptr", "seq_lens_ptr", "query_start_ptr", "slot_ptr", "stride_bt", "rot_index_ptr"]
 
 
 @triton.jit
@@ -162,18 +162,34 @@ def paged_prefill_kernel(
     )
 
 
+@triton.jit
+def _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM: tl.constexpr):
+    """Per dim of a head: cos and sin of sequence ``seq``'s position, the rotate-half partner dim and
+    the partner's sign (``x' = x * cos + sign * x[partner] * sin``)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    pos = tl.load(rot_index_ptr + seq).to(tl.int64)
+    first = offs_d < half
+    within = tl.where(first, offs_d, offs_d - half)
+    cos = tl.load(rot_table_ptr + pos * stride_rot + within, mask=d_ok, other=1.0)
+    sin = tl.load(rot_table_ptr + pos * stride_rot + half + within, mask=d_ok, other=0.0)
+    partner = tl.where(first, offs_d + half, offs_d - half)
+    partner = tl.where(d_ok, partner, 0)
+    sign = tl.where(first, -1.0, 1.0)
+    return cos, sin, partner, sign
+
+
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr,
+    new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr, rot_index_ptr, rot_table_ptr,
     scale, soft_cap, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_bt, stride_slot, stride_kv_head,
-    stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head,
+    stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_rot,
     NUM_QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
-    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr,
+    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -189,6 +205,10 @@ def paged_decode_kernel(
 
     ``USE_SINKS``: split 0 starts its running softmax from each head's sink (a sum of one, no value), so
     the merge counts the sink once.
+
+    ``ROTARY`` (with ``WRITE_KV``): the query and the new key arrive unrotated; each program rotates them
+    (rotate-half over the whole head, by row ``rot_index[seq]`` of the ``[rows, cos | sin]`` table), each
+    rounded to its input dtype as the rotary kernel would store it, and the key is cached rotated.
     """
     pdl_begin(USE_PDL)
     # KV heads vary fastest across programs: a token's heads sit side by side in the cache, so the
@@ -211,6 +231,15 @@ def paged_decode_kernel(
         mask=g_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
+    if ROTARY:
+        cos, sin, partner, sign = _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM)
+        q_partner = tl.load(
+            q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + partner[None, :],
+            mask=g_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        rotated = q.to(tl.float32) * cos[None, :] + sign[None, :] * q_partner.to(tl.float32) * sin[None, :]
+        q = rotated.to(q_ptr.dtype.element_ty)
 
     q = _dot_operand(q, DOT_F16)
 
@@ -265,6 +294,10 @@ def paged_decode_kernel(
         own_d = (pos_d >= start) & (pos_d < end) & d_ok
         slot = tl.load(slot_ptr + seq + offs_d * 0).to(tl.int64)
         k_new = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + offs_d, mask=own_d, other=0.0)
+        if ROTARY:
+            k_partner = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + partner, mask=own_d, other=0.0)
+            k_rot = k_new.to(tl.float32) * cos + sign * k_partner.to(tl.float32) * sin
+            k_new = k_rot.to(new_k_ptr.dtype.element_ty)
         v_new = tl.load(new_v_ptr + row * stride_nv_tok + kv_head * stride_nv_head + offs_d, mask=own_d, other=0.0)
         # what the cache holds, then what the loop would have read from it
         k_new = k_new.to(k_cache_ptr.dtype.element_ty)

@@ -122,6 +122,18 @@ _GELU_TANH = tl.constexpr(GELU_TANH)
 
 
 @triton.jit
+def gated_product(gate, up, ACT: tl.constexpr):
+    """``act(gate) * up`` on float32 values (shared with the gated GEMV's epilogue)."""
+    if ACT == _GELU_TANH:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflows to inf, giving 1)
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        return 0.5 * gate * (1.0 + tanh) * up
+    else:
+        return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def gated_activation_kernel(
     out_ptr, x_ptr, stride_x, stride_out,
     D: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
@@ -134,13 +146,7 @@ def gated_activation_kernel(
     mask = offs < D
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
-    if ACT == _GELU_TANH:
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflows to inf, giving 1)
-        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-        result = 0.5 * gate * (1.0 + tanh) * up
-    else:
-        result = gate / (1.0 + tl.exp(-gate)) * up
+    result = gated_product(gate, up, ACT)
     tl.store(out_ptr + row * stride_out + offs, result.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -11,7 +11,6 @@ import torch
 from engine_plugin_sdk.dtypes import FP8_DTYPES
 from engine_plugin_sdk.gpu.triton_kernels import attention_kernels as ak
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
-from engine_plugin_sdk.gpu.triton_kernels import gemv_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning, next_power_of_2
 
@@ -134,6 +133,7 @@ def paged_decode(
     soft_cap: float | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     sinks: torch.Tensor | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -149,10 +149,13 @@ def paged_decode(
             ``[seqs]``) when they are not in the cache yet: the decode kernel stores them (negative slots
             are skipped) and attends to them itself, so no separate :func:`write_kv` launch is needed.
             Without it the cache must already hold every position.
+        rotary: ``(index, table)``: the query and ``new_kv``'s key are unrotated, and the kernel rotates
+            them (rotate-half over the whole head) by ``table[index[i]]`` for sequence ``i``, ``table``
+            float32 ``[rows, head_dim]`` holding cos then sin; the key is cached rotated. Needs ``new_kv``.
 
     Raises:
-        ValueError: for more sequences than a launch grid's second axis holds, or a ``new_kv`` that does
-            not match the batch.
+        ValueError: for more sequences than a launch grid's second axis holds, a ``new_kv`` that does
+            not match the batch, or a ``rotary`` without ``new_kv`` or of another width than the head.
     """
     num_seqs, num_heads, head_dim = query.shape
     if num_seqs > MAX_DECODE_SEQS:
@@ -169,16 +172,27 @@ def paged_decode(
         new_k, new_v, slots = _checked_new_kv(new_kv, num_seqs, kv_heads, head_dim)
     else:
         new_k = new_v = slots = query  # unused by the kernel
+    if rotary is not None:
+        rot_index, rot_table = rotary
+        if new_kv is None:
+            raise ValueError("paged_decode rotates the new keys it stores: rotary needs new_kv")
+        if rot_table.shape[-1] != head_dim or rot_table.stride(-1) != 1 or rot_index.numel() < num_seqs:
+            raise ValueError(
+                f"rotary table {tuple(rot_table.shape)} / index {tuple(rot_index.shape)} do not fit "
+                f"{num_seqs} sequences of head size {head_dim}"
+            )
+    else:
+        rot_index, rot_table = seq_lens, query  # unused by the kernel
     ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
-        new_k, new_v, slots, sinks if sinks is not None else seq_lens,
+        new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table,
         scale, float(soft_cap or 0.0), int(window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
-        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), rot_table.stride(0),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
-        USE_SINKS=sinks is not None,
+        USE_SINKS=sinks is not None, ROTARY=rotary is not None,
         **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
@@ -395,33 +409,3 @@ def greedy_pick(logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, to
 def triton_cdiv(a: int, b: int) -> int:
     """Ceiling division for grid sizes."""
     return -(-a // b)
-
-
-def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    block_n: int = 16, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``,
-    in ``out_dtype`` (default: x's; float32 stores the accumulator unrounded, as logits want).
-
-    Raises:
-        ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
-    """
-    n, k = weight.shape
-    if x.numel() != k:
-        raise ValueError(f"gemv takes one row of {k} values, got x of shape {tuple(x.shape)}")
-    if weight.stride(1) != 1:
-        raise ValueError("gemv needs a weight with contiguous rows")
-    if bias is not None and bias.numel() != n:
-        raise ValueError(f"bias has {bias.numel()} values for {n} outputs")
-    flat = x.reshape(k)
-    if flat.stride(0) != 1:
-        flat = flat.contiguous()
-    y = torch.empty(n, dtype=out_dtype or x.dtype, device=x.device)
-    gk.gemv_kernel[(-(-n // block_n),)](
-        flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(),
-    )  # fmt: skip
-    return y.reshape(*x.shape[:-1], n)
