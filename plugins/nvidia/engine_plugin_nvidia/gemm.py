@@ -43,7 +43,7 @@ GEMV_WIDE_TILE: dict | None = GEMV_TILE
 LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 #: the tile of the gated GEMV (gate/up and the activation in one kernel, batch 1): ``block_n`` gate rows
 #: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
-GATED_GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 8, "num_stages": 2}
+GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2}
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
