@@ -96,6 +96,9 @@ class ModelRunner:
         self.micro_batches = 1
         #: set by the engine under ``enable_lora``: the adapters' device slots
         self.lora: LoraManager | None = None
+        #: set by the engine under EAGLE speculation: keeps each step's hidden states for the head
+        #: (``engine.speculative.eagle_hidden.HiddenStore``: ``keep(step, hidden, metadata)``, ``needs_eager``)
+        self.hidden_store: Any = None
 
     @property
     def layer_caches(self) -> list[Any]:
@@ -301,12 +304,15 @@ class ModelRunner:
             )  # fmt: skip
         else:
             hidden = None
-            if self.decode_graphs is not None:
+            store = self.hidden_store
+            if self.decode_graphs is not None and (store is None or not store.needs_eager):
                 hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
+            if store is not None:
+                store.keep(step, hidden, inputs.metadata)
             pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
             if self.lora is not None:
                 self.model.use_lora_logits(inputs.lora_logits)

@@ -104,7 +104,7 @@ def test_verification_keeps_the_target_distribution_at_temperature_one():
 
 def test_a_bad_speculative_config_is_a_one_line_error(tiny_llama_dir):
     for config, message in (
-        ({"method": "eagle", "num_speculative_tokens": 2}, "method 'eagle' is not supported"),
+        ({"method": "medusa", "num_speculative_tokens": 2}, "method 'medusa' is not supported"),
         ({"method": "ngram"}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "exceeds"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "lookahead"),

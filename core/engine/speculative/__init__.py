@@ -1,6 +1,6 @@
 """Speculative decoding: proposals checked by the target model in one forward pass, keeping its output
-distribution exactly (``SpeculativeConfig``, the n-gram and suffix-decoding proposers, verification by
-rejection sampling)."""
+distribution exactly (``SpeculativeConfig``, the n-gram, suffix-decoding, draft-model and EAGLE proposers,
+verification by rejection sampling)."""
 
 from __future__ import annotations
 

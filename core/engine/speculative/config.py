@@ -10,17 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 SUFFIX_DEFAULT_TOKENS = 32
 #: the most proposals n-gram lookup makes per step (it proposes whatever follows a match)
 NGRAM_MAX_TOKENS = 16
-METHODS = ("ngram", "suffix", "draft_model")
+METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
+#: the methods that run a second model (``model``) beside the target
+MODEL_METHODS = ("draft_model", "eagle", "eagle3")
 
 
-def _method_of(key: str) -> str | None:
-    """The method a key belongs to (None: shared)."""
+def _methods_of(key: str) -> tuple[str, ...] | None:
+    """The methods a key belongs to (None: shared by all)."""
     if key.startswith("prompt_lookup_"):
-        return "ngram"
+        return ("ngram",)
     if key.startswith("suffix_decoding_"):
-        return "suffix"
+        return ("suffix",)
     if key.startswith("draft_"):
-        return "draft_model"
+        # the leading engine takes draft_tensor_parallel_size for EAGLE heads too
+        return MODEL_METHODS
     return None
 
 
@@ -33,7 +36,9 @@ class SpeculativeConfig(BaseModel):
             the likeliest continuation of the sequence's longest matching suffix in a trie of its own
             tokens or in one of recently finished outputs.
             ``draft_model``: the greedy continuation of a smaller model (``model``) that runs beside the
-            target with a KV cache of its own.
+            target with a KV cache of its own. ``eagle`` / ``eagle3``: the greedy continuation of an
+            EAGLE head (``model``): one decoder layer reading the token embeddings together with the
+            target's hidden states (EAGLE-3: three of its layers'), with a KV cache of its own.
         num_speculative_tokens: the most proposals per step and sequence (required for ``ngram``, at most
             16; ``suffix`` defaults to 32 and proposes fewer where its tries are unsure).
         prompt_lookup_min: ``ngram``: the shortest n-gram matched.
@@ -50,7 +55,9 @@ class SpeculativeConfig(BaseModel):
             probability (its count over its siblings') is lower.
         model: ``draft_model``: a smaller model of the same vocabulary (an HF folder or a GGUF file) whose
             greedy continuation is proposed; giving it without a method selects ``draft_model``.
-        draft_tensor_parallel_size: ``draft_model``: the draft runs on one device (only 1 is accepted).
+            ``eagle`` / ``eagle3``: the EAGLE head's folder (config.json and its weights, as published).
+        draft_tensor_parallel_size: ``draft_model``, ``eagle``, ``eagle3``: the draft runs on one device
+            (only 1 is accepted).
         disable_by_batch_size: no proposals while at least this many sequences decode (None: no bound).
         auto_disable: measure the decode rate of steps with and without proposals for each batch-size
             class and propose only while that pays (``engine.speculative.switch``); outputs are the same
@@ -59,7 +66,7 @@ class SpeculativeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram", "suffix", "draft_model"] = "ngram"
+    method: Literal["ngram", "suffix", "draft_model", "eagle", "eagle3"] = "ngram"
     num_speculative_tokens: int = Field(..., ge=1)
     prompt_lookup_min: int = Field(1, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
@@ -81,9 +88,9 @@ class SpeculativeConfig(BaseModel):
             data = {**data, "method": "draft_model"}
         method = data.get("method", "ngram")
         for key in data:
-            owner = _method_of(key)
-            if owner is not None and method in METHODS and owner != method:
-                raise ValueError(f"{key} is a setting of method {owner!r}, not of {method!r}")
+            owners = _methods_of(key)
+            if owners is not None and method in METHODS and method not in owners:
+                raise ValueError(f"{key} is a setting of method {owners[0]!r}, not of {method!r}")
         if method == "suffix" and "num_speculative_tokens" not in data:
             return {**data, "num_speculative_tokens": SUFFIX_DEFAULT_TOKENS}
         return data
@@ -94,7 +101,9 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens} exceeds {NGRAM_MAX_TOKENS}, the most for ngram")
         if self.method == "draft_model" and not self.model:
             raise ValueError("method 'draft_model' needs the draft's model (a folder or GGUF file)")
-        if self.method != "draft_model" and self.model is not None:
+        if self.method in ("eagle", "eagle3") and not self.model:
+            raise ValueError(f"method {self.method!r} needs the EAGLE head's model (a folder)")
+        if self.method not in MODEL_METHODS and self.model is not None:
             raise ValueError(f"model is a setting of method 'draft_model', not of {self.method!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} exceeds prompt_lookup_max {self.prompt_lookup_max}")

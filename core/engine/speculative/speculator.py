@@ -10,6 +10,7 @@ from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.config import SpeculativeConfig
 from engine.speculative.draft_model import DraftModelProposer, DraftParts
+from engine.speculative.eagle import EagleParts, EagleProposer
 from engine.speculative.ngram import propose_ngram
 from engine.speculative.suffix import SuffixCache, SuffixTrie, propose_suffix
 from engine.speculative.switch import SpeculationSwitch
@@ -22,10 +23,13 @@ class Speculator:
     Args:
         config: the method and its settings.
         max_model_len: the context limit (proposals never run past it).
-        draft: the draft model's runner and pool (method ``draft_model``).
+        draft: the draft model's runner and pool (method ``draft_model``), or the EAGLE head's (methods
+            ``eagle``, ``eagle3``).
     """
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftParts | None = None) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int, draft: DraftParts | EagleParts | None = None
+    ) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.num_proposed = 0
@@ -39,8 +43,10 @@ class Speculator:
         if config.method == "suffix" and config.suffix_decoding_max_cached_requests > 0:
             self.cache = SuffixCache(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests)
         #: draft_model: the draft and its mirrors of the proposing sequences
-        self.draft = DraftModelProposer(draft) if draft is not None else None
-        if self.draft is not None:
+        self.draft = DraftModelProposer(draft) if isinstance(draft, DraftParts) else None
+        #: eagle, eagle3: the head and its mirrors of the proposing sequences
+        self.eagle = EagleProposer(draft) if isinstance(draft, EagleParts) else None
+        if draft is not None:
             self.max_model_len = min(max_model_len, draft.max_model_len)
         #: turns proposals off while steps without them decode faster (None: ``auto_disable`` off)
         self.switch = SpeculationSwitch() if config.auto_disable else None
@@ -114,14 +120,15 @@ class Speculator:
             if cfg.method == "suffix":
                 seq.spec_tokens = self._propose_suffix(seq, room)
                 continue
-            if self.draft is not None:
+            if self.draft is not None or self.eagle is not None:
                 drafting[seq.seq_id] = (seq, room)
                 continue
             tokens = seq.prompt_token_ids + seq.output_token_ids
             seq.spec_tokens = propose_ngram(tokens, room, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         if drafting:
-            assert self.draft is not None
-            for seq_id, tokens in self.draft.propose(drafting).items():
+            proposer = self.draft if self.draft is not None else self.eagle
+            assert proposer is not None
+            for seq_id, tokens in proposer.propose(drafting).items():
                 drafting[seq_id][0].spec_tokens = tokens
 
     def finished(self, *seqs: Sequence, aborted: bool = False) -> None:
@@ -136,6 +143,8 @@ class Speculator:
             self.tries.pop(seq.seq_id, None)
             if self.draft is not None:
                 self.draft.finished(seq.seq_id)
+            if self.eagle is not None:
+                self.eagle.finished(seq.seq_id)
             # while the switch keeps proposals off, the global trie is not fed either: at large batches
             # its upkeep in Python would cost more than the steps it was turned off to spare
             if self.cache is not None and not aborted and self._propose_next:

@@ -100,6 +100,10 @@ class DenseDecoder(CausalLM):
         #: the adapters' slots (``engine.lora.slots.LoraSlots``), which say whether any adapter updates
         #: the lm_head or the embeddings
         self.lora_slots: Any = None
+        #: layers whose input (the residual stream) each forward keeps in :attr:`aux_hidden_states`, in
+        #: layer order (an EAGLE-3 head reads them; empty: none kept)
+        self.aux_hidden_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: list[torch.Tensor] = []
 
     # --- what the loader asks of the class ----------------------------------------------------------
 
@@ -313,7 +317,13 @@ class DenseDecoder(CausalLM):
                 pending = layer.post_mlp
             out, _ = ops.post_norm_add_rms_norm(hidden, residual, pending, self.final_norm, eps)
             return out
-        for layer, kv_cache, meta in zip(self.layers, kv_caches, layer_metadata):
+        aux = self.aux_hidden_layers
+        if aux:
+            self.aux_hidden_states = []
+        for i, (layer, kv_cache, meta) in enumerate(zip(self.layers, kv_caches, layer_metadata)):
+            if i in aux:
+                stream = hidden if residual is None else hidden + residual
+                self.aux_hidden_states.append(stream.to(self.dtype))
             hidden, residual = layer.forward(self, hidden, residual, tables, kv_cache, meta)
         if pp is not None and not pp.is_last:
             assert residual is not None  # every stage runs at least one layer
