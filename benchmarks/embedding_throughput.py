@@ -7,6 +7,7 @@ weights and sentence-transformers' files (CLS pooling, normalized), saved once u
 its WordPiece tokenizer is built here over a small vocabulary (the weights are random either way).
 
     python benchmarks/embedding_throughput.py [--dtype float32|bfloat16] [--large]
+    python benchmarks/embedding_throughput.py --device cuda --dtype bfloat16 --large --num-texts 4096
 """
 
 from __future__ import annotations
@@ -63,8 +64,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--large", action="store_true", help="bge-large's shape instead of bge-small's")
-    parser.add_argument("--out", default="benchmarks/results/embedding_throughput_cpu.json")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both run on it)")
+    parser.add_argument("--engine-step-texts", type=int, default=None,
+                        help="texts per engine step (default: --batch-size); the engine batches as it likes")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/embedding_throughput_<device>.json")
     args = parser.parse_args()
+    out_path = args.out or f"benchmarks/results/embedding_throughput_{args.device}.json"
+    step_texts = args.engine_step_texts or args.batch_size
+
+    def now() -> float:
+        # the GPU's queued work counts: wait for it before reading the clock
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     from sentence_transformers import SentenceTransformer
 
     from engine import LLM
@@ -72,29 +85,31 @@ def main() -> None:
     path = build(tempfile.mkdtemp(prefix="embed-bench-"), args.large)
     batch = texts(args.num_texts, args.text_tokens)
     dtype = getattr(torch, args.dtype)
-    st = SentenceTransformer(path, device="cpu", model_kwargs={"dtype": dtype})
+    st = SentenceTransformer(path, device=args.device, model_kwargs={"dtype": dtype})
     st.encode(batch[: args.batch_size], batch_size=args.batch_size)  # warm-up
-    started = time.perf_counter()
+    started = now()
     reference = st.encode(batch, batch_size=args.batch_size, convert_to_tensor=True).float()
-    st_s = time.perf_counter() - started
-    llm = LLM(model=path, device="cpu", dtype=args.dtype, max_num_batched_tokens=args.batch_size * args.text_tokens, max_num_seqs=256)
-    llm.embed(batch[: args.batch_size], use_tqdm=False)  # warm-up
-    started = time.perf_counter()
+    st_s = now() - started
+    llm = LLM(model=path, device=args.device, dtype=args.dtype, max_num_batched_tokens=step_texts * args.text_tokens,
+              max_num_seqs=max(256, step_texts))  # fmt: skip
+    llm.embed(batch[: 2 * step_texts], use_tqdm=False)  # warm-up
+    started = now()
     outs = llm.embed(batch, use_tqdm=False)
-    engine_s = time.perf_counter() - started
-    got = torch.stack([o.outputs.data for o in outs])
+    engine_s = now() - started
+    got = torch.stack([o.outputs.data.to(reference.device) for o in outs])
     cosine = torch.nn.functional.cosine_similarity(got.double(), reference.double()).min().item()
     report = {
         "model": "bge-large-shaped BERT" if args.large else "bge-small-shaped BERT", "dtype": args.dtype,
-        "texts": args.num_texts, "text_tokens": args.text_tokens, "st_batch_size": args.batch_size,
+        "device": torch.cuda.get_device_name(0) if args.device != "cpu" else "cpu", "texts": args.num_texts,
+        "text_tokens": args.text_tokens, "st_batch_size": args.batch_size, "engine_step_texts": step_texts,
         "sentence_transformers_texts_per_s": round(args.num_texts / st_s, 1),
         "engine_texts_per_s": round(args.num_texts / engine_s, 1), "ratio": round(st_s / engine_s, 2),
         "min_cosine_vs_sentence_transformers": round(cosine, 6), "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }  # fmt: skip
     print(json.dumps(report, indent=2))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    with open(out_path, "w") as f:
         json.dump(report, f, indent=2)
 
 

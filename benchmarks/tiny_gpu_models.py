@@ -10,9 +10,10 @@ import shutil
 import torch
 
 
-def save_tiny(kind: str, out: str, tokenizer: str, seed: int, noise_of: str | None = None) -> str:
-    """Save a tiny ``LlamaForCausalLM`` (``kind="llama"``) or ``Qwen2ForCausalLM`` to ``out``; with
-    ``noise_of``, that Llama folder plus noise on every matrix instead (a draft that agrees now and then).
+def save_tiny(kind: str, out: str, tokenizer: str, seed: int, noise_of: str | None = None, num_layers: int = 2) -> str:
+    """Save a tiny ``LlamaForCausalLM`` (``kind="llama"``) or ``Qwen2ForCausalLM`` of ``num_layers`` layers to
+    ``out``; with ``noise_of``, that Llama folder plus noise on every matrix instead (a draft that agrees now
+    and then).
 
     Returns:
         ``out``.
@@ -20,7 +21,7 @@ def save_tiny(kind: str, out: str, tokenizer: str, seed: int, noise_of: str | No
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=num_layers, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
                   tie_word_embeddings=False)  # fmt: skip
     if noise_of is not None:
