@@ -446,6 +446,7 @@ def _capture_and_warm_up(
         batches = warm_up_batches(
             config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, max_model_len,
             block_size, eager_decode=runner.decode_graphs is None,
+            whole_prompts=getattr(model, "needs_whole_prompt", False),
         )  # fmt: skip
         try:
             with timed_phase(f"warming up the kernels ({len(batches)} steps of the shapes serving runs)", "warmed up"):

@@ -33,7 +33,8 @@ class WarmUpBatch:
 
 
 def warm_up_batches(
-    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int, eager_decode: bool
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int, eager_decode: bool,
+    whole_prompts: bool = False,
 ) -> list[WarmUpBatch]:
     """The steps the warm-up runs, sized by the scheduler's limits.
 
@@ -45,6 +46,8 @@ def warm_up_batches(
         eager_decode: whether pure-decode steps run eagerly (no decode graphs); then decode steps at
             contexts doubling from one block to ``max_model_len`` run too, since backends may pick
             launch shapes by context length.
+        whole_prompts: the model runs whole prompts only (an encoder: no chunks, no decodes), so the
+            prefill step is the only shape serving runs.
 
     Returns:
         The batches, in the order they run.
@@ -54,6 +57,8 @@ def warm_up_batches(
     full, rest = divmod(tokens, max_model_len)
     prompts = [max_model_len] * min(full, max_num_seqs) + ([rest] if rest and full < max_num_seqs else [])
     batches = [WarmUpBatch("prefill", prompts, list(prompts))]
+    if whole_prompts:
+        return batches
     # decodes first, then one prompt chunk: the scheduler's order for a step that mixes the two
     decodes = min(max_num_seqs - 1, tokens // 2)
     chunk = min(tokens - decodes, max_model_len)
@@ -120,13 +125,15 @@ def run_warm_up(
         positions = torch.cat([
             torch.arange(s - n, s, dtype=torch.int64) for n, s in zip(batch.query_lens, batch.seq_lens, strict=True)
         ]).to(device)
-        # token ids cycle through a small range that every vocabulary has
-        input_ids = positions % 97
+        # token ids cycle through a small range that the vocabulary has (a test's tokenizer may have few)
+        input_ids = positions % min(97, getattr(getattr(model, "config", None), "vocab_size", 97) or 97)
         hidden = model.forward(input_ids, positions, kv_caches, metadata)
         first = metadata.primary if isinstance(metadata, GroupedAttentionMetadata) else metadata
         last = first.query_start_loc[1:].to(torch.int64) - 1
-        # reading the logits back waits for the step on any device: the time below is the real one
-        model.compute_logits(hidden.index_select(0, last)).cpu()
+        rows = hidden.index_select(0, last)
+        # reading the logits back waits for the step on any device: the time below is the real one; a
+        # pooling model (an encoder, a headless decoder) has no LM head, so its hidden rows are read instead
+        (model.compute_logits(rows) if getattr(model, "generates", True) else rows).cpu()
     seconds = time.perf_counter() - start
     logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
     return seconds

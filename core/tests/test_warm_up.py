@@ -102,3 +102,21 @@ def test_platforms_that_do_not_ask_skip_it(tiny_llama_dir, monkeypatch) -> None:
     monkeypatch.setattr(engine_setup_module, "run_warm_up", lambda *a: calls.append(a))
     LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20)
     assert calls == []
+
+
+def test_pooling_models_warm_up_without_an_lm_head(tmp_path, warm_cpu) -> None:
+    """An encoder on a platform that warms up (every GPU): the dummy steps read its hidden rows, not
+    logits it cannot compute, and its embeddings come out the same as without the warm-up."""
+    from test_encoders import save_encoder
+
+    path = save_encoder("bert", str(tmp_path / "bert"))
+    texts = ["the quick brown fox", "paris is the capital of france"]
+    options = {"model": path, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 16 << 20}
+    warm = LLM(**options, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4, enforce_eager=True)
+    assert warm_cpu, "the platform asked for a warm-up and none ran"
+    got = torch.stack([torch.tensor(o.outputs.embedding) for o in warm.embed(texts, use_tqdm=False)])
+    assert_all_blocks_free(warm)
+    del warm
+    cold = LLM(**options, max_model_len=64)
+    expected = torch.stack([torch.tensor(o.outputs.embedding) for o in cold.embed(texts, use_tqdm=False)])
+    torch.testing.assert_close(got, expected)
