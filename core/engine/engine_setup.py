@@ -433,7 +433,9 @@ def _capture_and_warm_up(
         EngineConfigError: the largest step does not fit in the device memory beside the KV cache.
     """
     model, kv_caches, block_size = runner.model, runner.layer_caches, config.cache.block_size
-    if not config.enforce_eager and platform.capabilities().graph_capture:
+    # a pooling model never decodes: no decode graphs to record, no decode steps to warm up
+    generates = getattr(model, "generates", True)
+    if not config.enforce_eager and platform.capabilities().graph_capture and generates:
         runner.decode_graphs = DecodeGraphs(
             model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
             max_model_len, block_size, runner.device, model_config.sliding_window, runner.kv_layout,
@@ -445,7 +447,7 @@ def _capture_and_warm_up(
     if platform.capabilities().warm_up:
         batches = warm_up_batches(
             config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, max_model_len,
-            block_size, eager_decode=runner.decode_graphs is None,
+            block_size, eager_decode=runner.decode_graphs is None and generates,
             whole_prompts=getattr(model, "needs_whole_prompt", False),
         )  # fmt: skip
         try:
