@@ -185,3 +185,27 @@ def test_non_causal_attention(
     for problem in problems:
         dtype_name = str(problem.dtype).removeprefix("torch.")
         run_attention_problem(platform, problem, "attention.non_causal", f"dtype {dtype_name}")
+
+
+@pytest.mark.capability("attention.non_causal.sliding_window")
+def test_non_causal_sliding_window(
+    platform: Platform, caps: Capabilities, device: Any, record_property: Any
+) -> None:
+    """ModernBERT's local layers: a non-causal step under a symmetric window (key j visible to query i iff
+    ``|i - j| < sliding_window``) on the encoder batch, in every claimed model dtype: prompts within the
+    window (which then sees everything), and longer ones, down to keys past a 128-row query tile's last row
+    (the window of 9 is HF's ``local_attention=16``; one of 70 crosses blocks and tiles both ways). A platform
+    that claims non-causal attention but not this must refuse it rather than run the window one-sided."""
+    default = default_geometry(caps).dtype
+    dtypes = [default, *(d for d in map(torch_dtype, caps.dtypes) if d != default)]
+    problems = [
+        build(caps, device, NON_CAUSAL, seed=70 + i, dtype=dtype, causal=False, sliding_window=9)
+        for i, dtype in enumerate(dtypes)
+    ]
+    if not (caps.non_causal_attention and caps.non_causal_sliding_window):
+        check_unclaimed_attention_feature(platform, problems[0], "attention.non_causal.sliding_window", record_property)
+        return
+    problems.append(build(caps, device, NON_CAUSAL, num_kv_heads=8, seed=79, causal=False, sliding_window=70))
+    for problem in problems:
+        name = f"dtype {str(problem.dtype).removeprefix('torch.')}, window {problem.metadata.sliding_window}"
+        run_attention_problem(platform, problem, "attention.non_causal.sliding_window", name)

@@ -27,7 +27,7 @@ class ReferenceAttentionBackend(AttentionBackend):
     """Gathers each sequence's blocks by its block table and attends in float32.
 
     Honours every field of :class:`AttentionMetadata`: causal or not (``causal=False``, the encoder
-    case), sliding window, soft-cap and sinks, in any combination.
+    case), sliding window (symmetric in a non-causal step), soft-cap and sinks, in any combination.
     """
 
     supported_block_sizes: tuple[int, ...] = (8, 16, 32)
@@ -76,6 +76,8 @@ class ReferenceAttentionBackend(AttentionBackend):
                 allowed &= k_pos <= q_pos
             if metadata.sliding_window is not None:
                 allowed &= k_pos > q_pos - metadata.sliding_window
+                if not metadata.causal:  # a non-causal window is symmetric
+                    allowed &= k_pos < q_pos + metadata.sliding_window
             scores = scores.masked_fill(~allowed, -math.inf)
             if metadata.sinks is not None:  # one more softmax term per head, with no value
                 sink = metadata.sinks.float().view(num_heads, 1, 1).expand(num_heads, q_len, 1)

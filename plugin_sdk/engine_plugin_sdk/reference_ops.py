@@ -41,7 +41,8 @@ def ref_attention(
         query_lens: new tokens per sequence.
         scale: softmax scale.
         causal: mask keys after the query's position.
-        sliding_window: a query at position p sees only positions > p - sliding_window.
+        sliding_window: a query at position p sees only positions > p - sliding_window; when not
+            ``causal`` the window is symmetric, only positions j with ``|p - j| < sliding_window``.
         logits_soft_cap: scores become ``cap * tanh(scores / cap)``.
         sinks: ``[num_heads]``: one more softmax term per head, ``exp(sinks[h])``, with no value.
 
@@ -82,6 +83,8 @@ def ref_attention(
             allowed &= k_pos <= q_pos
         if sliding_window is not None:
             allowed &= k_pos > q_pos - sliding_window
+            if not causal:
+                allowed &= k_pos < q_pos + sliding_window
         scores = scores.masked_fill(~allowed, -math.inf)
         if sinks is not None:
             # the sink's column joins the softmax and leaves without a value

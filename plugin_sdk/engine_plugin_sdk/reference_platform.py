@@ -50,6 +50,7 @@ class ReferencePlatform(Platform):
             logits_soft_cap=True,
             attention_sinks=True,
             non_causal_attention=True,
+            non_causal_sliding_window=True,
             swap=True,
             lora=True,
         )

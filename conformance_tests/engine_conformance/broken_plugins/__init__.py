@@ -47,5 +47,6 @@ EXPECTED_FAILURES = {
     "all_gather_rank_order": ("broken-all-gather", "distributed.all_gather"),
     "moe_counts_a_repeated_expert_once": ("broken-moe-repeats", "moe.fused.float32"),
     "non_causal_masked_causally": ("broken-non-causal", "attention.non_causal"),
+    "non_causal_window_ignored": ("broken-non-causal-window", "attention.non_causal.sliding_window"),
     "lora_scale_of_slot_zero": ("broken-lora-scale", "lora.add.mixed_ranks.float32"),
 }

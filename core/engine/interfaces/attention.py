@@ -31,11 +31,15 @@ class AttentionMetadata:
             token sees the whole context: encoder models) only for backends whose platform claims
             ``non_causal_attention``, and only in steps where every sequence's query is its whole context
             (``query_lens_cpu == seq_lens_cpu``, nothing cached before the step).
-        sliding_window: if set, a query at position p attends only to positions > p - sliding_window.
-            Table entries of blocks that lie wholly before the window of a sequence's first query are
-            released by the engine and point at an unrelated block (its null block): a backend must not
-            let their contents reach the output (skip them, or mask them before the softmax and the
-            value product).
+        sliding_window: if set, a query at position p attends only to positions > p - sliding_window
+            (causal: key j is visible to query i iff ``i - sliding_window < j <= i``). In a non-causal
+            step the window is symmetric: key j is visible to query i iff ``|i - j| < sliding_window``
+            (ModernBERT's local layers, whose HF rule ``|i - j| <= local_attention // 2`` is
+            ``sliding_window = local_attention // 2 + 1``), and only for backends whose platform claims
+            ``non_causal_sliding_window``; others must refuse such a step. Table entries of blocks that
+            lie wholly before the window of a sequence's first query are released by the engine and
+            point at an unrelated block (its null block): a backend must not let their contents reach
+            the output (skip them, or mask them before the softmax and the value product).
         logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` before the softmax.
         sinks: if set, float32 ``[num_heads]``: each head's softmax has one more term, ``exp(sinks[h])``,
             in its denominator, with no value (gpt-oss's attention sinks: a head may attend to nothing).

@@ -46,6 +46,10 @@ class Capabilities:
             sequence's whole context is its query: no cached prefix, the prompt computed in one step, as
             encoder models (BERT, XLM-RoBERTa embedders and rerankers) run. Nothing is claimed for a
             non-causal step over a cached prefix.
+        non_causal_sliding_window: whether attention honours ``sliding_window`` in such a non-causal step
+            as a symmetric window (key j visible to query i iff ``|i - j| < sliding_window``, see
+            :class:`~engine.interfaces.attention.AttentionMetadata`): ModernBERT's local layers. A backend
+            that does not claim it must refuse such a step (ValueError), never run it one-sided.
         swap: whether the block cache can swap blocks to host memory.
         warm_up: whether kernels compile on first use (per batch kind or launch shape), so the engine
             should run a few dummy steps at start-up to compile them before the first request.
@@ -66,6 +70,7 @@ class Capabilities:
     logits_soft_cap: bool = False
     attention_sinks: bool = False
     non_causal_attention: bool = False
+    non_causal_sliding_window: bool = False
     swap: bool = False
     warm_up: bool = False
     distributed: bool = False

@@ -40,6 +40,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
+from engine.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.olmoe import OlmoeForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
@@ -98,6 +99,8 @@ CORE_MODELS: tuple[tuple[str, type[CausalLM]], ...] = (
     ("BertForSequenceClassification", BertForSequenceClassification),
     ("XLMRobertaModel", XLMRobertaModel),
     ("XLMRobertaForSequenceClassification", XLMRobertaForSequenceClassification),
+    ("ModernBertModel", ModernBertModel),
+    ("ModernBertForSequenceClassification", ModernBertForSequenceClassification),
 )
 
 

@@ -159,8 +159,8 @@ class CpuAttentionBackend(AttentionBackend):
             q_pos = torch.arange(ctx - q_len, ctx).unsqueeze(1)
             k_pos = torch.arange(ctx).unsqueeze(0)
             allowed = k_pos <= q_pos if metadata.causal else torch.ones(q_len, ctx, dtype=torch.bool)
-            if metadata.sliding_window is not None:
-                allowed = allowed & (k_pos > q_pos - metadata.sliding_window)
+            if metadata.sliding_window is not None:  # |i - j| < window: one-sided once causal, else symmetric
+                allowed = allowed & ((q_pos - k_pos).abs() < metadata.sliding_window)
             scores = scores.masked_fill(~allowed, float("-inf"))
             probs = torch.softmax(torch.cat([scores, sinks.expand(num_heads, q_len, 1)], dim=-1), dim=-1)[..., :ctx]
             out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)

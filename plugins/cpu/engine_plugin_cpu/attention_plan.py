@@ -246,6 +246,8 @@ def chunk_mask(
         visible = visible & (key_pos <= row_pos)
     if window is not None:
         visible = visible & (key_pos > row_pos - window)
+        if not causal:  # a non-causal window is symmetric (the contract's |i - j| < window)
+            visible = visible & (key_pos < row_pos + window)
     if bool(visible.all()):
         return None, None
     has_visible = visible.any(dim=-1)

@@ -86,6 +86,7 @@ class CpuPlatform(Platform):
             logits_soft_cap=True,
             attention_sinks=True,
             non_causal_attention=True,
+            non_causal_sliding_window=True,
             swap=True,
             distributed=True,
             # the GemmBackend default (rows grouped by slot, two batched products) runs as it is on the host,

@@ -126,6 +126,8 @@ class JaxAttentionBackend(AttentionBackend):
     def forward(self, query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> Any:
         if metadata.sinks is not None:
             raise NotImplementedError("the TPU plugin's attention has no attention sinks (attention_sinks is not claimed)")
+        if not metadata.causal and metadata.sliding_window is not None:
+            raise ValueError("the TPU plugin's attention has no symmetric non-causal window (non_causal_sliding_window is not claimed)")
         _check(query, key, kv_cache, metadata)
         tables = host_int_array(metadata.block_tables)
         slots = host_int_array(metadata.slot_mapping, np.int64).reshape(-1)

@@ -85,7 +85,8 @@ def paged_prefill_kernel(
 
     The query rows are the last ``query_len`` positions of a ``seq_len`` context whose keys and values
     (the new ones included) are already in the cache. ``USE_SINKS``: the head's sink starts the running
-    softmax (its max and a sum of one), with no value.
+    softmax (its max and a sum of one), with no value. A window without ``CAUSAL`` is symmetric: key j
+    is visible to row i iff ``|i - j| < window`` (so the tile's last row reads ``window - 1`` keys on).
     """
     pdl_begin(USE_PDL)
     # tiles, then heads, vary fastest: the programs that read one sequence's keys for one KV head run
@@ -124,6 +125,8 @@ def paged_prefill_kernel(
     hi = seq_len
     if CAUSAL:
         hi = tl.minimum(seq_len, prefix + tile * BLOCK_M + BLOCK_M)
+    elif USE_WINDOW:
+        hi = tl.minimum(seq_len, prefix + tile * BLOCK_M + BLOCK_M - 1 + window)
     lo = 0
     if USE_WINDOW:
         lo = tl.maximum(0, prefix + tile * BLOCK_M - window + 1)
@@ -144,6 +147,8 @@ def paged_prefill_kernel(
             visible = visible & (offs_n[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+            if not CAUSAL:
+                visible = visible & (offs_n[None, :] < q_pos[:, None] + window)
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)

@@ -98,7 +98,7 @@ def paged_prefill(
         scale: softmax scale.
         tuning: launch parameters of the target.
         causal: causal masking (offset by each sequence's cached prefix).
-        window: sliding window, or None.
+        window: sliding window, or None; symmetric (``|i - j| < window``) when not ``causal``.
         soft_cap: logit soft-cap, or None.
         sinks: float ``[heads]`` attention sinks (one more softmax term per head, no value), or None.
     """
