@@ -1,6 +1,7 @@
 """GEMM on a torch GPU: bf16 / fp16 / fp32 through torch (cuBLAS / hipBLASLt), FP8 e4m3 weights through
-torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``) through a Triton
-weight-only GEMM that dequantizes its tiles in registers
+torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``, and the GGUF types
+Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K repacked exactly into that form, :mod:`~engine_plugin_sdk.gpu.grouped_codes`)
+through a Triton weight-only GEMM, or a GEMV for a single row, that dequantize in registers
 (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`), and batched LoRA adapters through two
 Triton kernels that read each row's slot on the device
 (:mod:`~engine_plugin_sdk.gpu.triton_kernels.lora_kernels`).
@@ -39,6 +40,7 @@ from engine.interfaces.gemm import (
 from engine.interfaces.grouped_int import GROUPED_INT_BITS
 from engine.interfaces.ops import quantize_rows as reference_quantize_rows
 from engine_plugin_sdk.dtypes import torch_dtype
+from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_SCHEMES, grouped_form
 from engine_plugin_sdk.gpu.moe import StackedExperts, stack_experts
 
 FP8_SCHEME = "fp8_e4m3"
@@ -49,8 +51,9 @@ GEMM_DTYPES = ("float32", "bfloat16", "float16")
 _NEGATIVE_ZERO_BITS = -128  # 0x80 as int8
 #: the gated activations the Triton kernels run (:meth:`TorchGemmBackend.gated_linear`)
 GATED_ACTIVATIONS = frozenset({"silu", "gelu_tanh"})
-#: the weight-only schemes the Triton GEMM runs (:class:`GroupedIntWeight`)
-GROUPED_INT_SCHEMES = frozenset(GROUPED_INT_BITS)
+#: the weight-only schemes the Triton GEMM runs (:class:`GroupedIntWeight`): the grouped integer ones and
+#: the GGUF types repacked into them exactly (the others are dequantized at load)
+GROUPED_INT_SCHEMES = frozenset(GROUPED_INT_BITS) | GGUF_GROUPED_SCHEMES
 
 
 @dataclass(slots=True)
@@ -73,29 +76,41 @@ class Fp8Weight:
 
 @dataclass(slots=True)
 class GroupedIntWeight:
-    """An ``int4_grouped`` / ``int8_grouped`` weight repacked for the Triton weight-only GEMM
-    (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.pack_grouped_int` says the layout).
+    """A grouped-integer weight (``int4_grouped`` / ``int8_grouped``, or a GGUF type repacked exactly into
+    that form) in the layout of the Triton weight-only GEMM and GEMV
+    (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.pack_grouped_codes` says it).
+
+    Stored column ``j`` of row ``o`` is ``code * scale - zero_scale`` of its group, or
+    ``(code - zero_point) * scale`` when ``zero_scales`` is None.
 
     Attributes:
-        codes: uint8 K-major codes, ``[in, out]`` (8-bit) or ``[in / 2, out]`` (4-bit, paired within
+        codes: uint8 row-major codes, ``[out, in]`` (8-bit) or ``[out, in / 2]`` (4-bit, paired within
             each ``block_k`` columns).
-        scales: float32 ``[groups, out]``.
-        zero_scales: float32 ``[groups, out]``, ``zeros * scales``.
+        scales: ``[out, groups]``, float16 where that holds every scale exactly, else float32.
+        zero_scales: ``[out, groups]`` (``zeros * scales``, same dtype rule), or None for one zero point.
         perm: int32 ``[in]`` act-order (stored column ``j`` multiplies input feature ``perm[j]``), or None.
         bits: 4 or 8.
         group_size: columns per group.
-        block_k: the kernel's reduction tile, fixed by the 4-bit pairing.
+        block_k: the kernels' reduction sub-block, fixed by the 4-bit pairing.
         shape: ``(out_features, in_features)``.
+        zero_point: every group's zero point in code units, when ``zero_scales`` is None.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
-    zero_scales: torch.Tensor
+    zero_scales: torch.Tensor | None
     perm: torch.Tensor | None
     bits: int
     group_size: int
     block_k: int
     shape: tuple[int, int]
+    zero_point: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the packed weight (what one product streams)."""
+        parts = (self.codes, self.scales, self.zero_scales, self.perm)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,8 +145,9 @@ class TorchGemmBackend(GemmBackend):
         #: the MoE kernels' :class:`~engine_plugin_sdk.gpu.triton_kernels.moe_launchers.MoeTiles`, None
         #: for their defaults (kept as None here so that constructing a backend does not import Triton)
         self.moe_tiles: Any = None
-        #: keep ``int4_grouped`` / ``int8_grouped`` weights quantized for the Triton weight-only GEMM (on the
-        #: GPU; the platform also turns this on in interpreter mode), else dequantize them at load
+        #: keep ``int4_grouped`` / ``int8_grouped`` weights and the GGUF types of :data:`GROUPED_INT_SCHEMES`
+        #: quantized for the Triton weight-only kernels (on the GPU; the platform also turns this on in
+        #: interpreter mode), else dequantize them at load
         self.triton_grouped_int = self.device.type == "cuda"
         #: that GEMM's :class:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.GroupedIntTiles`,
         #: None for its H200 defaults (kept as None so that constructing a backend does not import Triton)
@@ -153,7 +169,8 @@ class TorchGemmBackend(GemmBackend):
 
     @property
     def supported_quant_schemes(self) -> frozenset[str]:  # type: ignore[override]
-        """FP8 where the GPU has FP8 units, the grouped integer schemes where the Triton GEMM runs."""
+        """FP8 where the GPU has FP8 units; the grouped integer schemes and the GGUF types repacked into
+        them where the Triton kernels run."""
         fp8 = frozenset({FP8_SCHEME}) if self.fp8 else frozenset()
         return fp8 | (GROUPED_INT_SCHEMES if self.triton_grouped_int else frozenset())
 
@@ -259,13 +276,14 @@ class TorchGemmBackend(GemmBackend):
         return self.grouped_int_tiles or GroupedIntTiles()
 
     def _prepare_grouped_int(self, weight: QuantizedWeight, dtype: torch.dtype) -> GroupedIntWeight | None:
-        """The weight repacked for the Triton GEMM with ``dtype`` activations, or None for a group size
+        """The weight repacked for the Triton kernels with ``dtype`` activations, or None for a group size
         whose largest power-of-two divisor is below the kernel's smallest tile (it is dequantized instead)."""
         from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as gil
 
         tiles = self._grouped_int_tiles()
         widest = tiles.fp32_block_k if dtype == torch.float32 else tiles.block_k
-        block_k = gil.grouped_int_block_k(int(weight.extra["group_size"]), GROUPED_INT_BITS[weight.scheme], widest)
+        form = grouped_form(weight)
+        block_k = None if form is None else gil.grouped_int_block_k(form[1], form[0], widest)
         return None if block_k is None else gil.pack_grouped_int(weight, block_k, self.device)
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:

@@ -12,7 +12,8 @@ import torch and Triton, and detecting the platform must not.
 *interpreter mode*: the shared Triton kernels run on CPU tensors through Triton's interpreter
 (``TRITON_INTERPRET=1``, set by the platform before the kernels are imported). It claims only float16 /
 float32 (``tl.dot`` on bfloat16 is wrong in the interpreter) and no graphs or FP8; of the quantization
-schemes, the grouped integer ones, whose Triton GEMM runs there as on the GPU.
+schemes, the grouped integer ones and the GGUF types repacked into them, whose Triton GEMM and GEMV run
+there as on the GPU.
 
 Importing this module must stay cheap: no torch, no Triton (both are imported inside methods).
 """
@@ -47,9 +48,12 @@ INTERPRETER_DTYPES = ("float32", "float16")
 BLOCK_SIZES = (8, 16, 32, 64)
 HEAD_SIZES = (64, 80, 96, 128, 256)
 FP8_SCHEME = "fp8_e4m3"
-#: weight-only schemes the shared Triton GEMM runs on every GPU (spelled out: importing
-#: ``engine.interfaces.grouped_int`` would import torch)
-GROUPED_INT_SCHEMES = ("int4_grouped", "int8_grouped")
+#: weight-only schemes the shared Triton GEMM / GEMV run on every GPU: the grouped integer ones, and the GGUF
+#: types repacked into them exactly at load (``engine_plugin_sdk.gpu.grouped_codes``; spelled out here:
+#: importing either module would import torch); other GGUF types are dequantized at load
+GROUPED_INT_SCHEMES = (
+    "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
+)  # fmt: skip
 INTERPRETER_KV_CACHE_BYTES = 256 * 1024**2
 
 
@@ -205,6 +209,7 @@ class TorchGpuPlatform(Platform):
                 logits_soft_cap=True,
                 attention_sinks=True,
                 non_causal_attention=True,
+                non_causal_sliding_window=True,
                 swap=True,
                 quant_schemes=GROUPED_INT_SCHEMES,
                 # the LoRA kernels run in the interpreter as on the GPU (float16 / float32 only, like tl.dot)
@@ -223,6 +228,7 @@ class TorchGpuPlatform(Platform):
             logits_soft_cap=True,
             attention_sinks=True,
             non_causal_attention=True,
+            non_causal_sliding_window=True,
             swap=True,
             # Triton compiles each kernel variant on its first launch
             warm_up=True,

@@ -16,10 +16,8 @@ wrong in the interpreter), no graphs and no FP8. Nothing here has run on AMD har
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from engine_plugin_sdk import Capabilities
 from engine_plugin_sdk.gpu.platform import TorchGpuPlatform
 
 if TYPE_CHECKING:
@@ -94,11 +92,6 @@ class RocmPlatform(TorchGpuPlatform):
 
     def interpreter_extra(self) -> dict[str, Any]:
         return {**super().interpreter_extra(), "launch_parameters": "cdna-interpreter"}
-
-    def capabilities(self) -> Capabilities:
-        """The SDK's GPU claims, and symmetric non-causal windows (ModernBERT's local layers), which the
-        shared Triton prefill kernel masks in interpreter mode as on the device."""
-        return dataclasses.replace(super().capabilities(), non_causal_sliding_window=True)
 
     # --- typed factories: each imports its module here, never at module import ---------------------
 

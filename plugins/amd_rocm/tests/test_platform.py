@@ -13,6 +13,10 @@ from engine_plugin_amd.platform import INTERPRET_ENV, RocmPlatform
 from engine_plugin_sdk import EngineConfig
 
 REAL_ROCM = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
+#: the weight-only schemes the shared Triton GEMM / GEMV run: grouped integers and the GGUF types kept packed
+GROUPED_INT_CLAIMS = (
+    "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
+)  # fmt: skip
 simulated_only = pytest.mark.skipif(REAL_ROCM, reason="simulates a ROCm host; this one is real")
 
 
@@ -83,7 +87,7 @@ def test_capabilities_on_simulated_gpus(monkeypatch: pytest.MonkeyPatch, arch: s
     assert caps.non_causal_attention
     assert plat.arch() == arch.split(":")[0] and plat.wavefront_size() == wave
     assert plat.fp8_dtype() == fp8
-    assert caps.quant_schemes == (("fp8_e4m3",) if fp8 else ()) + ("int4_grouped", "int8_grouped")
+    assert caps.quant_schemes == (("fp8_e4m3",) if fp8 else ()) + GROUPED_INT_CLAIMS
     # the labels `engine plugins list` shows say the same
     assert caps.extra == {"gcn_arch": plat.arch(), "wavefront_size": wave, "fp8_dtype": fp8}
     assert plat.validate(EngineConfig(dtype="bfloat16")) == []
@@ -101,7 +105,7 @@ def test_validate_rejects_what_is_not_claimed(monkeypatch: pytest.MonkeyPatch) -
     assert plat.interpret and RocmPlatform.detect().available
     caps = plat.capabilities()
     assert "bfloat16" not in caps.dtypes and not caps.graph_capture
-    assert caps.quant_schemes == ("int4_grouped", "int8_grouped")
+    assert caps.quant_schemes == GROUPED_INT_CLAIMS
     assert caps.non_causal_attention  # the interpreted Triton attention honours causal=False too
     assert plat.validate(EngineConfig(dtype="float32")) == []
     assert plat.validate(EngineConfig(dtype="auto")) == []

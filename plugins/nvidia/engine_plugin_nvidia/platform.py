@@ -17,11 +17,9 @@ in the interpreter) and no graphs or FP8.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine_plugin_sdk import Capabilities
 from engine_plugin_sdk.gpu.platform import GPU_DTYPES, TorchGpuPlatform
 
 if TYPE_CHECKING:
@@ -86,11 +84,6 @@ class CudaPlatform(TorchGpuPlatform):
     def device_extra(self) -> dict[str, Any]:
         major, minor = self.compute_capability()
         return {"compute_capability": f"{major}.{minor}"}
-
-    def capabilities(self) -> Capabilities:
-        """The SDK's GPU claims, and symmetric non-causal windows (ModernBERT's local layers), which the
-        shared Triton prefill kernel masks in interpreter mode as on the device."""
-        return dataclasses.replace(super().capabilities(), non_causal_sliding_window=True)
 
     # --- typed factories: each imports its module here, never at module import ---------------------
 

@@ -1,5 +1,6 @@
-"""The shared grouped-integer weight-only GEMM (``int4_grouped`` / ``int8_grouped``) against a float64
-reference, its load-time packing, split-K, and its place in the NVIDIA GEMM backend (interpreter on the CPU)."""
+"""The shared grouped-integer weight-only GEMM and single-row GEMV (``int4_grouped`` / ``int8_grouped``)
+against a float64 reference, their load-time packing, split-K, and their place in the NVIDIA GEMM backend
+(interpreter on the CPU)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
-from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.gpu.gemm import GROUPED_INT_SCHEMES, GroupedIntWeight
+from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
+    gemv_subs,
     grouped_int_block_k,
     grouped_int_linear,
     pack_grouped_int,
@@ -24,9 +27,12 @@ from engine_plugin_sdk.tolerances import compare, get_tolerance
 OUT = 96  # not a power of two: the last column tile is masked
 ROWS = (1, 5, 37)
 SCHEMES = ("int4_grouped", "int8_grouped")
+#: the GGUF types the GPU backends keep packed in the grouped-integer form
+GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
 #: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
 SPLIT_TILES = GroupedIntTiles(
-    block_k=32, gemm=((0, 16, 64, 4, 1),), min_programs=64, max_split_k=3, min_split_blocks=1
+    block_k=32, gemm=((0, 16, 64, 4, 1),), min_programs=64, max_split_k=3, min_split_blocks=1,
+    gemv=INTERPRETER_GROUPED_INT_TILES.gemv,
 )
 
 
@@ -106,13 +112,14 @@ def test_int4_codes_pair_within_each_reduction_tile() -> None:
     weight = make_quantized_weight("int4_grouped", 8, 256, seed=3)
     codes = unpack_int4(weight.data)
     prepared = pack_grouped_int(weight, 64, torch.device("cpu"))
-    assert prepared.codes.shape == (128, 8) and prepared.codes.dtype == torch.uint8
+    assert prepared.codes.shape == (8, 128) and prepared.codes.dtype == torch.uint8
     low, high = prepared.codes & 0x0F, prepared.codes >> 4
-    # byte row b * 32 + r: column b * 64 + r low, column b * 64 + 32 + r high
-    assert torch.equal(low[:32].T, codes[:, :32]) and torch.equal(high[:32].T, codes[:, 32:64])
-    assert torch.equal(low[32:64].T, codes[:, 64:96]) and torch.equal(high[32:64].T, codes[:, 96:128])
+    # byte b * 32 + r of a row: column b * 64 + r low, column b * 64 + 32 + r high
+    assert torch.equal(low[:, :32], codes[:, :32]) and torch.equal(high[:, :32], codes[:, 32:64])
+    assert torch.equal(low[:, 32:64], codes[:, 64:96]) and torch.equal(high[:, 32:64], codes[:, 96:128])
     scales, zeros = weight.extra["scales"], weight.extra["zeros"]
-    assert torch.equal(prepared.scales, scales.T) and torch.equal(prepared.zero_scales, (zeros * scales).T)
+    # asymmetric zero points and scales that float16 does not hold: both streams, in float32
+    assert torch.equal(prepared.scales, scales) and torch.equal(prepared.zero_scales, zeros * scales)
     assert prepared.perm is not None and prepared.perm.dtype == torch.int32
 
 
@@ -127,7 +134,7 @@ def test_block_k_follows_the_group_size() -> None:
 def test_backend_keeps_grouped_weights_quantized(device) -> None:
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int, gemm.grouped_int_tiles = True, tiles_for(device)
-    assert {"int4_grouped", "int8_grouped"} <= gemm.supported_quant_schemes
+    assert gemm.supported_quant_schemes == GROUPED_INT_SCHEMES
     gen = torch.Generator().manual_seed(9)
     for scheme in SCHEMES:
         weight = make_quantized_weight(scheme, OUT, 256, seed=21, device=device)
@@ -174,5 +181,91 @@ def test_interpreter_claims_what_its_backend_runs(monkeypatch: pytest.MonkeyPatc
     if not platform.interpret:
         pytest.skip("a GPU is visible: the platform is not in interpreter mode")
     claimed = platform.capabilities().quant_schemes
-    assert set(claimed) == {"int4_grouped", "int8_grouped"}
+    assert set(claimed) == {"int4_grouped", "int8_grouped", *GGUF_PACKED}
     assert set(claimed) == set(platform.make_gemm_backend().supported_quant_schemes)
+
+
+def _gemv_cases() -> list[tuple[str, QuantizedWeight]]:
+    """A weight of each form the GEMV specialises on (fresh random values on each call)."""
+    seed = int(torch.randint(0, 1 << 30, ()))
+    gen = torch.Generator().manual_seed(seed)
+    codes4 = torch.randint(0, 16, (37, 224), generator=gen)
+    # fp16-exact scales and one zero point (GPTQ's symmetric form): float16 scales, no zero scales
+    symmetric = grouped_int_weight(codes4, (torch.rand(37, 7, generator=gen) / 8).half().float(),
+                                   torch.full((37, 7), 8.0), 32, 4)  # fmt: skip
+    return [
+        ("int4 symmetric", symmetric),
+        ("int4 act-order", make_quantized_weight("int4_grouped", 37, 256, seed=seed)),
+        ("int8 act-order", make_quantized_weight("int8_grouped", 37, 256, seed=seed + 1)),
+        *((scheme, make_quantized_weight(scheme, 37, 256, seed=seed + 2)) for scheme in GGUF_PACKED),
+    ]
+
+
+@pytest.mark.parametrize("rows_per_program", [16, 4, 2, 1])
+def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program: int) -> None:
+    """One activation row through the GEMV: 37 outputs (a partial last program), reductions that the
+    iteration width does not divide (masked sub-blocks), perm, bias and float32 logits. Every form through
+    the wide (interpreter's) kernel; in the interpreter, the unrolled (GPU's) kernel takes a second per
+    program of 4 rows, so it gets a few of the forms there, all of them on a GPU."""
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int = True
+    cases, dtypes = _gemv_cases(), kernel_dtypes
+    if rows_per_program <= 4 and device.type == "cpu":
+        # zero scales with perm (4- and 8-bit), one zero point (8-bit Q6_K, symmetric 4-bit), in float32
+        cases, dtypes = [cases[i] for i in {4: (1, 7), 2: (2,), 1: (0,)}[rows_per_program]], [torch.float32]
+    for name, weight in cases:
+        for row_bytes in (64, 4096):
+            tiles = GroupedIntTiles(block_k=128, fp32_block_k=128, gemv=(rows_per_program, row_bytes, 4, 1))
+            gemm.grouped_int_tiles = tiles
+            for dtype in dtypes:
+                prepared = gemm.prepare_weight(weight, dtype)
+                assert isinstance(prepared, GroupedIntWeight), name
+                x = torch.randn(1, weight.shape[1]).to(dtype)
+                bias = torch.randn(37).to(dtype)
+                what = f"{name} {dtype} rows={rows_per_program} row_bytes={row_bytes}"
+                tol = get_tolerance(dtype, quantized=True)
+                got = gemm.linear(x.to(device), prepared, bias.to(device))
+                assert got.shape == (1, 37) and got.dtype == dtype
+                problem = compare(got, ref_quantized_linear(x, weight, bias), tol, what)
+                assert not problem, problem
+                logits = gemm.logits(x.to(device), prepared)
+                assert logits.dtype == torch.float32
+                problem = compare(logits, ref_quantized_linear(x, weight), tol, f"{what} logits")
+                assert not problem, problem
+
+
+def test_gemv_iteration_width() -> None:
+    weight = pack_grouped_int(make_quantized_weight("gguf_q4_k", 8, 768, seed=1), 32, torch.device("cpu"))
+    # 16 code bytes per 32-column sub-block, 24 sub-blocks a row
+    assert [gemv_subs(weight, b) for b in (8, 16, 256, 512, 4096)] == [1, 1, 16, 32, 32]
+    for rows in (3, 12):
+        with pytest.raises(ValueError, match="1, 2, 4 or a larger power of two"):
+            grouped_int_linear(torch.randn(1, 768), weight, None, GroupedIntTiles(gemv=(rows, 512, 4, 1)))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and pdl.AVAILABLE), reason="PDL needs an NVIDIA GPU")
+def test_gemv_in_a_graph_with_pdl_matches_eager() -> None:
+    """Captured with programmatic dependent launch (each GEMV reading its first tiles before it waits for
+    the product before it), replays give the eager launches' bits."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9.0+")
+    gemm = CudaGemmBackend("cuda")
+    first = gemm.prepare_weight(make_quantized_weight("gguf_q4_k", 1024, 512, seed=5, device="cuda"), torch.bfloat16)
+    second = gemm.prepare_weight(make_quantized_weight("gguf_q6_k", 512, 1024, seed=6, device="cuda"), torch.bfloat16)
+    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+    before = pdl.enabled()
+    try:
+        pdl.configure(True)
+        graph = torch.cuda.CUDAGraph()
+        with pdl.for_capture():
+            gemm.linear(gemm.linear(x, first), second)  # compile the PDL variants outside the capture
+            with torch.cuda.graph(graph):
+                captured = gemm.linear(gemm.linear(x, first), second)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            eager = gemm.linear(gemm.linear(x, first), second)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, eager)
+    finally:
+        pdl.configure(before)

@@ -44,9 +44,12 @@ def test_claims_and_validate(platform: CudaPlatform) -> None:
     # the shared Triton attention honours causal=False (encoder steps), interpreted or compiled
     assert caps.non_causal_attention
     if platform.interpret:
-        # the grouped-integer GEMM runs in the interpreter too; FP8 does not
+        # the grouped-integer GEMM / GEMV run in the interpreter too, and with them the GGUF types they
+        # take packed; FP8 does not
         assert "bfloat16" not in caps.dtypes and not caps.graph_capture
-        assert caps.quant_schemes == ("int4_grouped", "int8_grouped")
+        assert caps.quant_schemes == (
+            "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
+        )  # fmt: skip
         assert any("bfloat16" in r for r in platform.validate(EngineConfig(dtype="bfloat16")))
 
 

@@ -1,33 +1,52 @@
-"""Weight-only GEMM over grouped integer weights (``int4_grouped`` / ``int8_grouped``, the layout of
-:mod:`engine.interfaces.grouped_int`): ``y = x[:, perm] @ dequant(W).T (+ bias)``.
+"""Weight-only products over grouped integer weights (``int4_grouped`` / ``int8_grouped``, the layout of
+:mod:`engine.interfaces.grouped_int`, and the GGUF types repacked exactly into it,
+:mod:`engine_plugin_sdk.gpu.grouped_codes`): ``y = x[:, perm] @ dequant(W).T (+ bias)``.
 
-The weight stays in its codes in device memory; each program dequantizes its ``[BLOCK_K, BLOCK_N]`` tile in
-registers (``code * scale - zero * scale``, one scale row per tile) and feeds it to ``tl.dot`` in the
-activations' dtype, accumulating in float32. Reading 4 or 8 bits a weight instead of 16 is the point: at
-decode batch sizes the GEMM is bound by the weight's bytes.
+The weight stays in its codes in device memory and is dequantized in registers (``code * scale -
+zero_scale``, or ``(code - ZERO) * scale`` for a weight with one zero point), accumulating in float32.
+Reading 4 or 8 bits a weight instead of 16 is the point: at decode batch sizes a product is bound by the
+weight's bytes. Two kernels share the layout:
 
-The launcher repacks the weight at load into the layout the tile loads want (:func:`~engine_plugin_sdk.gpu.
-triton_kernels.grouped_int_launchers.pack_grouped_int`):
+- :func:`grouped_int_gemm_kernel`, a tiled GEMM: each program dequantizes ``[BLOCK_N, BLOCK_K]`` tiles
+  and feeds them to ``tl.dot`` in the activations' dtype;
+- :func:`grouped_int_gemv_kernel`, for one activation row (batch-1 decode, the LM head): each program owns
+  up to four output features and streams their codes along K in wide contiguous runs, as the dense GEMV
+  does, the activations read and converted once for its rows; with programmatic dependent launch
+  (``USE_PDL``, :mod:`.pdl`) it loads its first tiles of codes and scales before it waits for the kernel
+  that wrote ``x``. :func:`grouped_int_gemv_wide_kernel` computes the same with many rows a program, the
+  interpreter's variant.
 
-- codes K-major, ``[K, N]`` bytes (8-bit) or ``[K / 2, N]`` (4-bit), so that a tile's rows are contiguous
-  runs of output columns;
-- 4-bit codes paired *within* each block of ``BLOCK_K`` columns: byte row ``b * BLOCK_K / 2 + r`` holds
-  column ``b * BLOCK_K + r`` in its low nibble and column ``b * BLOCK_K + BLOCK_K / 2 + r`` in its high
-  one. A tile then splits into two half tiles by a mask and a shift, each multiplied by its own half of
-  the activation columns: no interleaving of nibbles in registers (a layout shuffle on the GPU);
-- ``BLOCK_K`` divides the group size, so every tile lies in one group and its scales are one row;
-- scales and ``zeros * scales`` transposed to float32 ``[groups, N]``, one contiguous row per tile.
+Codes become floats by a bit trick rather than an integer-to-float conversion (:func:`_as_float`), which
+issues at a fraction of the FP32 rate on Hopper. The GEMV is still bound by its per-code instructions, not
+by memory: on an H200 (``benchmarks/nvidia_h200_quantized.py kernels``, Llama-3-8B shapes) it streamed
+W4A16 codes at 1.0-1.5 TB/s and Q4_K at 1.4-2.1 TB/s, against 3.6-4.2 TB/s for the bf16 GEMV, so a
+product takes 0.7-1.0x the bf16 time for a quarter to a third of its bytes.
+
+The launcher repacks the weight at load (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.
+pack_grouped_codes`):
+
+- codes row-major (N-major), ``[N, K]`` bytes (8-bit) or ``[N, K / 2]`` (4-bit), so that a GEMV program
+  reads each of its rows as one contiguous run and a GEMM tile's rows are contiguous runs along K;
+- 4-bit codes paired *within* each block of ``BLOCK_K`` columns: byte ``b * BLOCK_K / 2 + r`` of a row
+  holds column ``b * BLOCK_K + r`` in its low nibble and column ``b * BLOCK_K + BLOCK_K / 2 + r`` in its
+  high one. A tile then splits into two half tiles by a mask and a shift, each multiplied by its own half
+  of the activation columns: no interleaving of nibbles in registers (a layout shuffle on the GPU);
+- ``BLOCK_K`` divides the group size, so every block lies in one group;
+- scales and zero scales ``[N, groups]``, in float16 where that holds them exactly (GPTQ's, Q4_0's), else
+  float32 (the K-quants' products of two scales); a weight with one zero point has no zero scales.
 
 The act-order permutation is a gathered load of the activations' columns (``HAS_PERM``), so it costs no
-extra pass over ``x``. With ``SPLIT_K > 1`` the reduction is split across programs, each writing float32
-partial sums that the launcher adds: that fills the GPU when few output tiles (a decode batch, a narrow
-projection) would leave most multiprocessors idle.
+extra pass over ``x``. With ``SPLIT_K > 1`` the GEMM's reduction is split across programs, each writing
+float32 partial sums that the launcher adds: that fills the GPU when few output tiles (a narrow projection)
+would leave most multiprocessors idle.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 
 @triton.jit
@@ -41,19 +60,37 @@ def _load_x(x_rows, m_ok, perm_ptr, offs_k, HAS_PERM: tl.constexpr):
 
 
 @triton.jit
+def _as_float(codes, OFFSET: tl.constexpr):
+    """``codes - OFFSET`` in float32 for codes of 0 .. 255, without an integer-to-float conversion: the
+    bits ``0x4B000000 | c`` are the float ``2**23 + c`` exactly, and subtracting ``2**23 + OFFSET`` is
+    exact too."""
+    return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+
+
+@triton.jit
+def _dequant(codes, scale, zs, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
+    """float32 weights of ``codes`` (broadcast against their group's ``scale`` / ``zs``)."""
+    if HAS_ZS:
+        return _as_float(codes, 0) * scale - zs
+    else:
+        return _as_float(codes, ZERO) * scale
+
+
+@triton.jit
 def grouped_int_gemm_kernel(
     x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
-    M, N, k_per_split, stride_xm, stride_wk, stride_sg, stride_om, stride_os,
-    K: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    M, N, k_per_split, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+    K: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """One ``[BLOCK_M, BLOCK_N]`` output tile over the ``k_per_split`` reduction columns of split ``pid(2)``.
 
-    ``w`` holds the packed codes (see the module docstring), ``scale`` / ``zs`` float32 ``[groups, N]``
-    scales and ``zeros * scales``, ``perm`` int32 ``[K]`` (read only with ``HAS_PERM``), ``bias`` ``[N]``
-    (only with ``HAS_BIAS``, which the launcher sets for an unsplit reduction alone). ``out`` is ``[M, N]``
-    in its own dtype, or float32 partial sums ``[splits, M, N]`` when the reduction is split.
+    ``w`` holds the packed codes (see the module docstring), ``scale`` / ``zs`` ``[N, groups]`` scales and
+    ``zeros * scales`` (``zs`` read only with ``HAS_ZS``), ``perm`` int32 ``[K]`` (read only with
+    ``HAS_PERM``), ``bias`` ``[N]`` (only with ``HAS_BIAS``, which the launcher sets for an unsplit reduction
+    alone). ``out`` is ``[M, N]`` in its own dtype, or float32 partial sums ``[splits, M, N]`` when the
+    reduction is split.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -63,38 +100,244 @@ def grouped_int_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    # 4-bit: a tile's BLOCK_K columns are BLOCK_K / 2 byte rows, each column pair sharing a byte
-    W_ROWS: tl.constexpr = BLOCK_K // 2 if BITS == 4 else BLOCK_K
-    offs_r = tl.arange(0, W_ROWS)
-    w_cols = w_ptr + offs_n[None, :]
+    # 4-bit: a tile's BLOCK_K columns are BLOCK_K / 2 bytes of each row, each column pair sharing a byte
+    W_COLS: tl.constexpr = BLOCK_K // 2 if BITS == 4 else BLOCK_K
+    offs_c = tl.arange(0, W_COLS)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    s_rows = offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
+    pdl_begin(USE_PDL)
     for k0 in range(k_begin, k_end, BLOCK_K):
         group = k0 // GROUP
-        scale = tl.load(scale_ptr + group * stride_sg + offs_n, mask=n_ok, other=0.0)[None, :]
-        zs = tl.load(zs_ptr + group * stride_sg + offs_n, mask=n_ok, other=0.0)[None, :]
+        scale = tl.load(scale_ptr + s_rows + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + s_rows + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         if BITS == 4:
-            w_row0 = k0 // 2
+            w_col0 = k0 // 2
         else:
-            w_row0 = k0
-        codes = tl.load(
-            w_cols + (w_row0 + offs_r).to(tl.int64)[:, None] * stride_wk, mask=n_ok[None, :], other=0
-        )
+            w_col0 = k0
+        codes = tl.load(w_rows + (w_col0 + offs_c)[None, :], mask=n_ok[:, None], other=0)
         if BITS == 4:
-            x_lo = _load_x(x_rows, m_ok, perm_ptr, k0 + offs_r, HAS_PERM)
-            x_hi = _load_x(x_rows, m_ok, perm_ptr, k0 + W_ROWS + offs_r, HAS_PERM)
-            w_lo = (codes & 0xF).to(tl.float32) * scale - zs
-            w_hi = (codes >> 4).to(tl.float32) * scale - zs
-            acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc, input_precision=PRECISION)
-            acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc, input_precision=PRECISION)
+            x_lo = _load_x(x_rows, m_ok, perm_ptr, k0 + offs_c, HAS_PERM)
+            x_hi = _load_x(x_rows, m_ok, perm_ptr, k0 + W_COLS + offs_c, HAS_PERM)
+            w_lo = _dequant(codes & 0xF, scale, zs, ZERO, HAS_ZS)
+            w_hi = _dequant(codes >> 4, scale, zs, ZERO, HAS_ZS)
+            acc = tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)), acc, input_precision=PRECISION)
+            acc = tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)), acc, input_precision=PRECISION)
         else:
-            x = _load_x(x_rows, m_ok, perm_ptr, k0 + offs_r, HAS_PERM)
-            w = codes.to(tl.float32) * scale - zs
-            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)
+            x = _load_x(x_rows, m_ok, perm_ptr, k0 + offs_c, HAS_PERM)
+            w = _dequant(codes, scale, zs, ZERO, HAS_ZS)
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = (
         out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     )
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gemv_tile(w_ptr, scale_ptr, zs_ptr, row, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+               BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
+               EVEN: tl.constexpr):  # fmt: skip
+    """Row ``row``'s codes of sub-blocks ``blocks`` (``[SUBS, W_COLS]`` bytes, one contiguous run) and their
+    float32 scales and zero scales ``[SUBS, 1]``: what nothing in a step writes."""
+    cols = blocks[:, None] * W_COLS + offs_c[None, :]
+    params = row.to(tl.int64) * stride_sn + blocks * BLOCK // GROUP
+    w_row = w_ptr + row.to(tl.int64) * stride_wn
+    if EVEN:
+        codes = tl.load(w_row + cols)
+        scale = tl.load(scale_ptr + params).to(tl.float32)[:, None]
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + params).to(tl.float32)[:, None]
+    else:
+        ok = blocks < NUM_BLOCKS
+        codes = tl.load(w_row + cols, mask=ok[:, None], other=0)
+        scale = tl.load(scale_ptr + params, mask=ok, other=0.0).to(tl.float32)[:, None]
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + params, mask=ok, other=0.0).to(tl.float32)[:, None]
+    return codes, scale, zs
+
+
+@triton.jit
+def _gemv_tiles(w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+                BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
+                EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """The tiles of the program's ``ROWS`` rows (rows past ``N`` read row ``N - 1``: unmasked loads; their
+    sums are not stored); a row beyond ``ROWS`` repeats row 0's tile, never used."""
+    c0, s0, z0 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, row0, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+                            BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+    c1, s1, z1, c2, s2, z2, c3, s3, z3 = c0, s0, z0, c0, s0, z0, c0, s0, z0
+    if ROWS > 1:
+        c1, s1, z1 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 1, N - 1), stride_wn, stride_sn,
+                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+    if ROWS > 2:
+        c2, s2, z2 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 2, N - 1), stride_wn, stride_sn,
+                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c3, s3, z3 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 3, N - 1), stride_wn, stride_sn,
+                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+    return c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3
+
+
+@triton.jit
+def _gemv_x(x_ptr, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
+    """float32 activations of stored columns ``cols``: ``x[perm[cols]]``."""
+    if HAS_PERM:
+        if EVEN:
+            cols = tl.load(perm_ptr + cols)
+        else:
+            cols = tl.load(perm_ptr + cols, mask=ok, other=0)
+    if EVEN:
+        return tl.load(x_ptr + cols).to(tl.float32)
+    else:
+        return tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
+    """``acc`` plus a dequantized tile (scales broadcast against it) times the activations."""
+    if BITS == 4:
+        if HAS_ZS:
+            acc += (_as_float(codes & 0xF, 0) * scale - zs) * x_lo + (_as_float(codes >> 4, 0) * scale - zs) * x_hi
+        else:
+            acc += (_as_float(codes & 0xF, ZERO) * x_lo + _as_float(codes >> 4, ZERO) * x_hi) * scale
+    else:
+        if HAS_ZS:
+            acc += (_as_float(codes, 0) * scale - zs) * x_lo
+        else:
+            acc += _as_float(codes, ZERO) * x_lo * scale
+    return acc
+
+
+@triton.jit
+def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
+               offs_c, NUM_BLOCKS, BLOCK: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
+               HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """The rows' accumulators plus their tiles against the activations, read and converted once for all
+    ``ROWS`` rows (the reason the rows are unrolled rather than a dimension of one tile)."""
+    cols = blocks[:, None] * BLOCK + offs_c[None, :]
+    ok = (blocks < NUM_BLOCKS)[:, None]
+    x_lo = _gemv_x(x_ptr, perm_ptr, cols, ok, HAS_PERM, EVEN)
+    x_hi = x_lo
+    if BITS == 4:
+        x_hi = _gemv_x(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
+    acc0 = _gemv_acc(acc0, c0, s0, z0, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+    if ROWS > 1:
+        acc1 = _gemv_acc(acc1, c1, s1, z1, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+    if ROWS > 2:
+        acc2 = _gemv_acc(acc2, c2, s2, z2, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+        acc3 = _gemv_acc(acc3, c3, s3, z3, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _gemv_store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
+    y = tl.sum(tl.sum(acc, axis=1), axis=0)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + row, mask=row < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row, y.to(out_ptr.dtype.element_ty), mask=row < N)
+
+
+@triton.jit
+def grouped_int_gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
+    N, stride_wn, stride_sn,
+    NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
+    HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
+
+    Each row's ``NUM_BLOCKS`` sub-blocks of ``BLOCK`` columns (the packing's ``block_k``) are read ``SUBS``
+    at a time, ``SUBS * BLOCK / 2`` contiguous bytes for 4 bits. ``EVEN`` says ``SUBS`` divides
+    ``NUM_BLOCKS`` (no masks along K). ``out`` is ``[N]`` in its own dtype (float32 stores the accumulator
+    unrounded, as the logits want).
+    """
+    row0 = tl.program_id(0) * ROWS
+    W_COLS: tl.constexpr = BLOCK // 2 if BITS == 4 else BLOCK
+    offs_c = tl.arange(0, W_COLS)
+    offs_j = tl.arange(0, SUBS)
+    acc0 = tl.zeros((SUBS, W_COLS), dtype=tl.float32)
+    acc1, acc2, acc3 = acc0, acc0, acc0
+    first = 0
+    if USE_PDL:
+        # the weight is constant: its first tiles are read while the kernel that writes x drains
+        gdc_launch_dependents()
+        c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
+            w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, offs_j, offs_c, NUM_BLOCKS, BLOCK, GROUP,
+            W_COLS, HAS_ZS, EVEN, ROWS,
+        )  # fmt: skip
+        gdc_wait()
+        acc0, acc1, acc2, acc3 = _gemv_step(
+            acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, offs_j,
+            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS,
+        )  # fmt: skip
+        first = SUBS
+    for b0 in range(first, NUM_BLOCKS, SUBS):
+        blocks = b0 + offs_j
+        c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
+            w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP,
+            W_COLS, HAS_ZS, EVEN, ROWS,
+        )  # fmt: skip
+        acc0, acc1, acc2, acc3 = _gemv_step(
+            acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
+            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS,
+        )  # fmt: skip
+    _gemv_store(out_ptr, bias_ptr, row0, N, acc0, HAS_BIAS)
+    if ROWS > 1:
+        _gemv_store(out_ptr, bias_ptr, row0 + 1, N, acc1, HAS_BIAS)
+    if ROWS > 2:
+        _gemv_store(out_ptr, bias_ptr, row0 + 2, N, acc2, HAS_BIAS)
+        _gemv_store(out_ptr, bias_ptr, row0 + 3, N, acc3, HAS_BIAS)
+
+
+@triton.jit
+def grouped_int_gemv_wide_kernel(
+    x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
+    N, stride_wn, stride_sn,
+    NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
+    HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """:func:`grouped_int_gemv_kernel` with its ``ROWS`` (a power of two) as a dimension of one tile
+    ``[ROWS, SUBS, W_COLS]``: a few programs of many rows, as Triton's interpreter wants (each program's
+    operations cost it the same whatever their size; the unrolled kernel's many small ones made the tests
+    and an interpreted model slow). On the GPU each warp then holds other rows and reads and converts the
+    activations for them itself: at four rows it measured 10-20% slower than the unrolled kernel on Q4_K
+    and about even on W4A16 (an H200, Llama-3-8B shapes), so the GPU tiles use the unrolled one. With PDL
+    it waits at once."""
+    offs_n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    n_ok = offs_n < N
+    rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    W_COLS: tl.constexpr = BLOCK // 2 if BITS == 4 else BLOCK
+    offs_c = tl.arange(0, W_COLS)
+    offs_j = tl.arange(0, SUBS)
+    w_rows = w_ptr + rows * stride_wn
+    s_rows = rows * stride_sn
+    acc = tl.zeros((ROWS, SUBS, W_COLS), dtype=tl.float32)
+    pdl_begin(USE_PDL)
+    for b0 in range(0, NUM_BLOCKS, SUBS):
+        blocks = b0 + offs_j
+        cols = blocks[:, None] * W_COLS + offs_c[None, :]
+        params = s_rows[:, None] + (blocks * BLOCK // GROUP)[None, :]
+        ok = blocks < NUM_BLOCKS
+        codes = tl.load(w_rows[:, None, None] + cols[None, :, :], mask=ok[None, :, None], other=0)
+        scale = tl.load(scale_ptr + params, mask=ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + params, mask=ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+        xcols = blocks[:, None] * BLOCK + offs_c[None, :]
+        x_lo = _gemv_x(x_ptr, perm_ptr, xcols, ok[:, None], HAS_PERM, EVEN)[None]
+        x_hi = x_lo
+        if BITS == 4:
+            x_hi = _gemv_x(x_ptr, perm_ptr, xcols + BLOCK // 2, ok[:, None], HAS_PERM, EVEN)[None]
+        acc = _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)

@@ -1,5 +1,5 @@
-"""Host side of the grouped-integer weight-only GEMM (:mod:`.grouped_int_kernels`): the load-time repacking,
-tiles, grids and the split-K reduction."""
+"""Host side of the grouped-integer weight-only GEMM and GEMV (:mod:`.grouped_int_kernels`): the load-time
+repacking, tiles, grids, the split-K reduction, and the choice of the GEMV for a single activation row."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import torch
 import triton
 
 from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.grouped_int import GROUPED_INT_BITS, grouped_int_codes
+from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
+from engine_plugin_sdk.gpu.triton_kernels import pdl
 
 #: ``tl.dot`` takes a reduction of 16 at least; a 4-bit tile holds two halves of it
 MIN_BLOCK_K = {4: 32, 8: 16}
@@ -33,6 +35,9 @@ class GroupedIntTiles:
             programs (about two per multiprocessor), ...
         max_split_k: ... into at most this many splits ...
         min_split_blocks: ... of at least this many ``block_k`` tiles each.
+        gemv: ``(rows, row_bytes, num_warps, num_stages)`` of the single-row GEMV: output features per
+            program (1, 2 or 4 unrolled; a larger power of two as one tile, for the interpreter), and code
+            bytes of each row read per iteration (a power of two; fewer where a row has fewer).
     """
 
     block_k: int = 128
@@ -43,6 +48,7 @@ class GroupedIntTiles:
     min_programs: int = 264
     max_split_k: int = 16
     min_split_blocks: int = 2
+    gemv: tuple[int, int, int, int] = (4, 1024, 4, 2)
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -57,12 +63,16 @@ class GroupedIntTiles:
         return max(1, min(want, k_blocks // max(1, self.min_split_blocks)))
 
 
-#: the defaults, meant for an H200 (132 SMs: ``min_programs`` is two programs each) and used on every GPU;
-#: chosen by analogy with the MoE GEMM's tiles, not yet measured on the hardware
+#: the defaults, meant for an H200 (132 SMs: ``min_programs`` is two programs each) and used on every GPU.
+#: The GEMM's tiles were chosen by analogy with the MoE GEMM's and are not tuned (at 256 rows it ran at
+#: 120-210 TFLOP/s on an H200 against cuBLAS bf16's 450-590). The GEMV's (4 rows, 1 KiB a row) took the
+#: least time over a layer's four products, W4A16 and Q4_K, of the variants timed there (1-16 rows,
+#: 256 B-4 KiB a row, 4 or 8 warps); 2 KiB a row was 5% faster on the LM head, 20% slower on down_proj
 H200_GROUPED_INT_TILES = GroupedIntTiles()
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
-    block_k=128, fp32_block_k=128, gemm=((16, 16, 256, 4, 1), (0, 64, 256, 4, 1)), max_split_k=1
+    block_k=128, fp32_block_k=128, gemm=((16, 16, 256, 4, 1), (0, 64, 256, 4, 1)), max_split_k=1,
+    gemv=(64, 1024, 4, 1),
 )
 
 
@@ -74,63 +84,83 @@ def grouped_int_block_k(group_size: int, bits: int, block_k: int) -> int | None:
 
 
 def pack_grouped_int(weight: QuantizedWeight, block_k: int, device: torch.device) -> GroupedIntWeight:
-    """Repack an ``int4_grouped`` / ``int8_grouped`` weight into the kernel's layout, on ``device``.
+    """Repack an ``int4_grouped`` / ``int8_grouped`` weight, or a GGUF weight of a type the kernels take
+    (:data:`~engine_plugin_sdk.gpu.grouped_codes.GGUF_GROUPED_FORMS`), into the kernels' layout on ``device``.
 
     Args:
-        weight: the weight in the plugin API's layout (:mod:`engine.interfaces.grouped_int`).
-        block_k: the tile's reduction width: a power of two dividing the group size, at least
+        weight: the weight in the plugin API's layout (:mod:`engine.interfaces.grouped_int`, or GGUF blocks).
+        block_k: the kernels' reduction sub-block: a power of two dividing the group size, at least
             :data:`MIN_BLOCK_K` of the bit width (:func:`grouped_int_block_k`).
+        device: where the packed weight goes (and where GGUF blocks are unpacked).
+
+    Returns:
+        The packed weight (see :func:`pack_grouped_codes`).
+
+    Raises:
+        ValueError: for another scheme, a ``block_k`` that does not fit the group size, or parts whose
+            shapes do not match the weight's.
+    """
+    return pack_grouped_codes(grouped_codes(weight, device), block_k, device)
+
+
+def pack_grouped_codes(codes: GroupedCodes, block_k: int, device: torch.device) -> GroupedIntWeight:
+    """Pack unpacked codes into the kernels' layout on ``device``.
+
+    Args:
+        codes: one code per value and the group parameters.
+        block_k: as for :func:`pack_grouped_int`.
         device: where the packed weight goes.
 
     Returns:
-        The packed weight (codes K-major, 4-bit codes paired within each ``block_k`` columns, float32
-        ``[groups, N]`` scales and ``zeros * scales``, an int32 ``perm`` or None).
+        The packed weight: codes row-major, 4-bit codes paired within each ``block_k`` columns; scales and
+        zero scales ``[out, groups]`` in float16 where that is exact, else float32; an int32 ``perm`` or None.
 
     Raises:
-        ValueError: for an unknown scheme, a ``block_k`` that does not divide the group size, or parts
-            whose shapes do not match the weight's.
+        ValueError: for a ``block_k`` that does not divide the group size or is below :data:`MIN_BLOCK_K`.
     """
-    if weight.scheme not in GROUPED_INT_BITS:
-        raise ValueError(f"not a grouped integer weight: scheme {weight.scheme!r}")
-    bits = GROUPED_INT_BITS[weight.scheme]
-    out_features, in_features = (int(d) for d in weight.shape)
-    group = int(weight.extra["group_size"])
+    bits, group = codes.bits, codes.group_size
+    out_features, in_features = (int(d) for d in codes.codes.shape)
     if group <= 0 or in_features % group or group % block_k or block_k < MIN_BLOCK_K[bits]:
-        raise ValueError(
-            f"block_k {block_k} does not fit {in_features} columns in groups of {group} ({bits}-bit)"
-        )
-    codes = grouped_int_codes(weight)
-    scales = torch.as_tensor(weight.extra["scales"]).float()
-    zeros = torch.as_tensor(weight.extra["zeros"]).float()
-    groups = in_features // group
-    if tuple(codes.shape) != (out_features, in_features) or tuple(scales.shape) != (out_features, groups):
-        raise ValueError(
-            f"{weight.scheme} codes {tuple(codes.shape)} / scales {tuple(scales.shape)} do not match "
-            f"{weight.shape} in groups of {group}"
-        )
-    if tuple(zeros.shape) != tuple(scales.shape):
-        raise ValueError(
-            f"{weight.scheme} zero points {tuple(zeros.shape)} do not match scales {tuple(scales.shape)}"
-        )
+        raise ValueError(f"block_k {block_k} does not fit {in_features} columns in groups of {group} ({bits}-bit)")
+    values = codes.codes.to(device=device, dtype=torch.uint8)
     if bits == 4:
-        half = block_k // 2
-        pairs = codes.reshape(out_features, in_features // block_k, 2, half)
-        packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out_features, in_features // 2)
-    else:
-        packed = codes
-    perm = weight.extra.get("perm")
-    if perm is not None:
-        perm = torch.as_tensor(perm).to(device=device, dtype=torch.int32).contiguous()
+        pairs = values.reshape(out_features, in_features // block_k, 2, block_k // 2)
+        values = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out_features, in_features // 2)
+    perm = None if codes.perm is None else codes.perm.to(device=device, dtype=torch.int32).contiguous()
+    zero_scales = None if codes.zero_scales is None else _narrowest(codes.zero_scales.to(device))
     return GroupedIntWeight(
-        codes=packed.t().to(device=device, dtype=torch.uint8).contiguous(),
-        scales=scales.t().to(device).contiguous(),
-        zero_scales=(zeros * scales).t().to(device).contiguous(),
+        codes=values.contiguous(),
+        scales=_narrowest(codes.scales.to(device)),
+        zero_scales=zero_scales,
         perm=perm,
         bits=bits,
         group_size=group,
         block_k=block_k,
         shape=(out_features, in_features),
+        zero_point=codes.zero_point,
     )
+
+
+def dequantize_packed(weight: GroupedIntWeight) -> torch.Tensor:
+    """float32 ``[out, in]`` of a packed weight in stored column order, by the kernels' formula (for checks)."""
+    out_features, in_features = weight.shape
+    codes = weight.codes
+    if weight.bits == 4:
+        half = weight.block_k // 2
+        split = unpack_int4(codes).reshape(out_features, in_features // weight.block_k, half, 2)
+        codes = split.transpose(-1, -2).reshape(out_features, in_features)
+    unpacked = GroupedCodes(
+        codes, weight.scales.float(), None if weight.zero_scales is None else weight.zero_scales.float(),
+        weight.zero_point, weight.bits, weight.group_size,
+    )  # fmt: skip
+    return dequantize_codes(unpacked)
+
+
+def _narrowest(values: torch.Tensor) -> torch.Tensor:
+    """float16 when it holds every value exactly (half the bytes the kernels stream), else float32."""
+    values = values.float().contiguous()
+    half = values.half()
+    return half if torch.equal(half.float(), values) else values
 
 
 def grouped_int_linear(
@@ -140,7 +170,8 @@ def grouped_int_linear(
     tiles: GroupedIntTiles,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``x[..., perm] @ dequant(W).T + bias`` in one kernel (plus a sum over splits of the reduction).
+    """``x[..., perm] @ dequant(W).T + bias``: one row through the GEMV, more through the GEMM (plus a sum
+    over splits of its reduction).
 
     Args:
         x: ``[..., in_features]`` activations (float32 / float16 / bfloat16).
@@ -164,8 +195,51 @@ def grouped_int_linear(
         rows = rows.contiguous()
     m = rows.shape[0]
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if m == 0:
-        return out.reshape(*x.shape[:-1], out_features)
+    if m == 1:
+        _gemv(rows, weight, bias, tiles, out)
+    elif m > 0:
+        out = _gemm(rows, weight, bias, tiles, out)
+    return out.reshape(*x.shape[:-1], out_features)
+
+
+def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
+    """Sub-blocks of ``weight.block_k`` columns the GEMV reads per iteration: ``row_bytes`` of codes of a
+    row, a power of two, no more than the row holds."""
+    block_bytes = weight.block_k // 2 if weight.bits == 4 else weight.block_k
+    blocks = weight.shape[1] // weight.block_k
+    return max(1, min(triton.next_power_of_2(max(1, row_bytes // block_bytes)), triton.next_power_of_2(blocks)))
+
+
+def _gemv(
+    row: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+) -> None:
+    """One activation row ``[1, K]`` into ``out [1, N]``."""
+    out_features, in_features = weight.shape
+    rows, row_bytes, warps, stages = tiles.gemv
+    if rows not in (1, 2, 4) and (rows < 4 or rows & (rows - 1)):
+        raise ValueError(f"the GEMV runs 1, 2, 4 or a larger power of two rows a program, not {rows}")
+    # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
+    kernel = gk.grouped_int_gemv_kernel if rows <= 4 else gk.grouped_int_gemv_wide_kernel
+    subs = gemv_subs(weight, row_bytes)
+    blocks = in_features // weight.block_k
+    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
+    kernel[(triton.cdiv(out_features, rows),)](
+        row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
+        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
+        out_features, weight.codes.stride(0), weight.scales.stride(0),
+        NUM_BLOCKS=blocks, GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point,
+        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
+        BLOCK=weight.block_k, ROWS=rows, SUBS=subs, EVEN=blocks % subs == 0,
+        num_warps=warps, num_stages=stages, **pdl.launch_options(),
+    )  # fmt: skip
+
+
+def _gemm(
+    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+) -> torch.Tensor:
+    """``rows [M, K]`` into ``out [M, N]`` (returned; a new tensor when the reduction is split)."""
+    out_features, in_features = weight.shape
+    m = rows.shape[0]
     block_m, block_n, warps, stages = tiles.gemm_tiles(m)
     k_blocks = in_features // weight.block_k
     output_tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
@@ -175,21 +249,23 @@ def grouped_int_linear(
     if splits == 1:
         target = out
     else:
-        target = torch.empty((splits, m, out_features), dtype=torch.float32, device=x.device)
-    unused = weight.scales  # any pointer: unread without HAS_PERM / HAS_BIAS
+        target = torch.empty((splits, m, out_features), dtype=torch.float32, device=rows.device)
+    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     gk.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
-        rows, weight.codes, weight.scales, weight.zero_scales,
+        rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, target,
         m, out_features, blocks_per_split * weight.block_k, rows.stride(0), weight.codes.stride(0),
         weight.scales.stride(0), target.stride(-2), target.stride(0) if splits > 1 else 0,
-        K=in_features, GROUP=weight.group_size, BITS=weight.bits, HAS_PERM=weight.perm is not None,
+        K=in_features, GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point,
+        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None,
         HAS_BIAS=bias is not None and splits == 1,
         PRECISION="ieee" if rows.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=weight.block_k, num_warps=warps, num_stages=stages,
+        **pdl.launch_options(),
     )  # fmt: skip
-    if splits > 1:
-        summed = target.sum(dim=0)
-        if bias is not None:
-            summed += bias.float()
-        out = summed.to(dtype)
-    return out.reshape(*x.shape[:-1], out_features)
+    if splits == 1:
+        return out
+    summed = target.sum(dim=0)
+    if bias is not None:
+        summed += bias.float()
+    return summed.to(out.dtype)

