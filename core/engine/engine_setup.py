@@ -49,6 +49,7 @@ from engine.speculative.draft_model import DraftParts
 from engine.speculative.draft_setup import LoadedDraft, finish_draft, load_draft, wants_draft
 from engine.speculative.eagle import EagleParts
 from engine.speculative.eagle_setup import LoadedEagle, finish_eagle, load_eagle, wants_eagle
+from engine.speculative.mtp_setup import LoadedMtp, finish_mtp, load_mtp, wants_mtp
 from engine.warm_up import run_warm_up, warm_up_batches
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class EngineParts:
         num_blocks: KV blocks in the pool.
         workers: the other tensor-parallel ranks' processes (None: one process).
         lora: the adapters and their device slots (None: LoRA off).
-        draft: the draft model or EAGLE head of speculative decoding (None: neither).
+        draft: the draft model, EAGLE head or MTP layer of speculative decoding (None: none).
     """
 
     config: EngineConfig
@@ -151,11 +152,13 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
             config, platform, registry, model_path, model_config, model_class, *(parallel or (None, None))
         )
         # the draft's weights before the pools are sized: the target's pool leaves the draft's room
-        draft: LoadedDraft | LoadedEagle | None = None
+        draft: LoadedDraft | LoadedEagle | LoadedMtp | None = None
         if wants_draft(config):
             draft = load_draft(config, platform, registry, model_config)
         elif wants_eagle(config):
             draft = load_eagle(config, platform, model, model_config)
+        elif wants_mtp(config):
+            draft = load_mtp(config, platform, model, model_config)
         parts = _finish_parts(config, platform, model_path, model_config, dtype, device, tokenizer, eos_token_ids,
                               model, attention, ops, workers, draft)  # fmt: skip
     except BaseException:
@@ -303,7 +306,7 @@ def _finish_parts(
     attention: AttentionBackend,
     ops: OpTable,
     workers: RankWorkers | None,
-    draft: LoadedDraft | LoadedEagle | None = None,
+    draft: LoadedDraft | LoadedEagle | LoadedMtp | None = None,
 ) -> EngineParts:
     lora = attach_lora(config, model)
     layout = kv_group_layout(model)
@@ -366,11 +369,14 @@ def _finish_parts(
 
 
 def _finish_proposer(
-    config: EngineConfig, platform: Platform, draft: LoadedDraft | LoadedEagle | None, num_blocks: int, runner: ModelRunner
+    config: EngineConfig, platform: Platform, draft: LoadedDraft | LoadedEagle | LoadedMtp | None, num_blocks: int,
+    runner: ModelRunner,
 ) -> DraftParts | EagleParts | None:
-    """The draft model's or the EAGLE head's pool and runner, once the target's pool is sized."""
+    """The draft model's, the EAGLE head's or the MTP layer's pool and runner, once the target's pool is sized."""
     if isinstance(draft, LoadedEagle):
         return finish_eagle(config, platform, draft, num_blocks, runner)
+    if isinstance(draft, LoadedMtp):
+        return finish_mtp(config, platform, draft, num_blocks, runner)
     return finish_draft(config, platform, draft, num_blocks) if draft is not None else None
 
 

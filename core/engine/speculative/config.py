@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -10,9 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 SUFFIX_DEFAULT_TOKENS = 32
 #: the most proposals n-gram lookup makes per step (it proposes whatever follows a match)
 NGRAM_MAX_TOKENS = 16
-METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
+METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
 #: the methods that run a second model (``model``) beside the target
 MODEL_METHODS = ("draft_model", "eagle", "eagle3")
+#: the methods whose draft runs on one device (``draft_tensor_parallel_size``): MTP's layers are the target's
+DRAFT_METHODS = (*MODEL_METHODS, "mtp")
+#: the leading engine's older names of a method, taken as that method
+METHOD_ALIASES = MappingProxyType({"deepseek_mtp": "mtp"})
 
 
 def _methods_of(key: str) -> tuple[str, ...] | None:
@@ -22,8 +27,8 @@ def _methods_of(key: str) -> tuple[str, ...] | None:
     if key.startswith("suffix_decoding_"):
         return ("suffix",)
     if key.startswith("draft_"):
-        # the leading engine takes draft_tensor_parallel_size for EAGLE heads too
-        return MODEL_METHODS
+        # the leading engine takes draft_tensor_parallel_size for EAGLE heads and MTP layers too
+        return DRAFT_METHODS
     return None
 
 
@@ -39,6 +44,9 @@ class SpeculativeConfig(BaseModel):
             target with a KV cache of its own. ``eagle`` / ``eagle3``: the greedy continuation of an
             EAGLE head (``model``): one decoder layer reading the token embeddings together with the
             target's hidden states (EAGLE-3: three of its layers'), with a KV cache of its own.
+            ``mtp`` (alias ``deepseek_mtp``): the same with the multi-token-prediction layer a
+            DeepSeek-V3-style checkpoint carries after its last layer (``num_nextn_predict_layers``),
+            read from the target's own checkpoint (no ``model``).
         num_speculative_tokens: the most proposals per step and sequence (required for ``ngram``, at most
             16; ``suffix`` defaults to 32 and proposes fewer where its tries are unsure).
         prompt_lookup_min: ``ngram``: the shortest n-gram matched.
@@ -56,7 +64,7 @@ class SpeculativeConfig(BaseModel):
         model: ``draft_model``: a smaller model of the same vocabulary (an HF folder or a GGUF file) whose
             greedy continuation is proposed; giving it without a method selects ``draft_model``.
             ``eagle`` / ``eagle3``: the EAGLE head's folder (config.json and its weights, as published).
-        draft_tensor_parallel_size: ``draft_model``, ``eagle``, ``eagle3``: the draft runs on one device
+        draft_tensor_parallel_size: ``draft_model``, ``eagle``, ``eagle3``, ``mtp``: the draft runs on one device
             (only 1 is accepted).
         disable_by_batch_size: no proposals while at least this many sequences decode (None: no bound).
         auto_disable: measure the decode rate of steps with and without proposals for each batch-size
@@ -66,7 +74,7 @@ class SpeculativeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram", "suffix", "draft_model", "eagle", "eagle3"] = "ngram"
+    method: Literal["ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"] = "ngram"
     num_speculative_tokens: int = Field(..., ge=1)
     prompt_lookup_min: int = Field(1, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
@@ -86,6 +94,8 @@ class SpeculativeConfig(BaseModel):
             return data
         if "method" not in data and data.get("model") is not None:
             data = {**data, "method": "draft_model"}
+        if data.get("method") in METHOD_ALIASES:
+            data = {**data, "method": METHOD_ALIASES[data["method"]]}
         method = data.get("method", "ngram")
         for key in data:
             owners = _methods_of(key)
@@ -103,6 +113,8 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("method 'draft_model' needs the draft's model (a folder or GGUF file)")
         if self.method in ("eagle", "eagle3") and not self.model:
             raise ValueError(f"method {self.method!r} needs the EAGLE head's model (a folder)")
+        if self.method == "mtp" and self.model is not None:
+            raise ValueError("method 'mtp' reads its layers from the target's own checkpoint: leave model out")
         if self.method not in MODEL_METHODS and self.model is not None:
             raise ValueError(f"model is a setting of method 'draft_model', not of {self.method!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
@@ -120,7 +132,7 @@ def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig | None) -> 
         return raw
     if not isinstance(raw, dict):
         raise ValueError(f"speculative_config must be an object, got {type(raw).__name__}")
-    if "method" in raw and raw["method"] not in METHODS:
+    if "method" in raw and raw["method"] not in METHODS and raw["method"] not in METHOD_ALIASES:
         raise ValueError(f"speculative_config method {raw['method']!r} is not supported (supported: {', '.join(METHODS)})")
     try:
         return SpeculativeConfig(**raw)

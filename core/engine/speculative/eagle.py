@@ -23,6 +23,7 @@ import torch
 from engine.block_manager import BlockManager, NoFreeBlocksError
 from engine.model_runner import ModelRunner
 from engine.models.eagle_head import EagleHead
+from engine.models.mtp_layer import MtpLayer
 from engine.sampling.params import SamplingParams
 from engine.scheduler import ScheduledSequence, SchedulerOutput
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
@@ -36,7 +37,8 @@ class EagleParts:
     Attributes:
         runner: the head's runner over its own KV pool.
         block_manager: the head pool's block tables (one per mirrored sequence).
-        head: the head model (its ``use_hidden`` input and ``last_hidden`` output).
+        head: the head model (its ``use_hidden`` input and ``last_hidden`` output): an EAGLE head, or the
+            target's MTP layer (``method="mtp"``), which runs as an EAGLE-1 head does.
         store: the target's hidden states beside its KV blocks (the target's runner fills it).
         model_path: the head's folder (for logs and errors).
         max_num_batched_tokens: the most rows one head forward takes (catching up runs in chunks).
@@ -45,7 +47,7 @@ class EagleParts:
 
     runner: ModelRunner
     block_manager: BlockManager
-    head: EagleHead
+    head: EagleHead | MtpLayer
     store: HiddenStore
     model_path: str
     max_num_batched_tokens: int
