@@ -46,10 +46,8 @@ from engine.plugins.manager import PluginManager
 from engine.sampling.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.speculative.draft_model import DraftParts
-from engine.speculative.draft_setup import LoadedDraft, finish_draft, load_draft, wants_draft
 from engine.speculative.eagle import EagleParts
-from engine.speculative.eagle_setup import LoadedEagle, finish_eagle, load_eagle, wants_eagle
-from engine.speculative.mtp_setup import LoadedMtp, finish_mtp, load_mtp, wants_mtp
+from engine.speculative.proposer_setup import LoadedProposer, finish_proposer, load_proposer
 from engine.warm_up import run_warm_up, warm_up_batches
 
 logger = logging.getLogger(__name__)
@@ -151,14 +149,8 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
         model, attention, ops = build_model(
             config, platform, registry, model_path, model_config, model_class, *(parallel or (None, None))
         )
-        # the draft's weights before the pools are sized: the target's pool leaves the draft's room
-        draft: LoadedDraft | LoadedEagle | LoadedMtp | None = None
-        if wants_draft(config):
-            draft = load_draft(config, platform, registry, model_config)
-        elif wants_eagle(config):
-            draft = load_eagle(config, platform, model, model_config)
-        elif wants_mtp(config):
-            draft = load_mtp(config, platform, model, model_config)
+        # a draft model's, EAGLE head's or MTP layer's weights before the pools are sized
+        draft = load_proposer(config, platform, registry, model, model_config)
         parts = _finish_parts(config, platform, model_path, model_config, dtype, device, tokenizer, eos_token_ids,
                               model, attention, ops, workers, draft)  # fmt: skip
     except BaseException:
@@ -306,7 +298,7 @@ def _finish_parts(
     attention: AttentionBackend,
     ops: OpTable,
     workers: RankWorkers | None,
-    draft: LoadedDraft | LoadedEagle | LoadedMtp | None = None,
+    draft: LoadedProposer | None = None,
 ) -> EngineParts:
     lora = attach_lora(config, model)
     layout = kv_group_layout(model)
@@ -364,20 +356,8 @@ def _finish_parts(
         num_blocks=num_blocks,
         workers=workers,
         lora=lora,
-        draft=_finish_proposer(config, platform, draft, num_blocks, runner),
+        draft=finish_proposer(config, platform, draft, num_blocks, runner),
     )
-
-
-def _finish_proposer(
-    config: EngineConfig, platform: Platform, draft: LoadedDraft | LoadedEagle | LoadedMtp | None, num_blocks: int,
-    runner: ModelRunner,
-) -> DraftParts | EagleParts | None:
-    """The draft model's, the EAGLE head's or the MTP layer's pool and runner, once the target's pool is sized."""
-    if isinstance(draft, LoadedEagle):
-        return finish_eagle(config, platform, draft, num_blocks, runner)
-    if isinstance(draft, LoadedMtp):
-        return finish_mtp(config, platform, draft, num_blocks, runner)
-    return finish_draft(config, platform, draft, num_blocks) if draft is not None else None
 
 
 def _check_config(
