@@ -419,9 +419,11 @@ def _capture_and_warm_up(
         EngineConfigError: the largest step does not fit in the device memory beside the KV cache.
     """
     model, kv_caches, block_size = runner.model, runner.layer_caches, config.cache.block_size
-    # a pooling model never decodes: no decode graphs to record, no decode steps to warm up
+    # a pooling model never decodes: no decode graphs to record, no decode steps to warm up; a target that
+    # keeps its layers' inputs for an EAGLE-3 head decodes eagerly (a graph returns the output alone)
     generates = getattr(model, "generates", True)
-    if not config.enforce_eager and platform.capabilities().graph_capture and generates:
+    graphs = generates and not getattr(model, "aux_hidden_layers", ())
+    if not config.enforce_eager and platform.capabilities().graph_capture and graphs:
         runner.decode_graphs = DecodeGraphs(
             model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
             max_model_len, block_size, runner.device, model_config.sliding_window, runner.kv_layout,

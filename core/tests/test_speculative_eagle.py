@@ -263,3 +263,19 @@ def test_cli_names_a_missing_eagle_head_in_one_line(target_dir, tmp_path):
     err = result.stderr.strip()
     assert result.returncode == 1
     assert len(err.splitlines()) == 1 and err.startswith("error: speculative_config model"), err
+
+
+@pytest.mark.parametrize(("method", "graphs"), [("eagle", True), ("eagle3", False)])
+def test_eagle3_targets_record_no_decode_graphs(target_dir, heads, method, graphs, monkeypatch):
+    """On a platform that records decode graphs, an EAGLE-1 target keeps them (a graph's output is the
+    hidden state the head reads), while an EAGLE-3 target, which must hand over its layers' inputs, decodes
+    eagerly and records none (they would never replay)."""
+    import dataclasses
+
+    from engine_plugin_cpu.platform import CpuPlatform
+
+    claims = CpuPlatform.capabilities
+    monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), graph_capture=True))
+    llm = _llm(target_dir, heads[method], method=method)
+    assert (llm.llm_engine.runner.decode_graphs is not None) == graphs
+    assert _greedy(llm, ["The capital of France is"], 6) == _greedy(_llm(target_dir), ["The capital of France is"], 6)
