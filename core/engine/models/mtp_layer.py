@@ -28,8 +28,9 @@ import torch
 
 from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.models.config import ModelConfig
-from engine.models.layers.blocks import DecoderLayer, LayerLoader
+from engine.models.layers.blocks import DecoderLayer
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.layer_loader import LayerLoader
 from engine.models.layers.spec import DecoderSpec
 
 

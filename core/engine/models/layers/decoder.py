@@ -24,7 +24,8 @@ from engine.loader.lazy_tensor import materialize
 from engine.loader.weight_slices import dense, weight_rows
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
-from engine.models.layers.blocks import DecoderLayer, LayerLoader
+from engine.models.layers.blocks import DecoderLayer
+from engine.models.layers.layer_loader import LayerLoader
 from engine.models.layers.moe_block import moe_tensor_parallel_problems
 from engine.models.layers.names import decoder_weight_shapes
 from engine.models.layers.rope import RotaryEmbedding

@@ -25,8 +25,8 @@ from engine.models.layers.spec import MlaSpec
 
 if TYPE_CHECKING:
     from engine.models.config import ModelConfig
-    from engine.models.layers.blocks import LayerLoader
     from engine.models.layers.decoder import DenseDecoder
+    from engine.models.layers.layer_loader import LayerLoader
 
 
 @dataclass(slots=True)

@@ -17,8 +17,8 @@ from engine.models.layers.spec import MoeSpec
 from engine.models.layers.stacked_experts import ExpertMatrices, load_stacked_experts, stacked_expert_shapes
 
 if TYPE_CHECKING:
-    from engine.models.layers.blocks import LayerLoader
     from engine.models.layers.decoder import DenseDecoder
+    from engine.models.layers.layer_loader import LayerLoader
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from engine.loader.weight_slices import weight_rows
 from engine.models.layers.spec import MoeSpec
 
 if TYPE_CHECKING:
-    from engine.models.layers.blocks import LayerLoader
+    from engine.models.layers.layer_loader import LayerLoader
 
 
 @dataclass(slots=True)
