@@ -14,7 +14,6 @@ import torch
 from dense_model_utils import engine_prefill_logits
 
 from engine import LLM, SamplingParams
-from engine.models.layers.row_blocks import RowBlocks
 from engine_plugin_nvidia.platform import INTERPRET_ENV
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.quant import make_quantized_weight
@@ -84,8 +83,9 @@ def _tokenizer() -> str:
 def _form(weight: object) -> tuple | str:
     """``(bits, group, zero point or None)`` of a packed weight, ``"dense"`` for a float tensor, a list of
     those for row blocks."""
-    if isinstance(weight, RowBlocks):
-        return [_form(part) for part in weight.parts]
+    parts = getattr(weight, "parts", None)  # the core's row blocks: parts quantized in different schemes
+    if parts is not None:
+        return [_form(part) for part in parts]
     if isinstance(weight, GroupedIntWeight):
         return weight.bits, weight.group_size, None if weight.zero_scales is not None else weight.zero_point
     assert isinstance(weight, torch.Tensor) and weight.is_floating_point()
