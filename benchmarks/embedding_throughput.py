@@ -30,6 +30,8 @@ def build(out: str, large: bool) -> str:
     import transformers
     from test_encoders import save_wordpiece_tokenizer
 
+    from engine_test_utils import write_sentence_transformers_files
+
     save_wordpiece_tokenizer(out)
     sizes = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096) if large else dict(
         hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536
@@ -37,17 +39,7 @@ def build(out: str, large: bool) -> str:
     config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **sizes)
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(out)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    with open(os.path.join(out, "modules.json"), "w") as f:
-        json.dump(modules, f)
-    for folder in ("1_Pooling", "2_Normalize"):
-        os.makedirs(os.path.join(out, folder), exist_ok=True)
-    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
-        json.dump({"word_embedding_dimension": sizes["hidden_size"], "pooling_mode_cls_token": True}, f)
+    write_sentence_transformers_files(out, sizes["hidden_size"], "cls_token")
     return out
 
 

@@ -55,3 +55,24 @@ def run_cli(
         [sys.executable, "-m", "engine.entrypoints.cli", *args], input=stdin, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+def write_sentence_transformers_files(out: str, dim: int, pooling: str, normalize: bool = True) -> None:
+    """sentence-transformers' files beside a saved model: Transformer, Pooling (``pooling`` is one of
+    ``cls_token``, ``mean_tokens``, ``max_tokens``, ``lasttoken``) and, with ``normalize``, Normalize."""
+    import json
+    import os
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        os.makedirs(os.path.join(out, "2_Normalize"), exist_ok=True)
+    with open(os.path.join(out, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
+    flags = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
+    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": dim, **flags}, f)

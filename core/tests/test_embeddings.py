@@ -14,7 +14,7 @@ from dense_model_utils import PROMPTS, load_hf
 
 from engine import LLM, PoolingParams, SamplingParams
 from engine.errors import InvalidRequestError
-from engine_test_utils import assert_all_blocks_free
+from engine_test_utils import assert_all_blocks_free, write_sentence_transformers_files
 
 TINY = dict(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -34,19 +34,7 @@ def save_embedding_model(out: str, tokenizer_dir: str, pooling: str = "lasttoken
     model.save_pretrained(out)
     for name in os.listdir(tokenizer_dir):
         shutil.copy(os.path.join(tokenizer_dir, name), out)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        os.makedirs(os.path.join(out, "2_Normalize"), exist_ok=True)
-    with open(os.path.join(out, "modules.json"), "w") as f:
-        json.dump(modules, f)
-    os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
-    flags = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
-    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
-        json.dump({"word_embedding_dimension": TINY["hidden_size"], **flags}, f)
+    write_sentence_transformers_files(out, TINY["hidden_size"], pooling, normalize)
     with open(os.path.join(out, "sentence_bert_config.json"), "w") as f:
         json.dump({"max_seq_length": 256, "do_lower_case": False}, f)
     return out

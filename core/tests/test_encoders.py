@@ -4,7 +4,6 @@ transformers (within 1e-4), in float32; prompts computed whole in one step, batc
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -14,7 +13,7 @@ from test_embeddings import st_embeddings
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError
-from engine_test_utils import assert_all_blocks_free
+from engine_test_utils import assert_all_blocks_free, write_sentence_transformers_files
 
 TEXTS = [
     "The food was delicious and the waiter was kind.",
@@ -69,19 +68,8 @@ def save_encoder(kind: str, out: str, labels: int | None = None, pooling: str = 
             else:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
-    if not labels:  # sentence-transformers' files: Transformer, Pooling, Normalize
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        with open(os.path.join(out, "modules.json"), "w") as f:
-            json.dump(modules, f)
-        for folder in ("1_Pooling", "2_Normalize"):
-            os.makedirs(os.path.join(out, folder), exist_ok=True)
-        flags = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
-        with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
-            json.dump({"word_embedding_dimension": 128, **flags}, f)
+    if not labels:
+        write_sentence_transformers_files(out, 128, pooling)
     return out
 
 

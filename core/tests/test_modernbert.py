@@ -8,7 +8,6 @@ in float32 on the CPU, prompts of several lengths batched in one step."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import openai
@@ -24,7 +23,7 @@ from engine.entrypoints.openai.server import build_app
 from engine.errors import InvalidRequestError
 from engine.models.config import ModelConfig
 from engine.models.modernbert import ModernBertModel, layer_types, rope_parameters
-from engine_test_utils import assert_all_blocks_free
+from engine_test_utils import assert_all_blocks_free, write_sentence_transformers_files
 
 #: one prompt within a local window (5 tokens: every pair within 4), the rest past it, the last 36 tokens long
 TEXTS = [
@@ -69,18 +68,7 @@ def save_modernbert(
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
     if not labels:
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        with open(os.path.join(out, "modules.json"), "w") as f:
-            json.dump(modules, f)
-        for folder in ("1_Pooling", "2_Normalize"):
-            os.makedirs(os.path.join(out, folder), exist_ok=True)
-        flags = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
-        with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
-            json.dump({"word_embedding_dimension": HIDDEN, **flags}, f)
+        write_sentence_transformers_files(out, HIDDEN, pooling)
     return out
 
 
