@@ -49,7 +49,7 @@ from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.interfaces.attention import RotaryInput
+    from engine.interfaces.attention import HeadNorm, RotaryInput
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
     from engine.interfaces.grouped_int import (
         GROUPED_INT_BITS,
@@ -96,6 +96,7 @@ _LAZY = {
     "RowQuantizedActivations": "engine.interfaces.gemm",
     # one layer's rotation, for an attention backend that fuses it (AttentionBackend.forward_rotary)
     "RotaryInput": "engine.interfaces.attention",
+    "HeadNorm": "engine.interfaces.attention",
     # the grouped-integer weight layout (GPTQ / AWQ / compressed-tensors W4A16 and W8A16)
     "GROUPED_INT_BITS": "engine.interfaces.grouped_int",
     "INT4_GROUPED": "engine.interfaces.grouped_int",
@@ -158,6 +159,7 @@ __all__ = [
     "GemmBackend",
     "GraphCapture",
     "GroupedLoraRows",
+    "HeadNorm",
     "KVCacheSpec",
     "LoraStep",
     "LoraWeights",

@@ -33,14 +33,25 @@ def build_tiny_llama(
     num_kv_heads: int = 2,
     intermediate_size: int = 256,
     max_position_embeddings: int = 256,
+    architecture: str = "llama",
 ) -> Any:
     """Save a random two-layer Llama (GQA, untied head) and a word-level tokenizer; return the HF model.
 
     The hidden size is ``num_heads * head_dim``: e.g. 9 heads of 64 give 576, a width that is not a power
     of two (as in SmolLM2-135M), with an intermediate size such as 960 that is not one either.
+    ``architecture="qwen3"`` saves a Qwen3 of the same shape instead (per-head q/k RMS norms).
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    if architecture == "llama":
+        from transformers import LlamaConfig as config_class
+        from transformers import LlamaForCausalLM as model_class
+    elif architecture == "qwen3":
+        from transformers import Qwen3Config as config_class
+        from transformers import Qwen3ForCausalLM as model_class
+    else:
+        raise ValueError(f"build_tiny_llama builds llama or qwen3, not {architecture!r}")
 
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -49,7 +60,7 @@ def build_tiny_llama(
         tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     tokenizer.save_pretrained(folder)
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=VOCAB,
         hidden_size=num_heads * head_dim,
         intermediate_size=intermediate_size,
@@ -66,7 +77,13 @@ def build_tiny_llama(
         eos_token_id=2,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
+    if architecture == "qwen3":
+        # the norm scales start at one: spread them so that a kernel applying them wrongly shows
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     model.save_pretrained(folder, safe_serialization=True)
     return model
 

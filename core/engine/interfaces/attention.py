@@ -77,6 +77,23 @@ class AttentionMetadata:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadNorm:
+    """Per-head RMS norms of the query and key (Qwen3, Gemma 3) for :meth:`AttentionBackend.forward_rotary`
+    to apply before it rotates: each head's row ``x`` becomes ``x / sqrt(mean(x^2) + eps) * weight`` in
+    float32, rounded to the activations' dtype, as ``ops.rms_norm`` over ``[-1, head_dim]`` rows gives.
+
+    Attributes:
+        q_weight: ``[head_dim]``, the query heads' scale (in its applied form).
+        k_weight: ``[head_dim]``, the key heads' scale.
+        eps: the norms' epsilon.
+    """
+
+    q_weight: Any
+    k_weight: Any
+    eps: float
+
+
+@dataclass(frozen=True, slots=True)
 class RotaryInput:
     """One layer's rotary embedding for :meth:`AttentionBackend.forward_rotary`: rotate-half (NeoX
     layout) over the whole head, the same rotation ``ops.rotary_embedding`` applies.
@@ -84,10 +101,13 @@ class RotaryInput:
     Attributes:
         index: int64 ``[num_tokens]``, each new token's row of ``table``.
         table: float32 ``[rows, head_dim]``: a row's ``head_dim / 2`` cosines, then its sines.
+        head_norm: the query and key arrive unnormalised too: normalise each head first (only for a
+            backend that sets :attr:`AttentionBackend.fuses_head_norm`); None: they arrive normalised.
     """
 
     index: Any
     table: Any
+    head_norm: HeadNorm | None = None
 
 
 class AttentionBackend(ABC):
@@ -103,6 +123,9 @@ class AttentionBackend(ABC):
     supported_head_sizes: tuple[int, ...] = (64, 128)
     #: whether :meth:`forward_rotary` runs (the core rotates queries and keys itself otherwise)
     fuses_rotary: bool = False
+    #: whether :meth:`forward_rotary` also takes per-head q/k norms (``RotaryInput.head_norm``): a decode
+    #: kernel that holds each head's row anyway saves the two norm launches of a layer
+    fuses_head_norm: bool = False
 
     @abstractmethod
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -164,13 +187,15 @@ class AttentionBackend(ABC):
         Args:
             query, key, value, kv_cache, metadata: as for :meth:`forward`; ``query`` and ``key`` may be
                 rotated in place.
-            rotary: the layer's rotation.
+            rotary: the layer's rotation, and with ``rotary.head_norm`` the per-head norms to apply
+                to the query and key before it.
 
         Returns:
             As :meth:`forward`.
 
         Raises:
-            ValueError: as :meth:`forward`, or for a backend without :attr:`fuses_rotary`.
+            ValueError: as :meth:`forward`, for a backend without :attr:`fuses_rotary`, or for a
+                ``head_norm`` given to one without :attr:`fuses_head_norm`.
         """
         raise ValueError(f"{type(self).__name__} does not fuse the rotary embedding into attention")
 

@@ -35,6 +35,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
     #: the device name error messages mention
     platform_name: ClassVar[str] = "gpu"
     fuses_rotary = True
+    fuses_head_norm = True
 
     def __init__(self, tuning: KernelTuning) -> None:
         self.tuning = tuning
@@ -66,7 +67,12 @@ class TritonPagedAttentionBackend(AttentionBackend):
         decode = metadata.num_seqs > 0 and metadata.is_pure_decode and query.shape[0] == metadata.num_seqs
         fused = decode and self.fused_decode_write
         if rotary is not None and not fused:
-            # only the fused decode kernel rotates by itself: every other batch takes the rotary kernel
+            # only the fused decode kernel normalises and rotates by itself: every other batch takes the
+            # norm and rotary kernels
+            if rotary.head_norm is not None:
+                norm = rotary.head_norm
+                query = launchers.rms_norm(query, norm.q_weight, norm.eps)
+                key = launchers.rms_norm(key, norm.k_weight, norm.eps)
             launchers.rotary_embedding(rotary.index, query, key, rotary.table)
             rotary = None
         if query.stride(-1) != 1:
@@ -83,6 +89,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 self.decode_splits(metadata, kv_cache.shape[3]), self.tuning, **common,
                 new_kv=(key, value, metadata.slot_mapping) if fused else None,
                 rotary=(rotary.index, rotary.table) if rotary is not None else None,
+                head_norm=rotary.head_norm if rotary is not None else None,
             )  # fmt: skip
         elif metadata.num_seqs:
             # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.interfaces.attention import AttentionMetadata, RotaryInput
+from engine.interfaces.attention import AttentionMetadata, HeadNorm, RotaryInput
 from engine.models.layers.mla_block import MlaAttention
 from engine.models.layers.moe_block import MoeMLP
 from engine.models.layers.row_blocks import RowBlocks
@@ -120,9 +120,19 @@ class DecoderLayer:
         q = q.reshape(num_tokens, heads, cfg.head_dim)
         k = k.reshape(num_tokens, kv_heads, cfg.head_dim)
         v = v.reshape(num_tokens, kv_heads, cfg.head_dim)
+        fuse_rotary = (
+            self.rope is not None
+            and model.attention.fuses_rotary
+            and model.rotaries[self.rope].rotary_dim == cfg.head_dim
+        )
+        head_norm = None
         if model.spec.qk_norm == "head":
-            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, heads, cfg.head_dim)
-            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, kv_heads, cfg.head_dim)
+            if fuse_rotary and model.attention.fuses_head_norm:
+                # the backend normalises each head on its way to rotating it (two launches fewer)
+                head_norm = HeadNorm(self.q_norm, self.k_norm, eps)
+            else:
+                q = ops.rms_norm(q.reshape(-1, cfg.head_dim), self.q_norm, eps).view(num_tokens, heads, cfg.head_dim)
+                k = ops.rms_norm(k.reshape(-1, cfg.head_dim), self.k_norm, eps).view(num_tokens, kv_heads, cfg.head_dim)
         elif model.spec.qk_norm == "each_head":
             # the norm ops take one scale for every row, so normalise with ones and scale per head after
             q = model.norm(q.reshape(-1, cfg.head_dim), self.head_ones).view_as(q) * self.q_norm
@@ -130,8 +140,8 @@ class DecoderLayer:
         rotary = None
         if self.rope is not None:
             index, table = tables[self.rope]
-            if model.attention.fuses_rotary and model.rotaries[self.rope].rotary_dim == cfg.head_dim:
-                rotary = RotaryInput(index, table)
+            if fuse_rotary:
+                rotary = RotaryInput(index, table, head_norm)
             else:
                 q, k = model.rotaries[self.rope].apply(ops, index, table, q, k)
         if self.sinks is not None:

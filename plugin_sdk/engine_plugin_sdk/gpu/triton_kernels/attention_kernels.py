@@ -183,11 +183,24 @@ def _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_
     return cos, sin, partner, sign
 
 
+@triton.jit
+def _head_norm(x, x_partner, weight_ptr, eps, offs_d, partner, d_ok, HEAD_DIM: tl.constexpr):
+    """Rows ``x`` ``[rows, D_PAD]`` (masked dims zero) and their rotation partners, RMS-normalised by each
+    row's own statistic and scaled per dim, rounded back to x's dtype as the norm kernel stores them."""
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / HEAD_DIM + eps)
+    w = tl.load(weight_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    w_partner = tl.load(weight_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    normed = (xf * inv[:, None] * w[None, :]).to(x.dtype)
+    normed_partner = (x_partner.to(tl.float32) * inv[:, None] * w_partner[None, :]).to(x.dtype)
+    return normed, normed_partner
+
+
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr, rot_index_ptr, rot_table_ptr,
-    scale, soft_cap, window,
+    new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr, rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr,
+    scale, soft_cap, window, norm_eps,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_bt, stride_slot, stride_kv_head,
     stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_rot,
@@ -195,6 +208,7 @@ def paged_decode_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
     DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
+    HEAD_NORM: tl.constexpr,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -214,6 +228,10 @@ def paged_decode_kernel(
     ``ROTARY`` (with ``WRITE_KV``): the query and the new key arrive unrotated; each program rotates them
     (rotate-half over the whole head, by row ``rot_index[seq]`` of the ``[rows, cos | sin]`` table), each
     rounded to its input dtype as the rotary kernel would store it, and the key is cached rotated.
+
+    ``HEAD_NORM`` (with ``ROTARY``): before rotating, each head's query row and the new key are
+    RMS-normalised over the head (``q_norm`` / ``k_norm`` scales, float32, rounded to the input dtype as
+    the norm kernel stores them): a dim's rotation partner is normalised by the same row statistic.
     """
     pdl_begin(USE_PDL)
     # KV heads vary fastest across programs: a token's heads sit side by side in the cache, so the
@@ -243,6 +261,8 @@ def paged_decode_kernel(
             mask=g_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
+        if HEAD_NORM:
+            q, q_partner = _head_norm(q, q_partner, q_norm_ptr, norm_eps, offs_d, partner, d_ok, HEAD_DIM)
         rotated = q.to(tl.float32) * cos[None, :] + sign[None, :] * q_partner.to(tl.float32) * sin[None, :]
         q = rotated.to(q_ptr.dtype.element_ty)
 
@@ -301,6 +321,11 @@ def paged_decode_kernel(
         k_new = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + offs_d, mask=own_d, other=0.0)
         if ROTARY:
             k_partner = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + partner, mask=own_d, other=0.0)
+            if HEAD_NORM:
+                k_new, k_partner = _head_norm(
+                    k_new[None, :], k_partner[None, :], k_norm_ptr, norm_eps, offs_d, partner, d_ok, HEAD_DIM
+                )
+                k_new, k_partner = tl.reshape(k_new, (D_PAD,)), tl.reshape(k_partner, (D_PAD,))
             k_rot = k_new.to(tl.float32) * cos + sign * k_partner.to(tl.float32) * sin
             k_new = k_rot.to(new_k_ptr.dtype.element_ty)
         v_new = tl.load(new_v_ptr + row * stride_nv_tok + kv_head * stride_nv_head + offs_d, mask=own_d, other=0.0)

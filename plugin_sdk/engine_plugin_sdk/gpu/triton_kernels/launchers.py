@@ -6,6 +6,8 @@ functions serve any backend Triton compiles for (and Triton's CPU interpreter in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine_plugin_sdk.dtypes import FP8_DTYPES
@@ -13,6 +15,9 @@ from engine_plugin_sdk.gpu.triton_kernels import attention_kernels as ak
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning, next_power_of_2
+
+if TYPE_CHECKING:
+    from engine.interfaces.attention import HeadNorm
 
 #: the decode grid's sequence axis is its second, which CUDA caps at 65,535 programs
 MAX_DECODE_SEQS = 65_535
@@ -134,6 +139,7 @@ def paged_decode(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     sinks: torch.Tensor | None = None,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    head_norm: HeadNorm | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -152,6 +158,8 @@ def paged_decode(
         rotary: ``(index, table)``: the query and ``new_kv``'s key are unrotated, and the kernel rotates
             them (rotate-half over the whole head) by ``table[index[i]]`` for sequence ``i``, ``table``
             float32 ``[rows, head_dim]`` holding cos then sin; the key is cached rotated. Needs ``new_kv``.
+        head_norm: a :class:`HeadNorm` (``q_weight``, ``k_weight``, ``eps``): the query and the new key are
+            unnormalised too, and the kernel RMS-normalises each head's row before rotating. Needs ``rotary``.
 
     Raises:
         ValueError: for more sequences than a launch grid's second axis holds, a ``new_kv`` that does
@@ -183,16 +191,25 @@ def paged_decode(
             )
     else:
         rot_index, rot_table = seq_lens, query  # unused by the kernel
+    if head_norm is not None:
+        if rotary is None:
+            raise ValueError("paged_decode normalises heads on the way to rotating them: head_norm needs rotary")
+        q_norm, k_norm, norm_eps = head_norm.q_weight, head_norm.k_weight, float(head_norm.eps)
+        if q_norm.numel() != head_dim or k_norm.numel() != head_dim:
+            raise ValueError(f"head norm weights {q_norm.numel()} / {k_norm.numel()} do not fit head size {head_dim}")
+    else:
+        q_norm = k_norm = query  # unused by the kernel
+        norm_eps = 0.0
     ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
-        new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table,
-        scale, float(soft_cap or 0.0), int(window or 0),
+        new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table, q_norm, k_norm,
+        scale, float(soft_cap or 0.0), int(window or 0), norm_eps,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), rot_table.stride(0),
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
-        USE_SINKS=sinks is not None, ROTARY=rotary is not None,
+        USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
         **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
