@@ -3,7 +3,7 @@
 Two subcommands, for the dense-model issue's GPU checks:
 
 - ``greedy``: every architecture of ``core/tests/test_dense_models.py`` as a tiny seeded checkpoint (head
-  size 64, which the GPU kernels run), the engine on ``cuda`` in float32 against HF transformers in float32:
+  size 64, which the GPU kernels run), the engine on ``cuda`` in float32 (``--dtype``) against HF transformers in float32:
   greedy tokens of the five test prompts in one batch, and the largest prefill-logit difference.
 - ``decode``: config-only Qwen3-8B- and Gemma-2-9B-shaped folders with dummy bf16 weights; batch-1 decode
   with CUDA graphs against the roofline of the bytes a step reads (every weight but the embedding table,
@@ -74,10 +74,14 @@ def cmd_greedy(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             arch = case.split("-")[0]  # a case may be a variant of an architecture ("...-parallel")
             folder = save_tiny(arch, os.path.join(tmp, case), tok, **{"hidden_size": 256, "head_dim": 64, **overrides})
-            llm = LLM(model=folder, device="cuda", dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 30)
+            llm = LLM(model=folder, device="cuda", dtype=args.dtype, max_model_len=256, kv_cache_memory_bytes=1 << 30)
             hf = load_hf(folder)
             ids = [llm.llm_engine.tokenizer.encode(p) for p in PROMPTS]
-            outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+            params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+            if args.one_at_a_time:  # batch-1 steps: the single-row GEMVs inside the decode graphs
+                outs = [llm.generate([i], params, use_tqdm=False)[0] for i in ids]
+            else:
+                outs = llm.generate(ids, params, use_tqdm=False)
             equal = sum(list(o.outputs[0].token_ids) == hf_greedy(hf, p, 8) for o, p in zip(outs, ids, strict=True))
             diff = max_logit_diff(llm, hf, ids)
             results[case] = {"greedy_equal": f"{equal}/{len(ids)}", "max_logit_diff": diff}
@@ -125,6 +129,9 @@ def main() -> None:
         p.add_argument("--json", default=None)
         if name == "greedy":
             p.add_argument("--only", nargs="*", default=None, help="test cases to run (default: all)")
+            p.add_argument("--dtype", default="float32",
+                           help="the engine's dtype (HF runs float32); bfloat16 takes the batch-1 GEMVs")
+            p.add_argument("--one-at-a-time", action="store_true", help="each prompt alone (batch-1 decode)")
         if name == "decode":
             p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     args = parser.parse_args()

@@ -73,3 +73,54 @@ def gated_gemv(
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], d)
+
+
+def normed_gemv(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor | None = None, post_weight: torch.Tensor | None = None, activation: str | None = None,
+    block_n: int = 4, block_k: int = 1024, num_warps: int = 4, num_stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The single-row product of the normalised stream ``s = x + residual`` (``x`` post-normalised first by
+    ``post_weight`` when given): ``W . rms_norm(s) * norm_weight (+ bias)``, or with ``activation`` the gated
+    product of a ``weight`` stacking gate over up rows. See :mod:`.normed_gemv_kernels`.
+
+    Returns:
+        ``(y, s)``: the product in x's dtype, ``[..., N]`` (``[..., N / 2]`` gated), and the new residual
+        stream in the residual's dtype, shaped like x.
+
+    Raises:
+        ValueError: for more than one row, mismatched widths, a weight whose rows are not contiguous, an
+            unknown activation, a bias with an activation, or an odd gated row count.
+    """
+    from engine_plugin_sdk.gpu.triton_kernels import normed_gemv_kernels as nk
+
+    rows, k = weight.shape
+    flat = _single_row(x, weight, k)
+    res = _single_row(residual, weight, k)
+    for name, vector in (("norm weight", norm_weight), ("post-norm weight", post_weight)):
+        if vector is not None and (vector.numel() != k or vector.stride(-1) != 1):
+            raise ValueError(f"{name} of {vector.numel()} values does not fit {k} columns")
+    summed = torch.empty(k, dtype=residual.dtype, device=x.device)
+    post = post_weight if post_weight is not None else norm_weight  # unread without POST_NORM
+    common = {"POST_NORM": post_weight is not None, "BLOCK_N": block_n, "BLOCK_K": block_k,
+              "EVEN_K": k % block_k == 0, "num_warps": num_warps, "num_stages": num_stages, **pdl.launch_options()}  # fmt: skip
+    if activation is None:
+        if bias is not None and bias.numel() != rows:
+            raise ValueError(f"bias has {bias.numel()} values for {rows} outputs")
+        y = torch.empty(rows, dtype=x.dtype, device=x.device)
+        nk.normed_gemv_kernel[(-(-rows // block_n),)](
+            flat, res, summed, norm_weight, post, weight, bias if bias is not None else y, y,
+            rows, k, weight.stride(0), float(eps), HAS_BIAS=bias is not None, **common,
+        )  # fmt: skip
+        return y.reshape(*x.shape[:-1], rows), summed.reshape(x.shape)
+    act = GATED_ACTIVATIONS.get(activation)
+    if act is None:
+        raise ValueError(f"unknown gated activation {activation!r} (known: {sorted(GATED_ACTIVATIONS)})")
+    if bias is not None or rows % 2:
+        raise ValueError(f"a gated product takes no bias and an even row count (got {rows} rows)")
+    d = rows // 2
+    y = torch.empty(d, dtype=x.dtype, device=x.device)
+    nk.normed_gated_gemv_kernel[(-(-d // block_n),)](
+        flat, res, summed, norm_weight, post, weight, y, d, k, weight.stride(0), float(eps), ACT=act, **common,
+    )  # fmt: skip
+    return y.reshape(*x.shape[:-1], d), summed.reshape(x.shape)
