@@ -308,41 +308,36 @@ def variants(llm: Any, roofline: float) -> dict[str, float]:
 
 
 def graph_variants(llm: Any, roofline: float) -> dict[str, float]:
-    """Decode tok/s with the step's fusions off and on, graphs recaptured for each, interleaved: the residual
-    add and norm inside the qkv / gate-up GEMVs (``normed_linear``) and its tiles, the per-head q/k norms
-    inside the decode attention kernel (``fuses_head_norm``), and the earlier rotary / gated-GEMV fusions."""
+    """Decode tok/s with the step's fusions off and on, graphs recaptured for each, interleaved: the rotary
+    embedding inside the decode attention kernel (``fuses_rotary``), the gated GEMV (gate/up with its
+    activation, ``gated_activations``) and its tiles, and Gemma's post-norm + add + pre-norm op."""
     from engine_plugin_nvidia import gemm as nv_gemm
 
     engine = llm.llm_engine
     model = engine.runner.model
     attention, gemm = model.attention, model.gemm
-    saved = {"rotary": attention.fuses_rotary, "head_norm": attention.fuses_head_norm, "gated": gemm.triton_gated,
-             "input_norm": gemm.triton_input_norm, "tile": nv_gemm.NORMED_GEMV_TILE,
-             "gated_tile": nv_gemm.NORMED_GATED_GEMV_TILE}  # fmt: skip
-    wide = {"block_n": 8, "block_k": 1024, "num_warps": 8, "num_stages": 2}
-    narrow = {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2}
-    gated = {"block_n": 4, "block_k": 1024, "num_warps": 8, "num_stages": 2}
-    rows: list[tuple[str, dict]] = [
-        ("all fusions", {}), ("input norm unfused", {"input_norm": False}), ("head norm unfused", {"head_norm": False}),
-        ("neither", {"input_norm": False, "head_norm": False}), ("all fusions (again)", {}),
-        ("input norm unfused (again)", {"input_norm": False}),
-        ("normed tile 8x1024 w8", {"tile": wide}), ("normed tile 8x512 w4", {"tile": narrow}),
-        ("normed gated tile 4x1024 w8", {"gated_tile": gated}),
-        ("no rotary / gated fusion", {"rotary": False, "head_norm": False, "gated": False}),
-    ]  # fmt: skip
+    tile = dict(nv_gemm.GATED_GEMV_TILE)
+    norms_default = bool(model.fuses_post_norms)
+    tiles = {"4x1024 w4": {**tile, "num_warps": 4}, "2x1024 w4": {**tile, "block_n": 2, "num_warps": 4},
+             "8x512 w8": {**tile, "block_n": 8, "block_k": 512, "num_warps": 8}}  # fmt: skip
+    rows: list[tuple[str, bool, bool, bool, dict]] = [
+        ("no fusion", False, False, norms_default, tile), ("rotary in attention", True, False, norms_default, tile),
+        ("gated GEMV", False, True, norms_default, tile), ("both", True, True, norms_default, tile),
+        ("no fusion (again)", False, False, norms_default, tile), ("both (again)", True, True, norms_default, tile),
+        *((f"both, gated tile {name}", True, True, norms_default, t) for name, t in tiles.items()),
+    ]
+    if norms_default:
+        rows.append(("both, unfused norms", True, True, False, tile))
     out = {}
-    for label, change in rows:
-        flags = {**saved, **change}
-        attention.fuses_rotary, attention.fuses_head_norm = flags["rotary"], flags["head_norm"]
-        gemm.triton_gated, gemm.triton_input_norm = flags["gated"], flags["input_norm"]
-        nv_gemm.NORMED_GEMV_TILE, nv_gemm.NORMED_GATED_GEMV_TILE = flags["tile"], flags["gated_tile"]
+    for label, rotary, gated, norms, gated_tile in rows:
+        attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = rotary, gated, norms
+        nv_gemm.GATED_GEMV_TILE = gated_tile
         engine.runner.decode_graphs.capture()
         rate = decode_rate(llm)
         out[label] = rate
         print(f"    {label:38s} {rate:7.1f} tok/s = {rate / roofline:.3f} of the roofline", flush=True)
-    attention.fuses_rotary, attention.fuses_head_norm = saved["rotary"], saved["head_norm"]
-    gemm.triton_gated, gemm.triton_input_norm = saved["gated"], saved["input_norm"]
-    nv_gemm.NORMED_GEMV_TILE, nv_gemm.NORMED_GATED_GEMV_TILE = saved["tile"], saved["gated_tile"]
+    attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = True, True, norms_default
+    nv_gemm.GATED_GEMV_TILE = tile
     engine.runner.decode_graphs.capture()
     return out
 
@@ -357,7 +352,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the Triton GEMV tiles on each projection too")
     parser.add_argument("--variants", action="store_true", help="decode tok/s before / after the LM-head and pick changes")
     parser.add_argument("--graph-variants", action="store_true",
-                        help="decode tok/s with the input-norm, head-norm, rotary and gated-GEMV fusions off and on")
+                        help="decode tok/s with the rotary, gated-GEMV and post-norm fusions off and on")
     parser.add_argument("--skip-profile", action="store_true", help="only the decode rate and the variants")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

@@ -50,12 +50,7 @@ from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.interfaces.attention import HeadNorm, RotaryInput
-    from engine.interfaces.gemm import (
-        ACTIVATIONS_KEY,
-        PER_TOKEN_ACTIVATIONS,
-        InputNorm,
-        RowQuantizedActivations,
-    )
+    from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, RowQuantizedActivations
     from engine.interfaces.grouped_int import (
         GROUPED_INT_BITS,
         INT4_GROUPED,
@@ -99,8 +94,6 @@ _LAZY = {
     "ACTIVATIONS_KEY": "engine.interfaces.gemm",
     "PER_TOKEN_ACTIVATIONS": "engine.interfaces.gemm",
     "RowQuantizedActivations": "engine.interfaces.gemm",
-    # the residual add and norm a projection's input takes first (GemmBackend.normed_linear)
-    "InputNorm": "engine.interfaces.gemm",
     # one layer's rotation, for an attention backend that fuses it (AttentionBackend.forward_rotary)
     "RotaryInput": "engine.interfaces.attention",
     "HeadNorm": "engine.interfaces.attention",
@@ -167,7 +160,6 @@ __all__ = [
     "GraphCapture",
     "GroupedLoraRows",
     "HeadNorm",
-    "InputNorm",
     "KVCacheSpec",
     "LoraStep",
     "LoraWeights",

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from engine.interfaces.gemm import InputNorm, QuantizedWeight
+from engine.interfaces.gemm import QuantizedWeight
 
 F64 = torch.float64
 
@@ -276,25 +276,6 @@ def ref_gated_linear(x: torch.Tensor, weight: torch.Tensor, activation: str) -> 
     if gated is None:
         raise ValueError(f"unknown gated activation {activation!r} (known: silu, gelu_tanh)")
     return gated(ref_linear(x, weight))
-
-
-def ref_normed_linear(
-    x: torch.Tensor,
-    norm: InputNorm,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:meth:`GemmBackend.normed_linear` in float64: the stream ``s`` (``x``, post-normalised when
-    ``norm.post_weight`` is set, plus ``norm.residual``), then :func:`ref_linear` or
-    :func:`ref_gated_linear` of ``rms_norm(s, norm.weight)``. Returns ``(y, s)``."""
-    if norm.post_weight is None:
-        normed, summed = ref_fused_add_rms_norm(x, norm.residual, norm.weight, norm.eps)
-    else:
-        normed, summed = ref_post_norm_add_rms_norm(x, norm.residual, norm.post_weight, norm.weight, norm.eps)
-    if activation is None:
-        return ref_linear(normed, weight, bias), summed
-    return ref_gated_linear(normed, weight, activation), summed
 
 
 def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

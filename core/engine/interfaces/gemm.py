@@ -52,26 +52,6 @@ class RowQuantizedActivations:
     dtype: Any
 
 
-@dataclass(frozen=True, slots=True)
-class InputNorm:
-    """The residual add and RMS norm a projection's input passes through first
-    (:meth:`GemmBackend.normed_linear`): the stream becomes ``s = x + residual`` (``x`` first normalised by
-    ``post_weight`` when given: a post-norm, as Gemma 2 has around each branch), and the projection reads
-    ``s / sqrt(mean(s^2) + eps) * weight``. Every norm is over the last axis, in float32.
-
-    Attributes:
-        residual: ``[rows, in_features]``, the residual stream ``x`` is added to.
-        weight: ``[in_features]``, the norm's scale (in its applied form).
-        eps: the norms' epsilon.
-        post_weight: ``[in_features]``, the branch output's post-norm scale, or None for a plain add.
-    """
-
-    residual: Any
-    weight: Any
-    eps: float
-    post_weight: Any = None
-
-
 class GemmBackend(ABC):
     """Dense and quantized matrix multiplication ``y = x @ W.T + b``."""
 
@@ -80,8 +60,6 @@ class GemmBackend(ABC):
     #: the gated activations (``"silu"``, ``"gelu_tanh"``) :meth:`gated_linear` runs; the core calls it
     #: only for these and otherwise runs :meth:`linear` and the op table's activation
     gated_activations: frozenset[str] = frozenset()
-    #: whether :meth:`normed_linear` runs (the core adds and normalises the stream itself otherwise)
-    fuses_input_norm: bool = False
 
     @abstractmethod
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
@@ -136,35 +114,6 @@ class GemmBackend(ABC):
         raise ValueError(
             f"{type(self).__name__} does not fuse gated activations (asked for {activation!r}); "
             "the core runs linear() and the activation op instead"
-        )
-
-    def normed_linear(
-        self, x: Any, norm: InputNorm, weight: Any, bias: Any | None = None, activation: str | None = None
-    ) -> tuple[Any, Any]:
-        """A projection of a normalised residual stream, with the residual add and norm fused in: at
-        batch 1 a GEMV that reads the branch output and the stream itself (every program needs the whole
-        row anyway) saves the norm kernel's launch, which costs as much as megabytes of weights there.
-        The core calls this only when :attr:`fuses_input_norm` is set.
-
-        Args:
-            x: ``[rows, in_features]``, the branch output added to ``norm.residual``.
-            norm: the add and norm (see :class:`InputNorm`).
-            weight: a weight returned by :meth:`prepare_weight`.
-            bias: ``[out_features]`` or None (only without ``activation``).
-            activation: None for :meth:`linear`; an activation of :attr:`gated_activations` for
-                :meth:`gated_linear` of the normalised stream.
-
-        Returns:
-            ``(y, s)``: the product (``[rows, out_features]``, or ``[rows, d]`` gated) in x's dtype, and the
-            new residual stream ``s`` in ``norm.residual``'s dtype (or float32, for a backend that keeps the
-            stream in float32 between layers).
-
-        Raises:
-            ValueError: for a backend without :attr:`fuses_input_norm`, or an activation it does not run.
-        """
-        raise ValueError(
-            f"{type(self).__name__} does not fuse the input norm into its products; "
-            "the core runs the norm op and linear() instead"
         )
 
     def row_quantized_input(self, weight: Any) -> Any | None:

@@ -34,7 +34,6 @@ from engine.interfaces.gemm import (
     ACTIVATIONS_KEY,
     PER_TOKEN_ACTIVATIONS,
     GemmBackend,
-    InputNorm,
     QuantizedWeight,
     RowQuantizedActivations,
 )
@@ -162,9 +161,6 @@ class TorchGemmBackend(GemmBackend):
         #: run :meth:`gated_linear`'s activation through the Triton kernels (on the GPU; the platform also
         #: turns this on in interpreter mode), else claim no gated activation
         self.triton_gated = self.device.type == "cuda"
-        #: run :meth:`normed_linear` (the Triton norm kernels, then the product; a vendor's backend fuses
-        #: the single-row case into its GEMV) wherever the Triton kernels run
-        self.triton_input_norm = self.device.type == "cuda"
 
     @property
     def gated_activations(self) -> frozenset[str]:  # type: ignore[override]
@@ -216,30 +212,6 @@ class TorchGemmBackend(GemmBackend):
         if act is None or activation not in self.gated_activations:
             return super().gated_linear(x, weight, activation)
         return act(self.linear(x, weight))
-
-    @property
-    def fuses_input_norm(self) -> bool:  # type: ignore[override]
-        """Wherever the Triton norm kernels run."""
-        return self.triton_input_norm
-
-    def normed_linear(
-        self, x: Any, norm: InputNorm, weight: Any, bias: Any | None = None, activation: str | None = None
-    ) -> tuple[Any, Any]:
-        """The Triton add-and-norm kernel, then :meth:`linear` or :meth:`gated_linear`."""
-        if not self.triton_input_norm:
-            return super().normed_linear(x, norm, weight, bias, activation)
-        from engine_plugin_sdk.gpu.triton_kernels import launchers
-        from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
-
-        if norm.post_weight is None:
-            normed, summed = launchers.fused_add_rms_norm(x, norm.residual, norm.weight, norm.eps)
-        else:
-            normed, summed = post_norm_add_rms_norm(x, norm.residual, norm.post_weight, norm.weight, norm.eps)
-        if activation is None:
-            return self.linear(normed, weight, bias), summed
-        if bias is not None:
-            raise ValueError("a gated product takes no bias")
-        return self.gated_linear(normed, weight, activation), summed
 
     def logits(self, x: Any, weight: Any) -> Any:
         if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):

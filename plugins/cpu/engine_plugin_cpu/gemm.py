@@ -24,13 +24,11 @@ from typing import Any
 
 import torch
 
-from engine_plugin_cpu.fast_ops import cpu_op_overrides
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
 from engine_plugin_sdk import (
     GemmBackend,
-    InputNorm,
     QuantizedWeight,
     gelu_tanh_and_mul,
     grouped_add_lora,
@@ -113,7 +111,6 @@ class CpuGemmBackend(GemmBackend):
     """
 
     gated_activations: frozenset[str] = frozenset({"silu", "gelu_tanh"})
-    fuses_input_norm = True
     #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
     supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | GROUPED_SCHEMES
 
@@ -128,8 +125,6 @@ class CpuGemmBackend(GemmBackend):
         schemes = PACKED_SCHEMES if native is None else {**PACKED_SCHEMES, **NATIVE_ONLY_SCHEMES}
         self.type_names = schemes
         self.supported_quant_schemes = frozenset(schemes) | GROUPED_SCHEMES
-        # the norms normed_linear runs: the platform's op table's (the C kernels where they load)
-        self._norms = cpu_op_overrides(native)
 
     def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
         target = torch_dtype(dtype)
@@ -231,23 +226,6 @@ class CpuGemmBackend(GemmBackend):
         if self.native is not None and self.native.accepts(projected) and projected.shape[-1] % 2 == 0:
             return self.native.silu_and_mul(projected)
         return silu_and_mul(projected)
-
-    def normed_linear(
-        self, x: Any, norm: InputNorm, weight: Any, bias: Any | None = None, activation: str | None = None
-    ) -> tuple[Any, Any]:
-        """The platform's add-and-norm op, then the product: a CPU has no launch to save, but claiming it
-        keeps one decoder path on every platform (and the C norm keeps the stream in float32 here too)."""
-        if norm.post_weight is None:
-            normed, summed = self._norms["fused_add_rms_norm"](x, norm.residual, norm.weight, norm.eps)
-        else:
-            normed, summed = self._norms["post_norm_add_rms_norm"](
-                x, norm.residual, norm.post_weight, norm.weight, norm.eps
-            )
-        if activation is None:
-            return self.linear(normed, weight, bias), summed
-        if bias is not None:
-            raise ValueError("a gated product takes no bias")
-        return self.gated_linear(normed, weight, activation), summed
 
     def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
         """The SDK's grouped products, on one thread when small: a step's adapters add a few tiny products

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from engine_plugin_sdk import InputNorm, RowQuantizedActivations
+from engine_plugin_sdk import RowQuantizedActivations
 from engine_plugin_sdk.gpu import gemm as _common
 from engine_plugin_sdk.gpu.gemm import FP8_SCHEME, Fp8Weight, TorchGemmBackend, fp8_linear
 
@@ -44,10 +44,6 @@ LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 #: the tile of the gated GEMV (gate/up and the activation in one kernel, batch 1): ``block_n`` gate rows
 #: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
 GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2}
-#: the tiles of the GEMVs that add and normalise their input stream themselves (``normed_linear``), or
-#: None for the plain GEMVs' tiles above (each program reads the stream's tiles beside the weight's)
-NORMED_GEMV_TILE: dict | None = None
-NORMED_GATED_GEMV_TILE: dict | None = None
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -93,23 +89,6 @@ class CudaGemmBackend(TorchGemmBackend):
 
             return gated_gemv(x, weight, activation, **GATED_GEMV_TILE)
         return super().gated_linear(x, weight, activation)
-
-    def normed_linear(
-        self, x: Any, norm: InputNorm, weight: Any, bias: Any | None = None, activation: str | None = None
-    ) -> tuple[Any, Any]:
-        # one row: the GEMV builds the normalised stream per tile itself, so the norm kernel's launch goes
-        tile = None
-        if _gemv_fits(x, weight):
-            tile = GATED_GEMV_TILE if activation is not None else _gemv_tile(x, weight)
-            if tile is not None:
-                tile = (NORMED_GATED_GEMV_TILE if activation is not None else NORMED_GEMV_TILE) or tile
-        if tile is not None and self.triton_input_norm and norm.residual.dtype == x.dtype:
-            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import normed_gemv
-
-            return normed_gemv(
-                x, norm.residual, norm.weight, norm.eps, weight, bias, norm.post_weight, activation, **tile
-            )
-        return super().normed_linear(x, norm, weight, bias, activation)
 
     def logits(self, x: Any, weight: Any) -> Any:
         if LOGITS_GEMV_TILE is not None and _gemv_fits(x, weight):

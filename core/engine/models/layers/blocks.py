@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.interfaces.attention import AttentionMetadata, HeadNorm, RotaryInput
-from engine.interfaces.gemm import InputNorm
 from engine.models.layers.mla_block import MlaAttention
 from engine.models.layers.moe_block import MoeMLP
 from engine.models.layers.row_blocks import RowBlocks
@@ -108,29 +107,11 @@ class DecoderLayer:
         self, model: DenseDecoder, x: Any, tables: list[tuple[torch.Tensor, torch.Tensor]], kv_cache: Any, meta: AttentionMetadata
     ) -> torch.Tensor:
         """The attention block: fused projection, optional q/k norm and rotary, paged attention, output."""
-        return self._attention(model, x, tables, kv_cache, meta, None)[0]
-
-    def _attention(
-        self,
-        model: DenseDecoder,
-        x: Any,
-        tables: list[tuple[torch.Tensor, torch.Tensor]],
-        kv_cache: Any,
-        meta: AttentionMetadata,
-        norm: InputNorm | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`attention`; with ``norm`` (see :meth:`_input_norm`) ``x`` is the previous branch's output
-        and the qkv product adds and normalises the stream itself. Returns the output and, with ``norm``,
-        the new residual stream."""
         if self.mla is not None:
-            assert self.rope is not None and norm is None
-            return self.mla.forward(model, x, model.rotaries[self.rope], tables[self.rope], kv_cache, meta), None
+            assert self.rope is not None
+            return self.mla.forward(model, x, model.rotaries[self.rope], tables[self.rope], kv_cache, meta)
         cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
-        residual = None
-        if norm is None:
-            qkv = self._project(model, x, self.qkv, self.qkv_bias, "qkv")
-        else:
-            qkv, residual = model.gemm.normed_linear(x, norm, self.qkv, self.qkv_bias)
+        qkv = self._project(model, x, self.qkv, self.qkv_bias, "qkv")
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([model.q_size, model.kv_size, model.kv_size], dim=-1)
         if model.spec.qk_norm == "full":
@@ -171,70 +152,25 @@ class DecoderLayer:
         else:
             attn = model.attention.forward(q, k, v, kv_cache, meta)
         out = self._project(model, attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias, "o")
-        return (out if model.tp is None else model.tp.reduce(out)), residual
+        return out if model.tp is None else model.tp.reduce(out)
 
     def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
         """The gated MLP: fused gate/up, SwiGLU or GeGLU, down (summed over the tensor-parallel ranks);
         or the layer's mixture of experts."""
-        return self._mlp(model, x, None)[0]
-
-    def _mlp(self, model: DenseDecoder, x: Any, norm: InputNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`mlp`; with ``norm`` the gate/up product adds and normalises the stream itself (as in
-        :meth:`_attention`). Returns the output and, with ``norm``, the new residual stream."""
         if self.moe is not None:
-            assert norm is None
-            return self.moe.forward(model, x), None
-        residual = None
+            return self.moe.forward(model, x)
         if self._fused_gate_up(model):
-            if norm is None:
-                act = model.gemm.gated_linear(x, self.gate_up, model.spec.activation)
-            else:
-                act, residual = model.gemm.normed_linear(x, norm, self.gate_up, activation=model.spec.activation)
+            act = model.gemm.gated_linear(x, self.gate_up, model.spec.activation)
             out = self._project(model, act, self.down, None, "down")
-            return (out if model.tp is None else model.tp.reduce(out)), residual
-        if norm is None:
-            gate_up = self._project(model, x, self.gate_up, None, "gate_up")
-        else:
-            gate_up, residual = model.gemm.normed_linear(x, norm, self.gate_up)
+            return out if model.tp is None else model.tp.reduce(out)
+        gate_up = self._project(model, x, self.gate_up, None, "gate_up")
         if model.spec.activation == "gelu_tanh":
             out = self._project(model, model.ops.gelu_tanh_and_mul(gate_up), self.down, None, "down")
         elif self.down_fp8 is not None:
             out = self._project(model, model.ops.silu_and_mul_fp8(gate_up, self.down_fp8), self.down, None, "down")
         else:
             out = self._project(model, model.ops.silu_and_mul(gate_up), self.down, None, "down")
-        return (out if model.tp is None else model.tp.reduce(out)), residual
-
-    def _input_norm(
-        self,
-        model: DenseDecoder,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        fp8: Any,
-        projection: str,
-        post_weight: torch.Tensor | None = None,
-    ) -> InputNorm | None:
-        """The residual add and RMS norm for ``projection`` (``"qkv"`` or ``"gate_up"``) to run inside its
-        product (``GemmBackend.normed_linear``), or None where the core runs them first: the backend does not
-        fuse them, the block's norm is not a plain RMS norm of the stream, or something else reads the
-        normalised input (an adapter, the parallel branch, an FP8 producer, row blocks, MLA, experts)."""
-        spec = model.spec
-        if (
-            not model.gemm.fuses_input_norm
-            or residual is None
-            or weight is None
-            or bias is not None
-            or fp8 is not None
-            or spec.norm != "rms"
-            or spec.parallel
-        ):
-            return None
-        product, replaced_by = (self.qkv, self.mla) if projection == "qkv" else (self.gate_up, self.moe)
-        if isinstance(product, RowBlocks) or replaced_by is not None:
-            return None
-        if model.lora_plan is not None and self.lora is not None and getattr(self.lora, projection) is not None:
-            return None
-        return InputNorm(residual, weight, model.config.rms_norm_eps, post_weight)
+        return out if model.tp is None else model.tp.reduce(out)
 
     def _fused_gate_up(self, model: DenseDecoder) -> bool:
         # the backend fuses the activation into the gate/up product unless an adapter adds to that
@@ -255,23 +191,13 @@ class DecoderLayer:
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer: returns the layer's last branch output and the residual stream it is added to."""
-        norm = self._input_norm(model, residual, self.pre_attn, self.pre_attn_bias, self.qkv_fp8, "qkv")
-        if norm is None:
-            x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
-            attn, _ = self._attention(model, x, tables, kv_cache, meta, None)
-        else:
-            attn, residual = self._attention(model, hidden, tables, kv_cache, meta, norm)
-        hidden = self._branch_out(model, attn, self.post_attn, self.post_attn_bias)
+        x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
+        hidden = self._branch_out(model, self.attention(model, x, tables, kv_cache, meta), self.post_attn, self.post_attn_bias)
         if model.spec.parallel:
-            # both branches read the one norm's output (never fused: see _input_norm); their sum is the branch
+            # both branches read the one norm's output; their sum is the layer's branch
             return hidden + self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
-        norm = self._input_norm(model, residual, self.pre_mlp, self.pre_mlp_bias, self.gate_up_fp8, "gate_up")
-        if norm is None:
-            x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
-            out, _ = self._mlp(model, x, None)
-        else:
-            out, residual = self._mlp(model, hidden, norm)
-        return self._branch_out(model, out, self.post_mlp, self.post_mlp_bias), residual
+        x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
+        return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
 
 
     def forward_post_normed(
@@ -296,20 +222,10 @@ class DecoderLayer:
             This layer's MLP output before its post-norm (``self.post_mlp``), and the residual stream.
         """
         ops, eps = model.ops, model.config.rms_norm_eps
-        norm = self._input_norm(model, residual, self.pre_attn, None, self.qkv_fp8, "qkv", pending_post)
-        if norm is not None:
-            attn, residual = self._attention(model, branch, tables, kv_cache, meta, norm)
+        if residual is None:
+            x, residual = ops.rms_norm(branch, self.pre_attn, eps), branch
         else:
-            if residual is None:
-                x, residual = ops.rms_norm(branch, self.pre_attn, eps), branch
-            else:
-                x, residual = ops.post_norm_add_rms_norm(branch, residual, pending_post, self.pre_attn, eps)
-            attn, _ = self._attention(model, x, tables, kv_cache, meta, None)
-        assert residual is not None
-        norm = self._input_norm(model, residual, self.pre_mlp, None, self.gate_up_fp8, "gate_up", self.post_attn)
-        if norm is not None:
-            out, residual = self._mlp(model, attn, norm)
-            assert residual is not None
-            return out, residual
+            x, residual = ops.post_norm_add_rms_norm(branch, residual, pending_post, self.pre_attn, eps)
+        attn = self.attention(model, x, tables, kv_cache, meta)
         x, residual = ops.post_norm_add_rms_norm(attn, residual, self.post_attn, self.pre_mlp, eps)
-        return self._mlp(model, x, None)[0], residual
+        return self.mlp(model, x), residual
