@@ -308,36 +308,33 @@ def variants(llm: Any, roofline: float) -> dict[str, float]:
 
 
 def graph_variants(llm: Any, roofline: float) -> dict[str, float]:
-    """Decode tok/s with the step's fusions off and on, graphs recaptured for each, interleaved: the rotary
-    embedding inside the decode attention kernel (``fuses_rotary``), the gated GEMV (gate/up with its
-    activation, ``gated_activations``) and its tiles, and Gemma's post-norm + add + pre-norm op."""
+    """Decode tok/s with the graphs' GEMVs loading one or two weight tiles before their PDL wait (narrow:
+    o / down, wide: qkv, gated: gate-up), and with the per-head q/k norms outside the decode kernel;
+    graphs recaptured for each row, rows interleaved."""
     from engine_plugin_nvidia import gemm as nv_gemm
 
     engine = llm.llm_engine
     model = engine.runner.model
-    attention, gemm = model.attention, model.gemm
-    tile = dict(nv_gemm.GATED_GEMV_TILE)
-    norms_default = bool(model.fuses_post_norms)
-    tiles = {"4x1024 w4": {**tile, "num_warps": 4}, "2x1024 w4": {**tile, "block_n": 2, "num_warps": 4},
-             "8x512 w8": {**tile, "block_n": 8, "block_k": 512, "num_warps": 8}}  # fmt: skip
-    rows: list[tuple[str, bool, bool, bool, dict]] = [
-        ("no fusion", False, False, norms_default, tile), ("rotary in attention", True, False, norms_default, tile),
-        ("gated GEMV", False, True, norms_default, tile), ("both", True, True, norms_default, tile),
-        ("no fusion (again)", False, False, norms_default, tile), ("both (again)", True, True, norms_default, tile),
-        *((f"both, gated tile {name}", True, True, norms_default, t) for name, t in tiles.items()),
-    ]
-    if norms_default:
-        rows.append(("both, unfused norms", True, True, False, tile))
+    attention = model.attention
+    saved = {"narrow": nv_gemm.GEMV_TILE, "wide": nv_gemm.GEMV_WIDE_TILE, "gated": nv_gemm.GATED_GEMV_TILE}
+    two = {name: ({**tile, "prefetch": 2} if tile is not None else None) for name, tile in saved.items()}
+    rows: list[tuple[str, dict, bool]] = [
+        ("baseline", {}, True), ("prefetch 2: narrow", {"narrow": two["narrow"]}, True),
+        ("prefetch 2: wide", {"wide": two["wide"]}, True), ("prefetch 2: gated", {"gated": two["gated"]}, True),
+        ("prefetch 2: all", two, True), ("baseline (again)", {}, True), ("prefetch 2: all (again)", two, True),
+        ("head norm unfused", {}, False),
+    ]  # fmt: skip
     out = {}
-    for label, rotary, gated, norms, gated_tile in rows:
-        attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = rotary, gated, norms
-        nv_gemm.GATED_GEMV_TILE = gated_tile
+    for label, change, head_norm in rows:
+        tiles = {**saved, **change}
+        nv_gemm.GEMV_TILE, nv_gemm.GEMV_WIDE_TILE, nv_gemm.GATED_GEMV_TILE = tiles["narrow"], tiles["wide"], tiles["gated"]
+        attention.fuses_head_norm = head_norm
         engine.runner.decode_graphs.capture()
         rate = decode_rate(llm)
         out[label] = rate
         print(f"    {label:38s} {rate:7.1f} tok/s = {rate / roofline:.3f} of the roofline", flush=True)
-    attention.fuses_rotary, gemm.triton_gated, model._fuses_post_norms = True, True, norms_default
-    nv_gemm.GATED_GEMV_TILE = tile
+    nv_gemm.GEMV_TILE, nv_gemm.GEMV_WIDE_TILE, nv_gemm.GATED_GEMV_TILE = saved["narrow"], saved["wide"], saved["gated"]
+    attention.fuses_head_norm = True
     engine.runner.decode_graphs.capture()
     return out
 
@@ -352,7 +349,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the Triton GEMV tiles on each projection too")
     parser.add_argument("--variants", action="store_true", help="decode tok/s before / after the LM-head and pick changes")
     parser.add_argument("--graph-variants", action="store_true",
-                        help="decode tok/s with the rotary, gated-GEMV and post-norm fusions off and on")
+                        help="decode tok/s with the GEMVs' PDL prefetch depth and the q/k head-norm fusion varied")
     parser.add_argument("--skip-profile", action="store_true", help="only the decode rate and the variants")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

@@ -41,8 +41,9 @@ def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr,
     N, K, stride_w,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
+    """``PREFETCH`` (1 or 2, with ``K >= PREFETCH * BLOCK_K``): weight tiles loaded before the PDL wait."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -53,9 +54,14 @@ def gemv_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         w, offs_k = _tile(x_ptr, w_ptr, rows, stride_w, 0, K, BLOCK_K, EVEN_K)
+        if PREFETCH == 2:
+            w2, offs_k2 = _tile(x_ptr, w_ptr, rows, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
         gdc_wait()
         acc += w.to(tl.float32) * _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
         k_first = BLOCK_K
+        if PREFETCH == 2:
+            acc += w2.to(tl.float32) * _x_tile(x_ptr, offs_k2, K, EVEN_K)[None, :]
+            k_first = 2 * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         w, offs_k = _tile(x_ptr, w_ptr, rows, stride_w, k0, K, BLOCK_K, EVEN_K)
         acc += w.to(tl.float32) * _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
@@ -70,14 +76,15 @@ def gated_gemv_kernel(
     x_ptr, w_ptr, y_ptr,
     N, K, stride_w,
     ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """``y[n] = act(x . W[n]) * (x . W[N + n])``: the gated MLP's fused gate/up GEMV with its activation
     as the epilogue (``W`` stacks the ``N`` gate rows over the ``N`` up rows).
 
     Each program streams ``BLOCK_N`` gate rows and the matching up rows, so the activation sees both
     float32 accumulators: no ``2N``-wide intermediate is written and read back, and the step has one
-    launch fewer per layer (at batch 1 a launch costs as much as a few MB of weights).
+    launch fewer per layer (at batch 1 a launch costs as much as a few MB of weights). ``PREFETCH`` as
+    for :func:`gemv_kernel`.
     """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,11 +98,19 @@ def gated_gemv_kernel(
         gdc_launch_dependents()
         w_g, offs_k = _tile(x_ptr, w_ptr, gates, stride_w, 0, K, BLOCK_K, EVEN_K)
         w_u, offs_k = _tile(x_ptr, w_ptr, ups, stride_w, 0, K, BLOCK_K, EVEN_K)
+        if PREFETCH == 2:
+            w_g2, offs_k2 = _tile(x_ptr, w_ptr, gates, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
+            w_u2, offs_k2 = _tile(x_ptr, w_ptr, ups, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
         gdc_wait()
         x = _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
         acc_g += w_g.to(tl.float32) * x
         acc_u += w_u.to(tl.float32) * x
         k_first = BLOCK_K
+        if PREFETCH == 2:
+            x2 = _x_tile(x_ptr, offs_k2, K, EVEN_K)[None, :]
+            acc_g += w_g2.to(tl.float32) * x2
+            acc_u += w_u2.to(tl.float32) * x2
+            k_first = 2 * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         w_g, offs_k = _tile(x_ptr, w_ptr, gates, stride_w, k0, K, BLOCK_K, EVEN_K)
         w_u, offs_k = _tile(x_ptr, w_ptr, ups, stride_w, k0, K, BLOCK_K, EVEN_K)

@@ -23,10 +23,15 @@ def _single_row(x: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
     return flat if flat.stride(0) == 1 else flat.contiguous()
 
 
+def _prefetch(tiles: int, k: int, block_k: int) -> dict:
+    # weight tiles a program loads before its PDL wait: a second only where the row holds two
+    return {"PREFETCH": 2 if tiles >= 2 and k >= 2 * block_k else 1}
+
+
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     block_n: int = 16, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, prefetch: int = 1,
 ) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``,
     in ``out_dtype`` (default: x's; float32 stores the accumulator unrounded, as logits want).
@@ -42,14 +47,14 @@ def gemv(
     gk.gemv_kernel[(-(-n // block_n),)](
         flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
 
 
 def gated_gemv(
     x: torch.Tensor, weight: torch.Tensor, activation: str,
-    block_n: int = 4, block_k: int = 1024, num_warps: int = 4, num_stages: int = 2,
+    block_n: int = 4, block_k: int = 1024, num_warps: int = 4, num_stages: int = 2, prefetch: int = 1,
 ) -> torch.Tensor:
     """``act(x @ G.T) * (x @ U.T)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight``
     ``[2 * d, K]`` stacking the gate's rows ``G`` over the up rows ``U``; ``[..., d]`` in x's dtype.
@@ -70,6 +75,6 @@ def gated_gemv(
     gk.gated_gemv_kernel[(-(-d // block_n),)](
         flat, weight, y, d, k, weight.stride(0),
         ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], d)
