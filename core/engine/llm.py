@@ -290,21 +290,23 @@ class LLM:
         engine = self.llm_engine
         for lora in set(loras or []) - {None}:  # a broken adapter fails the call before any prompt runs
             engine.add_lora(lora)
-        for prompt, params in zip(prompts, params_list):  # every request is checked before any runs
-            if isinstance(params, PoolingParams):
-                engine.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
-                continue
-            engine.validate_request(
-                prompt, params.step_params() if isinstance(params, BeamSearchParams) else params, cache_salt
-            )
+        # every request is checked before any runs, the texts tokenized once, in one batch
+        checked = [
+            SamplingParams(max_tokens=1) if isinstance(params, PoolingParams)
+            else params.step_params() if isinstance(params, BeamSearchParams) else params
+            for params in params_list
+        ]  # fmt: skip
+        token_ids = engine.validate_requests(prompts, checked, cache_salt)
         ids = []
         try:
-            for prompt, params, prio, lora in zip(
-                prompts, params_list, priorities or [0] * len(prompts), loras or [None] * len(prompts)
+            for prompt, params, prio, lora, tokens in zip(
+                prompts, params_list, priorities or [0] * len(prompts), loras or [None] * len(prompts), token_ids
             ):
                 rid = f"offline-{next(self._counter)}"
                 # only when given: a data-parallel engine (which refuses LoRA at start-up) takes no adapter
-                extra = {"lora_request": lora} if lora is not None else {}
+                extra: dict[str, Any] = {"lora_request": lora} if lora is not None else {}
+                if isinstance(prompt, str):
+                    extra["prompt_token_ids"] = tokens
                 engine.add_request(rid, prompt, params, priority=prio, final_only=True, cache_salt=cache_salt, **extra)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}

@@ -167,6 +167,20 @@ class LLMEngine:
         self._compile_constraint(params)
         return token_ids
 
+    def validate_requests(
+        self, prompts: list[str | list[int]], params_list: list[SamplingParams], cache_salt: str | None = None
+    ) -> list[list[int]]:
+        """:meth:`validate_request` for several requests, their texts tokenized in one batch.
+
+        Returns:
+            Each prompt's token ids (pass them to :meth:`add_request` as ``prompt_token_ids``).
+
+        Raises:
+            InvalidRequestError: as :meth:`validate_request`, for the first request that fails.
+        """
+        token_ids = self.input_processor.tokenize_many(prompts)
+        return [self.validate_request(ids, params, cache_salt) for ids, params in zip(token_ids, params_list, strict=True)]
+
     def _compile_constraint(self, params: SamplingParams) -> Future | None:
         """Check a request's structured output now and compile it in the background (None: unconstrained).
 
@@ -194,6 +208,7 @@ class LLMEngine:
         final_only: bool = False,
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
         """Queue a request; it runs from the next :meth:`step`.
 
@@ -207,6 +222,8 @@ class LLMEngine:
                 (None: with every unsalted request).
             lora_request: the LoRA adapter it runs under (registered and loaded on first use), None for
                 the base model.
+            prompt_token_ids: a text prompt's ids, already tokenized (:meth:`validate_requests`): they are
+                checked again but not re-encoded; the text is kept for the outputs.
 
         Raises:
             InvalidRequestError: see :meth:`validate_request`, a duplicate request id, ``n`` (the beam
@@ -219,7 +236,7 @@ class LLMEngine:
         if isinstance(params, PoolingParams):
             if self.config.runner == "generate":
                 raise InvalidRequestError("this engine runs generation only (runner='generate'); pooling requests need runner 'pooling' or 'auto'")
-            self._add_pooling(request_id, prompt, params, priority, cache_salt, lora_request)
+            self._add_pooling(request_id, prompt, params, priority, cache_salt, lora_request, prompt_token_ids)
             return
         if not getattr(self.model, "generates", True):
             raise InvalidRequestError(
@@ -227,15 +244,16 @@ class LLMEngine:
             )
         if self.config.runner == "pooling":
             raise InvalidRequestError("this engine runs pooling requests only (runner='pooling'): embeddings, classification and scores")
+        source = prompt if prompt_token_ids is None else prompt_token_ids
         if isinstance(params, BeamSearchParams):
-            token_ids = self.validate_request(prompt, params.step_params(), cache_salt)
+            token_ids = self.validate_request(source, params.step_params(), cache_salt)
             self._admit(params.beam_width, "the beam width (n)")
             if lora_request is not None:
                 self.loras.add(lora_request)  # a broken adapter is refused before the group exists
             root = self.beams.add(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, cache_salt)
             self.loras.tag([root], lora_request)  # the beams forked from it inherit the adapter
             return
-        token_ids = self.validate_request(prompt, params, cache_salt)
+        token_ids = self.validate_request(source, params, cache_salt)
         self._admit(params.n, "n")
         request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, final_only=final_only)
         arrival = next(self._arrivals)
@@ -281,7 +299,7 @@ class LLMEngine:
 
     def _add_pooling(
         self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None,
-        lora_request: LoRARequest | None = None,
+        lora_request: LoRARequest | None = None, prompt_token_ids: list[int] | None = None,
     ) -> None:
         """Queue a pooling request: one sequence whose prompt is computed and pooled, nothing sampled."""
         hidden = self.model_config.hidden_size
@@ -290,7 +308,8 @@ class LLMEngine:
         if params.task == "classify" and self.pooling.head is None:
             raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
         check_per_token_params(params, hidden, self.model_config.hf_config)
-        token_ids = self.validate_request(prompt, SamplingParams(max_tokens=1), cache_salt)
+        source = prompt if prompt_token_ids is None else prompt_token_ids
+        token_ids = self.validate_request(source, SamplingParams(max_tokens=1), cache_salt)
         self._admit(1, "n")
         # generation settings the scheduler reads; the sequence ends once its prompt is pooled
         request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, SamplingParams(max_tokens=1), final_only=True)

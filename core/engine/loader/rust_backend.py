@@ -63,6 +63,11 @@ def encode_ids(backend: Any, text: str, add_special_tokens: bool) -> list[int]:
     Returns:
         The token ids, as ``encode_batch`` gives them.
     """
+    return encode_ids_many(backend, [text], add_special_tokens)[0]
+
+
+def encode_ids_many(backend: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """:func:`encode_ids` of several texts in one call (the backend encodes a batch in parallel)."""
     # ``encode_batch_fast`` (tokenizers 0.21+) skips the offsets, whose freeing dominates for long texts
     encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-    return encode([text], add_special_tokens=add_special_tokens)[0].ids
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=add_special_tokens)]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from engine.loader.errors import ModelLoadError
 from engine.loader.hf_folder import GENERATION_CONFIG_FILE, read_json
 from engine.loader.paths import is_gguf_file
-from engine.loader.rust_backend import encode_ids, encodes_generically, private_copy
+from engine.loader.rust_backend import encode_ids, encode_ids_many, encodes_generically, private_copy
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,13 @@ class Tokenizer:
         if self._encoder is not None:
             return encode_ids(self._encoder, text, add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_many(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """:meth:`encode` of each text, in one call to the Rust backend where :meth:`encode` uses it (it
+        encodes a batch on all cores)."""
+        if self._encoder is not None:
+            return encode_ids_many(self._encoder, texts, add_special_tokens)
+        return [list(self.hf.encode(text, add_special_tokens=add_special_tokens)) for text in texts]
 
     def encode_pair(self, first: str, second: str) -> list[int]:
         """The token ids of a text pair as the model's tokenizer joins them (``[CLS] a [SEP] b [SEP]`` for

@@ -191,6 +191,12 @@ class DataParallelEngine:
         replica.send("validate", (prompt, params, cache_salt))
         return list(replica.answer("validated"))
 
+    def validate_requests(
+        self, prompts: list[str | list[int]], params_list: list[Any], cache_salt: str | None = None
+    ) -> list[list[int]]:
+        """:meth:`validate_request` of each request (see :meth:`LLMEngine.validate_requests`)."""
+        return [self.validate_request(p, params, cache_salt) for p, params in zip(prompts, params_list, strict=True)]
+
     def add_request(
         self,
         request_id: str,
@@ -199,8 +205,10 @@ class DataParallelEngine:
         priority: int = 0,
         final_only: bool = False,
         cache_salt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
-        """Queue a request on the replica the router picks (see :meth:`LLMEngine.add_request`).
+        """Queue a request on the replica the router picks (see :meth:`LLMEngine.add_request`); the
+        replica re-checks ``prompt_token_ids`` rather than tokenizing the text again.
 
         Raises:
             InvalidRequestError: the replica refused it, or ``request_id`` is in use.
@@ -210,10 +218,12 @@ class DataParallelEngine:
 
         if request_id in self._owner:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        token_ids = self._tokens.tokenize(prompt)
+        token_ids = self._tokens.tokenize(prompt) if prompt_token_ids is None else prompt_token_ids
         index = self.router.choose(token_ids, cache_salt)
         replica = self.replicas[index]
-        options = {"priority": priority, "final_only": final_only, "cache_salt": cache_salt}
+        options: dict[str, Any] = {"priority": priority, "final_only": final_only, "cache_salt": cache_salt}
+        if prompt_token_ids is not None:
+            options["prompt_token_ids"] = prompt_token_ids
         try:
             replica.send("add", (request_id, prompt, params, options))
             replica.answer("added")
