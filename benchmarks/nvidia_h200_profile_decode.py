@@ -317,12 +317,12 @@ def graph_variants(llm: Any, roofline: float) -> dict[str, float]:
     model = engine.runner.model
     attention = model.attention
     saved = {"narrow": nv_gemm.GEMV_TILE, "wide": nv_gemm.GEMV_WIDE_TILE, "gated": nv_gemm.GATED_GEMV_TILE}
-    two = {name: ({**tile, "prefetch": 2} if tile is not None else None) for name, tile in saved.items()}
+    depth = {n: {name: ({**tile, "prefetch": n} if tile is not None else None) for name, tile in saved.items()}
+             for n in (1, 2, 3, 4)}  # fmt: skip
     rows: list[tuple[str, dict, bool]] = [
-        ("baseline", {}, True), ("prefetch 2: narrow", {"narrow": two["narrow"]}, True),
-        ("prefetch 2: wide", {"wide": two["wide"]}, True), ("prefetch 2: gated", {"gated": two["gated"]}, True),
-        ("prefetch 2: all", two, True), ("baseline (again)", {}, True), ("prefetch 2: all (again)", two, True),
-        ("head norm unfused", {}, False),
+        ("prefetch 2 (default)", {}, True), ("prefetch 1", depth[1], True), ("prefetch 3", depth[3], True),
+        ("prefetch 4", depth[4], True), ("prefetch 4: narrow, 2 others", {"narrow": depth[4]["narrow"]}, True),
+        ("prefetch 2 (again)", {}, True), ("prefetch 4 (again)", depth[4], True), ("prefetch 3 (again)", depth[3], True),
     ]  # fmt: skip
     out = {}
     for label, change, head_norm in rows:

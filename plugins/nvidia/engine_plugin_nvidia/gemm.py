@@ -26,7 +26,9 @@ FP8_MAX = _common.FP8_MAX[FP8_DTYPE]
 #: the Triton GEMV's tile for single-row products whose weight has no more rows than columns (o_proj,
 #: down_proj); measured on an H200 at Llama-3-8B shapes: 10.6 us vs cuBLAS 12.6 us + a split-K reduce
 #: for 4096x4096, 30.6 vs 32.4 + reduce for 4096x14336 (benchmarks/nvidia_h200_profile.py gemv)
-GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2}
+#: ``prefetch``: weight tiles each program loads before its PDL wait, while the kernels before it still run
+#: (2 against 1: Gemma-2-9B batch-1 decode 187.7 -> 193.7 tok/s, Qwen3-8B 238.2 -> 247.7, H200 2026-12-03)
+GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 #: the tile for single-row products with more rows than columns (qkv, gate_up, lm_head), or None to leave
 #: them to cuBLAS. Chosen on an H200 (2026-11-29, `nvidia_h200_profile.py variants`) as the config with the
 #: least time per token over qkv x32 + gate_up x32 + lm_head: 2456 us vs cuBLAS 2535 (lm_head 238.6 us
@@ -43,7 +45,7 @@ GEMV_WIDE_TILE: dict | None = GEMV_TILE
 LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 #: the tile of the gated GEMV (gate/up and the activation in one kernel, batch 1): ``block_n`` gate rows
 #: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
-GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2}
+GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 

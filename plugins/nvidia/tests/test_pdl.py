@@ -44,7 +44,7 @@ def _reference(x, residual, norm_w, w_up, w_down):
 
 
 @needs_pdl
-@pytest.mark.parametrize("prefetch", [1, 2])
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
 def test_dependent_chain_eager_and_in_a_graph(pdl_on, prefetch):
     gen = torch.Generator(device="cuda").manual_seed(11)
     hidden, inter = 1024, 3072

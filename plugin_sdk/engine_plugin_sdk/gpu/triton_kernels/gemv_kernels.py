@@ -37,13 +37,44 @@ def _x_tile(x_ptr, offs_k, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """The first ``PREFETCH`` weight tiles of a program's rows (slots past it repeat the first, unread)."""
+    w0, _ = _tile(w_ptr, w_ptr, rows, stride_w, 0, K, BLOCK_K, EVEN_K)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if PREFETCH >= 2:
+        w1, _ = _tile(w_ptr, w_ptr, rows, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
+    if PREFETCH >= 3:
+        w2, _ = _tile(w_ptr, w_ptr, rows, stride_w, 2 * BLOCK_K, K, BLOCK_K, EVEN_K)
+    if PREFETCH >= 4:
+        w3, _ = _tile(w_ptr, w_ptr, rows, stride_w, 3 * BLOCK_K, K, BLOCK_K, EVEN_K)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _take_ahead(acc, x_ptr, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, w0, w1, w2, w3):
+    """``acc`` plus the prefetched tiles times their activations, tile by tile in K order (the same sums,
+    in the same order, as the loop would make)."""
+    offs = tl.arange(0, BLOCK_K)
+    acc += w0.to(tl.float32) * _x_tile(x_ptr, offs, K, EVEN_K)[None, :]
+    if PREFETCH >= 2:
+        acc += w1.to(tl.float32) * _x_tile(x_ptr, BLOCK_K + offs, K, EVEN_K)[None, :]
+    if PREFETCH >= 3:
+        acc += w2.to(tl.float32) * _x_tile(x_ptr, 2 * BLOCK_K + offs, K, EVEN_K)[None, :]
+    if PREFETCH >= 4:
+        acc += w3.to(tl.float32) * _x_tile(x_ptr, 3 * BLOCK_K + offs, K, EVEN_K)[None, :]
+    return acc
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr,
     N, K, stride_w,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
-    """``PREFETCH`` (1 or 2, with ``K >= PREFETCH * BLOCK_K``): weight tiles loaded before the PDL wait."""
+    """``PREFETCH`` (1 to 4, with ``K >= PREFETCH * BLOCK_K``): weight tiles loaded before the PDL wait."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -53,15 +84,10 @@ def gemv_kernel(
     k_first = 0
     if USE_PDL:
         gdc_launch_dependents()
-        w, offs_k = _tile(x_ptr, w_ptr, rows, stride_w, 0, K, BLOCK_K, EVEN_K)
-        if PREFETCH == 2:
-            w2, offs_k2 = _tile(x_ptr, w_ptr, rows, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
+        w0, w1, w2, w3 = _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
         gdc_wait()
-        acc += w.to(tl.float32) * _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
-        k_first = BLOCK_K
-        if PREFETCH == 2:
-            acc += w2.to(tl.float32) * _x_tile(x_ptr, offs_k2, K, EVEN_K)[None, :]
-            k_first = 2 * BLOCK_K
+        acc = _take_ahead(acc, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, w0, w1, w2, w3)
+        k_first = PREFETCH * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         w, offs_k = _tile(x_ptr, w_ptr, rows, stride_w, k0, K, BLOCK_K, EVEN_K)
         acc += w.to(tl.float32) * _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
@@ -96,21 +122,12 @@ def gated_gemv_kernel(
     k_first = 0
     if USE_PDL:
         gdc_launch_dependents()
-        w_g, offs_k = _tile(x_ptr, w_ptr, gates, stride_w, 0, K, BLOCK_K, EVEN_K)
-        w_u, offs_k = _tile(x_ptr, w_ptr, ups, stride_w, 0, K, BLOCK_K, EVEN_K)
-        if PREFETCH == 2:
-            w_g2, offs_k2 = _tile(x_ptr, w_ptr, gates, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
-            w_u2, offs_k2 = _tile(x_ptr, w_ptr, ups, stride_w, BLOCK_K, K, BLOCK_K, EVEN_K)
+        g0, g1, g2, g3 = _load_ahead(w_ptr, gates, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
+        u0, u1, u2, u3 = _load_ahead(w_ptr, ups, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
         gdc_wait()
-        x = _x_tile(x_ptr, offs_k, K, EVEN_K)[None, :]
-        acc_g += w_g.to(tl.float32) * x
-        acc_u += w_u.to(tl.float32) * x
-        k_first = BLOCK_K
-        if PREFETCH == 2:
-            x2 = _x_tile(x_ptr, offs_k2, K, EVEN_K)[None, :]
-            acc_g += w_g2.to(tl.float32) * x2
-            acc_u += w_u2.to(tl.float32) * x2
-            k_first = 2 * BLOCK_K
+        acc_g = _take_ahead(acc_g, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, g0, g1, g2, g3)
+        acc_u = _take_ahead(acc_u, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, u0, u1, u2, u3)
+        k_first = PREFETCH * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         w_g, offs_k = _tile(x_ptr, w_ptr, gates, stride_w, k0, K, BLOCK_K, EVEN_K)
         w_u, offs_k = _tile(x_ptr, w_ptr, ups, stride_w, k0, K, BLOCK_K, EVEN_K)

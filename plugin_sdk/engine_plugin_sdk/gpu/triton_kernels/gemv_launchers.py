@@ -24,8 +24,8 @@ def _single_row(x: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _prefetch(tiles: int, k: int, block_k: int) -> dict:
-    # weight tiles a program loads before its PDL wait: a second only where the row holds two
-    return {"PREFETCH": 2 if tiles >= 2 and k >= 2 * block_k else 1}
+    # weight tiles a program loads before its PDL wait (1 to 4): no more than the row holds
+    return {"PREFETCH": max(1, min(tiles, 4, k // block_k))}
 
 
 def gemv(
