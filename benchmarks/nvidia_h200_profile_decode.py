@@ -308,33 +308,29 @@ def variants(llm: Any, roofline: float) -> dict[str, float]:
 
 
 def graph_variants(llm: Any, roofline: float) -> dict[str, float]:
-    """Decode tok/s with the graphs' GEMVs loading one or two weight tiles before their PDL wait (narrow:
-    o / down, wide: qkv, gated: gate-up), and with the per-head q/k norms outside the decode kernel;
-    graphs recaptured for each row, rows interleaved."""
-    from engine_plugin_nvidia import gemm as nv_gemm
+    """Decode tok/s with the decode attention kernel's tiles varied (keys per iteration, warps, the most
+    splits of a context), graphs recaptured for each row, rows interleaved. (The GEMVs' PDL prefetch depth
+    and the fusions were compared the same way in earlier sessions: BENCHMARKS.md.)"""
+    import dataclasses
 
     engine = llm.llm_engine
-    model = engine.runner.model
-    attention = model.attention
-    saved = {"narrow": nv_gemm.GEMV_TILE, "wide": nv_gemm.GEMV_WIDE_TILE, "gated": nv_gemm.GATED_GEMV_TILE}
-    depth = {n: {name: ({**tile, "prefetch": n} if tile is not None else None) for name, tile in saved.items()}
-             for n in (1, 2, 3, 4)}  # fmt: skip
-    rows: list[tuple[str, dict, bool]] = [
-        ("prefetch 2 (default)", {}, True), ("prefetch 1", depth[1], True), ("prefetch 3", depth[3], True),
-        ("prefetch 4", depth[4], True), ("prefetch 4: narrow, 2 others", {"narrow": depth[4]["narrow"]}, True),
-        ("prefetch 2 (again)", {}, True), ("prefetch 4 (again)", depth[4], True), ("prefetch 3 (again)", depth[3], True),
+    attention = engine.runner.model.attention
+    saved = attention.tuning
+    rows: list[tuple[str, dict]] = [
+        ("default tiles", {}), ("decode block_n 32", {"decode_block_n": 32}),
+        ("decode block_n 16", {"decode_block_n": 16}),
+        ("decode block_n 32, 8 warps", {"decode_block_n": 32, "decode_num_warps": 8}),
+        ("decode 8 warps", {"decode_num_warps": 8}), ("at most 16 splits", {"max_decode_splits": 16}),
+        ("default tiles (again)", {}), ("decode block_n 32 (again)", {"decode_block_n": 32}),
     ]  # fmt: skip
     out = {}
-    for label, change, head_norm in rows:
-        tiles = {**saved, **change}
-        nv_gemm.GEMV_TILE, nv_gemm.GEMV_WIDE_TILE, nv_gemm.GATED_GEMV_TILE = tiles["narrow"], tiles["wide"], tiles["gated"]
-        attention.fuses_head_norm = head_norm
+    for label, change in rows:
+        attention.tuning = dataclasses.replace(saved, **change)
         engine.runner.decode_graphs.capture()
         rate = decode_rate(llm)
         out[label] = rate
         print(f"    {label:38s} {rate:7.1f} tok/s = {rate / roofline:.3f} of the roofline", flush=True)
-    nv_gemm.GEMV_TILE, nv_gemm.GEMV_WIDE_TILE, nv_gemm.GATED_GEMV_TILE = saved["narrow"], saved["wide"], saved["gated"]
-    attention.fuses_head_norm = True
+    attention.tuning = saved
     engine.runner.decode_graphs.capture()
     return out
 
@@ -349,7 +345,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the Triton GEMV tiles on each projection too")
     parser.add_argument("--variants", action="store_true", help="decode tok/s before / after the LM-head and pick changes")
     parser.add_argument("--graph-variants", action="store_true",
-                        help="decode tok/s with the GEMVs' PDL prefetch depth and the q/k head-norm fusion varied")
+                        help="decode tok/s with the decode attention kernel's tiles varied")
     parser.add_argument("--skip-profile", action="store_true", help="only the decode rate and the variants")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
