@@ -32,6 +32,10 @@ def tuning_for_device(interpret: bool) -> KernelTuning:
             # (H200, 1024 sequences x 640 tokens, benchmarks/nvidia_h200_fp8.py: 0.523 ms against 0.566
             # with the bf16 tiles and 0.612 over a bf16 cache)
             decode_fp8=(128, 4, 2),
+            # at head size 256 (Gemma) 64 keys of 256 per tile is too much for 4 warps: 32 keys a step
+            # read faster (H200, Gemma-2-9B batch-1 decode 191.5 -> 203.9 tok/s; Qwen3-8B's head of 128
+            # gained nothing from it; benchmarks/results/nvidia_h200_session16_decode_tiles.json)
+            decode_large_head=(32, 4, 2),
             use_pdl=major >= 9 and os.environ.get("ENGINE_NVIDIA_PDL", "1").strip() != "0",
         )
     return KernelTuning(

@@ -60,6 +60,23 @@ def test_decode_split_context(device, splits, feature):
     check(out, problem, f"decode splits={splits} {feature}")
 
 
+def test_decode_large_head_tiles(device):
+    """Head size 256 through the decode kernel with the large-head tiles (32 keys per iteration, as the
+    NVIDIA table gives them), split and unsplit, windowed and soft-capped as Gemma's layers are."""
+    import dataclasses
+
+    large = dataclasses.replace(tuning(), decode_large_head=(32, 4, 2))
+    for splits, kw in ((1, {}), (4, {"sliding_window": 12, "soft_cap": 2.0})):
+        problem, cache = filled_problem(device, torch.float16, DECODE_LENS, head_dim=256, seed=5 + splits, **kw)
+        md = problem.metadata
+        out = torch.full_like(problem.query, float("nan"))
+        launchers.paged_decode(
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, large,
+            window=md.sliding_window, soft_cap=md.logits_soft_cap,
+        )  # fmt: skip
+        check(out, problem, f"decode head 256, block_n 32, splits={splits}")
+
+
 @pytest.mark.parametrize("head_dim,block_size,kv_heads", [(80, 8, 1), (128, 32, 4), (256, 16, 2), (96, 64, 8)])
 def test_prefill_and_decode_geometries(device, head_dim, block_size, kv_heads):
     for lens, seed in ((MIXED_LENS, 1), (DECODE_LENS, 2)):
@@ -216,6 +233,15 @@ def test_decode_split_choice():
     assert t.decode_splits(1, 8, 1000) == 2  # short context: no split under 256 keys
     assert t.decode_splits(256, 8, 8192) == 1  # big batch fills the GPU by itself
     assert all(t.decode_splits(b, 8, None) & (t.decode_splits(b, 8, None) - 1) == 0 for b in range(1, 300))
+
+
+def test_decode_tiles_by_cache_and_head_size():
+    """Heads over 128 take their own decode tiles where the table gives them; an FP8 cache its own."""
+    t = KernelTuning(decode_block_n=64, decode_fp8=(128, 4, 2), decode_large_head=(32, 4, 2))
+    assert t.decode_tiles(False, 128)["BLOCK_N"] == 64
+    assert t.decode_tiles(False, 256) == {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    assert t.decode_tiles(True, 256)["BLOCK_N"] == 128
+    assert KernelTuning(decode_block_n=64).decode_tiles(False, 256)["BLOCK_N"] == 64
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,9 @@ class KernelTuning:
         decode_num_stages: pipelining depth of the decode key loop.
         decode_fp8: ``(block_n, num_warps, num_stages)`` of the decode kernel over an FP8 cache, whose
             tiles hold half the bytes; None: the same as over any other cache.
+        decode_large_head: ``(block_n, num_warps, num_stages)`` of the decode kernel over a bf16 / fp16
+            cache at head sizes over 128, whose key and value tiles are twice as wide; None: the same as
+            at smaller heads.
         max_decode_splits: most programs one sequence's context is split across (flash-decoding).
         min_keys_per_split: a split never gets fewer keys than this (below it the merge costs more).
         elementwise_num_warps: warps for norm / rotary / activation kernels.
@@ -54,6 +57,7 @@ class KernelTuning:
     decode_num_warps: int = 4
     decode_num_stages: int = 2
     decode_fp8: tuple[int, int, int] | None = None
+    decode_large_head: tuple[int, int, int] | None = None
     max_decode_splits: int = 32
     min_keys_per_split: int = 256
     elementwise_num_warps: int = 4
@@ -63,11 +67,14 @@ class KernelTuning:
         """The prefill tiles for a head size."""
         return self.prefill_small_head if head_dim <= 128 else self.prefill_large_head
 
-    def decode_tiles(self, fp8_cache: bool) -> dict[str, int]:
+    def decode_tiles(self, fp8_cache: bool, head_dim: int = 128) -> dict[str, int]:
         """The decode kernel's ``BLOCK_N``, ``num_warps`` and ``num_stages`` launch arguments."""
-        block_n, warps, stages = (
-            self.decode_fp8 if fp8_cache and self.decode_fp8 else (self.decode_block_n, self.decode_num_warps, self.decode_num_stages)
-        )
+        if fp8_cache and self.decode_fp8:
+            block_n, warps, stages = self.decode_fp8
+        elif head_dim > 128 and self.decode_large_head:
+            block_n, warps, stages = self.decode_large_head
+        else:
+            block_n, warps, stages = self.decode_block_n, self.decode_num_warps, self.decode_num_stages
         return {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int | None) -> int:
