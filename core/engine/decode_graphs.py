@@ -88,16 +88,12 @@ class DecodeGraphs:
         logger.info("decode graphs: %d buckets up to batch %d captured in %.1f s", len(self.buckets), self.buckets[-1], seconds)
         return seconds
 
-    def run(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        metadata: AttentionMetadata | GroupedAttentionMetadata,
-        lora: LoraStep | None = None,
-    ) -> torch.Tensor | None:
-        """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
-        step is not a pure decode or does not fit a bucket (the caller then runs it eagerly). ``lora``
-        gives each row's adapter slot (None: no row has one)."""
+    def bucket_for(
+        self, input_ids: torch.Tensor, metadata: AttentionMetadata | GroupedAttentionMetadata
+    ) -> int | None:
+        """The bucket a step replays through, or None when it runs eagerly: not a pure decode, more
+        sequences than the largest bucket, or a block table wider than the graphs' (a host-side decision:
+        a tensor-parallel driver sends it to the other ranks, which must replay the same bucket)."""
         groups = metadata.by_group if isinstance(metadata, GroupedAttentionMetadata) else [metadata]
         first = groups[0]
         n = first.num_seqs
@@ -105,7 +101,26 @@ class DecodeGraphs:
             return None
         if any(meta.block_tables.shape[1] > self.max_blocks for meta in groups):
             return None
-        bucket = next(b for b in self.buckets if b >= n)
+        return next(b for b in self.buckets if b >= n)
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | GroupedAttentionMetadata,
+        lora: LoraStep | None = None,
+        bucket: int | None = None,
+    ) -> torch.Tensor | None:
+        """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
+        step is not a pure decode or does not fit a bucket (the caller then runs it eagerly). ``lora``
+        gives each row's adapter slot (None: no row has one); ``bucket`` is :meth:`bucket_for`'s answer
+        for this step when the caller has it already."""
+        bucket = bucket if bucket is not None else self.bucket_for(input_ids, metadata)
+        if bucket is None:
+            return None
+        groups = metadata.by_group if isinstance(metadata, GroupedAttentionMetadata) else [metadata]
+        first = groups[0]
+        n = first.num_seqs
         pad = bucket - n
         inputs = [F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(first.seq_lens, (0, pad))]
         for meta in groups:

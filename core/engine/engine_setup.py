@@ -16,7 +16,6 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.decode_graphs import DecodeGraphs
 from engine.errors import EngineConfigError
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionBackend
@@ -39,6 +38,7 @@ from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
 from engine.models.registry import ModelRegistry
 from engine.parallel.pipeline_parallel import PipelineStage, stage_layers
+from engine.parallel.rank_graphs import GraphPlan, build_decode_graphs
 from engine.parallel.rank_workers import RankWorkers, start_rank_workers
 from engine.parallel.tensor_parallel import TensorParallel
 from engine.phases import timed_phase
@@ -166,8 +166,9 @@ def resolve_model(
     """Find the model and its architecture, resolve ``dtype``, and check that it all runs here.
 
     Returns:
-        ``(config with its dtype resolved, model path, model config, model class, registry)``; under
-        tensor parallelism the config also runs eagerly and schedules synchronously.
+        ``(config with its dtype resolved, model path, model config, model class, registry)``; with
+        several ranks the config also schedules synchronously, and runs eagerly unless the platform's
+        graphs hold collectives (``Capabilities.graph_capture_collectives``) and no pipeline is split.
 
     Raises:
         EngineConfigError: the configuration cannot run here (every reason listed).
@@ -189,11 +190,17 @@ def resolve_model(
                 f"{parallel.world_size} ranks (tensor/pipeline parallelism) need collectives, which "
                 f"{platform.name} does not claim (Capabilities.distributed)"
             )
-        # the other ranks replay the driver's forward: no decode graphs (their collectives would need
-        # capturing on every rank) and no steps left in flight (the ranks take their inputs from the host)
-        config = config.model_copy(
-            update={"enforce_eager": True, "scheduler": config.scheduler.model_copy(update={"async_scheduling": False})}
-        )
+        # Every rank records and replays decode graphs in lockstep (engine.parallel.rank_graphs) where the
+        # platform's graphs can hold its collectives. Pipeline stages stay eager: a stage's graph would hold
+        # its sends to the next stage and its receives from the one before, which pair only if every stage
+        # recorded them in the same micro-batch schedule; that is not recorded yet. No step is left in
+        # flight: the other ranks take their inputs from the host.
+        eager = (
+            config.enforce_eager or parallel.pipeline_parallel_size > 1
+            or not platform.capabilities().graph_capture_collectives
+        )  # fmt: skip
+        scheduler = config.scheduler.model_copy(update={"async_scheduling": False})
+        config = config.model_copy(update={"enforce_eager": eager, "scheduler": scheduler})
     return config, model_path, model_config, model_class, registry
 
 
@@ -333,9 +340,8 @@ def _finish_parts(
             "KV cache: %d groups of %d layers (windows %s); sliding groups release blocks out of their window",
             len(layout.groups), layout.slots, ", ".join(str(w or "global") for w in windows),
         )
-    if not isinstance(model, PlatformModelRunner) and workers is None:
-        # (tensor-parallel ranks skip the warm-up: its dummy steps would have to run on every rank)
-        _capture_and_warm_up(config, platform, model_config, runner, max_model_len)
+    if not isinstance(model, PlatformModelRunner):
+        _capture_and_warm_up(config, platform, model_config, runner, max_model_len, workers)
     return EngineParts(
         config=config,
         platform=platform,
@@ -411,12 +417,19 @@ def kv_group_layout(model: object) -> KVGroupLayout | None:
 
 
 def _capture_and_warm_up(
-    config: EngineConfig, platform: Platform, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
+    config: EngineConfig,
+    platform: Platform,
+    model_config: ModelConfig,
+    runner: ModelRunner,
+    max_model_len: int,
+    workers: RankWorkers | None = None,
 ) -> None:
-    """Record decode graphs and run the warm-up steps, as the platform's capabilities ask.
+    """Record decode graphs (on every rank, with ``workers``) and run the warm-up steps, as the platform's
+    capabilities ask.
 
     Raises:
         EngineConfigError: the largest step does not fit in the device memory beside the KV cache.
+        engine.parallel.mp_workers.WorkerFailed: a rank refused the graphs or failed recording them.
     """
     model, kv_caches, block_size = runner.model, runner.layer_caches, config.cache.block_size
     # a pooling model never decodes: no decode graphs to record, no decode steps to warm up; a target that
@@ -424,15 +437,18 @@ def _capture_and_warm_up(
     generates = getattr(model, "generates", True)
     graphs = generates and not getattr(model, "aux_hidden_layers", ())
     if not config.enforce_eager and platform.capabilities().graph_capture and graphs:
-        runner.decode_graphs = DecodeGraphs(
-            model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
-            max_model_len, block_size, runner.device, model_config.sliding_window, runner.kv_layout,
+        runner.decode_graphs = build_decode_graphs(
+            config, platform, model_config, model, kv_caches, runner.device, max_model_len, runner.kv_layout,
             lora_slots=runner.lora.config.max_loras if runner.lora is not None else 0,
         )  # fmt: skip
         # DecodeGraphs.capture logs what it captured and how long it took
         logger.info("capturing decode graphs (batches of up to %d sequences)...", config.scheduler.max_num_seqs)
-        runner.decode_graphs.capture()
-    if platform.capabilities().warm_up:
+        if workers is None:
+            runner.decode_graphs.capture()
+        else:
+            workers.capture_graphs(GraphPlan.of(runner.decode_graphs), runner.decode_graphs.capture)
+    # (other ranks skip the warm-up: its dummy steps would have to run on every rank)
+    if platform.capabilities().warm_up and workers is None:
         batches = warm_up_batches(
             config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, max_model_len,
             block_size, eager_decode=runner.decode_graphs is None and generates,

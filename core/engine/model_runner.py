@@ -285,12 +285,18 @@ class ModelRunner:
         inputs = self.prepare(step, previous)
         # rows whose logits are needed: the sampled ones, the verified ones, those scoring prompt tokens
         has_rows = bool(inputs.sample_targets or inputs.prompt_rows or inputs.spec_rows)
+        store = self.hidden_store
+        # the core's model runs the whole step here (not a platform's runner, not pipeline micro-batches)
+        whole_step = not isinstance(self.model, PlatformModelRunner) and self.micro_batches == 1
+        graphs = self.decode_graphs if whole_step and (store is None or not store.needs_eager) else None
+        # chosen before the step is mirrored: every rank must replay the same bucket's graph
+        bucket = graphs.bucket_for(inputs.input_ids, inputs.metadata) if graphs is not None else None
         if self.mirror is not None:
             self.mirror(step_message(
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
-                inputs.logits_indices if has_rows else None,
+                inputs.logits_indices if has_rows else None, bucket,
             ))  # fmt: skip
-        if inputs.pool_rows and (isinstance(self.model, PlatformModelRunner) or self.micro_batches > 1):
+        if inputs.pool_rows and not whole_step:
             raise RuntimeError("pooling requests need the core's model forward (not a platform runner or pipeline stages)")
         pooled: list[PooledChunk] = []
         if isinstance(self.model, PlatformModelRunner):
@@ -304,9 +310,8 @@ class ModelRunner:
             )  # fmt: skip
         else:
             hidden = None
-            store = self.hidden_store
-            if self.decode_graphs is not None and (store is None or not store.needs_eager):
-                hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
+            if graphs is not None and bucket is not None:  # run finds the same bucket again
+                hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)

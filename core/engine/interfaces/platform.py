@@ -58,6 +58,12 @@ class Capabilities:
         lora: whether the GEMM backend's :meth:`GemmBackend.plan_lora` / :meth:`GemmBackend.add_lora`
             run batched LoRA adapters (``enable_lora``), inside recorded graphs too where the platform
             records them.
+        graph_capture_collectives: with ``graph_capture``, whether the graphs may hold the communicator's
+            collectives (tensor parallelism's all-reduce and all-gather), so that every tensor-parallel
+            rank records and replays its decode graphs in lockstep. Claim it only where a collective
+            launched while recording is recorded into the graph (no host synchronisation, no allocation
+            outside the graph's memory) and replays as the same collective; without it a tensor-parallel
+            engine runs eagerly.
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -76,6 +82,7 @@ class Capabilities:
     distributed: bool = False
     lora: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    graph_capture_collectives: bool = False
 
 
 class Platform(ABC):

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import FatalEngineError
 from engine.interfaces.communicator import Communicator
+from engine.parallel.rank_graphs import GraphPlan
 from engine.parallel.rank_workers import RankWorkers
 from engine.parallel.step_mirror import StepMessage
 from engine.ports import free_port
@@ -96,15 +98,31 @@ class ParallelWorkers(RankWorkers):
             pipe.send(("pool", num_blocks))
         self._expect("ready", LOAD_TIMEOUT_S)
 
+    def capture_graphs(self, plan: GraphPlan, capture_here: Callable[[], object]) -> None:
+        """Have every worker check ``plan`` (all answer before anyone records), then record the driver's
+        graphs while they record theirs.
+
+        Raises:
+            WorkerFailed: a worker refused the plan, or failed or exited while recording (its reason).
+        """
+        self._send_all("plan", plan)
+        self._expect("planned", LOAD_TIMEOUT_S)
+        self._send_all("capture", None)
+        self.collectively(capture_here)
+        self._expect("captured", LOAD_TIMEOUT_S)
+
     def mirror(self, message: StepMessage) -> None:
         """Send a step to every worker (before the driver runs it).
 
         Raises:
             WorkerFailed: a worker's pipe is closed (it exited).
         """
+        self._send_all("step", message)
+
+    def _send_all(self, kind: str, payload: object) -> None:
         for rank, pipe in enumerate(self.pipes, start=1):
             try:
-                pipe.send(("step", message))
+                pipe.send((kind, payload))
             except (BrokenPipeError, EOFError, OSError):
                 raise WorkerFailed(f"rank {rank} exited") from None
 
@@ -121,12 +139,25 @@ class ParallelWorkers(RankWorkers):
             if process.exitcode is not None:
                 code = process.exitcode
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                return f"rank {rank} {how}"
+                reason = _last_words(self.pipes[rank - 1])
+                return f"rank {rank} {how}" + (f" ({reason})" if reason else "")
         return None
 
     def close(self) -> None:
         """Stop every worker and wait for it (killed if it does not stop); safe to call twice."""
         self._finalizer()
+
+
+def _last_words(pipe: Connection) -> str | None:
+    """The reason an exited worker sent before it stopped (``("error", reason)``), if it sent one."""
+    try:
+        while pipe.poll(0):
+            kind, detail = pipe.recv()
+            if kind == "error":
+                return str(detail)
+    except (EOFError, OSError):
+        return None  # the pipe closed with nothing (more) said
+    return None
 
 
 def stop_processes(

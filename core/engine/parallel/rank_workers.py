@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from engine.config import EngineConfig
 from engine.interfaces.communicator import Communicator
+from engine.parallel.rank_graphs import GraphPlan
 from engine.parallel.step_mirror import StepMessage
 
 
@@ -28,6 +30,38 @@ class RankWorkers(ABC):
         Raises:
             engine.parallel.mp_workers.WorkerFailed: a rank failed to load or allocate (its reason), or exited.
         """
+
+    @abstractmethod
+    def capture_graphs(self, plan: GraphPlan, capture_here: Callable[[], object]) -> None:
+        """Record decode graphs on every rank in lockstep: each rank builds its own for ``plan`` and checks
+        it before anyone records; then ``capture_here`` records the driver's while the ranks record theirs
+        (the same buckets in the same order, so that the collectives inside pair up).
+
+        Args:
+            plan: the driver's buckets and context limit.
+            capture_here: records the driver's graphs.
+
+        Raises:
+            engine.parallel.mp_workers.WorkerFailed: a rank refused the plan (its reason: it runs eagerly,
+                or would record other buckets) or failed or exited while recording.
+        """
+
+    def collectively(self, run: Callable[[], object]) -> None:
+        """Run the driver's side of work the other ranks do at the same time (``run``): its collectives
+        fail when a rank stops, which becomes :class:`WorkerFailed` with that rank's reason.
+
+        Raises:
+            engine.parallel.mp_workers.WorkerFailed: a rank is gone.
+        """
+        from engine.parallel.mp_workers import WorkerFailed
+
+        try:
+            run()
+        except RuntimeError as exc:
+            failure = self.failure()
+            if failure is None:
+                raise
+            raise WorkerFailed(f"{failure}; the engine cannot go on") from exc
 
     @abstractmethod
     def mirror(self, message: StepMessage) -> None:

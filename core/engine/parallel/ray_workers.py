@@ -11,11 +11,15 @@ to (``ray start`` on it, or ``RAY_ADDRESS``), and starts a local one otherwise.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.interfaces.communicator import Communicator
 from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed
+from engine.parallel.rank_graphs import GraphPlan
 from engine.parallel.rank_workers import RankWorkers
 from engine.parallel.step_mirror import StepMessage
 from engine.parallel.worker import RankShard, first_line
@@ -25,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 #: seconds a rank has to answer a liveness check or to close
 _ANSWER_S = 10.0
+#: seconds a rank's actor lives on after a call run with the driver's collectives raised: time for Ray
+#: to hand the error back, which failure() then reports
+_EXIT_AFTER_FAILURE_S = 0.5
 
 
 class RankActor:
@@ -40,9 +47,31 @@ class RankActor:
         assert self.shard is not None
         self.shard.allocate(num_blocks)
 
-    def step(self, message: StepMessage) -> None:
+    def plan_graphs(self, plan: GraphPlan) -> None:
         assert self.shard is not None
-        self.shard.run_step(message)
+        self.shard.plan_graphs(plan)
+
+    def capture_graphs(self) -> None:
+        assert self.shard is not None
+        self._in_lockstep(self.shard.capture_graphs)
+
+    def step(self, message: StepMessage) -> None:
+        shard = self.shard
+        assert shard is not None
+        self._in_lockstep(lambda: shard.run_step(message))
+
+    @staticmethod
+    def _in_lockstep(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException:
+            # The rank is out of step for good, and the driver may be waiting in a collective for it. A
+            # spawned process exits here, which closes its group's connections and fails the driver's
+            # collective; an actor would live on with them open (a gloo group outlives
+            # destroy_process_group while torch still refers to it), so it ends its process once Ray
+            # has the error.
+            threading.Timer(_EXIT_AFTER_FAILURE_S, os._exit, args=(1,)).start()
+            raise
 
     def ping(self) -> bool:
         return True
@@ -75,6 +104,9 @@ class RayWorkers(RankWorkers):
         self._loading = loading
         self._owns_ray = owns_ray
         self._closed = False
+        #: each rank's latest call that runs collectives with the driver, not waited for: a rank that
+        #: fails in it leaves the group, and failure() then finds its reason here
+        self._in_lockstep: list[Any] = []
 
     @classmethod
     def start(cls, config: EngineConfig, size: int, device_resource: str | None) -> RayWorkers:
@@ -137,12 +169,30 @@ class RayWorkers(RankWorkers):
         self._wait(self._loading, LOAD_TIMEOUT_S)
         self._wait([actor.allocate.remote(num_blocks) for actor in self.actors], LOAD_TIMEOUT_S)
 
+    def capture_graphs(self, plan: GraphPlan, capture_here: Callable[[], object]) -> None:
+        # the plans are checked (and answered) before anyone records: a refusal enters no collective
+        self._wait([actor.plan_graphs.remote(plan) for actor in self.actors], LOAD_TIMEOUT_S)
+        self._in_lockstep = [actor.capture_graphs.remote() for actor in self.actors]
+        self.collectively(capture_here)
+        self._wait(self._in_lockstep, LOAD_TIMEOUT_S)
+
     def mirror(self, message: StepMessage) -> None:
         # not waited for: a rank that fails makes the driver's next collective fail, then failure() says why
-        for actor in self.actors:
-            actor.step.remote(message)
+        self._in_lockstep = [actor.step.remote(message) for actor in self.actors]
 
     def failure(self, wait_s: float = 2.0) -> str | None:
+        # a rank whose call raised (and so left the group) is still alive: that call's error says why
+        pending = self._in_lockstep
+        timeout = max(wait_s, 0.1)
+        done = self.ray.wait(pending, num_returns=len(pending), timeout=timeout)[0] if pending else []
+        for rank, ref in enumerate(pending, start=1):
+            if ref in done:
+                try:
+                    self.ray.get(ref, timeout=0)
+                except self.ray.exceptions.RayTaskError as exc:
+                    return f"rank {rank}: {_cause(exc)}"
+                except self.ray.exceptions.RayError:
+                    continue  # the actor itself is gone: the liveness check below says so
         for rank, actor in enumerate(self.actors, start=1):
             try:
                 self.ray.get(actor.ping.remote(), timeout=max(wait_s, 0.1))

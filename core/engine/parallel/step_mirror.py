@@ -25,6 +25,8 @@ class StepMessage:
         metadata: the attention metadata (one, or one per KV group), backend scratch dropped.
         logits_indices: the hidden rows the driver computes logits for (every rank joins the lm_head's
             gather), or None when the step samples nothing.
+        graph_bucket: the decode-graph bucket the driver replays the step through, which every rank
+            replays too (:mod:`engine.parallel.rank_graphs`); None: the step runs eagerly everywhere.
     """
 
     swap_out: list[tuple[int, int]]
@@ -34,6 +36,7 @@ class StepMessage:
     positions: torch.Tensor
     metadata: AttentionMetadata | GroupedAttentionMetadata
     logits_indices: torch.Tensor | None
+    graph_bucket: int | None = None
 
 
 def moved(value: Any, device: torch.device | str) -> Any:
@@ -60,9 +63,11 @@ def step_message(
     positions: torch.Tensor,
     metadata: AttentionMetadata | GroupedAttentionMetadata,
     logits_indices: torch.Tensor | None,
+    graph_bucket: int | None = None,
 ) -> StepMessage:
     """A :class:`StepMessage` with every tensor on the host (pickled to the other ranks' processes)."""
     return StepMessage(
         list(swap_out), list(copies), list(swap_in), moved(input_ids, "cpu"), moved(positions, "cpu"),
         moved(metadata, "cpu"), moved(logits_indices, "cpu") if logits_indices is not None else None,
+        graph_bucket,
     )  # fmt: skip

@@ -237,6 +237,13 @@ class TorchGpuPlatform(Platform):
             # the shared Triton LoRA kernels: no host read of the slots, so inside decode graphs too
             lora=True,
             extra=self.device_extra(),
+            # NCCL (>= 2.9.6; RCCL alike) records into a graph being captured: torch's process group launches
+            # each collective on its own stream fenced by events on the capturing one (no host sync), and
+            # the communicator's all_reduce (in place) and all_gather (empty_like parts, a cat) allocate
+            # only through the caching allocator, i.e. from the graphs' pool. The lazy creation of each
+            # NCCL communicator, which may not happen while capturing, falls in the eager warm-up runs
+            # TorchGraphCapture makes before recording each bucket.
+            graph_capture_collectives=True,
         )
 
     def validate(self, config: EngineConfig) -> list[str]:

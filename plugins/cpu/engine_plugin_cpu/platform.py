@@ -94,6 +94,10 @@ class CpuPlatform(Platform):
             # record: no LoRA with compiled decode steps until the plan is built on the device
             lora=not compile_enabled(),
             extra={"preferred_dtype": preferred},
+            # a compiled step holds tensor parallelism's all-reduces: torch.compile traces the gloo
+            # communicator's dist.all_reduce into the graph as a functional collective, which runs on every
+            # rank as the eager one does (each rank compiles the same buckets in the same order)
+            graph_capture_collectives=compile_enabled(),
         )
 
     def validate(self, config: EngineConfig) -> list[str]:

@@ -86,6 +86,7 @@ def test_compile_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not compile_enabled() and not CpuPlatform().capabilities().graph_capture
     monkeypatch.setenv(COMPILE_ENV, "1")
     assert CpuPlatform().capabilities().graph_capture
+    assert CpuPlatform().capabilities().graph_capture_collectives  # tensor-parallel ranks compile too
     assert isinstance(CpuPlatform().make_graph_capture(), CompiledGraphCapture)
     # torch.compile cannot trace oneDNN-prepacked weights
     assert not CpuPlatform().make_gemm_backend().prepack
@@ -141,3 +142,30 @@ def test_compiled_engine_matches_eager_and_frees_every_block(
     )
     assert not compiled.has_unfinished_requests()
     assert compiled.num_free_blocks == compiled.num_total_blocks
+
+
+@pytest.mark.slow
+def test_compiled_decode_steps_run_on_two_ranks_in_lockstep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two gloo ranks each compile the decode buckets with the all-reduces inside, and give the eager
+    single process's tokens (the core's test_parallel_decode_graphs checks the lockstep rank by rank)."""
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    build_tiny_llama(tmp_path, head_dim=32, seed=3)
+    prompts = [torch.randint(3, 128, (int(n),)).tolist() for n in (5, 17)]
+
+    def llm(**kwargs: Any) -> Any:
+        return LLM(
+            model=str(tmp_path), device="cpu", dtype="float32", block_size=BLOCK, max_num_seqs=2, **kwargs
+        )
+
+    eager = generate(llm(enforce_eager=True).llm_engine, prompts, 8)
+    two = llm(tensor_parallel_size=2)
+    try:
+        engine = two.llm_engine
+        assert not engine.config.enforce_eager
+        assert engine.runner.decode_graphs.graphs.captured_batch_sizes() == [1, 2]
+        assert generate(engine, prompts, 8) == eager
+        assert engine.num_free_blocks == engine.num_total_blocks
+    finally:
+        two.shutdown()
