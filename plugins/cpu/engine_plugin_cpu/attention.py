@@ -283,13 +283,25 @@ class CpuAttentionBackend(AttentionBackend):
     ) -> None:
         _, num_heads, head_dim = query.shape
         kv_heads = key.shape[1]
-        q = query.index_select(0, rows).view(count, length, num_heads, head_dim).transpose(1, 2)
-        k = key.index_select(0, rows).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
-        v = value.index_select(0, rows).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        first = int(rows[0])
+        # rows in one run (a step of equal prompts only: an embedding batch) are read and written as slices
+        # of the step, not gathered and scattered
+        span = slice(first, first + rows.numel()) if int(rows[-1]) - first == rows.numel() - 1 else None
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t[span] if span is not None else t.index_select(0, rows)
+
+        q = take(query).view(count, length, num_heads, head_dim).transpose(1, 2)
+        k = take(key).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        v = take(value).view(count, length, kv_heads, head_dim).transpose(1, 2).to(query.dtype)
         result = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=metadata.causal, scale=metadata.scale, enable_gqa=num_heads != kv_heads
         )
-        out.index_copy_(0, rows, result.transpose(1, 2).reshape(count * length, num_heads, head_dim))
+        result = result.transpose(1, 2).reshape(count * length, num_heads, head_dim)
+        if span is not None:
+            out[span] = result
+        else:
+            out.index_copy_(0, rows, result)
 
     def _prefill(
         self,
