@@ -80,3 +80,21 @@ def test_lora_slot_zero_scale_fails_every_row_with_adapters_and_only_those(tmp_p
         assert statuses.pop(f"lora.add.no_adapter.{dtype}") == PASS
         assert statuses.pop(f"lora.add.graph_replay.{dtype}") == NOT_CLAIMED
     assert len(statuses) == 8 and set(statuses.values()) == {FAIL}, statuses
+
+
+def test_graph_collectives_taped_at_capture_fail_a_replay(broken_runs: dict[str, tuple[bool, dict]]) -> None:
+    # its eager collectives are right (the other distributed rows pass for it): what fails must be a replay,
+    # whose collectives handed back what they exchanged while recording
+    failed, rows = broken_runs["collectives_baked_into_graphs"]
+    detail = rows["distributed.graph_capture"].detail
+    assert failed and "replay 1 of bucket" in detail and "out of tolerance" in detail, detail
+
+
+def test_graph_collectives_row_passes_graphs_that_replay_their_collectives() -> None:
+    # the control: core/tests' cpu-graphs platform re-runs each step, gloo collectives included, over its
+    # static inputs at every replay (what a correct graph does), so the row must pass for it, not just run
+    args = ["--plugin-module", "lockstep_graph_plugin", "--capability", "distributed.graph_capture"]
+    code, results = run_suite("cpu-graphs", args, strict=True)
+    assert results is not None, f"the suite did not run (pytest exit code {code})"
+    rows = {row.name: row for row in summarize(results["tests"])}
+    assert code == 0 and rows["distributed.graph_capture"].status == PASS, rows
