@@ -113,6 +113,21 @@ def test_a_bad_speculative_config_is_a_one_line_error(tiny_llama_dir):
             LLM(model=tiny_llama_dir, device="cpu", speculative_config=config)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}, {"method": "suffix"},
+     {"model": "/some/draft", "num_speculative_tokens": 2}, {"method": "eagle3", "model": "/h", "num_speculative_tokens": 4}],
+)  # fmt: skip
+def test_a_speculative_config_survives_the_trip_to_worker_processes(spec):
+    """Ranks and replicas receive the engine's configuration as JSON: it must validate there again (the
+    other methods' defaulted settings are not in the dump, which would name them as this method's)."""
+    from engine.config import EngineConfig
+
+    config = EngineConfig(model="m", speculative_config=spec)
+    again = EngineConfig.model_validate_json(config.model_dump_json())
+    assert again.speculative_config == config.speculative_config
+
+
 def test_speculation_counters_reach_the_metrics(tiny_llama_dir):
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families

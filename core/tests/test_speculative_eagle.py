@@ -182,6 +182,24 @@ def test_a_head_that_reproduces_the_target_has_its_proposals_accepted(bigram):
     _assert_head_free(spec)
 
 
+@pytest.mark.slow
+def test_each_data_parallel_replica_runs_a_head_of_its_own(bigram):
+    """Two replicas, each with the head beside its model: the same greedy tokens as one plain engine, and
+    every replica's proposals accepted (the engine's statistics sum the replicas')."""
+    target, head = bigram
+    expected = _greedy(_llm(target), PROMPTS, 17)
+    dp = _llm(target, head, k=4, data_parallel_size=2)
+    try:
+        assert _greedy(dp, PROMPTS, 17) == expected
+        stats = dp.llm_engine.stats()
+        assert stats["spec_num_proposed_tokens"] == 3 * 4 * len(PROMPTS), stats
+        assert stats["spec_num_accepted_tokens"] == stats["spec_num_proposed_tokens"], stats
+        assert stats["spec_acceptance_rate"] == 1.0 and stats["spec_mean_accepted_length"] == 5.0, stats
+        assert stats["spec_method"] == "eagle"
+    finally:
+        dp.shutdown()
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_seeded_sampling_repeats_with_an_eagle_head(target_dir, heads, method):
     spec = _llm(target_dir, heads[method], method, k=2)
@@ -215,7 +233,8 @@ def test_heads_that_cannot_serve_the_target_are_one_line_errors(target_dir, head
 
 
 def test_eagle_refuses_more_than_one_rank(target_dir, heads):
-    """Checked before any rank starts: the head runs beside rank 0's model only."""
+    """Checked before any rank starts: the head runs beside rank 0's model only (tensor or pipeline
+    parallelism; data-parallel replicas each run their own)."""
     from engine.config import EngineConfig, ParallelConfig
     from engine.speculative.eagle_setup import load_eagle
 

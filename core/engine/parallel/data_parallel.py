@@ -299,15 +299,23 @@ class DataParallelEngine:
                 self.router.finished(replica.index)
         return outputs
 
-    def stats(self) -> dict[str, int | float]:
-        """The replicas' counters added up (rates and usage recomputed over the sums)."""
-        total: dict[str, int | float] = {}
+    def stats(self) -> dict[str, int | float | str]:
+        """The replicas' counters added up (rates and usage recomputed over the sums; a label, such as the
+        speculation method, as every replica gives it)."""
+        total: dict[str, int | float | str] = {}
         for replica in self.replicas:
             for key, value in replica.stats.items():
-                total[key] = total.get(key, 0) + value
-        queried = total.get("prefix_cache_queried_tokens", 0)
+                total[key] = value if isinstance(value, str) else total.get(key, 0) + value  # type: ignore[operator]
+        sums = {k: v for k, v in total.items() if not isinstance(v, str)}
+        queried = sums.get("prefix_cache_queried_tokens", 0)
         if "prefix_cache_hit_rate" in total:
-            total["prefix_cache_hit_rate"] = round(total.get("prefix_cache_hit_tokens", 0) / queried, 4) if queried else 0.0
+            total["prefix_cache_hit_rate"] = round(sums.get("prefix_cache_hit_tokens", 0) / queried, 4) if queried else 0.0
+        proposed, accepted = sums.get("spec_num_proposed_tokens", 0), sums.get("spec_num_accepted_tokens", 0)
+        steps = sums.get("spec_num_verified_steps", 0)
+        if "spec_acceptance_rate" in total:
+            total["spec_acceptance_rate"] = round(accepted / proposed, 4) if proposed else 0.0
+        if "spec_mean_accepted_length" in total:
+            total["spec_mean_accepted_length"] = round((accepted + steps) / steps, 4) if steps else 0.0
         if "kv_cache_usage" in total:
             total["kv_cache_usage"] = round(1.0 - self.num_free_blocks / max(1, self.num_total_blocks), 4)
         total["num_free_blocks"] = self.num_free_blocks

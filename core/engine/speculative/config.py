@@ -5,7 +5,15 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 #: the leading engine's default for suffix decoding, which proposes only what its tries make likely
 SUFFIX_DEFAULT_TOKENS = 32
@@ -104,6 +112,13 @@ class SpeculativeConfig(BaseModel):
         if method == "suffix" and "num_speculative_tokens" not in data:
             return {**data, "num_speculative_tokens": SUFFIX_DEFAULT_TOKENS}
         return data
+
+    @model_serializer(mode="wrap")
+    def _own_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # another method's settings are always at their defaults (the check above refuses them): leave them
+        # out, so that a dumped config validates again (the worker and replica processes receive it so)
+        data = handler(self)
+        return {k: v for k, v in data.items() if (owners := _methods_of(k)) is None or self.method in owners}
 
     @model_validator(mode="after")
     def _check_lookup(self) -> SpeculativeConfig:

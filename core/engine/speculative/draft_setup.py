@@ -56,8 +56,9 @@ def load_draft(
 
     spec_config = config.speculative_config
     assert spec_config is not None and spec_config.model is not None
-    if config.parallel.world_size > 1 or config.parallel.data_parallel_size > 1:
-        raise EngineConfigError("speculative decoding with a draft model runs on one rank; tensor, pipeline and data parallelism are not supported with it")
+    # data-parallel replicas are whole engines: each runs a draft of its own
+    if config.parallel.world_size > 1:
+        raise EngineConfigError("speculative decoding with a draft model runs on one rank; tensor and pipeline parallelism are not supported with it")
     try:
         path = resolve_model_path(spec_config.model)
         draft_config = load_model_config(path, check_weights=config.load_format != "dummy", registry=registry)

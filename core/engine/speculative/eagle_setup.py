@@ -65,8 +65,9 @@ def load_eagle(config: EngineConfig, platform: Platform, target: Any, target_con
     method = spec_config.method
     assert method in ("eagle", "eagle3")
     where = f"speculative_config method {method!r}"
-    if config.parallel.world_size > 1 or config.parallel.data_parallel_size > 1:
-        raise EngineConfigError(f"{where} runs on one rank; tensor, pipeline and data parallelism are not supported with it")
+    # data-parallel replicas are whole engines: each runs a head of its own
+    if config.parallel.world_size > 1:
+        raise EngineConfigError(f"{where} runs on one rank; tensor and pipeline parallelism are not supported with it")
     if not isinstance(target, DenseDecoder) or target.embed_tokens is None or target.lm_head is None:
         raise EngineConfigError(f"{where} needs the core's model forward for {target_config.architecture}, not a platform-run model")
     try:

@@ -56,8 +56,9 @@ def mtp_problem(config: EngineConfig, target: Any, target_config: ModelConfig, p
         path: the target's resolved path.
     """
     hf = target_config.hf_config
-    if config.parallel.world_size > 1 or config.parallel.data_parallel_size > 1:
-        return "runs on one rank; tensor, pipeline and data parallelism are not supported with it"
+    # data-parallel replicas are whole engines: each runs the layer beside its own model
+    if config.parallel.world_size > 1:
+        return "runs on one rank; tensor and pipeline parallelism are not supported with it"
     if not isinstance(target, DenseDecoder) or target.embed_tokens is None or target.lm_head is None:
         return f"needs the core's model forward for {target_config.architecture}, not a platform-run model"
     if int(hf.get("num_nextn_predict_layers") or 0) < 1:

@@ -175,13 +175,14 @@ class Speculator:
             self.num_accepted += v.accepted
             self.num_verified_steps += 1
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, float | int | str]:
         """Acceptance rate and mean accepted length (tokens kept per verified step, the bonus included)."""
         steps = self.num_verified_steps
         return {
             "spec_method": self.config.method,
             "spec_num_proposed_tokens": self.num_proposed,
             "spec_num_accepted_tokens": self.num_accepted,
+            "spec_num_verified_steps": steps,
             "spec_acceptance_rate": round(self.num_accepted / self.num_proposed, 4) if self.num_proposed else 0.0,
             "spec_mean_accepted_length": round((self.num_accepted + steps) / steps, 4) if steps else 0.0,
             "spec_steps_switched_off": self.switch.steps_off if self.switch is not None else 0,
