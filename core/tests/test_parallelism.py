@@ -291,3 +291,22 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
     finally:
         server.kill()
     assert not [pid for pid in child_processes(server.proc.pid) if process_state(pid) != "Z"]
+
+
+@pytest.mark.slow
+def test_two_ranks_verify_host_proposals_as_one_process(tiny_llama_dir):
+    """n-gram proposals (made on the driver's host) verified by two tensor-parallel ranks: the tokens of one
+    process without speculation, proposals made and blocks all free afterwards. (Its configuration reaches
+    the ranks as JSON, which a speculative config did not survive before.)"""
+    repeat = ["1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", "the cat the cat the cat the cat the"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "auto_disable": False}
+    expected = [o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(repeat, params, use_tqdm=False)]
+    two = _llm(tiny_llama_dir, tensor_parallel_size=2, speculative_config=spec)
+    try:
+        assert [o.outputs[0].token_ids for o in two.generate(repeat, params, use_tqdm=False)] == expected
+        assert two.llm_engine.stats()["spec_num_proposed_tokens"] > 0
+        assert_all_blocks_free(two)
+    finally:
+        two.shutdown()
+    assert multiprocessing.active_children() == []
