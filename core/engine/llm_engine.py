@@ -103,7 +103,9 @@ class LLMEngine:
         #: finished pooling requests' outputs, handed out by the next :meth:`step`
         self._pooled_outputs: list[PoolingRequestOutput] = []
         #: structured output: compiled grammars and the constrained sequences' matchers
-        self.structured = StructuredOutputManager(self._make_structured_backend)
+        self.structured = StructuredOutputManager(
+            self._make_structured_backend, pin_memory=self.device.type != "cpu"
+        )
         #: constrained requests whose grammar is still compiling, kept out of the scheduler until it is
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         #: the overlapped step whose tokens are still on the device (see :meth:`step`)

@@ -137,6 +137,35 @@ def test_json_schemas_give_valid_json(llm, sampling):
     assert_released(llm)
 
 
+def test_a_large_batch_masks_started_in_the_background_change_no_token(llm, monkeypatch):
+    """From 16 constrained rows a step's masks are filled on the backend's threads as soon as the step
+    before is accepted: the outputs, greedy, are those of masks filled when each step samples, with and
+    without logprobs (sampled on the host then), and each is valid JSON."""
+    from engine.structured_output.xgrammar_backend import BATCH_FILL_MIN_ROWS, XgrammarBackend
+
+    names = list(SCHEMAS) * -(-(BATCH_FILL_MIN_ROWS + 4) // len(SCHEMAS))
+    prompts = [f"{PROMPT} ({i})" for i in range(len(names))]
+
+    def run(**sampling) -> list:
+        params = [constrained(json=SCHEMAS[name], temperature=0.0, **sampling) for name in names]
+        outs = [out.outputs[0] for out in llm.generate(prompts, params, use_tqdm=False)]
+        for name, out in zip(names, outs, strict=True):
+            assert out.finish_reason == "stop", (name, out.text)
+            jsonschema.validate(json.loads(out.text), SCHEMAS[name])
+        assert_released(llm)
+        return outs
+
+    started = run()
+    with_logprobs = run(logprobs=1)
+    assert [o.token_ids for o in with_logprobs] == [o.token_ids for o in started]
+    for out in with_logprobs:
+        assert len(out.logprobs) == len(out.token_ids)
+        assert all(token in step for token, step in zip(out.token_ids, out.logprobs, strict=True))
+    monkeypatch.setattr(XgrammarBackend, "fills_in_background", property(lambda self: False))
+    at_once = run()
+    assert [o.token_ids for o in at_once] == [o.token_ids for o in started]
+
+
 def test_json_object_and_schema_as_text(llm):
     outs = llm.generate(
         ["Give a JSON object about Paris:", "A point:"],
@@ -286,8 +315,15 @@ class _GatedBackend:
     def fill_bitmasks(self, matchers, bitmask, rows):
         return self._inner.fill_bitmasks(matchers, bitmask, rows)
 
-    def advance(self, matchers, token_ids):
-        return self._inner.advance(matchers, token_ids)
+    def start_step(self, matchers, token_ids, bitmask):
+        return self._inner.start_step(matchers, token_ids, bitmask)
+
+    @property
+    def fills_in_background(self):
+        return self._inner.fills_in_background
+
+    def advance_step(self, matchers, token_ids):
+        return self._inner.advance_step(matchers, token_ids)
 
 
 def test_a_compiling_grammar_does_not_hold_up_other_requests(llm):

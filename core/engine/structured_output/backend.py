@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -118,6 +118,44 @@ class StructuredOutputBackend(ABC):
         for matcher, row in zip(matchers, rows, strict=True):
             matcher.fill_next_token_bitmask(bitmask, row)
 
+    def start_step(
+        self, matchers: list[GrammarMatcher], token_ids: list[int], bitmask: torch.Tensor
+    ) -> tuple[list[tuple[int, bool]], Callable[[], None]]:
+        """:meth:`advance_step`, then each matcher's next mask started into row ``i`` of ``bitmask``.
+
+        A backend with threads of its own (:attr:`fills_in_background`) returns once the matchers have
+        advanced, the fill still running, so that the caller's thread goes on meanwhile; the default
+        fills before returning. Until the returned wait has returned, the matchers must not advance and
+        the bitmask must not be read.
+
+        Returns:
+            What :meth:`advance_step` returns (the rows of the matchers it terminated are left unfilled:
+            a terminated matcher has no next token), and the wait for the fill's end.
+        """
+        ended = self.advance_step(matchers, token_ids)
+        rows = list(range(len(matchers)))
+        if any(terminated for _, terminated in ended):
+            done = {i for i, terminated in ended if terminated}
+            rows = [i for i in rows if i not in done]
+        self.fill_bitmasks([matchers[i] for i in rows], bitmask, rows)
+        return ended, _filled
+
+    @property
+    def fills_in_background(self) -> bool:
+        """Whether :meth:`start_step` returns before the masks are filled (then the manager starts the next
+        step's masks as a step's tokens are accepted)."""
+        return False
+
+    def advance_step(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[int, bool]]:
+        """:meth:`advance`, reporting only the matchers it ends (on most steps none).
+
+        Returns:
+            ``(i, accepted)`` for each ``i`` whose matcher refused its token (``accepted`` False) or
+            was terminated by it (True), in order.
+        """
+        outcomes = self.advance(matchers, token_ids)
+        return [(i, accepted) for i, (accepted, done) in enumerate(outcomes) if done or not accepted]
+
     def advance(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[bool, bool]]:
         """Advance ``matchers[i]`` by ``token_ids[i]``, for every ``i`` (a step's constrained rows).
 
@@ -135,3 +173,7 @@ class StructuredOutputBackend(ABC):
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         """A host int32 ``[rows, bitmask_words]`` bitmask, every token allowed."""
         return torch.full((rows, self.bitmask_words), -1, dtype=torch.int32)
+
+
+def _filled() -> None:
+    """The wait of a fill that ended before :meth:`StructuredOutputBackend.start_step` returned."""

@@ -1,5 +1,10 @@
 """An engine's structured output: compiled grammars (cached, compiled off the engine's thread), one
-matcher per constrained sequence, and each step's bitmask."""
+matcher per constrained sequence, and each step's bitmask.
+
+A step's masks are filled from the moment the step before it is accepted, on the backend's threads
+(where it has some), while the engine's thread makes that step's outputs: at batch 256 over a 128k
+vocabulary the fill took longer than the rest of a constrained step's extra host work.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +42,24 @@ class _Gated:
     undecided: bool
 
 
+@dataclass(slots=True)
+class _NextMasks:
+    """The masks of the next step, started when the step before it was accepted.
+
+    Attributes:
+        seqs: the sequence of each row (those the accepted step advanced; the rows of those it ended are
+            filled but meaningless: they are released before the next step samples).
+        lengths: each one's output length then: a row is stale once its sequence's output changed.
+        bitmask: host int32 ``[len(seqs), words]``, every row filled once ``wait`` returned.
+        wait: the end of the fill (the matchers must not advance before it).
+    """
+
+    seqs: list[Sequence]
+    lengths: list[int]
+    bitmask: torch.Tensor
+    wait: Callable[[], None]
+
+
 def _bit(position: int) -> int:
     """Bit ``position`` of an int32 bitmask word, as the signed value torch stores."""
     return (1 << position) - (1 << 32) if position == 31 else 1 << position
@@ -52,12 +75,21 @@ class StructuredOutputManager:
         make_backend: builds the backend for the engine's model and tokenizer.
         max_workers: grammars compiled at the same time.
         cache_size: compiled grammars kept, least recently used dropped first.
+        pin_memory: allocate bitmasks in pinned memory (the logits live on an accelerator): the runner's
+            copy to the device then neither copies them to pinned memory first nor waits for the device.
     """
 
     def __init__(
-        self, make_backend: Callable[[], StructuredOutputBackend], max_workers: int = 2, cache_size: int = 256
+        self,
+        make_backend: Callable[[], StructuredOutputBackend],
+        max_workers: int = 2,
+        cache_size: int = 256,
+        pin_memory: bool = False,
     ) -> None:
         self._make_backend = make_backend
+        self._pin_memory = pin_memory
+        #: the next step's masks, being filled (see the module's docstring)
+        self._next: _NextMasks | None = None
         self._max_workers = max_workers
         self._cache_size = cache_size
         # the HTTP layer may validate requests on worker threads while the engine's thread steps
@@ -131,6 +163,10 @@ class StructuredOutputManager:
     def fill_bitmask(self, targets: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
         """The bitmask of a step's sampled rows: filled for the constrained rows, which are returned too.
 
+        Rows whose masks were started when the step before was accepted are taken from there (the
+        bitmask itself when the rows are the same sequences in the same order, as in steady decoding);
+        the others are filled now. Rows not returned allow every token.
+
         A thinking row gets a row allowing every token: any mask keeps the step's tokens off the
         device's overlap, so the token that ends the thinking opens the grammar before the next step's
         mask is filled.
@@ -141,40 +177,93 @@ class StructuredOutputManager:
         Returns:
             ``(host int32 [len(targets), words], the constrained rows)``, or None when no row is constrained.
         """
-        started = self._start_fill(targets)
-        return self._finish_fill(*started) if started is not None else None
+        ready = self._settle()
+        # sequences compare by identity: one pass in C
+        if ready is not None and ready.seqs == targets:
+            if ready.lengths == [len(seq.output_token_ids) for seq in targets]:
+                return self._reuse(ready.bitmask, targets)
+        return self._fill(targets, ready)
 
-    def _start_fill(
-        self, targets: list[Sequence]
-    ) -> tuple[torch.Tensor, list[int], list[GrammarMatcher], list[int]] | None:
-        """The bitmask allocated with its gated rows filled, and the plain rows' matchers still to fill."""
-        rows = [i for i, seq in enumerate(targets) if self.constrains(seq)]
-        if not rows:
-            return None
-        bitmask = self.backend.allocate_bitmask(len(targets))
+    def _reuse(self, bitmask: torch.Tensor, targets: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
+        """The started masks as the step's bitmask: their rows are these targets' rows, all filled."""
+        matchers = self._matchers
+        rows = [i for i, seq in enumerate(targets) if seq.seq_id in matchers]
+        if len(rows) < len(targets):
+            # released meanwhile (finished or aborted): the row allows everything, as an unconstrained one
+            kept = set(rows)
+            bitmask[[i for i in range(len(targets)) if i not in kept]] = -1
+        return (bitmask, rows) if rows else None
+
+    def _fill(
+        self, targets: list[Sequence], ready: _NextMasks | None
+    ) -> tuple[torch.Tensor, list[int]] | None:
+        """A new bitmask: rows copied from the started masks where still current, the others filled now."""
+        matchers, gated = self._matchers, self._gated
+        started = {seq.seq_id: r for r, seq in enumerate(ready.seqs)} if ready is not None else {}
+        rows: list[int] = []
+        free: list[int] = []
+        copy_to: list[int] = []
+        copy_from: list[int] = []
         plain: list[GrammarMatcher] = []
         plain_rows: list[int] = []
-        for i in rows:
-            seq_id = targets[i].seq_id
-            matcher = self._matchers.get(seq_id)
+        undecided: list[tuple[int, _Gated]] = []
+        for i, seq in enumerate(targets):
+            seq_id = seq.seq_id
+            matcher = matchers.get(seq_id)
             if matcher is not None:
-                plain.append(matcher)
-                plain_rows.append(i)
+                rows.append(i)
+                r = started.get(seq_id)
+                if r is not None and ready is not None and ready.lengths[r] == len(seq.output_token_ids):
+                    copy_to.append(i)
+                    copy_from.append(r)
+                else:
+                    plain.append(matcher)
+                    plain_rows.append(i)
                 continue
-            gated = self._gated[seq_id]
-            if gated.undecided:
-                # the grammar's first tokens, or the token that opens a thinking block
-                gated.matcher.fill_next_token_bitmask(bitmask, i)
-                token = gated.gate.optional_start_token
-                assert token is not None
-                bitmask[i, token // 32] |= _bit(token % 32)
-        return bitmask, rows, plain, plain_rows
-
-    def _finish_fill(
-        self, bitmask: torch.Tensor, rows: list[int], plain: list[GrammarMatcher], plain_rows: list[int]
-    ) -> tuple[torch.Tensor, list[int]]:
-        self.backend.fill_bitmasks(plain, bitmask, plain_rows)
+            held = gated.get(seq_id)
+            if held is None:
+                free.append(i)
+                continue
+            rows.append(i)
+            if held.undecided:
+                undecided.append((i, held))
+            else:
+                free.append(i)  # thinking: every token
+        if not rows:
+            return None
+        bitmask = self._allocate(len(targets))
+        if free:
+            bitmask[free] = -1
+        if copy_to:
+            assert ready is not None
+            bitmask[copy_to] = ready.bitmask[copy_from]
+        for i, held in undecided:
+            # the grammar's first tokens, or the token that opens a thinking block
+            held.matcher.fill_next_token_bitmask(bitmask, i)
+            token = held.gate.optional_start_token
+            assert token is not None
+            bitmask[i, token // 32] |= _bit(token % 32)
+        if plain:
+            self.backend.fill_bitmasks(plain, bitmask, plain_rows)
         return bitmask, rows
+
+    def _allocate(self, rows: int) -> torch.Tensor:
+        """An unfilled host bitmask (every row is written before it is read), pinned if asked and possible."""
+        shape = (rows, self.backend.bitmask_words)
+        if self._pin_memory:
+            try:
+                return torch.empty(shape, dtype=torch.int32, pin_memory=True)
+            except RuntimeError as exc:  # no accelerator torch can pin for
+                logger.warning("structured output bitmasks stay in pageable memory: %s", exc)
+                self._pin_memory = False
+        return torch.empty(shape, dtype=torch.int32)
+
+    def _settle(self) -> _NextMasks | None:
+        """Take the started masks, once filled (the caller uses or drops them; a fill's error raises here)."""
+        ready, self._next = self._next, None
+        if ready is not None:
+            ready.wait()
+        return ready
 
     def accept(self, seq: Sequence, token_id: int) -> bool:
         """Advance the sequence's matcher by its sampled token (``seq.output_token_ids`` ends with it).
@@ -183,6 +272,7 @@ class StructuredOutputManager:
             Whether the grammar ends the sequence: it accepted its stop token, or (which the mask
             should make impossible) it refused the token, so nothing valid can follow.
         """
+        self._settle()  # the started masks' fill reads the matchers: it ends before one advances
         gated = self._gated.get(seq.seq_id)
         if gated is not None:
             if gated.undecided:
@@ -208,30 +298,45 @@ class StructuredOutputManager:
 
     def accept_step(self, sequences: list[Sequence]) -> set[int]:
         """:meth:`accept` for a step's sequences at once (each one's last output token is its new one);
-        sequences holding no matcher are skipped.
+        sequences holding no matcher are skipped. The next step's masks of these sequences start then
+        (see the module's docstring).
 
         Returns:
             The ids of the sequences whose grammar ends them.
         """
+        self._settle()
         ended: set[int] = set()
-        plain: list[Sequence] = []
-        for seq in sequences:
-            if seq.seq_id in self._gated:
-                if self.accept(seq, seq.output_token_ids[-1]):
-                    ended.add(seq.seq_id)
-            elif seq.seq_id in self._matchers:
-                plain.append(seq)
+        matchers = self._matchers
+        if self._gated:
+            plain: list[Sequence] = []
+            for seq in sequences:
+                if seq.seq_id in self._gated:
+                    if self.accept(seq, seq.output_token_ids[-1]):
+                        ended.add(seq.seq_id)
+                elif seq.seq_id in matchers:
+                    plain.append(seq)
+        else:
+            plain = [seq for seq in sequences if seq.seq_id in matchers]
         if not plain:
             return ended
         tokens = [seq.output_token_ids[-1] for seq in plain]
-        outcomes = self.backend.advance([self._matchers[seq.seq_id] for seq in plain], tokens)
-        for seq, token, (accepted, terminated) in zip(plain, tokens, outcomes, strict=True):
+        advanced = [matchers[seq.seq_id] for seq in plain]
+        backend = self.backend
+        if backend.fills_in_background:
+            # the next step's masks start now, on the backend's threads (see the module's docstring)
+            bitmask = self._allocate(len(plain))
+            stopped, wait = backend.start_step(advanced, tokens, bitmask)
+            lengths = [len(seq.output_token_ids) for seq in plain]
+            self._next = _NextMasks(plain, lengths, bitmask, wait)
+        else:
+            stopped = backend.advance_step(advanced, tokens)
+        for i, accepted in stopped:
             if not accepted:
                 logger.warning(
-                    "sequence %d sampled token %d, which its grammar refuses; ending it", seq.seq_id, token
-                )
-            if terminated or not accepted:
-                ended.add(seq.seq_id)
+                    "sequence %d sampled token %d, which its grammar refuses; ending it",
+                    plain[i].seq_id, tokens[i],
+                )  # fmt: skip
+            ended.add(plain[i].seq_id)
         return ended
 
     def release(self, sequences: Iterable[Sequence]) -> None:
@@ -242,8 +347,11 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         """Stop the compile threads (compilations in progress finish; none start)."""
+        try:
+            self._settle()  # no fill of the masks left running on the backend's threads
+        except RuntimeError as exc:  # the masks are not needed any more: their failure is only logged
+            logger.warning("the next step's structured output masks failed: %s", exc)
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-

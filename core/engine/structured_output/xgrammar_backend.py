@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,18 +24,44 @@ COMPACT_SEPARATORS = (",", ":")
 #: rows from which a step's bitmask is filled on several threads
 BATCH_FILL_MIN_ROWS = 16
 
+# A step's calls go to xgrammar's native objects (``_handle``) where this xgrammar has the tvm-ffi
+# bindings these calls were measured with (0.2.9; the nanobind ones before differ). Its public
+# ``BatchGrammarMatcher.batch_accept_token`` turns its result into a list of bools one FFI call per row:
+# at batch 256 that took longer (150 us on a 2-core EPYC) than advancing the matchers; the native call
+# returns an array that answers ``0 in result`` in one call. And a fill shard's thread then holds the GIL
+# only to enter xgrammar (its arguments are built beforehand). The public methods are the fallback
+# should a later xgrammar move any of these.
+try:
+    from xgrammar.base import _core as _xgr_core
+
+    _NATIVE_BATCH_ACCEPT: Callable[..., Any] | None = _xgr_core.BatchGrammarMatcher.batch_accept_token
+except (ImportError, AttributeError):  # pragma: no cover - another xgrammar layout
+    _NATIVE_BATCH_ACCEPT = None
+_NATIVE = (
+    _NATIVE_BATCH_ACCEPT is not None
+    and _xgr_core.__name__.startswith("xgrammar.tvm_ffi_binding")
+    and all(
+        isinstance(getattr(c, "_handle", None), property)
+        for c in (xgr.GrammarMatcher, xgr.BatchGrammarMatcher)
+    )
+)
+
 
 class XgrammarMatcher(GrammarMatcher):
     """An ``xgrammar.GrammarMatcher``; rollback is unbounded (a sequence may undo any of its tokens)."""
 
+    __slots__ = ("_matcher", "_native")
+
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self._matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=-1)
+        #: the native matcher a step's batch calls take (None: they take the public methods)
+        self._native = self._matcher._handle if _NATIVE else None
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self._matcher.accept_token(token_id))
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._matcher.fill_next_token_bitmask(bitmask, row)
+        self._matcher.fill_next_token_bitmask(_fill_target(bitmask), row)
 
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
@@ -80,44 +110,126 @@ class XgrammarBackend(StructuredOutputBackend):
         self._fill_shards = fill_threads or max(1, min(8, _usable_cores() - 1))
         self._fill_pool: ThreadPoolExecutor | None = None
         self._fillers: list[xgr.BatchGrammarMatcher] = []
+        #: the shards of the last fill started in the background (calls on one filler may not overlap)
+        self._started: list[Future] = []
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    @property
+    def fills_in_background(self) -> bool:
+        return True
+
     def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
-        """Many rows in shards on threads of ours; a few rows (where threads cost more than they save) in turn.
+        """Many rows in shards, this thread filling one; a few rows (where threads cost more than they
+        save) in one call here.
 
         xgrammar's own batch fill measured no faster than one row after another (on 2 and on 16 cores),
         but it releases the GIL, so shards filled by separate calls on separate threads do run together.
         """
-        if len(matchers) < BATCH_FILL_MIN_ROWS or self._fill_shards == 1:
-            super().fill_bitmasks(matchers, bitmask, rows)
-            return
-        inner = _inner(matchers)
-        shards = min(self._fill_shards, len(inner) // (BATCH_FILL_MIN_ROWS // 2))
-        if self._fill_pool is None:
-            self._fill_pool = ThreadPoolExecutor(self._fill_shards - 1, thread_name_prefix="grammar-fill-shard")
-            self._fillers = [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(self._fill_shards)]
-
-        def fill(k: int) -> None:
-            self._fillers[k].batch_fill_next_token_bitmask(inner[k::shards], bitmask, rows[k::shards])
-
-        futures = [self._fill_pool.submit(fill, k) for k in range(1, shards)]
-        fill(0)
+        calls = self._shard_calls(matchers, bitmask, rows)
+        futures = [self._pool().submit(call) for call in calls[1:]]
+        calls[0]()
         for future in futures:
             future.result()
 
-    def advance(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[bool, bool]]:
-        """One call into xgrammar for the whole step; a matcher can only be terminated by a stop token
-        (matchers are built to wait for one), so only those rows ask."""
+    def start_step(
+        self, matchers: list[GrammarMatcher], token_ids: list[int], bitmask: torch.Tensor
+    ) -> tuple[list[tuple[int, bool]], Callable[[], None]]:
+        """Each shard (at least one) on the pool's threads advances its rows, then fills their masks; this
+        returns once every shard has advanced. A few rows, which take less time than a thread takes to
+        start, go here.
+
+        A shard's thread needs the GIL to enter xgrammar and to leave it, not in between. This thread
+        waiting for the shards to advance hands them the GIL now: otherwise a shard may wait for it
+        behind this thread's Python work for a whole switch interval (5 ms), which is how an earlier
+        fill on a worker thread lost to the fill on the engine's thread. The fill that follows needs
+        the GIL only to start and to end.
+        """
+        if len(matchers) < BATCH_FILL_MIN_ROWS:
+            return super().start_step(matchers, token_ids, bitmask)
+        fills = self._shard_calls(matchers, bitmask, list(range(len(matchers))))
+        shards = len(fills)
+        ended: list[list[tuple[int, bool]]] = [[] for _ in fills]
+        failed: list[Exception] = []
+        advanced = threading.Semaphore(0)
+
+        def run(k: int) -> None:
+            try:
+                own = self.advance_step(matchers[k::shards], token_ids[k::shards])
+                # this shard's rows are k, k + shards, ...: its indices map back by that stride
+                ended[k] = [(k + shards * i, ok) for i, ok in own]
+            except Exception as exc:  # re-raised on the caller's thread
+                failed.append(exc)
+                return
+            finally:
+                advanced.release()
+            terminated = {i for i, ok in own if ok}
+            # a terminated matcher has no next token: xgrammar refuses to fill its row
+            (_without(fills[k], terminated) if terminated else fills[k])()
+
+        futures = self._started = [self._pool().submit(run, k) for k in range(shards)]
+        for _ in range(shards):
+            advanced.acquire()
+        if failed:
+            raise failed[0]
+
+        def wait() -> None:
+            for future in futures:
+                future.result()
+
+        return sorted(e for part in ended for e in part), wait
+
+    def _shard_calls(
+        self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]
+    ) -> list[Callable[[], None]]:
+        """One ready call per shard (every ``shards``-th row), its arguments built on this thread, once the
+        fill started before has ended (its caller sees its error, if any, from its own wait)."""
+        wait_futures(self._started)
+        target = _fill_target(bitmask)
+        shards = max(1, min(self._fill_shards, len(matchers) // (BATCH_FILL_MIN_ROWS // 2)))
+        if not self._fillers:
+            # one batch matcher per shard: calls on one may not overlap
+            self._fillers = [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(self._fill_shards)]
+        native = _natives(matchers)
+        if native is not None:
+            return [
+                partial(self._fillers[k]._handle.batch_fill_next_token_bitmask, native[k::shards], target, rows[k::shards], False)
+                for k in range(shards)
+            ]  # fmt: skip
         inner = _inner(matchers)
-        accepted = xgr.BatchGrammarMatcher.batch_accept_token(inner, token_ids)
-        stops = self._stop_token_ids
         return [
-            (ok, ok and token in stops and matcher.is_terminated())
-            for ok, token, matcher in zip(accepted, token_ids, inner, strict=True)
+            partial(self._fillers[k].batch_fill_next_token_bitmask, inner[k::shards], target, rows[k::shards])
+            for k in range(shards)
         ]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._fill_pool is None:
+            self._fill_pool = ThreadPoolExecutor(self._fill_shards, thread_name_prefix="grammar-fill-shard")
+        return self._fill_pool
+
+    def advance(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[bool, bool]]:
+        ended = dict(self.advance_step(matchers, token_ids))
+        return [(ended.get(i, True), ended.get(i, False)) for i in range(len(matchers))]
+
+    def advance_step(self, matchers: list[GrammarMatcher], token_ids: list[int]) -> list[tuple[int, bool]]:
+        """One call into xgrammar for the whole step, and per-row Python only for rows that may end: a
+        refused token (which the mask should make impossible), or a stop token (matchers are built to
+        wait for one, so nothing else can terminate them)."""
+        accepted = _batch_accept(matchers, token_ids)
+        stops = self._stop_token_ids
+        refused = 0 in accepted or False in accepted  # one native call each on xgrammar's array
+        if not refused and stops.isdisjoint(token_ids):
+            return []
+        inner = _inner(matchers)
+        ended = []
+        for i, token in enumerate(token_ids):
+            if refused and not accepted[i]:
+                ended.append((i, False))
+            elif token in stops and inner[i].is_terminated():
+                ended.append((i, True))
+        return ended
 
     def parse(self, spec: GrammarSpec) -> xgr.Grammar:
         try:
@@ -155,6 +267,38 @@ class XgrammarBackend(StructuredOutputBackend):
 
     def make_matcher(self, compiled: object) -> XgrammarMatcher:
         return XgrammarMatcher(compiled)  # type: ignore[arg-type]
+
+
+def _without(fill: partial[None], skip: set[int]) -> partial[None]:
+    """A shard's fill call (its matchers, the bitmask, their rows, ...) without the given positions."""
+    matchers, target, rows, *rest = fill.args
+    keep = [j for j in range(len(rows)) if j not in skip]
+    return partial(fill.func, [matchers[j] for j in keep], target, [rows[j] for j in keep], *rest)
+
+
+def _batch_accept(matchers: list[GrammarMatcher], token_ids: list[int]) -> Any:
+    """Each matcher advanced by its token in one call; returns what says which were accepted (indexable,
+    truthy per accepted row)."""
+    native = _natives(matchers)
+    if native is not None and _NATIVE_BATCH_ACCEPT is not None:
+        return _NATIVE_BATCH_ACCEPT(native, token_ids, False)
+    return xgr.BatchGrammarMatcher.batch_accept_token(_inner(matchers), token_ids)
+
+
+def _natives(matchers: list[GrammarMatcher]) -> list[Any] | None:
+    """The matchers' native objects (None where this xgrammar's layout is not the one known here)."""
+    if not _NATIVE:
+        return None
+    try:
+        return [m._native for m in matchers]  # type: ignore[attr-defined]
+    except AttributeError:
+        raise TypeError("this backend takes its own matchers only") from None
+
+
+def _fill_target(bitmask: torch.Tensor) -> Any:
+    """The bitmask as xgrammar fills it: a numpy view, which says "CPU" through DLPack where a pinned
+    tensor (the manager's bitmasks on an accelerator) says "CUDA host", which xgrammar may refuse."""
+    return bitmask.numpy()
 
 
 def _inner(matchers: list[GrammarMatcher]) -> list[xgr.GrammarMatcher]:
