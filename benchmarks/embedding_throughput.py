@@ -49,6 +49,31 @@ def texts(n: int, tokens: int) -> list[str]:
     return [" ".join(words[(i + j) % len(words)] for j in range(tokens - 2)) for i in range(n)]
 
 
+def profile_engine(llm: object, batch: list[str], device: str) -> None:
+    """One more engine run under cProfile (host functions by own time), then one under torch's profiler
+    (device kernels by total time): where a step's time goes beyond the model's arithmetic."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llm.embed(batch, use_tqdm=False)  # type: ignore[attr-defined]
+    if device != "cpu":
+        torch.cuda.synchronize()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device != "cpu":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        llm.embed(batch, use_tqdm=False)  # type: ignore[attr-defined]
+        if device != "cpu":
+            torch.cuda.synchronize()
+    sort = "cuda_time_total" if device != "cpu" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=20))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-texts", type=int, default=512)
@@ -59,6 +84,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both run on it)")
     parser.add_argument("--engine-step-texts", type=int, default=None,
                         help="texts per engine step (default: --batch-size); the engine batches as it likes")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the engine run's host profile (cProfile) and its device kernels' times")
     parser.add_argument("--out", default=None, help="default benchmarks/results/embedding_throughput_<device>.json")
     args = parser.parse_args()
     out_path = args.out or f"benchmarks/results/embedding_throughput_{args.device}.json"
@@ -88,6 +115,8 @@ def main() -> None:
     started = now()
     outs = llm.embed(batch, use_tqdm=False)
     engine_s = now() - started
+    if args.profile:
+        profile_engine(llm, batch, args.device)
     got = torch.stack([o.outputs.data.to(reference.device) for o in outs])
     cosine = torch.nn.functional.cosine_similarity(got.double(), reference.double()).min().item()
     report = {

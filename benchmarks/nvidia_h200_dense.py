@@ -73,7 +73,7 @@ def cmd_greedy(args: argparse.Namespace) -> dict[str, Any]:
             if args.only and case not in args.only:
                 continue
             arch = case.split("-")[0]  # a case may be a variant of an architecture ("...-parallel")
-            folder = save_tiny(arch, os.path.join(tmp, case), tok, **{"hidden_size": 256, "head_dim": 64, **overrides})
+            folder = save_tiny(arch, os.path.join(tmp, case), tok, **{"hidden_size": 256, "head_dim": args.head_dim, **overrides})
             llm = LLM(model=folder, device="cuda", dtype=args.dtype, max_model_len=256, kv_cache_memory_bytes=1 << 30)
             hf = load_hf(folder)
             ids = [llm.llm_engine.tokenizer.encode(p) for p in PROMPTS]
@@ -132,6 +132,8 @@ def main() -> None:
             p.add_argument("--dtype", default="float32",
                            help="the engine's dtype (HF runs float32); bfloat16 takes the batch-1 GEMVs")
             p.add_argument("--one-at-a-time", action="store_true", help="each prompt alone (batch-1 decode)")
+            p.add_argument("--head-dim", type=int, default=64,
+                           help="the tiny models' head size (above 128 takes the large-head decode tiles)")
         if name == "decode":
             p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     args = parser.parse_args()
