@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from engine.pooling.pooler import PooledChunk
+from engine.pooling.pooler import PooledStep
 from engine.prompt_logprobs import PromptLogprobs
 from engine.sampling.sampler import SampleResult, SamplingRow, greedy_result
 from engine.sequence import Sequence
@@ -53,8 +53,8 @@ class LaunchedStep:
     deferred: DeferredSampling | None = None
     #: the logprobs of prompt tokens this step scored (requests with ``prompt_logprobs``), on the host
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
-    #: pooling requests' chunks this step computed (their hidden states reduced), on the host
-    pooled: list[PooledChunk] = field(default_factory=list)
+    #: pooling requests' chunks this step computed (their hidden states reduced), on their way to the host
+    pooled: PooledStep | None = None
     #: decodes whose proposals this step verified: the tokens each keeps (speculative decoding)
     verified: list[tuple[Sequence, Verified]] = field(default_factory=list)
 
@@ -71,18 +71,3 @@ class LaunchedStep:
             self.result = greedy_result(self._host)
             self._host = self._ready = None
         return self.result
-
-
-def copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """A non-blocking copy to (pinned) host memory and an event marking its end; a device whose torch
-    backend has no generic events gets a blocking copy instead (correct, just not overlapped)."""
-    if tensor.device.type == "cpu":
-        return tensor, None
-    try:
-        ready = torch.Event(device=tensor.device)
-    except (RuntimeError, ValueError, TypeError):
-        return tensor.cpu(), None
-    host = tensor.to("cpu", non_blocking=True)
-    ready.record()
-    return host, ready
-

@@ -291,8 +291,9 @@ class LLM:
         for lora in set(loras or []) - {None}:  # a broken adapter fails the call before any prompt runs
             engine.add_lora(lora)
         # every request is checked before any runs, the texts tokenized once, in one batch
+        pooling_step = SamplingParams(max_tokens=1)
         checked = [
-            SamplingParams(max_tokens=1) if isinstance(params, PoolingParams)
+            pooling_step if isinstance(params, PoolingParams)
             else params.step_params() if isinstance(params, BeamSearchParams) else params
             for params in params_list
         ]  # fmt: skip

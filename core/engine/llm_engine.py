@@ -30,6 +30,7 @@ from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
 from engine.pooling.config import read_pooler_config
 from engine.pooling.params import PoolingParams
+from engine.pooling.pooler import PooledStep
 from engine.pooling.requests import PoolingRequests
 from engine.pooling.validation import check_per_token_params
 from engine.sampling.params import SamplingParams
@@ -100,8 +101,8 @@ class LLMEngine:
             read_pooler_config(self.model_path, getattr(self.model, "default_pooling_type", "LAST")),
             getattr(self.model, "classification_head", None),
         )
-        #: finished pooling requests' outputs, handed out by the next :meth:`step`
-        self._pooled_outputs: list[PoolingRequestOutput] = []
+        #: the last step's pooled chunks, read once the next step is issued (see :meth:`_read_pooled`)
+        self._pooled_in_flight: PooledStep | None = None
         #: structured output: compiled grammars and the constrained sequences' matchers
         self.structured = StructuredOutputManager(
             self._make_structured_backend, pin_memory=self.device.type != "cpu"
@@ -112,6 +113,9 @@ class LLMEngine:
         self._in_flight: LaunchedStep | None = None
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
+        #: the generation settings every pooling request's sequence carries (the scheduler reads them; it
+        #: never changes them), built once: a SamplingParams is validated as it is built, 65 us each
+        self._pooling_step_params = SamplingParams(max_tokens=1)
         self.beams = BeamSearcher(
             self.scheduler, self.block_manager, self.eos_token_ids,
             lambda: next(self._seq_ids), lambda: next(self._arrivals),
@@ -311,10 +315,11 @@ class LLMEngine:
             raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
         check_per_token_params(params, hidden, self.model_config.hf_config)
         source = prompt if prompt_token_ids is None else prompt_token_ids
-        token_ids = self.validate_request(source, SamplingParams(max_tokens=1), cache_salt)
+        step_params = self._pooling_step_params
+        token_ids = self.validate_request(source, step_params, cache_salt)
         self._admit(1, "n")
         # generation settings the scheduler reads; the sequence ends once its prompt is pooled
-        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, SamplingParams(max_tokens=1), final_only=True)
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, step_params, final_only=True)
         seq = Sequence(
             seq_id=next(self._seq_ids), request_id=request_id, index=0, prompt_token_ids=token_ids,
             params=request.params, arrival=next(self._arrivals), priority=priority, cache_salt=cache_salt,
@@ -333,13 +338,26 @@ class LLMEngine:
         self.pooling.add(request_id, params)
         self.scheduler.add(seq)
 
-    def _finish_pooled(self, launched: LaunchedStep) -> None:
-        """End the pooling requests whose prompt this step finished pooling; their outputs go out."""
-        for seq, output in self.pooling.take(launched.pooled):
+    def _end_pooled(self, pooled: PooledStep) -> None:
+        """End the sequences whose prompt this step finished. Their blocks are free for the next step at
+        once (the device runs the steps in order); their outputs wait for the step's reductions."""
+        for seq in pooled.ending():
             seq.status = SequenceStatus.FINISHED
             self.scheduler.remove(seq)
+
+    def _read_pooled(self, pooled: PooledStep | None) -> list[PoolingRequestOutput]:
+        """The outputs of the pooling requests the step before finished, read from the host now; ``pooled``
+        (this step's chunks) is read by the next call, while the device runs the next step, or now
+        without async scheduling."""
+        if self.config.scheduler.async_scheduling:
+            pooled, self._pooled_in_flight = self._pooled_in_flight, pooled
+        if pooled is None:
+            return []
+        outputs = []
+        for seq, output in self.pooling.take(pooled.chunks()):
             self.requests.pop(seq.request_id, None)
-            self._pooled_outputs.append(output)
+            outputs.append(output)
+        return outputs
 
     def _admit_compiled(self) -> list[Request]:
         """Queue the requests whose grammar compiled; end those whose compilation failed.
@@ -450,8 +468,8 @@ class LLMEngine:
         if launched is not None:
             for scored in launched.prompt_logprobs:
                 self.output_processor.add_prompt_logprobs(scored)
-            if launched.pooled:
-                self._finish_pooled(launched)
+            if launched.pooled is not None:
+                self._end_pooled(launched.pooled)
         if previous is not None:
             self._take_samples(previous, touched)
         if launched is not None and launched.deferred is not None:
@@ -479,9 +497,7 @@ class LLMEngine:
             for c in out.outputs:
                 c.text = self.tokenizer.decode(c.token_ids)
             outputs.append(out)
-        if self._pooled_outputs:
-            outputs.extend(self._pooled_outputs)  # type: ignore[arg-type]
-            self._pooled_outputs = []
+        outputs.extend(self._read_pooled(launched.pooled if launched is not None else None))  # type: ignore[arg-type]
         return outputs
 
     def _take_samples(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.decode_graphs import DecodeGraphs
+from engine.host_copy import copy_to_host_async
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache, apply_block_moves
@@ -18,12 +19,12 @@ from engine.interfaces.lora import LoraStep
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
-from engine.launched_step import DeferredSampling, LaunchedStep, copy_to_host_async
+from engine.launched_step import DeferredSampling, LaunchedStep
 from engine.lora.manager import LoraManager
 from engine.lora.step_rows import lora_rows
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
-from engine.pooling.pooler import PooledChunk, PoolRows, pool_chunks
+from engine.pooling.pooler import PooledStep, PoolRows, pool_chunks
 from engine.prompt_logprobs import PromptLogprobs, PromptRows, prompt_rows, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
@@ -298,7 +299,7 @@ class ModelRunner:
             ))  # fmt: skip
         if inputs.pool_rows and not whole_step:
             raise RuntimeError("pooling requests need the core's model forward (not a platform runner or pipeline stages)")
-        pooled: list[PooledChunk] = []
+        pooled: PooledStep | None = None
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
@@ -318,7 +319,7 @@ class ModelRunner:
                 hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
             if store is not None:
                 store.keep(step, hidden, inputs.metadata)
-            pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else []
+            pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else None
             if self.lora is not None:
                 self.model.use_lora_logits(inputs.lora_logits)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from engine.host_copy import copy_to_host_async
 from engine.pooling.config import PoolerConfig
 from engine.pooling.params import PoolingParams
 from engine.sequence import Sequence
@@ -49,14 +51,68 @@ class PooledChunk:
     rows: torch.Tensor | None = None
 
 
-def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> list[PooledChunk]:
-    """Each chunk's reduction of ``hidden [tokens, width]``, in float32 on the host."""
-    out = []
-    for r in rows:
-        block = hidden[r.first_row : r.first_row + r.count].float()
-        every = block.cpu() if r.seq.pooling.per_token else None
-        out.append(PooledChunk(r.seq, r.first_position, r.count, block.sum(dim=0).cpu(), block[0].cpu(), block[-1].cpu(), every))
-    return out
+@dataclass(slots=True)
+class PooledStep:
+    """A step's pooled chunks, their reductions on their way to the host (the step's next work is issued
+    before they are read: :meth:`chunks` waits for them)."""
+
+    rows: list[PoolRows]
+    #: float32 ``[3, chunks, width]``: each chunk's sum, first row and last row (host; copy in flight)
+    _reduced: torch.Tensor
+    #: the per-token chunks' rows one after another, float32 (host; copy in flight), None without any
+    _per_token: torch.Tensor | None
+    _ready: Any
+
+    def ending(self) -> list[Sequence]:
+        """The sequences whose prompt this step's chunk ends."""
+        return [r.seq for r in self.rows if r.first_position + r.count == len(r.seq.prompt_token_ids)]
+
+    def chunks(self) -> list[PooledChunk]:
+        """Each chunk's contribution, once on the host."""
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        total, first, last = self._reduced
+        out = []
+        offset = 0
+        for i, r in enumerate(self.rows):
+            every = None
+            if r.seq.pooling.per_token:
+                assert self._per_token is not None
+                every = self._per_token[offset : offset + r.count]
+                offset += r.count
+            out.append(PooledChunk(r.seq, r.first_position, r.count, total[i], first[i], last[i], every))
+        return out
+
+
+def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> PooledStep:
+    """Each chunk's reduction of ``hidden [tokens, width]`` in float32, in a few device operations for the
+    whole step, and one copy to the host that the caller need not wait for."""
+    counts = [r.count for r in rows]
+    firsts = [r.first_row for r in rows]
+    lasts = [f + c - 1 for f, c in zip(firsts, counts, strict=True)]
+    device = hidden.device
+    meta = torch.tensor([firsts, lasts], dtype=torch.int64).to(device, non_blocking=True)
+    adjacent = all(firsts[i + 1] == lasts[i] + 1 for i in range(len(rows) - 1))
+    if adjacent and len(set(counts)) == 1:  # a batch of equal prompts: one reshaped sum
+        block = hidden[firsts[0] : lasts[-1] + 1].float()
+        total = block.view(len(rows), counts[0], -1).sum(dim=1)
+    else:
+        if adjacent:
+            block = hidden[firsts[0] : lasts[-1] + 1]
+        else:
+            index = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts, strict=True)])
+            block = hidden[index.to(device, non_blocking=True)]
+        lengths = torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True)
+        total = torch.segment_reduce(block.float(), "sum", lengths=lengths, axis=0)
+    reduced, ready = copy_to_host_async(torch.stack([total, hidden[meta[0]].float(), hidden[meta[1]].float()]))
+    per_token = None
+    wanted = [r for r in rows if r.seq.pooling.per_token]
+    if wanted:
+        every = torch.cat([hidden[r.first_row : r.first_row + r.count] for r in wanted]).float()
+        per_token, ready_rows = copy_to_host_async(every)
+        ready = ready_rows if ready_rows is not None else ready  # recorded after the first: waits for both
+    return PooledStep(rows, reduced, per_token, ready)
 
 
 @dataclass(slots=True)
