@@ -24,15 +24,14 @@ from engine.loader.generation_defaults import format_generation_defaults, read_g
 from engine.lora.engine_adapters import EngineLoras
 from engine.lora.request import LoRARequest
 from engine.output_processor import OutputProcessor
-from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.parallel.mp_workers import WorkerFailed
 from engine.plugins.manager import PluginManager
 from engine.plugins.selection import select_platform
 from engine.pooling.config import read_pooler_config
+from engine.pooling.engine_steps import PoolingSteps
 from engine.pooling.params import PoolingParams
-from engine.pooling.pooler import PooledStep
 from engine.pooling.requests import PoolingRequests
-from engine.pooling.validation import check_per_token_params
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import make_generator
 from engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
@@ -48,7 +47,7 @@ GRAMMAR_WAIT_S = 0.05
 __all__ = ["EngineConfigError", "LLMEngine"]
 
 
-class LLMEngine:
+class LLMEngine(PoolingSteps):
     """Owns the model, the KV cache, the scheduler and every request's state.
 
     Not thread-safe: one thread calls :meth:`add_request`, :meth:`abort_request` and :meth:`step`.
@@ -102,7 +101,7 @@ class LLMEngine:
             getattr(self.model, "classification_head", None),
         )
         #: the last step's pooled chunks, read once the next step is issued (see :meth:`_read_pooled`)
-        self._pooled_in_flight: PooledStep | None = None
+        self._pooled_in_flight = None
         #: structured output: compiled grammars and the constrained sequences' matchers
         self.structured = StructuredOutputManager(
             self._make_structured_backend, pin_memory=self.device.type != "cpu"
@@ -302,62 +301,6 @@ class LLMEngine:
     def list_loras(self) -> list[LoRARequest]:
         """The registered adapters."""
         return self.loras.list()
-
-    def _add_pooling(
-        self, request_id: str, prompt: str | list[int], params: PoolingParams, priority: int, cache_salt: str | None,
-        lora_request: LoRARequest | None = None, prompt_token_ids: list[int] | None = None,
-    ) -> None:
-        """Queue a pooling request: one sequence whose prompt is computed and pooled, nothing sampled."""
-        hidden = self.model_config.hidden_size
-        if params.dimensions is not None and params.dimensions > hidden:
-            raise InvalidRequestError(f"dimensions {params.dimensions} exceeds the model's {hidden}", param="dimensions")
-        if params.task == "classify" and self.pooling.head is None:
-            raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
-        check_per_token_params(params, hidden, self.model_config.hf_config)
-        source = prompt if prompt_token_ids is None else prompt_token_ids
-        step_params = self._pooling_step_params
-        token_ids = self.validate_request(source, step_params, cache_salt)
-        self._admit(1, "n")
-        # generation settings the scheduler reads; the sequence ends once its prompt is pooled
-        request = Request(request_id, prompt if isinstance(prompt, str) else None, token_ids, step_params, final_only=True)
-        seq = Sequence(
-            seq_id=next(self._seq_ids), request_id=request_id, index=0, prompt_token_ids=token_ids,
-            params=request.params, arrival=next(self._arrivals), priority=priority, cache_salt=cache_salt,
-        )  # fmt: skip
-        seq.pooling = params
-        self.loras.tag([seq], lora_request)
-        if getattr(self.model, "needs_whole_prompt", False):
-            budget = self.config.scheduler.max_num_batched_tokens
-            if budget is not None and len(token_ids) > budget:
-                raise InvalidRequestError(
-                    f"the prompt has {len(token_ids)} tokens; {self.model_config.architecture} computes a prompt in one step, and a step holds max_num_batched_tokens={budget}"
-                )
-            seq.whole_prompt = True
-        request.sequences.append(seq)
-        self.requests[request_id] = request
-        self.pooling.add(request_id, params)
-        self.scheduler.add(seq)
-
-    def _end_pooled(self, pooled: PooledStep) -> None:
-        """End the sequences whose prompt this step finished. Their blocks are free for the next step at
-        once (the device runs the steps in order); their outputs wait for the step's reductions."""
-        for seq in pooled.ending():
-            seq.status = SequenceStatus.FINISHED
-            self.scheduler.remove(seq)
-
-    def _read_pooled(self, pooled: PooledStep | None) -> list[PoolingRequestOutput]:
-        """The outputs of the pooling requests the step before finished, read from the host now; ``pooled``
-        (this step's chunks) is read by the next call, while the device runs the next step, or now
-        without async scheduling."""
-        if self.config.scheduler.async_scheduling:
-            pooled, self._pooled_in_flight = self._pooled_in_flight, pooled
-        if pooled is None:
-            return []
-        outputs = []
-        for seq, output in self.pooling.take(pooled.chunks()):
-            self.requests.pop(seq.request_id, None)
-            outputs.append(output)
-        return outputs
 
     def _admit_compiled(self) -> list[Request]:
         """Queue the requests whose grammar compiled; end those whose compilation failed.
