@@ -310,3 +310,26 @@ def test_two_ranks_verify_host_proposals_as_one_process(tiny_llama_dir):
     finally:
         two.shutdown()
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_two_ranks_verify_a_draft_models_proposals_as_one_process(tiny_llama_dir, tiny_qwen2_dir):
+    """A draft model (whole, on the driver) proposing for a target split over two tensor-parallel ranks: the
+    target itself as its draft (every proposal accepted), then a draft of another architecture (proposals
+    mostly refused); both give the tokens of one process without speculation, blocks all free."""
+    prompts = ["1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", "the cat the cat the cat the cat the", "Hello there"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(prompts, params, use_tqdm=False)]
+    for draft in (tiny_llama_dir, tiny_qwen2_dir):
+        spec = {"model": draft, "num_speculative_tokens": 3, "auto_disable": False}
+        two = _llm(tiny_llama_dir, tensor_parallel_size=2, speculative_config=spec)
+        try:
+            assert [o.outputs[0].token_ids for o in two.generate(prompts, params, use_tqdm=False)] == expected
+            stats = two.llm_engine.stats()
+            assert stats["spec_num_proposed_tokens"] > 0
+            if draft == tiny_llama_dir:
+                assert stats["spec_num_accepted_tokens"] == stats["spec_num_proposed_tokens"]
+            assert_all_blocks_free(two)
+        finally:
+            two.shutdown()
+    assert multiprocessing.active_children() == []

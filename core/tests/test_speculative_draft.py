@@ -125,6 +125,19 @@ def test_a_draft_that_cannot_serve_the_target_is_a_one_line_error(tiny_llama_dir
             assert "\n" not in str(err.value)
 
 
+def test_a_draft_refuses_pipeline_stages(tiny_llama_dir):
+    """Checked before any rank starts (tensor parallelism is fine: the driver runs the whole draft)."""
+    from engine.config import EngineConfig, ParallelConfig
+    from engine.speculative.draft_setup import load_draft
+
+    config = EngineConfig(
+        model=tiny_llama_dir, parallel=ParallelConfig(pipeline_parallel_size=2),
+        speculative_config={"model": tiny_llama_dir, "num_speculative_tokens": 2},
+    )  # fmt: skip
+    with pytest.raises(EngineConfigError, match="pipeline parallelism is not supported"):
+        load_draft(config, None, None, None)  # type: ignore[arg-type]
+
+
 def test_cli_names_a_missing_draft_in_one_line(tiny_llama_dir, tmp_path):
     from engine_test_utils import run_cli
 

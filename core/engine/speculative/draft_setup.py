@@ -50,15 +50,16 @@ def load_draft(
 
     Raises:
         EngineConfigError: the draft cannot be read, or cannot propose for this target here (its
-            vocabulary is larger, it mixes attention windows, or more than one rank runs the target).
+            vocabulary is larger, it mixes attention windows, or the target runs in pipeline stages).
     """
     from engine.engine_setup import build_model  # set-up imports this module: imported when called
 
     spec_config = config.speculative_config
     assert spec_config is not None and spec_config.model is not None
-    # data-parallel replicas are whole engines: each runs a draft of its own
-    if config.parallel.world_size > 1:
-        raise EngineConfigError("speculative decoding with a draft model runs on one rank; tensor and pipeline parallelism are not supported with it")
+    # data-parallel replicas are whole engines: each runs a draft of its own; under tensor parallelism the
+    # driver runs the whole draft beside its shard of the target
+    if config.parallel.pipeline_parallel_size > 1:
+        raise EngineConfigError("speculative decoding with a draft model runs on one rank; pipeline parallelism is not supported with it")
     try:
         path = resolve_model_path(spec_config.model)
         draft_config = load_model_config(path, check_weights=config.load_format != "dummy", registry=registry)
