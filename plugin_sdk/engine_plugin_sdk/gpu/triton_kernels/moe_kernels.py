@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
+
 
 @triton.jit
 def _gated(gate, up, ACT: tl.constexpr):
@@ -36,11 +38,12 @@ def moe_topk_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
     TOPK_GROUPS: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, SIGMOID: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, GROUP_MAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, GROUP_MAX: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """One token per program, its experts as a ``[groups, group size]`` tile: scores (softmax or sigmoid),
     the correction bias added to choose, the best ``TOPK_GROUPS`` groups (by the sum of their two best
     choices, or their best with ``GROUP_MAX``) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores."""
+    pdl_begin(USE_PDL)  # everything it reads, the router's logits, comes from the kernel before
     t = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, G_P2)
     offs_s = tl.arange(0, S_P2)
@@ -94,13 +97,15 @@ def moe_gemv_gate_up_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, out_ptr,
     INTER, stride_x, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """``out[slot, n] = silu(gate_e[n] . x[token]) * (up_e[n] . x[token])`` for one slot's expert ``e``.
 
     ``K`` is a compile-time constant, so the reduction loop unrolls and every weight tile's load can be
     issued before the first one is used: a program keeps several tiles in flight, as streaming needs.
+    Under PDL it waits at once: which expert's rows it reads is the routing kernel's output.
     """
+    pdl_begin(USE_PDL)
     slot = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
@@ -139,10 +144,11 @@ def moe_gemv_down_kernel(
     act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
     H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
     (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other)."""
+    pdl_begin(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_plugin_sdk.gpu.triton_kernels import moe_kernels as mk
+from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 
@@ -106,7 +107,7 @@ def moe_topk(
         NUM_GROUPS=num_groups, GROUP=group, G_P2=next_power_of_2(num_groups), S_P2=next_power_of_2(group),
         TOPK_GROUPS=topk_groups, TOP_K=top_k, K_P2=next_power_of_2(top_k), SIGMOID=scoring == "sigmoid",
         HAS_BIAS=correction_bias is not None, RENORM=renormalize, GROUP_MAX=group_score == "max",
-        num_warps=max(1, min(8, next_power_of_2(experts) // 128)),
+        num_warps=max(1, min(8, next_power_of_2(experts) // 128)), **pdl.launch_options(),
     )  # fmt: skip
     return weights, ids
 
@@ -180,14 +181,14 @@ def fused_moe(
             x, gate_up, gu_scale, gu_bias, ids, hidden_act, inter,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), hidden_act.stride(0), gu_stride_se, gu_stride_be,
             K=hidden, TOP_K=top_k, HAS_SCALE=fp8, HAS_BIAS=gate_up_bias is not None, ACT=act, BLOCK_N=bn,
-            BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps,
+            BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
         mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
             hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
             hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
             K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
-            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps,
+            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         return out
     block_m, block_n, block_k, warps, stages = tiles.gemm_tiles(slots)
