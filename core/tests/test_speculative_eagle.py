@@ -232,18 +232,39 @@ def test_heads_that_cannot_serve_the_target_are_one_line_errors(target_dir, head
             assert "\n" not in str(err.value)
 
 
-def test_eagle_refuses_more_than_one_rank(target_dir, heads):
-    """Checked before any rank starts: the head runs beside rank 0's model only (tensor or pipeline
-    parallelism; data-parallel replicas each run their own)."""
+def test_eagle_refuses_pipeline_stages(target_dir, heads):
+    """Checked before any rank starts: the head runs beside rank 0's model only, which under pipeline
+    parallelism holds no LM head (tensor parallelism is fine: see the next test)."""
     from engine.config import EngineConfig, ParallelConfig
     from engine.speculative.eagle_setup import load_eagle
 
     config = EngineConfig(
-        model=target_dir, parallel=ParallelConfig(tensor_parallel_size=2),
+        model=target_dir, parallel=ParallelConfig(pipeline_parallel_size=2),
         speculative_config={"method": "eagle", "model": heads["eagle"], "num_speculative_tokens": 2},
     )  # fmt: skip
-    with pytest.raises(EngineConfigError, match="speculative_config method 'eagle' runs on one rank"):
+    with pytest.raises(EngineConfigError, match="speculative_config method 'eagle' runs on one rank; pipeline"):
         load_eagle(config, None, None, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_head_beside_two_tensor_parallel_ranks_gives_one_process_tokens(target_dir, heads, bigram):
+    """The driver runs the head with whole copies of the target's embeddings and LM head beside its shard:
+    EAGLE-1 and EAGLE-3 heads give the greedy tokens of one plain process, and a head that reproduces the
+    target has every proposal accepted."""
+    cases = [(target_dir, heads["eagle"], "eagle", 16), (target_dir, heads["eagle3"], "eagle3", 16), (*bigram, "eagle", 17)]
+    for target, head, method, tokens in cases:
+        expected = _greedy(_llm(target), PROMPTS[:4], tokens)
+        two = _llm(target, head, method, k=4 if tokens == 17 else 3, tensor_parallel_size=2)
+        try:
+            assert _greedy(two, PROMPTS[:4], tokens) == expected, (target, method)
+            stats = two.llm_engine.stats()
+            assert stats["spec_num_proposed_tokens"] > 0
+            if tokens == 17:
+                assert stats["spec_acceptance_rate"] == 1.0, stats
+            assert_all_blocks_free(two)
+            _assert_head_free(two)
+        finally:
+            two.shutdown()
 
 
 def test_the_hidden_states_live_beside_the_kv_blocks():

@@ -107,6 +107,26 @@ def test_greedy_tokens_are_unchanged_with_a_glm_mtp_layer(glm_checkpoint):
     _assert_layer_free(spec)
 
 
+@pytest.mark.slow
+def test_the_mtp_layer_beside_two_tensor_parallel_ranks_gives_one_process_tokens(glm_checkpoint):
+    """The driver runs the whole layer, with the target's whole embeddings and LM head, beside its shard."""
+    target, _, plain = glm_checkpoint
+    expected = _greedy(_llm(plain, method=None), PROMPTS[:4])
+    two = _llm(target, k=3, tensor_parallel_size=2)
+    try:
+        assert _greedy(two, PROMPTS[:4]) == expected
+        assert two.llm_engine.stats()["spec_num_proposed_tokens"] > 0
+        assert_all_blocks_free(two)
+        _assert_layer_free(two)
+    finally:
+        two.shutdown()
+
+
+def test_the_mtp_layer_refuses_pipeline_stages(glm_checkpoint):
+    with pytest.raises(EngineConfigError, match="'mtp' runs on one rank; pipeline parallelism"):
+        _llm(glm_checkpoint[0], pipeline_parallel_size=2)
+
+
 def test_seeded_sampling_repeats_with_the_mtp_layer(checkpoint):
     spec = _llm(checkpoint[0])
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)

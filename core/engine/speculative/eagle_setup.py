@@ -25,6 +25,7 @@ from engine.sampling.sampler import Sampler
 from engine.speculative.eagle import EagleParts
 from engine.speculative.eagle_checkpoint import read_eagle_config
 from engine.speculative.eagle_hidden import HiddenStore
+from engine.speculative.whole_vocabulary import load_whole_vocabulary
 
 
 @dataclass(slots=True)
@@ -57,7 +58,8 @@ def load_eagle(config: EngineConfig, platform: Platform, target: Any, target_con
 
     Raises:
         EngineConfigError: in one line, naming ``speculative_config``: the head cannot be read, or cannot
-            propose for this target here (more than one rank, a platform-run or non-decoder target, a
+            propose for this target here (pipeline stages, a target read from a GGUF file under tensor
+            parallelism, a platform-run or non-decoder target, a
             head of another hidden size or vocabulary, an unsupported layout).
     """
     spec_config = config.speculative_config
@@ -65,9 +67,10 @@ def load_eagle(config: EngineConfig, platform: Platform, target: Any, target_con
     method = spec_config.method
     assert method in ("eagle", "eagle3")
     where = f"speculative_config method {method!r}"
-    # data-parallel replicas are whole engines: each runs a head of its own
-    if config.parallel.world_size > 1:
-        raise EngineConfigError(f"{where} runs on one rank; tensor and pipeline parallelism are not supported with it")
+    # data-parallel replicas are whole engines: each runs a head of its own; under tensor parallelism the
+    # driver runs the head beside its shard, with whole copies of the target's embeddings and LM head
+    if config.parallel.pipeline_parallel_size > 1:
+        raise EngineConfigError(f"{where} runs on one rank; pipeline parallelism is not supported with it")
     if not isinstance(target, DenseDecoder) or target.embed_tokens is None or target.lm_head is None:
         raise EngineConfigError(f"{where} needs the core's model forward for {target_config.architecture}, not a platform-run model")
     try:
@@ -81,6 +84,11 @@ def load_eagle(config: EngineConfig, platform: Platform, target: Any, target_con
         raise EngineConfigError(f"{where} reads the target's residual stream, which {target_config.architecture}'s fused post-norms do not keep")
     attention = platform.make_attention_backend()
     head = EagleHead(head_config, target, attention)
+    if target.tp is not None:
+        embed, lm_head = load_whole_vocabulary(config, target, target_config, where)
+        head.embed_tokens = embed  # an EAGLE-3 head with embeddings of its own replaces them as it loads
+        if head.kind == "eagle":
+            head.lm_head = target.gemm.prepare_weight(lm_head, target.dtype)
     try:
         head.load_weights(iter_hf_weights(path, head_config.model, EagleHead))
     except (ModelLoadError, ValueError) as exc:

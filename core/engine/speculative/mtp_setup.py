@@ -27,6 +27,7 @@ from engine.models.mtp_layer import MtpLayer, mtp_config, mtp_layer_index
 from engine.sampling.sampler import Sampler
 from engine.speculative.eagle import EagleParts
 from engine.speculative.eagle_hidden import HiddenStore
+from engine.speculative.whole_vocabulary import load_whole_vocabulary
 
 
 @dataclass(slots=True)
@@ -56,9 +57,10 @@ def mtp_problem(config: EngineConfig, target: Any, target_config: ModelConfig, p
         path: the target's resolved path.
     """
     hf = target_config.hf_config
-    # data-parallel replicas are whole engines: each runs the layer beside its own model
-    if config.parallel.world_size > 1:
-        return "runs on one rank; tensor and pipeline parallelism are not supported with it"
+    # data-parallel replicas are whole engines: each runs the layer beside its own model; under tensor
+    # parallelism the driver runs the whole layer beside its shard, with the target's whole vocabulary
+    if config.parallel.pipeline_parallel_size > 1:
+        return "runs on one rank; pipeline parallelism is not supported with it"
     if not isinstance(target, DenseDecoder) or target.embed_tokens is None or target.lm_head is None:
         return f"needs the core's model forward for {target_config.architecture}, not a platform-run model"
     if int(hf.get("num_nextn_predict_layers") or 0) < 1:
@@ -85,7 +87,7 @@ def load_mtp(config: EngineConfig, platform: Platform, target: Any, target_confi
 
     Raises:
         EngineConfigError: in one line, naming ``speculative_config``: the layer cannot propose for this
-            target here (more than one rank, a platform-run target, a checkpoint without MTP layers,
+            target here (pipeline stages, a platform-run target, a checkpoint without MTP layers,
             GGUF or pre-quantized weights), or its tensors are missing or misshapen.
     """
     where = "speculative_config method 'mtp'"
@@ -97,6 +99,11 @@ def load_mtp(config: EngineConfig, platform: Platform, target: Any, target_confi
     layer_config = mtp_config(target_config)
     layer_class = MtpLayer.for_target(type(target))
     layer = layer_class(layer_config, target, attention)
+    if target.tp is not None:
+        # a layer storing embeddings or an LM head of its own replaces these as it loads
+        embed, lm_head = load_whole_vocabulary(config, target, target_config, where)
+        layer.embed_tokens = embed
+        layer.lm_head = target.gemm.prepare_weight(lm_head, target.dtype)
     try:
         # unread (lazy) until the layer takes them: only the MTP layer's tensors are read
         weights = list(iter_hf_weights(path, layer_config, layer_class, lazy=True))
