@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import torch
@@ -15,46 +13,20 @@ from engine.host_copy import copy_to_host_async
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache, apply_block_moves
-from engine.interfaces.lora import LoraStep
 from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
 from engine.interfaces.ops import apply_token_bitmask as reference_apply_token_bitmask
-from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
+from engine.kv_groups import KVGroupLayout
 from engine.launched_step import DeferredSampling, LaunchedStep
 from engine.lora.manager import LoraManager
-from engine.lora.step_rows import lora_rows
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
-from engine.pooling.pooler import PooledStep, PoolRows, pool_chunks
-from engine.prompt_logprobs import PromptLogprobs, PromptRows, prompt_rows, score_prompt_rows
+from engine.pooling.pooler import PooledStep, pool_chunks
+from engine.prompt_logprobs import PromptLogprobs, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
-from engine.sequence import PENDING_TOKEN, Sequence
+from engine.sequence import Sequence
 from engine.speculative.verify import SpecRows, Verified, verify
-
-
-@dataclass(slots=True)
-class StepInputs:
-    """The flat batch of one step."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    #: one metadata, or one per KV group for a model with groups
-    metadata: AttentionMetadata | GroupedAttentionMetadata
-    logits_indices: torch.Tensor
-    #: the sequence each logits row is sampled for: a sequence whose chunk reached its end, and any
-    #: siblings waiting to fork from it (they sample their first token from the same logits)
-    sample_targets: list[Sequence]
-    #: rows scoring prompt tokens (``prompt_logprobs``): their logits follow the sampled rows' in
-    #: ``logits_indices``
-    prompt_rows: list[PromptRows] = field(default_factory=list)
-    #: rows of pooling requests, whose hidden states are pooled rather than turned into logits
-    pool_rows: list[PoolRows] = field(default_factory=list)
-    #: decodes with proposals: their logits follow the sampled rows' in ``logits_indices``
-    spec_rows: list[SpecRows] = field(default_factory=list)
-    #: each row's adapter slot, None when no row runs under an adapter
-    lora: LoraStep | None = None
-    #: each logits row's adapter slot (the rows ``logits_indices`` picks), None likewise
-    lora_logits: LoraStep | None = None
+from engine.step_inputs import StepInputs, prepare_step_inputs
 
 
 class ModelRunner:
@@ -114,141 +86,16 @@ class ModelRunner:
         self.kv_layout = layout
 
     def prepare(self, step: SchedulerOutput, previous: LaunchedStep | None = None) -> StepInputs:
-        # Host work here is per sequence and per step, so at a few hundred sequences it competes with the
-        # GPU's step time: one-token rows (decodes) take a short path, and tensors cross in two copies.
-        bm = self.block_manager
-        bs = bm.block_size
-        # one table (and one slot per new token) per KV group; models without groups have one
-        group_tables = [group.block_tables for group in bm.groups]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[list[int]] = [[] for _ in group_tables]
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[list[int]]] = [[] for _ in group_tables]
-        logits_indices: list[int] = []
-        targets: list[Sequence] = []
-        scored: list[PromptRows] = []
-        pooled: list[PoolRows] = []
-        speculated: list[SpecRows] = []
-        # rows whose input is the previous (overlapped) step's sample, still only on the device
-        fill_rows: list[int] = []
-        fill_from: list[int] = []
-        offset = 0
-        for item in step.scheduled:
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
-            seq_tables = [by_seq[seq.seq_id] for by_seq in group_tables]
-            for rows, table in zip(tables, seq_tables):
-                rows.append(table)
-            query_lens.append(n)
-            if n == 1:
-                prompt_len = len(seq.prompt_token_ids)
-                token = seq.prompt_token_ids[start] if start < prompt_len else seq.output_token_ids[start - prompt_len]
-                if token == PENDING_TOKEN:
-                    if previous is None or seq.seq_id not in previous.row_of:
-                        raise RuntimeError(f"sequence {seq.seq_id} waits for a token no step in flight samples")
-                    fill_rows.append(len(input_ids))
-                    fill_from.append(previous.row_of[seq.seq_id])
-                    token = 0
-                input_ids.append(token)
-                positions.append(start)
-                block_idx, within = divmod(start, bs)
-                for out, table in zip(slots, seq_tables):
-                    out.append(table[block_idx] * bs + within)
-                seq_lens.append(start + 1)
-            else:
-                end = start + n
-                if item.num_spec:
-                    # the last token, then the proposals this step verifies
-                    input_ids.extend(seq.token_slice(start, end - item.num_spec) + seq.spec_tokens[: item.num_spec])
-                else:
-                    input_ids.extend(seq.token_slice(start, end))
-                positions.extend(range(start, end))
-                for out, table in zip(slots, seq_tables):
-                    # slots block by block rather than token by token: a long prefill is a few list extends
-                    pos = start
-                    while pos < end:
-                        block_idx, within = divmod(pos, bs)
-                        run = min(bs - within, end - pos)
-                        base = table[block_idx] * bs + within
-                        out.extend(range(base, base + run))
-                        pos += run
-                seq_lens.append(end)
-            if seq.params.prompt_logprobs is not None:
-                rows = prompt_rows(seq, start, start + n, offset)
-                if rows is not None:
-                    scored.append(rows)
-            if seq.pooling is not None:
-                pooled.append(PoolRows(seq, offset, start, n))
-                offset += n
-                continue  # nothing is sampled for it
-            if item.num_spec:
-                speculated.append(SpecRows(seq, offset, seq.spec_tokens[: item.num_spec]))
-                offset += n
-                continue  # its rows are verified, not sampled
-            offset += n
-            if item.samples:
-                logits_indices.append(offset - 1)
-                targets.append(seq)
-                for sibling in seq.pending_forks:
-                    logits_indices.append(offset - 1)
-                    targets.append(sibling)
-        # the logits rows: sampled, then verified (each proposal's and the one after), then prompt-scoring
-        for spec in speculated:
-            logits_indices.extend(range(spec.first_row, spec.first_row + len(spec.drafts) + 1))
-        for rows in scored:
-            logits_indices.extend(range(rows.first_row, rows.first_row + rows.count))
-        qsl = [0]
-        for q in query_lens:
-            qsl.append(qsl[-1] + q)
-        widths = [max(len(t) for t in rows) for rows in tables]
-        padded_tables = [
-            chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in rows)
-            for rows, width in zip(tables, widths)
-        ]
-        # Everything crosses in one int64 transfer (each copy is a fixed cost that batch-1 decode pays
-        # every token); the int32 fields are cast on the device.
-        parts = (input_ids, positions, logits_indices, qsl, seq_lens, fill_rows, fill_from, *slots)
-        sizes = [len(p) for p in parts] + [len(query_lens) * width for width in widths]
-        packed = torch.tensor(list(chain(*parts, *padded_tables)), dtype=torch.int64)
-        if self.device.type != "cpu":
-            # from pageable memory the copy would wait for the step in flight; pinned, it queues behind it
-            packed = packed.pin_memory()
-        packed = packed.to(self.device, non_blocking=True)
-        ids_t, pos_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, *rest = packed.split(sizes)
-        slots_t, tables_t = rest[: len(slots)], rest[len(slots) :]
-        if fill_rows:
-            assert previous is not None and previous.token_ids is not None
-            ids_t[fill_rows_t] = previous.token_ids[fill_from_t]
-        table_tensors = [t.view(len(query_lens), width).to(torch.int32) for t, width in zip(tables_t, widths)]
-        metadata: AttentionMetadata | GroupedAttentionMetadata = AttentionMetadata(
-            query_start_loc=qsl_t.to(torch.int32),
-            seq_lens=seq_lens_t.to(torch.int32),
-            block_tables=table_tensors[0],
-            slot_mapping=slots_t[0],
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            block_size=bs,
+        """The step's flat batch on the runner's device (see :func:`engine.step_inputs.prepare_step_inputs`)."""
+        return prepare_step_inputs(
+            step,
+            previous,
+            block_manager=self.block_manager,
+            device=self.device,
             scale=self.model.scale,
             sliding_window=self.sliding_window,
-        )
-        if self.kv_layout is not None:
-            metadata = grouped_metadata(metadata, self.kv_layout, table_tensors, slots_t)
-        lora, lora_logits = lora_rows(self.lora, step, self.device, logits_indices) if self.lora is not None else (None, None)
-        return StepInputs(
-            input_ids=ids_t,
-            positions=pos_t,
-            metadata=metadata,
-            logits_indices=logits_t,
-            sample_targets=targets,
-            prompt_rows=scored,
-            pool_rows=pooled,
-            spec_rows=speculated,
-            lora=lora,
-            lora_logits=lora_logits,
+            kv_layout=self.kv_layout,
+            lora_manager=self.lora,
         )
 
     @torch.inference_mode()
