@@ -160,6 +160,10 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     return parts
 
 
+#: the step budget of encoder-only models (embeddings, cross-encoders) unless one is given
+ENCODER_STEP_TOKENS = 32768
+
+
 def resolve_model(
     config: EngineConfig, platform: Platform, plugin_manager: PluginManager
 ) -> tuple[EngineConfig, str, ModelConfig, type[CausalLM], ModelRegistry]:
@@ -182,6 +186,12 @@ def resolve_model(
     model_class = registry.resolve(model_config.architecture, model_path)
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
+    if getattr(model_class, "needs_whole_prompt", False) and "max_num_batched_tokens" not in config.scheduler.model_fields_set:
+        # An encoder's step is one forward over whole prompts and nothing decodes, so a larger step only
+        # spreads the per-step host work over more texts (H200, bge-large, 128-token texts: 64 a step ran
+        # at 0.99x sentence-transformers, 256 a step at 1.69x)
+        scheduler = config.scheduler.model_copy(update={"max_num_batched_tokens": ENCODER_STEP_TOKENS})
+        config = config.model_copy(update={"scheduler": scheduler})
     _check_config(config, platform, model_config, model_class)
     parallel = config.parallel
     if parallel.world_size > 1:

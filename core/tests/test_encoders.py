@@ -106,9 +106,16 @@ def test_cross_encoder_scores_match_hf(kind, tmp_path):
     assert_all_blocks_free(llm)
 
 
-def test_an_encoder_prompt_is_never_chunked(tmp_path):
+def test_an_encoder_prompt_is_never_chunked(tmp_path, tiny_llama_dir):
     path = save_encoder("bert", str(tmp_path))
+    # an encoder's step budget is large unless given (a step is one forward over whole prompts); a
+    # decoder's stays the default
+    from engine.engine_setup import ENCODER_STEP_TOKENS
+
+    assert _llm(path).llm_engine.config.scheduler.max_num_batched_tokens == ENCODER_STEP_TOKENS
+    assert _llm(tiny_llama_dir, runner="pooling").llm_engine.config.scheduler.max_num_batched_tokens == 2048
     llm = _llm(path, max_num_batched_tokens=10)
+    assert llm.llm_engine.config.scheduler.max_num_batched_tokens == 10
     short = llm.embed(["Bananas are yellow."], use_tqdm=False)  # 6 tokens: fits one step; the next has 12
     assert len(short[0].outputs.embedding) == 128
     with pytest.raises(InvalidRequestError, match="computes a prompt in one step"):
