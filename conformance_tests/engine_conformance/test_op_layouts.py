@@ -29,6 +29,7 @@ from engine_conformance.helpers import assert_equal, torch_dtype
 from engine_conformance.op_checks import FP8, check_op_result, spaced_router_logits
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
+    ref_add_layer_norm,
     ref_apply_token_bitmask,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
@@ -136,6 +137,10 @@ def build_case(op_name: str, views: Views, width: int, rows: int) -> tuple[tuple
         x, residual, w = place(rand(rows, width)), place(rand(rows, width)), rand(width).to(views.device)
         extra = (FP8,) if op_name.endswith("fp8") else ()
         return (x, residual, w, EPS, *extra), ref_fused_add_rms_norm(x, residual, w, EPS)
+    if op_name == "add_layer_norm":
+        x, residual = place(rand(rows, width) + 3.0), place(rand(rows, width))
+        w, b = rand(width).to(views.device), rand(width).to(views.device)
+        return (x, residual, w, b, EPS), (ref_add_layer_norm(x, residual, w, b, EPS),)
     if op_name == "post_norm_add_rms_norm":
         x, residual = place(rand(rows, width, scale=20.0)), place(rand(rows, width))
         post_w, w = rand(width).to(views.device), rand(width).to(views.device)

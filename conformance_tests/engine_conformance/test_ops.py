@@ -13,6 +13,7 @@ from engine_conformance.helpers import assert_close, default_geometry, torch_dty
 from engine_conformance.op_checks import FP8, check_op_result, spaced_router_logits
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
+    ref_add_layer_norm,
     ref_apply_token_bitmask,
     ref_fused_add_rms_norm,
     ref_gelu_tanh_and_mul,
@@ -85,6 +86,12 @@ def op_cases(op_name: str, dtype: torch.dtype, device: Any) -> tuple[tuple, tupl
         return (x, residual, post_w, w, EPS), ref_post_norm_add_rms_norm(x, residual, post_w, w, EPS)
     if op_name == "moe_topk":
         return moe_topk_case(gen, dtype, device, renormalize=True)
+    if op_name == "add_layer_norm":
+        # offset means and a width that is not a power of two: a kernel that norms x alone, skips the
+        # centring or reads past the row fails
+        x, residual = rand(9, HIDDEN + 96) + 3.0, rand(9, HIDDEN + 96) * 4 - 1.0
+        w, b = rand(HIDDEN + 96), rand(HIDDEN + 96)
+        return (x, residual, w, b, EPS), (ref_add_layer_norm(x, residual, w, b, EPS),)
     raise ValueError(f"no test case for op {op_name!r}")
 
 

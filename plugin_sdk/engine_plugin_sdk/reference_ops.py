@@ -286,6 +286,13 @@ def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out if bias is None else out + bias.to(F64)
 
 
+def ref_add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """:func:`ref_layer_norm` of ``x + residual`` in float64."""
+    return ref_layer_norm(x.to(F64) + residual.to(F64), weight, bias, eps)
+
+
 def ref_apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
     """The logits in float64 with every token the bitmask disallows at ``-inf`` (a new tensor).
 

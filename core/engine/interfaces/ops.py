@@ -97,6 +97,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return out.to(x.dtype)
 
 
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """:func:`layer_norm` of ``x + residual``, the sum rounded to x's dtype first (as the unfused sum would
+    be): a post-norm block's residual connection (BERT), one pass instead of two."""
+    return layer_norm(x + residual, weight, bias, eps)
+
+
 def quantize_rows(x: torch.Tensor, fp8_dtype: torch.dtype) -> RowQuantizedActivations:
     """One FP8 term per row of ``x [rows, k]``: scale ``max |row| / fp8 max`` (at least 1e-12), values
     ``x / scale``."""
@@ -188,6 +196,7 @@ class OpTable:
     apply_token_bitmask: Callable[..., None]
     post_norm_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     moe_topk: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    add_layer_norm: Callable[..., torch.Tensor]
 
     def with_overrides(self, overrides: dict[str, Callable]) -> OpTable:
         """A copy with some ops replaced.
@@ -209,7 +218,7 @@ CORE_OP_NAMES = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and
 #: conformance seeds of the earlier ones (drawn from their index here) stay put
 OP_NAMES = (
     *CORE_OP_NAMES, "fused_add_rms_norm_fp8", "silu_and_mul_fp8", "greedy_pick", "gelu_tanh_and_mul", "layer_norm",
-    "apply_token_bitmask", "post_norm_add_rms_norm", "moe_topk",
+    "apply_token_bitmask", "post_norm_add_rms_norm", "moe_topk", "add_layer_norm",
 )
 
 
@@ -228,4 +237,5 @@ def reference_ops() -> OpTable:
         apply_token_bitmask=apply_token_bitmask,
         post_norm_add_rms_norm=post_norm_add_rms_norm,
         moe_topk=moe_topk,
+        add_layer_norm=add_layer_norm,
     )

@@ -148,9 +148,9 @@ class BertModel(CausalLM):
             q, k, v = gemm.linear(x, *layer["qkv"]).split(heads * d, dim=-1)
             shape = (x.shape[0], heads, d)
             attn = self.attention.forward(q.reshape(shape), k.reshape(shape), v.reshape(shape), cache, meta)
-            x = ops.layer_norm(x + gemm.linear(attn.reshape(x.shape[0], heads * d), *layer["o"]), *layer["attn_norm"], eps)
+            x = ops.add_layer_norm(gemm.linear(attn.reshape(x.shape[0], heads * d), *layer["o"]), x, *layer["attn_norm"], eps)
             hidden = torch.nn.functional.gelu(gemm.linear(x, *layer["up"]))
-            x = ops.layer_norm(x + gemm.linear(hidden, *layer["down"]), *layer["out_norm"], eps)
+            x = ops.add_layer_norm(gemm.linear(hidden, *layer["down"]), x, *layer["out_norm"], eps)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

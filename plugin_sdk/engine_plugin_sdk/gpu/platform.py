@@ -362,6 +362,7 @@ class TorchGpuPlatform(Platform):
             "silu_and_mul": launchers.silu_and_mul,
             "gelu_tanh_and_mul": launchers.gelu_tanh_and_mul,
             "layer_norm": launchers.layer_norm,
+            "add_layer_norm": launchers.add_layer_norm,
             "greedy_pick": launchers.greedy_pick,
             "apply_token_bitmask": apply_token_bitmask,
             "post_norm_add_rms_norm": post_norm_add_rms_norm,

@@ -46,6 +46,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return out.to(x.dtype)
 
 
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """:func:`layer_norm` of ``x + residual``, the sum in x's dtype (a BERT block's residual connection)."""
+    return layer_norm(x + residual, weight, bias, eps)
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +163,7 @@ def cpu_op_overrides(native: NativeKernels | None = None) -> dict[str, Callable[
         return {
             "rms_norm": ops.rms_norm,
             "layer_norm": layer_norm,
+            "add_layer_norm": add_layer_norm,
             "fused_add_rms_norm": ops.fused_add_rms_norm,
             "post_norm_add_rms_norm": ops.post_norm_add_rms_norm,
             "rotary_embedding": ops.rotary_embedding,
@@ -165,6 +173,7 @@ def cpu_op_overrides(native: NativeKernels | None = None) -> dict[str, Callable[
     return {
         "rms_norm": rms_norm,
         "layer_norm": layer_norm,
+        "add_layer_norm": add_layer_norm,
         "fused_add_rms_norm": fused_add_rms_norm,
         "post_norm_add_rms_norm": post_norm_add_rms_norm,
         "rotary_embedding": rotary_embedding,

@@ -10,6 +10,7 @@ from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_nor
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import (
     make_cos_sin_cache,
+    ref_add_layer_norm,
     ref_fused_add_rms_norm,
     ref_gated_linear,
     ref_gelu_tanh_and_mul,
@@ -190,6 +191,10 @@ def test_fused_ops(device, kernel_dtypes):
         shifted, b = x + 2.0, rand(200)
         assert not compare(launchers.layer_norm(shifted, w, b, 1e-5), ref_layer_norm(shifted, w, b, 1e-5), tol, "layer_norm")
         assert not compare(launchers.layer_norm(shifted, w, None, 1e-5), ref_layer_norm(shifted, w, None, 1e-5), tol, "layer_norm")
+        # BERT's residual connection inside the norm: the sum rounds to the dtype, then the norm
+        fused = launchers.add_layer_norm(shifted, residual * 3, w, b, 1e-5)
+        assert not compare(fused, ref_add_layer_norm(shifted, residual * 3, w, b, 1e-5), tol, "add_layer_norm")
+        assert torch.equal(fused, launchers.layer_norm(shifted + residual * 3, w, b, 1e-5))
         gate_up = rand(3, 2, 2 * 96)
         assert not compare(launchers.silu_and_mul(gate_up), ref_silu_and_mul(gate_up), tol, "silu_and_mul")
         gate_up = gate_up * 4  # reach both tails of the tanh

@@ -14,6 +14,7 @@ from engine_plugin_sdk.gpu.triton_kernels.launch import (
     next_power_of_2,
 )
 from engine_plugin_sdk.gpu.triton_kernels.launchers import (
+    add_layer_norm,
     fused_add_rms_norm,
     gelu_tanh_and_mul,
     layer_norm,
@@ -31,6 +32,7 @@ __all__ = [
     "INTERPRETER_TUNING",
     "AttentionTiles",
     "KernelTuning",
+    "add_layer_norm",
     "apply_token_bitmask",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",

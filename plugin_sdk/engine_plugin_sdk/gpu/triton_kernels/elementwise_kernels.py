@@ -30,16 +30,22 @@ def rms_norm_kernel(
 
 @triton.jit
 def layer_norm_kernel(
-    out_ptr, x_ptr, weight_ptr, bias_ptr, eps,
-    stride_x, stride_out,
+    out_ptr, x_ptr, residual_ptr, weight_ptr, bias_ptr, eps,
+    stride_x, stride_res, stride_out,
     HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr = False,
 ):
-    """``(x - mean) / sqrt(var + eps) * weight (+ bias)`` for one row, in float32 (biased variance)."""
+    """``(x - mean) / sqrt(var + eps) * weight (+ bias)`` for one row, in float32 (biased variance); with
+    ``HAS_RESIDUAL`` of ``x + residual``, the sum rounded to the dtype as the unfused sum would be."""
     pdl_begin(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(residual_ptr + row * stride_res + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    x = x.to(tl.float32)
     # the padding lanes must not enter the variance: zero them after centring
     centred = tl.where(mask, x - tl.sum(x, 0) / HIDDEN, 0.0)
     inv = 1.0 / tl.sqrt(tl.sum(centred * centred, 0) / HIDDEN + eps)

@@ -251,15 +251,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last axis (``bias`` None for none), in float32, returned in x's dtype."""
+    return _layer_norm(x, None, weight, bias, eps)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm of ``x + residual`` in one pass (the sum rounded to x's dtype, as the unfused sum)."""
+    return _layer_norm(x, residual, weight, bias, eps)
+
+
+def _layer_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     rows = rows_of(x)
+    res = rows_of(residual) if residual is not None else rows
     hidden = rows.shape[1]
     out = torch.empty_like(rows)
     if rows.shape[0]:
         block = next_power_of_2(hidden)
         # without a bias the weight stands in for the pointer; HAS_BIAS keeps the kernel from reading it
         ek.layer_norm_kernel[(rows.shape[0],)](
-            out, rows, weight, weight if bias is None else bias, eps, rows.stride(0), out.stride(0),
-            HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=_row_warps(block), **pdl.launch_options(),
+            out, rows, res, weight, weight if bias is None else bias, eps, rows.stride(0), res.stride(0),
+            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=_row_warps(block),
+            HAS_RESIDUAL=residual is not None, **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape)
 
