@@ -10,18 +10,28 @@ an idle server uses no CPU.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from engine.engine_calls import EngineCall
+from engine.engine_core import EngineCore
+from engine.engine_stats import EngineStats
+from engine.engine_thread_messages import (
+    _Abort,
+    _AbortAll,
+    _Add,
+    _Command,
+    _deliver_all,
+    _resolve,
+    _snapshot,
+    _Stop,
+)
 from engine.errors import FatalEngineError
-from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.request_metrics import ABORT, ERROR
 from engine.request_stream import EngineDeadError, RequestStream
 
@@ -32,105 +42,6 @@ if TYPE_CHECKING:
     from engine.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineCore(Protocol):
-    """What the async front needs from the synchronous engine (``LLMEngine`` satisfies it)."""
-
-    tokenizer: Any
-    max_model_len: int
-    model_name: str
-    #: the checkpoint's sampling defaults for fields a request leaves unset (``LLMEngine``'s)
-    generation_defaults: dict[str, float | int]
-
-    def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None,
-        priority: int = 0, lora_request: LoRARequest | None = None,
-    ) -> None:
-        """Queue a request; ``cache_salt``, ``priority`` and ``lora_request`` are passed only when given."""
-
-    def abort_request(self, request_id: str) -> None: ...
-
-    def step(self) -> list[RequestOutput]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    def shutdown(self) -> None:
-        """Stop what the engine started besides this thread (its tensor-parallel workers)."""
-
-    @property
-    def num_free_blocks(self) -> int: ...
-
-    @property
-    def num_total_blocks(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot taken by the engine thread after each of its iterations.
-
-    Attributes:
-        num_free_blocks: KV blocks not held by any request.
-        num_total_blocks: KV blocks in the cache.
-        num_requests_in_flight: requests added and not yet finished or aborted.
-        num_requests_total: requests accepted since start.
-        num_steps: engine steps run since start.
-        peak_batch_size: the most requests that got tokens in one step (continuous batching at work).
-        scheduler: the engine's scheduler counters (running, waiting and swapped sequences, KV usage,
-            prefix-cache hit rate, preemptions), when the engine reports them.
-    """
-
-    num_free_blocks: int
-    num_total_blocks: int
-    num_requests_in_flight: int
-    num_requests_total: int
-    num_steps: int
-    peak_batch_size: int
-    scheduler: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    stream: RequestStream
-    accepted: asyncio.Future[None]
-    cache_salt: str | None = None
-    #: when the caller handed the request over (monotonic seconds), for the observer's timings
-    arrival: float = 0.0
-    #: lower runs first (0: the default)
-    priority: int = 0
-    lora_request: LoRARequest | None = None
-
-
-@dataclass(slots=True)
-class _Abort:
-    request_id: str
-
-
-class _AbortAll:
-    pass
-
-
-class _Stop:
-    pass
-
-
-_Command = _Add | _Abort | _AbortAll | _Stop | EngineCall
-
-
-def _snapshot(output: RequestOutput) -> RequestOutput:
-    # The engine may keep mutating its output objects in later steps; hand the loop a private copy.
-    if isinstance(output, PoolingRequestOutput):
-        return output  # made once, when the request finished
-    outs = [
-        dataclasses.replace(
-            c, token_ids=list(c.token_ids), logprobs=list(c.logprobs) if c.logprobs is not None else None
-        )
-        for c in output.outputs
-    ]
-    return dataclasses.replace(output, outputs=outs, prompt_token_ids=output.prompt_token_ids)
 
 
 class AsyncLLMEngine:
@@ -467,20 +378,6 @@ class AsyncLLMEngine:
         except RuntimeError:
             # The event loop is closed (process exiting): nobody is left to tell.
             logger.debug("event loop closed; dropping an update for %s", stream.request_id)
-
-
-def _deliver_all(deliveries: list[tuple[RequestStream, RequestOutput]]) -> None:
-    for stream, output in deliveries:
-        stream._deliver(output)
-
-
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
 
 
 __all__ = ["AsyncLLMEngine", "EngineCore", "EngineDeadError", "EngineStats", "RequestStream"]
