@@ -74,8 +74,9 @@ def _rank_device(platform: Platform, rank: int) -> torch.device:
     return device if device.type == "cpu" else torch.device(device.type, rank)
 
 
-def _rank_main(platform_cls: type[Platform], rank: int, init_method: str, out_dir: str, bf16: bool) -> None:
-    """One rank: every collective in the suite's order, saving after each step (a hang keeps the rest)."""
+def rank_record(out_dir: str, rank: int) -> tuple[dict[str, dict[str, Any]], Callable[[], None]]:
+    """A rank's record of its steps (inputs, outputs, errors by step) and the call that saves it whole to
+    ``rank{rank}.pt`` (written aside, then renamed: a rank killed mid-save leaves the last full record)."""
     saved: dict[str, dict[str, Any]] = {"inputs": {}, "outputs": {}, "errors": {}}
     path = os.path.join(out_dir, f"rank{rank}.pt")
 
@@ -83,6 +84,12 @@ def _rank_main(platform_cls: type[Platform], rank: int, init_method: str, out_di
         torch.save(saved, path + ".tmp")
         os.replace(path + ".tmp", path)
 
+    return saved, save
+
+
+def _rank_main(platform_cls: type[Platform], rank: int, init_method: str, out_dir: str, bf16: bool) -> None:
+    """One rank: every collective in the suite's order, saving after each step (a hang keeps the rest)."""
+    saved, save = rank_record(out_dir, rank)
     try:
         platform = platform_cls()
         comm = platform.make_communicator(WORLD, rank, init_method, local_rank=rank)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from engine_conformance.test_distributed import (
     _need_two_devices,
     _rank_device,
     _spawn_ranks,
+    rank_record,
     unclaimed,
 )
 from engine_plugin_sdk.tolerances import compare, get_tolerance
@@ -52,13 +52,7 @@ def _graph_rank_main(
 ) -> None:
     """One rank of the graph row: record a step holding an all-reduce and an all-gather, then run it on
     fresh inputs, saving after each run (a hang keeps what came before)."""
-    saved: dict[str, dict[str, Any]] = {"inputs": {}, "outputs": {}, "errors": {}}
-    path = os.path.join(out_dir, f"rank{rank}.pt")
-
-    def save() -> None:
-        torch.save(saved, path + ".tmp")
-        os.replace(path + ".tmp", path)
-
+    saved, save = rank_record(out_dir, rank)
     try:
         platform = platform_cls()
         comm = platform.make_communicator(WORLD, rank, init_method, local_rank=rank)
