@@ -194,7 +194,7 @@ def profile_decode(llm: Any, steps: int = 32) -> None:
     rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in rows)
     print(f"per decode step: {total / steps:.0f} us of GPU time in kernels", flush=True)
-    for e in rows[:18]:
+    for e in rows[:26]:
         print(f"  {e.device_time_total / steps:8.1f} us  {e.count / steps:5.1f}x  {e.key[:90]}", flush=True)
 
 

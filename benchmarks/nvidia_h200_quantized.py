@@ -268,7 +268,11 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
     from engine_plugin_nvidia.gemm import CudaGemmBackend
     from engine_plugin_sdk.gpu.triton_kernels import pdl
-    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles, dequantize_packed
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+        GroupedIntTiles,
+        dequantize_grouped,
+        dequantize_packed,
+    )
 
     pdl.configure(torch.cuda.get_device_capability()[0] >= 9)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -293,12 +297,22 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
                     sec = timed_rotating(lambda w, x=x: gemm.linear(x, w), weights)
                 row[f"{kind} gemv{tile}"] = {"us": sec * 1e6, "TBps": weights[0].nbytes / sec / 1e12, "rel_err": err}
             gemm.grouped_int_tiles = None
+            # the default tiles, each --gemm-tiles entry, then the dense copy and the vendor GEMM
+            variants = {"": None, **{f" {t}": GroupedIntTiles(gemm=((0, *t),)) for t in args.gemm_tiles},
+                        " dense": GroupedIntTiles(dense_rows=1)}  # fmt: skip
             for rows in args.gemm_rows:
                 xs = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
                 ref_m = xs.double() @ dequantize_packed(weights[0]).double().T
-                err = float((gemm.linear(xs, weights[0]).double() - ref_m).norm() / ref_m.norm())
-                sec = timed_rotating(lambda w, xs=xs: gemm.linear(xs, w), weights)
-                row[f"{kind} gemm M={rows}"] = {"us": sec * 1e6, "TFLOPs": 2 * rows * n * k / sec / 1e12, "rel_err": err}
+                for label, tiles in variants.items():
+                    gemm.grouped_int_tiles = tiles
+                    err = float((gemm.linear(xs, weights[0]).double() - ref_m).norm() / ref_m.norm())
+                    sec = timed_rotating(lambda w, xs=xs: gemm.linear(xs, w), weights)
+                    row[f"{kind} gemm M={rows}{label}"] = {
+                        "us": sec * 1e6, "TFLOPs": 2 * rows * n * k / sec / 1e12, "rel_err": err,
+                    }  # fmt: skip
+                gemm.grouped_int_tiles = None
+            sec = timed_rotating(lambda w: dequantize_grouped(w, torch.bfloat16), weights)
+            row[f"{kind} dequantize"] = {"us": sec * 1e6, "TBps": weights[0].nbytes / sec / 1e12}
             del weights
         for rows in args.gemm_rows:
             xs = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -380,6 +394,8 @@ def main() -> None:
     kernels.add_argument("--gemv", type=tile, nargs="+", default=[(4, 1024, 4, 2), (4, 2048, 4, 2)],
                          help="GEMV tiles as rows,row_bytes,num_warps,num_stages (GroupedIntTiles.gemv)")
     kernels.add_argument("--gemm-rows", type=int, nargs="*", default=[16, 256])
+    kernels.add_argument("--gemm-tiles", type=tile, nargs="*", default=[],
+                         help="block_m,block_n,warps,stages of the grouped GEMM to time besides the defaults")
     bench = sub.add_parser("bench", help="Llama-3-8B decode and throughput, bf16 against the quantized forms")
     bench.add_argument("--decode", nargs="*", default=["bf16", "w4a16", "gguf_q4_k_m", "gguf_q4_k_m_dequantized"],
                        choices=list(PLANS))

@@ -4,6 +4,7 @@ against a float64 reference, their load-time packing, split-K, and their place i
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 
@@ -17,6 +18,8 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     GroupedIntTiles,
     gemv_subs,
     grouped_int_block_k,
+    dequantize_grouped,
+    dequantize_packed,
     grouped_int_linear,
     pack_grouped_int,
 )
@@ -105,6 +108,29 @@ def test_split_reduction_and_partial_column_tiles(device, scheme: str) -> None:
         assert logits.dtype == torch.float32
         # float32 out, but the product ran in float16: the float16 tolerance
         problem = compare(logits, reference(x, weight, None), get_tolerance(torch.float16), "float32 out")
+        assert not problem, problem
+
+
+@pytest.mark.parametrize("scheme", SCHEMES + ("gguf_q4_k",))
+def test_many_rows_run_on_a_dense_copy(device, scheme: str) -> None:
+    """From ``dense_rows`` rows on, the weight is dequantized by a kernel into the activations' dtype and
+    multiplied by the vendor GEMM: the same products, perm and bias included."""
+    gen = torch.Generator().manual_seed(11)
+    tiles = dataclasses.replace(tiles_for(device), dense_rows=8)
+    weight = make_quantized_weight(scheme, OUT, 256, seed=13)
+    # Q4_K: groups of 32 with a zero scale per group, repacked exactly
+    prepared = packed(weight, tiles, device) if scheme in SCHEMES else pack_grouped_int(weight, 32, device)
+    dense = dequantize_grouped(prepared, torch.float32)
+    assert torch.equal(dense.cpu(), dequantize_packed(prepared).cpu())
+    assert dequantize_grouped(prepared, torch.float16).dtype == torch.float16
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(37, 256, generator=gen).to(dtype)
+        bias = torch.randn(OUT, generator=gen).to(dtype)
+        got = grouped_int_linear(x.to(device), prepared, bias.to(device), tiles)
+        assert got.dtype == dtype and got.shape == (37, OUT)
+        xs = x.double() if prepared.perm is None else x.double()[:, prepared.perm.cpu().long()]
+        want = xs @ dequantize_packed(prepared).double().cpu().T + bias.double()
+        problem = compare(got, want, get_tolerance(dtype), f"{scheme} dense {dtype}")
         assert not problem, problem
 
 

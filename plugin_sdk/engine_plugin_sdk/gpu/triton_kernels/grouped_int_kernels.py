@@ -341,3 +341,34 @@ def grouped_int_gemv_wide_kernel(
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def grouped_int_dequant_kernel(
+    w_ptr, scale_ptr, zs_ptr, out_ptr, N, stride_wn, stride_sn, stride_on,
+    GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``out[n, k] = dequant(W)[n, k]`` in ``out``'s dtype, stored column order, for ``BLOCK_N`` rows and the
+    packing's sub-block ``pid(1)`` of ``BLOCK`` columns: the dense copy a many-row product hands to the
+    vendor GEMM, where dequantizing once per tile of rows inside the grouped GEMM costs more than the copy."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    block = tl.program_id(1)
+    W_COLS: tl.constexpr = BLOCK // 2 if BITS == 4 else BLOCK
+    offs_c = tl.arange(0, W_COLS)
+    codes = tl.load(w_ptr + rows[:, None] * stride_wn + (block * W_COLS + offs_c)[None, :])
+    params = rows * stride_sn + block * BLOCK // GROUP
+    scale = tl.load(scale_ptr + params).to(tl.float32)[:, None]
+    zs = scale
+    if HAS_ZS:
+        zs = tl.load(zs_ptr + params).to(tl.float32)[:, None]
+    out_rows = out_ptr + rows[:, None] * stride_on + block * BLOCK + offs_c[None, :]
+    if BITS == 4:
+        tl.store(out_rows, _dequant(codes & 0xF, scale, zs, ZERO, HAS_ZS).to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None])  # fmt: skip
+        tl.store(out_rows + W_COLS, _dequant(codes >> 4, scale, zs, ZERO, HAS_ZS).to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None])  # fmt: skip
+    else:
+        tl.store(out_rows, _dequant(codes, scale, zs, ZERO, HAS_ZS).to(out_ptr.dtype.element_ty), mask=n_ok[:, None])

@@ -38,6 +38,9 @@ class GroupedIntTiles:
         gemv: ``(rows, row_bytes, num_warps, num_stages)`` of the single-row GEMV: output features per
             program (1, 2 or 4 unrolled; a larger power of two as one tile, for the interpreter), and code
             bytes of each row read per iteration (a power of two; fewer where a row has fewer).
+        dense_rows: products of at least this many rows dequantize the weight into a dense copy in the
+            activations' dtype and run the vendor's GEMM on it (0: never). Past some hundreds of rows the
+            copy's bytes cost less than dequantizing a tile once per tile of rows inside the grouped GEMM.
     """
 
     block_k: int = 128
@@ -49,6 +52,7 @@ class GroupedIntTiles:
     max_split_k: int = 16
     min_split_blocks: int = 2
     gemv: tuple[int, int, int, int] = (4, 1024, 4, 2)
+    dense_rows: int = 0
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -156,6 +160,29 @@ def dequantize_packed(weight: GroupedIntWeight) -> torch.Tensor:
     return dequantize_codes(unpacked)
 
 
+def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: int = 32) -> torch.Tensor:
+    """``[out, in]`` in ``dtype`` of a packed weight in stored column order, on its device (by a kernel).
+
+    Args:
+        weight: from :func:`pack_grouped_int`.
+        dtype: the copy's dtype (the activations').
+        block_n: rows per program.
+
+    Returns:
+        A new contiguous tensor.
+    """
+    out_features, in_features = weight.shape
+    out = torch.empty((out_features, in_features), dtype=dtype, device=weight.codes.device)
+    scales = weight.scales
+    gk.grouped_int_dequant_kernel[(triton.cdiv(out_features, block_n), in_features // weight.block_k)](
+        weight.codes, scales, weight.zero_scales if weight.zero_scales is not None else scales, out,
+        out_features, weight.codes.stride(0), scales.stride(0), out.stride(0),
+        GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
+        BLOCK=weight.block_k, BLOCK_N=block_n,
+    )  # fmt: skip
+    return out
+
+
 def _narrowest(values: torch.Tensor) -> torch.Tensor:
     """float16 when it holds every value exactly (half the bytes the kernels stream), else float32."""
     values = values.float().contiguous()
@@ -194,6 +221,11 @@ def grouped_int_linear(
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
+    if 0 < tiles.dense_rows <= m and dtype == rows.dtype:
+        if weight.perm is not None:
+            rows = rows.index_select(1, weight.perm)
+        dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
+        return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
     if m == 1:
         _gemv(rows, weight, bias, tiles, out)
