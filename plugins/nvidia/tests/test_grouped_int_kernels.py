@@ -5,6 +5,7 @@ against a float64 reference, their load-time packing, split-K, and their place i
 from __future__ import annotations
 
 import dataclasses
+
 import pytest
 import torch
 
@@ -16,10 +17,10 @@ from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
-    gemv_subs,
-    grouped_int_block_k,
     dequantize_grouped,
     dequantize_packed,
+    gemv_subs,
+    grouped_int_block_k,
     grouped_int_linear,
     pack_grouped_int,
 )
@@ -34,7 +35,11 @@ SCHEMES = ("int4_grouped", "int8_grouped")
 GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
 #: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
 SPLIT_TILES = GroupedIntTiles(
-    block_k=32, gemm=((0, 16, 64, 4, 1),), min_programs=64, max_split_k=3, min_split_blocks=1,
+    block_k=32,
+    gemm=((0, 16, 64, 4, 1),),
+    min_programs=64,
+    max_split_k=3,
+    min_split_blocks=1,
     gemv=INTERPRETER_GROUPED_INT_TILES.gemv,
 )
 
@@ -276,8 +281,12 @@ def test_gemv_in_a_graph_with_pdl_matches_eager() -> None:
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0+")
     gemm = CudaGemmBackend("cuda")
-    first = gemm.prepare_weight(make_quantized_weight("gguf_q4_k", 1024, 512, seed=5, device="cuda"), torch.bfloat16)
-    second = gemm.prepare_weight(make_quantized_weight("gguf_q6_k", 512, 1024, seed=6, device="cuda"), torch.bfloat16)
+    first = gemm.prepare_weight(
+        make_quantized_weight("gguf_q4_k", 1024, 512, seed=5, device="cuda"), torch.bfloat16
+    )
+    second = gemm.prepare_weight(
+        make_quantized_weight("gguf_q6_k", 512, 1024, seed=6, device="cuda"), torch.bfloat16
+    )
     x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
     before = pdl.enabled()
     try:
