@@ -45,6 +45,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
         # the step whose leading decode rows were last counted, and the count: every layer of a step shares
         # one metadata object, so the count is taken once per step rather than once per layer
         self._leading: tuple[AttentionMetadata, int] | None = None
+        # int32 zeros the decode kernel's split programs count themselves in (it leaves them zero): made
+        # outside graph capture, kept across steps, so no step spends an operation zeroing them
+        self._arrivals: torch.Tensor | None = None
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -90,6 +93,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 new_kv=(key, value, metadata.slot_mapping) if fused else None,
                 rotary=(rotary.index, rotary.table) if rotary is not None else None,
                 head_norm=rotary.head_norm if rotary is not None else None,
+                arrivals=self.decode_arrivals(metadata.num_seqs * kv_cache.shape[3], query.device),
             )  # fmt: skip
         elif metadata.num_seqs:
             # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each
@@ -125,6 +129,17 @@ class TritonPagedAttentionBackend(AttentionBackend):
         capturing = metadata.graph_capture or stream_capturing()
         max_len = None if capturing else metadata.max_seq_len
         return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
+
+    def decode_arrivals(self, count: int, device: torch.device) -> torch.Tensor | None:
+        """At least ``count`` arrival counts (zeros between launches), or None while a graph is captured
+        and the kept ones are too few (the decode kernel then launches its merge kernel)."""
+        kept = self._arrivals
+        if kept is not None and kept.numel() >= count and kept.device == device:
+            return kept
+        if stream_capturing():
+            return None
+        self._arrivals = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        return self._arrivals
 
     def leading_decode_rows(self, metadata: AttentionMetadata) -> int:
         """How many sequences at the front of the batch have exactly one new token (counted once per step)."""

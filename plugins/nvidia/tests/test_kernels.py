@@ -61,6 +61,26 @@ def test_decode_split_context(device, splits, feature):
     check(out, problem, f"decode splits={splits} {feature}")
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+def test_decode_last_split_merges_when_given_arrival_counts(device, splits):
+    """With ``arrivals`` the split programs count themselves and the last of each KV head's merges its
+    heads (no merge kernel): the same result as the merge kernel's, and every count back at zero."""
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, seed=40 + splits, sliding_window=12)
+    md = problem.metadata
+    outs = []
+    arrivals = torch.zeros(64, dtype=torch.int32, device=device)
+    for given in (None, arrivals, arrivals):
+        out = torch.full_like(problem.query, float("nan"))
+        launchers.paged_decode(
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, tuning(),
+            window=md.sliding_window, arrivals=given,
+        )  # fmt: skip
+        outs.append(out)
+        assert not arrivals.any()
+    check(outs[1], problem, f"decode splits={splits} merged by the last split")
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
 def test_decode_large_head_tiles(device):
     """Head size 256 through the decode kernel with the large-head tiles (32 keys per iteration, as the
     NVIDIA table gives them), split and unsplit, windowed and soft-capped as Gemma's layers are."""

@@ -198,7 +198,7 @@ def _head_norm(x, x_partner, weight_ptr, eps, offs_d, partner, d_ok, HEAD_DIM: t
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr, rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr,
     scale, soft_cap, window, norm_eps,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
@@ -208,14 +208,16 @@ def paged_decode_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
     DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
-    HEAD_NORM: tl.constexpr,
+    HEAD_NORM: tl.constexpr, MERGE_LAST: tl.constexpr,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
 
     With one split the normalised result goes straight to ``out``; otherwise the unnormalised
-    accumulator and its running max / sum go to the partial buffers for :func:`decode_merge_kernel`.
-    Rows with ``seq_len == 0`` (graph padding) produce zeros.
+    accumulator and its running max / sum go to the partial buffers for :func:`decode_merge_kernel`; with
+    ``MERGE_LAST`` each program counts itself in ``arrivals[seq, kv_head]`` (int32, zero before the launch)
+    and the last of the splits to arrive merges the group's heads itself and sets the count back to zero:
+    one launch fewer per layer. Rows with ``seq_len == 0`` (graph padding) produce zeros.
 
     ``WRITE_KV``: the new token's key and value (``new_k`` / ``new_v``, row ``seq``) are not in the cache
     yet. The program whose share holds the last position stores them at ``slot`` (skipped when negative)
@@ -366,24 +368,34 @@ def paged_decode_kernel(
         m_out = tl.where(l_i > 0.0, m_i, float("-inf"))
         tl.store(part_ml_ptr + part * 2, m_out, mask=g_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_ok)
+        if MERGE_LAST:
+            # every thread's partials are stored before the count (acquire-release at GPU scope) says so
+            tl.debug_barrier()
+            count = arrivals_ptr + row * tl.num_programs(0) + kv_head
+            if tl.atomic_add(count, 1) == NUM_SPLITS - 1:
+                for g in tl.static_range(NUM_QUERIES_PER_KV):
+                    # .cg: the other programs' partials from L2, never a stale L1 line
+                    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,
+                                num_heads, stride_o_tok, stride_o_head, NUM_SPLITS, HEAD_DIM, D_PAD, ".cg")
+                tl.atomic_xchg(count, 0)
 
 
 @triton.jit
 def _merge_head(
     out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CACHE: tl.constexpr = "",
 ):
     """Join the splits of one head of one sequence: rescale each by exp(m_s - max m) and normalise."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_ml_ptr + part * 2)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1)
+    m = tl.load(part_ml_ptr + part * 2, cache_modifier=CACHE)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, cache_modifier=CACHE)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :])
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], cache_modifier=CACHE)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
     tl.store(
         out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,

@@ -140,6 +140,7 @@ def paged_decode(
     sinks: torch.Tensor | None = None,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     head_norm: HeadNorm | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -160,6 +161,9 @@ def paged_decode(
             float32 ``[rows, head_dim]`` holding cos then sin; the key is cached rotated. Needs ``new_kv``.
         head_norm: a :class:`HeadNorm` (``q_weight``, ``k_weight``, ``eps``): the query and the new key are
             unnormalised too, and the kernel RMS-normalises each head's row before rotating. Needs ``rotary``.
+        arrivals: int32 zeros kept across calls, at least ``seqs * kv_heads``: the split programs count
+            themselves there and the last of each merges (each launch leaves them zero), so no merge kernel
+            is launched. None, or too few: the merge kernel.
 
     Raises:
         ValueError: for more sequences than a launch grid's second axis holds, a ``new_kv`` that does
@@ -200,8 +204,9 @@ def paged_decode(
     else:
         q_norm = k_norm = query  # unused by the kernel
         norm_eps = 0.0
+    merge_last = num_splits > 1 and arrivals is not None and arrivals.numel() >= num_seqs * kv_heads
     ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        out, part_acc, part_ml, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        out, part_acc, part_ml, arrivals if merge_last else seq_lens, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
         new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table, q_norm, k_norm,
         scale, float(soft_cap or 0.0), int(window or 0), norm_eps,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -210,10 +215,10 @@ def paged_decode(
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
-        **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim),
+        MERGE_LAST=merge_last, **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not merge_last:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
         ak.decode_merge_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, out.stride(0), out.stride(1),
