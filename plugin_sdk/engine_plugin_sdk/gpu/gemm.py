@@ -240,7 +240,7 @@ class TorchGemmBackend(GemmBackend):
         return fused_moe(
             x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(),
             gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, activation=activation,
-            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias, arrivals=experts.arrivals,
+            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
         )  # fmt: skip
 
     def plan_lora(self, step: Any) -> Any:

@@ -15,8 +15,6 @@ import torch
 from engine.interfaces.gemm import QuantizedWeight
 
 FP8_SCHEME = "fp8_e4m3"
-#: the arrival counts cover this many tokens at one output row per program (more at wider tiles)
-ARRIVAL_ROWS = 16
 
 
 @dataclass(slots=True)
@@ -30,9 +28,6 @@ class StackedExperts:
         down_scale: float32 ``[E, hidden]`` when ``down`` is FP8, else None.
         gate_up_bias: ``[E, 2 * inter]`` (gpt-oss), None without biases.
         down_bias: ``[E, hidden]``, None without biases.
-        arrivals: int32 zeros the decode-sized kernels count their programs in (see
-            :func:`~engine_plugin_sdk.gpu.triton_kernels.moe_launchers.fused_moe`), made at load so that no
-            step spends an operation zeroing them.
     """
 
     gate_up: torch.Tensor
@@ -41,7 +36,6 @@ class StackedExperts:
     down_scale: torch.Tensor | None = None
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
-    arrivals: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -68,10 +62,9 @@ def stack_experts(
     """
     gate_up_data, gate_up_scale = _stack(gate_up, dtype, device, fp8)
     down_data, down_scale = _stack(down, dtype, device, fp8)
-    hidden = int(down_data.shape[1])
     return StackedExperts(
         gate_up_data, down_data, gate_up_scale, down_scale, _stack_biases(gate_up_bias, dtype, device),
-        _stack_biases(down_bias, dtype, device), torch.zeros(ARRIVAL_ROWS * hidden, dtype=torch.int32, device=device),
+        _stack_biases(down_bias, dtype, device),
     )  # fmt: skip
 
 

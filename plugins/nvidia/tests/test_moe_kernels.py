@@ -78,26 +78,3 @@ def test_align_groups_every_slot_once_under_its_expert(device) -> None:
     for block, expert in zip(used, block_expert[: total // 16].tolist(), strict=True):
         slots = block[block < 150]
         assert (ids[slots] == expert).all() and slots.tolist() == sorted(slots.tolist())
-
-
-def test_decode_kernels_leave_their_arrival_counts_at_zero(device) -> None:
-    """The down GEMV's programs count themselves per token and row tile; the last one sums the token's
-    partials and resets the count, so the next call (the next layer, the next graph replay) starts from
-    zero and gets the same result."""
-    gen = torch.Generator().manual_seed(13)
-    gate_up = [torch.randn(2 * INTER, HIDDEN, generator=gen) * HIDDEN**-0.5 for _ in range(EXPERTS)]
-    down = [torch.randn(HIDDEN, INTER, generator=gen) * INTER**-0.5 for _ in range(EXPERTS)]
-    gemm = backend(device, INTERPRETER_MOE_TILES)
-    experts = gemm.prepare_experts(gate_up, down, "float32")
-    assert experts.arrivals is not None and not experts.arrivals.any()
-    x = torch.randn(6, HIDDEN, generator=gen)
-    weights, ids = routing(gen, 6, 3)
-    first = gemm.fused_moe(x.to(device), experts, weights.to(device), ids.to(device))
-    assert not experts.arrivals.any(), "every count is back at zero"
-    again = gemm.fused_moe(x.to(device), experts, weights.to(device), ids.to(device))
-    assert torch.equal(first, again)
-    problem = compare(first.cpu(), ref_fused_moe(x, gate_up, down, weights, ids), get_tolerance(torch.float32), "gemv")
-    assert not problem, problem
-    # counts too few for the batch: the call makes its own
-    experts.arrivals = experts.arrivals[:1]
-    assert torch.equal(gemm.fused_moe(x.to(device), experts, weights.to(device), ids.to(device)), first)

@@ -4,9 +4,9 @@ Experts are stacked: ``gate_up [E, 2I, H]`` (gate rows, then up rows) and ``down
 along the reduced dimension. A *slot* is one (token, choice) pair, ``slot = token * top_k + j``.
 
 - **Few slots (decode)**: GEMV-style kernels, one program per slot and tile of output rows. The first fuses
-  both halves of ``gate_up`` with SiLU-and-mul; the second runs one program per slot too, and a token's
-  last program to finish sums its ``top_k`` weighted partials in slot order (an arrival count, not float
-  atomics: the sum's order is fixed). Weights stream at the GEMV's bandwidth, and nothing needs sorting.
+  both halves of ``gate_up`` with SiLU-and-mul; the second reads the ``top_k`` experts of one token and
+  sums their weighted outputs in registers (no atomics, so the sum's order is fixed). Weights stream at the
+  GEMV's bandwidth, and nothing needs sorting.
 - **Many slots (prefill, large batches)**: slots are grouped by expert (``moe_align_kernel``, one program
   per expert, every group padded to ``BLOCK_M`` rows), then ``moe_gemm_kernel`` runs one tensor-core tile
   per (group block, output tile), gathering its activation rows and scattering its results by slot.
@@ -141,54 +141,38 @@ def moe_gemv_gate_up_kernel(
 
 @triton.jit
 def moe_gemv_down_kernel(
-    act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, part_ptr, arrivals_ptr, out_ptr,
+    act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
     H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``, one program per slot and tile
-    of output rows, as :func:`moe_gemv_gate_up_kernel` (one program reading all ``TOP_K`` experts held too
-    many tiles in registers to keep them all in flight).
-
-    Each program stores its weighted float32 partial in ``part [slots, H]`` and counts itself in
-    ``arrivals[t, tile]`` (int32, zero before the launch); the token's last program to arrive adds the
-    ``TOP_K`` partials in slot order (a fixed order: the sum does not depend on timing), stores the row tile
-    and sets the count back to zero for the next launch.
-    """
+    """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
+    (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other)."""
     pdl_begin(USE_PDL)
-    slot = tl.program_id(0).to(tl.int64)
-    tile = tl.program_id(1)
-    t = slot // TOP_K
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
     rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    expert = tl.load(ids_ptr + slot).to(tl.int64)
-    a_row = act_ptr + slot * stride_a
-    w_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        a = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * a[None, :]
-    part = tl.sum(acc, axis=1)
-    if HAS_SCALE:
-        part *= tl.load(scale_ptr + expert * stride_se + rows)
-    if HAS_BIAS:
-        part += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
-    part = tl.load(topw_ptr + slot).to(tl.float32) * part
-    tl.store(part_ptr + slot * H + offs_n, part, mask=n_ok)
-    # every thread's partial is stored before the count (acquire-release at GPU scope) says so
-    tl.debug_barrier()
-    count = arrivals_ptr + t * tl.num_programs(1) + tile
-    if tl.atomic_add(count, 1) == TOP_K - 1:
-        y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            # .cg: from L2, where the other programs' partials are, never a stale L1 line
-            y += tl.load(part_ptr + (t * TOP_K + j) * H + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
-        tl.atomic_xchg(count, 0)
+    y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = t * TOP_K + j
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        a_row = act_ptr + slot * stride_a
+        w_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < K
+            a = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * a[None, :]
+        part = tl.sum(acc, axis=1)
+        if HAS_SCALE:
+            part *= tl.load(scale_ptr + expert * stride_se + rows)
+        if HAS_BIAS:
+            part += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
+        y += tl.load(topw_ptr + slot).to(tl.float32) * part
+    tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit

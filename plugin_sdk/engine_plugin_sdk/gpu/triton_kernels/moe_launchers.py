@@ -124,7 +124,6 @@ def fused_moe(
     activation: str = "silu",
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
-    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``y[t] = sum_j w[t, j] * down_e(act(gate_up_e x[t]))`` with ``e = ids[t, j]``.
 
@@ -140,9 +139,6 @@ def fused_moe(
         activation: ``"silu"`` or gpt-oss's ``"swigluoai"``.
         gate_up_bias: ``[E, 2 * inter]`` biases of ``gate_up``, or None.
         down_bias: ``[E, hidden]`` biases of ``down``, or None.
-        arrivals: int32 zeros, kept across calls, that the GEMV path counts its programs in (each launch
-            leaves them zero); a larger batch than they cover, or None, gets zeros made for the call (one
-            more operation, a memset inside a CUDA graph).
 
     Returns:
         ``[tokens, hidden]`` in ``x``'s dtype.
@@ -188,12 +184,8 @@ def fused_moe(
             BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
-        tiles_n = triton_cdiv(hidden, bn)
-        if arrivals is None or arrivals.numel() < tokens * tiles_n:
-            arrivals = torch.zeros(tokens * tiles_n, dtype=torch.int32, device=x.device)
-        partials = torch.empty((slots, hidden), dtype=torch.float32, device=x.device)
-        mk.moe_gemv_down_kernel[(slots, tiles_n)](
-            hidden_act, down, d_scale, d_bias, ids, weights, partials, arrivals, out, hidden,
+        mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
+            hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
             hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
             K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
             BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, **pdl.launch_options(),
