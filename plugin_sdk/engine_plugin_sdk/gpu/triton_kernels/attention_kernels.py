@@ -372,30 +372,35 @@ def paged_decode_kernel(
             # every thread's partials are stored before the count (acquire-release at GPU scope) says so
             tl.debug_barrier()
             count = arrivals_ptr + row * tl.num_programs(0) + kv_head
+            # a graph's split count is fixed for any context: only the first splits of a short one hold keys
+            used = (span + per_split - 1) // tl.maximum(per_split, 1)
             if tl.atomic_add(count, 1) == NUM_SPLITS - 1:
                 for g in tl.static_range(NUM_QUERIES_PER_KV):
                     # .cg: the other programs' partials from L2, never a stale L1 line
                     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,
-                                num_heads, stride_o_tok, stride_o_head, NUM_SPLITS, HEAD_DIM, D_PAD, ".cg")
+                                num_heads, stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, ".cg")
                 tl.atomic_xchg(count, 0)
 
 
 @triton.jit
 def _merge_head(
     out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CACHE: tl.constexpr = "",
+    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CACHE: tl.constexpr = "",
 ):
-    """Join the splits of one head of one sequence: rescale each by exp(m_s - max m) and normalise."""
+    """Join the first ``used`` splits of one head of one sequence (the others are empty: not read):
+    rescale each by exp(m_s - max m) and normalise."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
+    s_ok = offs_s < used
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_ml_ptr + part * 2, cache_modifier=CACHE)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1, cache_modifier=CACHE)
+    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], cache_modifier=CACHE)
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                  cache_modifier=CACHE)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
     tl.store(
         out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
@@ -413,7 +418,7 @@ def decode_merge_kernel(
     """Join the splits of one head of one sequence (see :func:`_merge_head`)."""
     pdl_begin(USE_PDL)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, HEAD_DIM, D_PAD)
+                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, NUM_SPLITS, HEAD_DIM, D_PAD)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
