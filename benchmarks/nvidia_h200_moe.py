@@ -162,11 +162,14 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate
 
     bandwidth = copy_bandwidth()
-    if args.no_merge_last:
-        from engine_plugin_sdk.gpu.attention import TritonPagedAttentionBackend
+    if args.merge_last:
+        import engine_plugin_nvidia.tuning as nvidia_platform
 
-        # no arrival counts: split decode attention launches its merge kernel (the A/B of that fusion)
-        TritonPagedAttentionBackend.decode_arrivals = lambda self, count, device: None  # type: ignore[method-assign]
+        # split decode attention merged by its last program (KernelTuning.decode_merge_last): the A/B
+        tuned = nvidia_platform.tuning_for_device
+        nvidia_platform.tuning_for_device = lambda interpret: dataclasses.replace(  # type: ignore[assignment]
+            tuned(interpret), decode_merge_last=True
+        )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         llm = make_moe_llm(moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b")), max_num_seqs=8,
@@ -264,8 +267,8 @@ def main() -> None:
         p.add_argument("--tokenizer", required=True, help="a folder holding a HF tokenizer (its other files are ignored)")
         if name == "decode":
             p.add_argument("--profile", action="store_true", help="then GPU time by kernel of eager decode steps")
-            p.add_argument("--no-merge-last", action="store_true",
-                           help="split decode attention merges in its own kernel, not in the last split program")
+            p.add_argument("--merge-last", action="store_true",
+                           help="split decode attention merged by its last split program, not a merge kernel")
         if name == "throughput":
             p.add_argument("--num-prompts", type=int, default=1000)
             p.add_argument("--max-num-seqs", type=int, default=256)

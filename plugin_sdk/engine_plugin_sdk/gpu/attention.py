@@ -131,8 +131,10 @@ class TritonPagedAttentionBackend(AttentionBackend):
         return self.tuning.decode_splits(metadata.num_seqs, num_kv_heads, max_len)
 
     def decode_arrivals(self, count: int, device: torch.device) -> torch.Tensor | None:
-        """At least ``count`` arrival counts (zeros between launches), or None while a graph is captured
-        and the kept ones are too few (the decode kernel then launches its merge kernel)."""
+        """At least ``count`` arrival counts (zeros between launches), or None when the tuning merges in
+        a kernel of its own, or while a graph is captured and the kept ones are too few."""
+        if not self.tuning.decode_merge_last:
+            return None
         kept = self._arrivals
         if kept is not None and kept.numel() >= count and kept.device == device:
             return kept

@@ -367,3 +367,16 @@ def test_mixed_batch_leading_decode_rows_take_the_decode_kernel(device, monkeypa
     out = problem.run(TritonAttentionBackend(INTERPRETER_TUNING))
     assert decoded == ([] if num_decodes == 2 else [6])
     check(out, problem, f"{num_decodes} leading decode rows")
+
+
+def test_attention_backend_keeps_arrival_counts_only_when_its_tuning_merges_last(device):
+    import dataclasses
+
+    from engine_plugin_sdk.gpu.attention import TritonPagedAttentionBackend
+
+    assert TritonPagedAttentionBackend(tuning()).decode_arrivals(8, device) is None
+    backend = TritonPagedAttentionBackend(dataclasses.replace(tuning(), decode_merge_last=True))
+    first = backend.decode_arrivals(8, device)
+    assert first is not None and first.dtype == torch.int32 and not first.any()
+    assert backend.decode_arrivals(16, device) is first, "kept across steps, not made per call"
+    assert backend.decode_arrivals(5000, device).numel() >= 5000

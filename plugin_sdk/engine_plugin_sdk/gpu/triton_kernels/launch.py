@@ -48,6 +48,10 @@ class KernelTuning:
         elementwise_num_warps: warps for norm / rotary / activation kernels.
         use_pdl: launch every kernel with programmatic dependent launch (CUDA compute capability 9.0+;
             see :mod:`.pdl`), so that each starts while the one before it drains.
+        decode_merge_last: a split decode's last program to finish merges the splits (arrival counts
+            kept by the attention backend) instead of a merge kernel: one launch fewer per layer. Off until
+            a device measures it faster (its one on-device run, 2026-12-03, merged every split a graph
+            holds, not just the filled ones, and came out slower).
     """
 
     num_compute_units: int = 132
@@ -62,6 +66,7 @@ class KernelTuning:
     min_keys_per_split: int = 256
     elementwise_num_warps: int = 4
     use_pdl: bool = False
+    decode_merge_last: bool = False
 
     def prefill_tiles(self, head_dim: int) -> AttentionTiles:
         """The prefill tiles for a head size."""
