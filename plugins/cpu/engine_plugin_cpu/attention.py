@@ -26,7 +26,7 @@ from engine_plugin_cpu.attention_plan import (
 )
 from engine_plugin_cpu.captured_attention import CapturedStepCache, call_decode_op, register_decode_op
 from engine_plugin_cpu.chunked_softmax import attend, attend_with_lse, flash_with_lse_available, merge_chunk
-from engine_plugin_cpu.native_decode import native_decode_context
+from engine_plugin_cpu.native_decode import SHORT_QUERY_MAX, native_decode_context, native_short_rows
 from engine_plugin_cpu.platform import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 from engine_plugin_sdk import AttentionBackend, AttentionMetadata
 
@@ -99,6 +99,14 @@ class CpuAttentionBackend(AttentionBackend):
                 return self.native.paged_decode(
                     query, key, value, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.slot_mapping,
                     metadata.scale, metadata.logits_soft_cap, metadata.sliding_window, total_context,
+                )  # fmt: skip
+        elif self.native is not None and metadata.max_query_len <= SHORT_QUERY_MAX:
+            short = native_short_rows(query, key, value, kv_cache, metadata)
+            if short is not None:
+                tables, lengths, total_context = short
+                return self.native.paged_decode(
+                    query, key, value, kv_cache, tables, lengths, metadata.slot_mapping, metadata.scale,
+                    metadata.logits_soft_cap, metadata.sliding_window, total_context,
                 )  # fmt: skip
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key.shape[1]

@@ -416,3 +416,30 @@ def test_equal_length_prefills_batched_into_one_call_match_the_reference():
         scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
         ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vd)
         torch.testing.assert_close(out[s : s + n].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_short_rows_run_in_the_c_decode_kernel_one_row_a_token(window: int | None) -> None:
+    """A bf16 step whose rows bring a few tokens each (speculative verification) runs each token as a
+    decode row of the C kernel: the same attention, causal within a row, the new keys and values stored."""
+    from engine_plugin_cpu.native_build import load_native
+    from engine_plugin_cpu.native_decode import NATIVE_SHORT_ROWS_KEY
+    from engine_plugin_cpu.native_kernels import NativeKernels
+
+    loaded = load_native()
+    if loaded.lib is None:
+        pytest.skip(f"C kernels unavailable: {loaded.reason}")
+    native = NativeKernels(loaded.lib, threads=2)
+    try:
+        backend = CpuAttentionBackend(native=native)
+        shapes = [(40, 5), (3, 2), (130, 5), (0, 4), (17, 1)]
+        batch = make_batch(backend, shapes, dtype=torch.bfloat16, sliding_window=window, seed=21)
+        check(backend, batch, torch.bfloat16)
+        tables, lengths, total = batch.metadata.extras[NATIVE_SHORT_ROWS_KEY]
+        assert lengths.tolist() == [41, 42, 43, 44, 45, 4, 5, 131, 132, 133, 134, 135, 1, 2, 3, 4, 18]
+        assert total == sum(lengths.tolist()) and tables.shape[0] == len(lengths)
+        # the step's new keys sit in the cache where the prefill path would have put them
+        flat = batch.kv_cache[0].reshape(-1, *batch.key.shape[1:])
+        assert torch.equal(flat[batch.metadata.slot_mapping], batch.key)
+    finally:
+        native.close()
