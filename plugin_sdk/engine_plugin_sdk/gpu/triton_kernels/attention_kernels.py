@@ -378,29 +378,36 @@ def paged_decode_kernel(
                 for g in tl.static_range(NUM_QUERIES_PER_KV):
                     # .cg: the other programs' partials from L2, never a stale L1 line
                     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,
-                                num_heads, stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, ".cg")
+                                num_heads, stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, True)
                 tl.atomic_xchg(count, 0)
 
 
 @triton.jit
 def _merge_head(
     out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
-    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CACHE: tl.constexpr = "",
+    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, FROM_L2: tl.constexpr,
 ):
     """Join the first ``used`` splits of one head of one sequence (the others are empty: not read):
-    rescale each by exp(m_s - max m) and normalise."""
+    rescale each by exp(m_s - max m) and normalise. ``FROM_L2``: the partials are read past L1 (``.cg``),
+    as a program reading what other programs of its own launch wrote must (a flag, not the modifier's
+    string: Triton 3.6 does not take a string constexpr through a call)."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
     s_ok = offs_s < used
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
+    if FROM_L2:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+    else:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                  cache_modifier=CACHE)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
     tl.store(
         out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
@@ -418,7 +425,7 @@ def decode_merge_kernel(
     """Join the splits of one head of one sequence (see :func:`_merge_head`)."""
     pdl_begin(USE_PDL)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, NUM_SPLITS, HEAD_DIM, D_PAD)
+                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, NUM_SPLITS, HEAD_DIM, D_PAD, False)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
