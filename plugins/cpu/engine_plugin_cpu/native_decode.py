@@ -104,12 +104,13 @@ def _short_rows(
     if slots.numel() != query.shape[0]:
         raise ValueError(f"slot_mapping has {slots.numel()} entries for {query.shape[0]} tokens")
     check_slots(int(slots.max()) if slots.numel() else -1, kv_cache)
+    # entries the kernel cannot index unchecked (a window's released blocks): the prefill path decides
     num_blocks = kv_cache.shape[1]
     if tables.numel() and not 0 <= int(tables.min()) <= int(tables.max()) < num_blocks:
-        raise ValueError(f"block table entries outside the cache's {num_blocks} blocks")
+        return None
     width = tables.shape[1] * metadata.block_size
     if any(n < q or n > width for q, n in zip(q_lens, ctx, strict=True)):
-        raise ValueError(f"a context length is shorter than its new tokens or exceeds its block table ({width} tokens)")
+        return None
     lengths = [n - q + 1 + j for q, n in zip(q_lens, ctx, strict=True) for j in range(q)]
     per_token = torch.tensor(q_lens, dtype=torch.int64)
     token_tables = tables.repeat_interleave(per_token, dim=0).contiguous()
