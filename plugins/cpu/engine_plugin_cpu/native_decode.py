@@ -26,17 +26,29 @@ def native_decode_context(
     The metadata is validated on the step's first layer only (the kernel indexes the cache without
     bounds checks); the layout checks are per call and cheap.
     """
-    head_dim = query.shape[2]
-    if query.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16 or head_dim % 32:
-        return None
-    for t in (query, key, value):
-        if t.stride()[1:] != (head_dim, 1):
-            return None
-    if not kv_cache.is_contiguous():
+    if not kernel_reads_layout(query, key, value, kv_cache):
         return None
     if NATIVE_DECODE_KEY not in metadata.extras:
         metadata.extras[NATIVE_DECODE_KEY] = check_native_step(query, key, value, kv_cache, metadata)
     return metadata.extras[NATIVE_DECODE_KEY]
+
+
+def kernel_reads_layout(query: Any, key: Any, value: Any, kv_cache: Any) -> bool:
+    """Whether the C kernel reads these tensors as they are: bf16, each token's heads contiguous, head
+    size a multiple of 32, a contiguous cache (checked per layer: cheap)."""
+    head_dim = query.shape[2]
+    if query.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16 or head_dim % 32:
+        return False
+    return all(t.stride()[1:] == (head_dim, 1) for t in (query, key, value)) and kv_cache.is_contiguous()
+
+
+def _check_tokens_and_slots(query: Any, key: Any, value: Any, kv_cache: Any, metadata: AttentionMetadata) -> None:
+    """Raise ValueError for shapes that do not fit or a slot outside the cache (the kernel writes there)."""
+    check_shapes(query, key, value, kv_cache, metadata.block_size)
+    slots = metadata.slot_mapping
+    if slots.numel() != query.shape[0]:
+        raise ValueError(f"slot_mapping has {slots.numel()} entries for {query.shape[0]} tokens")
+    check_slots(int(slots.max()) if slots.numel() else -1, kv_cache)
 
 
 def check_native_step(
@@ -49,10 +61,7 @@ def check_native_step(
         return None
     if not (tables.is_contiguous() and lens.is_contiguous() and slots.is_contiguous()):
         return None
-    check_shapes(query, key, value, kv_cache, metadata.block_size)
-    if slots.numel() != query.shape[0]:
-        raise ValueError(f"slot_mapping has {slots.numel()} entries for {query.shape[0]} tokens")
-    check_slots(int(slots.max()) if slots.numel() else -1, kv_cache)
+    _check_tokens_and_slots(query, key, value, kv_cache, metadata)
     num_blocks = kv_cache.shape[1]
     if tables.numel() and not 0 <= int(tables.min()) <= int(tables.max()) < num_blocks:
         raise ValueError(f"block table entries outside the cache's {num_blocks} blocks")
@@ -81,10 +90,7 @@ def native_short_rows(
     k = 4 verification cost 1 gather-free kernel call per layer instead of the prefill path's gather and
     SDPA, about four times a decode step's attention on the embedded model.
     """
-    head_dim = query.shape[2]
-    if query.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16 or head_dim % 32:
-        return None
-    if any(t.stride()[1:] != (head_dim, 1) for t in (query, key, value)) or not kv_cache.is_contiguous():
+    if not kernel_reads_layout(query, key, value, kv_cache):
         return None
     if NATIVE_SHORT_ROWS_KEY not in metadata.extras:
         metadata.extras[NATIVE_SHORT_ROWS_KEY] = _short_rows(query, key, value, kv_cache, metadata)
@@ -100,10 +106,7 @@ def _short_rows(
     tables, slots = metadata.block_tables, metadata.slot_mapping
     if tables.dtype != torch.int32 or slots.dtype != torch.int64 or not slots.is_contiguous():
         return None
-    check_shapes(query, key, value, kv_cache, metadata.block_size)
-    if slots.numel() != query.shape[0]:
-        raise ValueError(f"slot_mapping has {slots.numel()} entries for {query.shape[0]} tokens")
-    check_slots(int(slots.max()) if slots.numel() else -1, kv_cache)
+    _check_tokens_and_slots(query, key, value, kv_cache, metadata)
     # entries the kernel cannot index unchecked (a window's released blocks): the prefill path decides
     num_blocks = kv_cache.shape[1]
     if tables.numel() and not 0 <= int(tables.min()) <= int(tables.max()) < num_blocks:
