@@ -48,6 +48,7 @@ from engine.scheduler import Scheduler
 from engine.speculative.draft_model import DraftParts
 from engine.speculative.eagle import EagleParts
 from engine.speculative.proposer_setup import LoadedProposer, finish_proposer, load_proposer
+from engine.verify_graphs import VerifyGraphs
 from engine.warm_up import run_warm_up, warm_up_batches
 
 logger = logging.getLogger(__name__)
@@ -457,6 +458,13 @@ def _capture_and_warm_up(
             runner.decode_graphs.capture()
         else:
             workers.capture_graphs(GraphPlan.of(runner.decode_graphs), runner.decode_graphs.capture)
+        spec = config.speculative_config
+        if spec is not None and workers is None and runner.lora is None and runner.kv_layout is None:
+            runner.verify_graphs = VerifyGraphs(
+                model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
+                spec.num_speculative_tokens + 1, max_model_len, block_size, runner.device, model_config.sliding_window,
+            )  # fmt: skip
+            runner.verify_graphs.capture()
     # (other ranks skip the warm-up: its dummy steps would have to run on every rank)
     if platform.capabilities().warm_up and workers is None:
         batches = warm_up_batches(

@@ -25,8 +25,9 @@ from engine.prompt_logprobs import PromptLogprobs, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from engine.speculative.verify import SpecRows, Verified, verify
+from engine.speculative.verify import SpecRows, Verified, verify, verify_greedy
 from engine.step_inputs import StepInputs, prepare_step_inputs
+from engine.verify_graphs import VerifyGraphs
 
 
 class ModelRunner:
@@ -63,6 +64,9 @@ class ModelRunner:
         self.apply_token_bitmask = apply_token_bitmask or reference_apply_token_bitmask
         #: set by the engine when the platform records graphs: pure-decode steps replay through it
         self.decode_graphs: DecodeGraphs | None = None
+        #: set by the engine under speculative decoding when the platform records graphs: verification
+        #: steps (rows of up to ``k + 1`` tokens) replay through it
+        self.verify_graphs: VerifyGraphs | None = None
         #: set by the engine under tensor parallelism: sends each step to the other ranks before it runs here
         self.mirror: Callable[[StepMessage], None] | None = None
         #: pipeline parallelism: the micro-batches each step is cut into (1: the whole step at once)
@@ -139,6 +143,9 @@ class ModelRunner:
         graphs = self.decode_graphs if whole_step and (store is None or not store.needs_eager) else None
         # chosen before the step is mirrored: every rank must replay the same bucket's graph
         bucket = graphs.bucket_for(inputs.input_ids, inputs.metadata) if graphs is not None else None
+        # (never under tensor parallelism: the other ranks record no verification graphs)
+        verifying = self.verify_graphs if graphs is not None and bucket is None and self.mirror is None else None
+        verify_bucket = verifying.bucket_for(inputs.metadata) if verifying is not None else None
         if self.mirror is not None:
             self.mirror(step_message(
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
@@ -160,6 +167,9 @@ class ModelRunner:
             hidden = None
             if graphs is not None and bucket is not None:  # run finds the same bucket again
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
+            elif verifying is not None and verify_bucket is not None:
+                assert isinstance(inputs.metadata, AttentionMetadata)
+                hidden = verifying.run(inputs.input_ids, inputs.positions, inputs.metadata, verify_bucket)
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)
@@ -204,7 +214,19 @@ class ModelRunner:
         generator: torch.Generator | None,
         generator_of: Callable[[Sequence], torch.Generator | None],
     ) -> list[tuple[Sequence, Verified]]:
-        """Check each sequence's proposals against its rows of ``logits`` (on the host)."""
+        """Check each sequence's proposals against its rows of ``logits``: from argmaxes picked on the device
+        when every row is greedy with nothing to process and no top logprobs, else on the host."""
+        rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, None) for s in specs]
+        if self.sampler.runs_on_any_device(rows) and all(row.params.logprobs is None for row in rows):
+            token_ids, logprobs = self.sampler.greedy_on_device(logits)
+            picks, values = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))).cpu().tolist()
+            picks = [int(t) for t in picks]
+            out, at = [], 0
+            for spec in specs:
+                end = at + len(spec.drafts) + 1
+                out.append((spec.seq, verify_greedy(picks[at:end], values[at:end], spec.drafts)))
+                at = end
+            return out
         host = logits.float().cpu()
         out, at = [], 0
         for spec in specs:

@@ -52,3 +52,45 @@ def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pyt
     graphs.graphs.run = counting_run  # type: ignore[method-assign]
     assert generate(llm) == eager
     assert calls and set(calls) <= set(graphs.buckets), f"decode steps should pad to a bucket, got {calls}"
+
+
+@pytest.mark.slow
+def test_padded_verification_graph_path_matches_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculative verification steps through the verification graphs' padded buckets (rows of 1 to k + 1
+    tokens, proposals of every length from an oracle, some wrong) give the eager engine's greedy tokens."""
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    build_tiny_llama(tmp_path, head_dim=64)
+    common = {"model": str(tmp_path), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
+    expected = generate(LLM(**common, enforce_eager=True))
+    by_prompt = {tuple(p): e for p, e in zip(PROMPTS, expected)}
+    lengths: list[int] = []
+
+    def oracle(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+        prompt = next(p for p in by_prompt if tuple(tokens[: len(p)]) == p)
+        done = len(tokens) - len(prompt)
+        proposal = list(by_prompt[prompt][done : done + len(lengths) % (k + 1)])
+        if proposal and len(lengths) % 3 == 0:
+            proposal[-1] = (proposal[-1] + 1) % 100
+        lengths.append(len(proposal))
+        return proposal
+
+    claims = CudaPlatform.capabilities
+    monkeypatch.setattr(CudaPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), graph_capture=True))
+    monkeypatch.setattr("engine.speculative.speculator.propose_ngram", oracle)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "auto_disable": False}
+    llm = LLM(**common, speculative_config=ngram)
+    verifying = llm.llm_engine.runner.verify_graphs
+    assert verifying is not None and verifying.buckets == [1, 2, 4, 6] and verifying.query_len == 4
+    calls: list[int] = []
+    original_run = verifying.graphs.run
+
+    def counting_run(batch_size: int, *inputs: object) -> object:
+        calls.append(batch_size)
+        return original_run(batch_size, *inputs)
+
+    verifying.graphs.run = counting_run  # type: ignore[method-assign]
+    assert generate(llm) == expected
+    assert calls and set(calls) <= set(verifying.buckets), f"verification steps should pad to a bucket, got {calls}"
+    stats = llm.llm_engine.stats()
+    assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_proposed_tokens"]
+    assert {0, 1, 2, 3} <= set(lengths)

@@ -1,0 +1,112 @@
+"""The verification graphs' padding: rows of up to ``k + 1`` tokens into a bucket of fixed shape and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.graph_capture import EagerGraphCapture
+from engine.verify_graphs import VerifyGraphs
+
+
+class EchoModel:
+    """Returns each token's id and position as its hidden state, and records what it was run with."""
+
+    scale = 0.125
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[AttentionMetadata, torch.Tensor, torch.Tensor]] = []
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Any, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        self.seen.append((metadata, input_ids, positions))
+        return torch.stack((input_ids, positions), dim=1).float()
+
+
+def step(
+    query_lens: list[int], seq_lens: list[int], block_size: int = 4
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A causal step of rows of ``query_lens`` new tokens ending contexts of ``seq_lens`` (fresh random ids)."""
+    ids, pos, slots = [], [], []
+    generator = torch.Generator().manual_seed(sum(seq_lens))
+    for row, (q, s) in enumerate(zip(query_lens, seq_lens)):
+        ids += torch.randint(1, 1000, (q,), generator=generator).tolist()
+        pos += range(s - q, s)
+        slots += [1000 * (row + 1) + p for p in range(s - q, s)]
+    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    blocks = -(-max(seq_lens) // block_size)
+    metadata = AttentionMetadata(
+        query_start_loc=starts, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.arange(1, 1 + len(seq_lens) * blocks, dtype=torch.int32).view(len(seq_lens), blocks),
+        slot_mapping=torch.tensor(slots), query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=block_size, scale=0.125,
+    )  # fmt: skip
+    return torch.tensor(ids), torch.tensor(pos), metadata
+
+
+def make(max_batch: int = 6, query_len: int = 4, max_model_len: int = 64) -> tuple[VerifyGraphs, EchoModel]:
+    model = EchoModel()
+    graphs = VerifyGraphs(
+        model, [], EagerGraphCapture(), max_batch, query_len, max_model_len, 4, torch.device("cpu")
+    )
+    graphs.capture()
+    return graphs, model
+
+
+def test_rows_pad_to_the_bucket_and_come_back_in_order() -> None:
+    graphs, model = make()
+    assert graphs.buckets == [1, 2, 4, 6]
+    ids, pos, metadata = step([4, 1, 2], [10, 7, 20])
+    bucket = graphs.bucket_for(metadata)
+    assert bucket == 4
+    out = graphs.run(ids, pos, metadata, bucket)
+    # the real tokens' hidden states, in the step's order
+    assert torch.equal(out, torch.stack((ids, pos), dim=1).float())
+    seen, padded_ids, padded_pos = model.seen[-1]
+    assert seen.graph_capture and seen.query_lens_cpu == [4] * 4 and seen.max_query_len == 4
+    assert seen.query_start_loc.tolist() == [0, 4, 8, 12, 16]
+    # each row's context counts its padding; padding rows attend over their own 4 tokens
+    assert seen.seq_lens.tolist() == [10, 10, 22, 4]
+    slots = seen.slot_mapping.view(4, 4).tolist()
+    assert slots[0] == metadata.slot_mapping[:4].tolist()
+    assert slots[1] == [metadata.slot_mapping[4].item(), -1, -1, -1]
+    assert slots[2] == [*metadata.slot_mapping[5:7].tolist(), -1, -1]
+    assert slots[3] == [-1] * 4
+    # a padding token repeats its row's last token and position
+    assert padded_ids.view(4, 4)[1].tolist() == [ids[4].item()] * 4
+    assert padded_pos.view(4, 4)[2].tolist() == [18, 19, 19, 19]
+    assert seen.block_tables.shape == (4, 16)
+    assert torch.equal(seen.block_tables[:3, : metadata.block_tables.shape[1]], metadata.block_tables)
+    assert not seen.block_tables[3].any()
+
+
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, why",
+    [
+        ([1, 1], [5, 9], "a pure decode is the decode graphs'"),
+        ([5, 1], [9, 9], "a row longer than k + 1"),
+        ([2] * 7, [9] * 7, "more rows than the largest bucket"),
+        ([1, 2], [9, 63], "a padded context past the block-table width"),
+    ],
+)
+def test_steps_of_other_shapes_run_eagerly(query_lens: list[int], seq_lens: list[int], why: str) -> None:
+    graphs, _ = make()
+    assert graphs.bucket_for(step(query_lens, seq_lens)[2]) is None, why
+
+
+def test_a_non_causal_step_runs_eagerly() -> None:
+    graphs, _ = make()
+    metadata = step([3, 2], [3, 2])[2]
+    metadata.causal = False
+    assert graphs.bucket_for(metadata) is None
+
+
+def test_buckets_stop_at_the_largest_verified_batch() -> None:
+    graphs, _ = make(max_batch=256)
+    assert graphs.buckets[-1] == 64
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        VerifyGraphs(EchoModel(), [], EagerGraphCapture(), 4, 1, 64, 4, torch.device("cpu"))
