@@ -29,8 +29,21 @@ MORE = (
     "he writes the numbers in a small blue book that he keeps on the shelf above the fireplace. When the "
     "winter comes, he reads the book again and plans which trees to plant in the spring, and where."
 )
-#: a text longer than the output, so that every generated token is a copy (about 330 tokens)
-COPY_PROMPT = f"Repeat the following text exactly, word for word:\n\n{PASSAGE} {MORE} {PASSAGE} {MORE}"
+LAKE = (
+    "On Saturdays the children of the village carry a wooden boat down to the lake and race it against the "
+    "wind. The youngest girl paints a new number on its sail each week, and the oldest boy keeps the rope "
+    "tied to his wrist so that the boat never drifts too far. When the race is over they sit on the warm "
+    "stones, share bread and cheese, and argue about who steered best."
+)
+EVENING = (
+    "In the evening the baker closes his shop, sweeps the flour from the floor and sets the dough for the "
+    "next morning. The teacher walks home past the bakery and always stops to buy one small loaf. The "
+    "doctor, who works late, finds the last loaf waiting for him on the counter with a note that says "
+    "thank you, and he eats it slowly on the bench outside while the street lamps come on one by one."
+)
+#: a text longer than the output and with no paragraph twice (a repeated one was copied once, and the
+#: model then went on with text of its own), so that every generated token is a copy (about 300 tokens)
+COPY_PROMPT = f"Repeat the following text exactly, word for word:\n\n{PASSAGE} {MORE} {LAKE} {EVENING}"
 QUESTIONS = [f"Write a short story about a robot who learns to paint, number {i}." for i in range(64)]
 
 

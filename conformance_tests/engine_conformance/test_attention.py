@@ -26,6 +26,10 @@ MIXED = ([5, 1, 16, 1, 9], [37, 50, 16, 3, 73])
 #: a continuous-batching step as the scheduler orders it: running decodes first, then prompt chunks (one of
 #: them a single token, which is not a decode row of the leading run)
 DECODE_ROWS_FIRST = ([1, 1, 1, 1, 7, 1, 12], [40, 9, 77, 33, 7, 30, 60])
+#: a speculative verification step: each sequence's last token and up to 7 proposals over a cached context
+#: (a GPU backend may run such rows as one decode row per token), with the sliding-window variant's context
+#: longer than its window
+SHORT_ROWS = ([5, 1, 3, 8, 2], [40, 9, 77, 33, 100])
 #: an encoder step: whole prompts, nothing cached. A one-token prompt (which a backend may run as a decode
 #: row), prompts within a block and over several, two of one length (batched prefill paths group those), and
 #: one longer than the widest query tile of the GPU tunings (128 rows), so that a tile's rows must see keys
@@ -75,6 +79,24 @@ def test_chunked_prefill_mixed_with_decode(platform: Platform, caps: Capabilitie
 def test_decode_rows_ahead_of_prefill_chunks(platform: Platform, caps: Capabilities, device: Any) -> None:
     problem = build(caps, device, DECODE_ROWS_FIRST, num_heads=8, num_kv_heads=2, seed=12)
     run_attention_problem(platform, problem, "attention.decode_rows_first")
+
+
+@pytest.mark.capability("attention.short_rows")
+def test_short_rows_over_cached_contexts(platform: Platform, caps: Capabilities, device: Any) -> None:
+    """Rows of 1 to 8 new tokens over cached contexts (speculative verification), with GQA, and under a
+    sliding window where one is claimed: each new token sees its own context, the earlier new ones included.
+    Each step runs eagerly, and as a step recorded into a graph where the platform claims recording such
+    steps (``graph_capture_verify``: a backend may then take another path, its launch shapes fixed by the
+    batch alone)."""
+    problems = [build(caps, device, SHORT_ROWS, num_heads=8, num_kv_heads=2, seed=16)]
+    if caps.sliding_window:
+        problems.append(build(caps, device, SHORT_ROWS, num_heads=8, num_kv_heads=2, seed=17, sliding_window=6))
+    for problem in problems:
+        window = problem.metadata.sliding_window
+        for recorded in (False, True)[: 1 + caps.graph_capture_verify]:
+            problem.metadata.graph_capture = recorded
+            context = ", ".join([f"window {window}"] * bool(window) + ["recorded"] * recorded)
+            run_attention_problem(platform, problem, "attention.short_rows", context)
 
 
 @pytest.mark.capability("attention.gqa")

@@ -459,10 +459,12 @@ def _capture_and_warm_up(
         else:
             workers.capture_graphs(GraphPlan.of(runner.decode_graphs), runner.decode_graphs.capture)
         spec = config.speculative_config
-        if spec is not None and workers is None and runner.lora is None and runner.kv_layout is None:
+        verify_graphs = platform.capabilities().graph_capture_verify
+        if spec is not None and verify_graphs and workers is None and runner.lora is None and runner.kv_layout is None:
             runner.verify_graphs = VerifyGraphs(
                 model, kv_caches, platform.make_graph_capture(), config.scheduler.max_num_seqs,
                 spec.num_speculative_tokens + 1, max_model_len, block_size, runner.device, model_config.sliding_window,
+                greedy=runner.sampler.greedy_on_device,
             )  # fmt: skip
             runner.verify_graphs.capture()
     # (other ranks skip the warm-up: its dummy steps would have to run on every rank)

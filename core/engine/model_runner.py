@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -154,6 +155,8 @@ class ModelRunner:
         if inputs.pool_rows and not whole_step:
             raise RuntimeError("pooling requests need the core's model forward (not a platform runner or pipeline stages)")
         pooled: PooledStep | None = None
+        # each token's greedy pick and logprob from the verification graph ([2, tokens], float64)
+        picks: torch.Tensor | None = None
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
@@ -169,7 +172,10 @@ class ModelRunner:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
             elif verifying is not None and verify_bucket is not None:
                 assert isinstance(inputs.metadata, AttentionMetadata)
-                hidden = verifying.run(inputs.input_ids, inputs.positions, inputs.metadata, verify_bucket)
+                hidden, picks = verifying.run(inputs.input_ids, inputs.positions, inputs.metadata, verify_bucket)
+                # every row verified greedily from the graph's picks: no logits to compute here
+                if not (inputs.sample_targets or inputs.prompt_rows) and self._greedy_verifiable(inputs.spec_rows):
+                    has_rows = False
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)
@@ -184,7 +190,10 @@ class ModelRunner:
         verified: list[tuple[Sequence, Verified]] = []
         sampled = len(inputs.sample_targets)
         if inputs.spec_rows:
-            verified = self._verify(logits[sampled:], inputs.spec_rows, generator, generator_of or _no_generator)
+            verified = self._verify(
+                logits[sampled:] if logits is not None else None, inputs.spec_rows, generator,
+                generator_of or _no_generator, picks,
+            )  # fmt: skip
         if inputs.prompt_rows:
             spec_count = sum(len(spec.drafts) + 1 for spec in inputs.spec_rows)
             scored = score_prompt_rows(logits[sampled + spec_count :], inputs.prompt_rows)
@@ -209,24 +218,32 @@ class ModelRunner:
 
     def _verify(
         self,
-        logits: torch.Tensor,
+        logits: torch.Tensor | None,
         specs: list[SpecRows],
         generator: torch.Generator | None,
         generator_of: Callable[[Sequence], torch.Generator | None],
+        picks: torch.Tensor | None = None,
     ) -> list[tuple[Sequence, Verified]]:
-        """Check each sequence's proposals against its rows of ``logits``: from argmaxes picked on the device
-        when every row is greedy with nothing to process and no top logprobs, else on the host."""
-        rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, None) for s in specs]
-        if self.sampler.runs_on_any_device(rows) and all(row.params.logprobs is None for row in rows):
-            token_ids, logprobs = self.sampler.greedy_on_device(logits)
-            picks, values = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64))).cpu().tolist()
-            picks = [int(t) for t in picks]
-            out, at = [], 0
-            for spec in specs:
+        """Check each sequence's proposals against its rows of ``logits``: from greedy picks made on the
+        device (the verification graph's ``picks`` of every token of the step, else picked here from
+        ``logits``) when :meth:`_greedy_verifiable`, else on the host."""
+        if self._greedy_verifiable(specs):
+            if picks is not None:
+                token_ids, values = picks.cpu().tolist()
+                starts = [spec.first_row for spec in specs]
+            else:
+                assert logits is not None
+                token_ids, logprobs = self.sampler.greedy_on_device(logits)
+                both = torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))
+                token_ids, values = both.cpu().tolist()
+                starts = list(accumulate((len(spec.drafts) + 1 for spec in specs[:-1]), initial=0))
+            out = []
+            for spec, at in zip(specs, starts):
                 end = at + len(spec.drafts) + 1
-                out.append((spec.seq, verify_greedy(picks[at:end], values[at:end], spec.drafts)))
-                at = end
+                chosen = [int(t) for t in token_ids[at:end]]
+                out.append((spec.seq, verify_greedy(chosen, values[at:end], spec.drafts)))
             return out
+        assert logits is not None
         host = logits.float().cpu()
         out, at = [], 0
         for spec in specs:
@@ -236,6 +253,11 @@ class ModelRunner:
             out.append((seq, verify(self.sampler, host[at : at + count], row, spec.drafts, generator)))
             at += count
         return out
+
+    def _greedy_verifiable(self, specs: list[SpecRows]) -> bool:
+        """Every sequence verifies greedily from device picks: greedy, nothing to process, no top logprobs."""
+        rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, None) for s in specs]
+        return self.sampler.runs_on_any_device(rows) and all(row.params.logprobs is None for row in rows)
 
     def _sample(
         self,

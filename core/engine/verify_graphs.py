@@ -12,7 +12,13 @@ with every row ``k + 1`` tokens long, and pads a step into that shape:
   whatever its block table points at: the pool starts zeroed, so they are finite, and the causal mask
   keeps every real query off them;
 - a padding row (up to the bucket) has ``k + 1`` tokens over a context of ``k + 1`` keys in block 0;
-- the hidden states of the real tokens are gathered back in the step's own order.
+- the hidden states of the real tokens are gathered back in the step's own order, inside the graph, and
+  so are each token's greedy pick and its logprob (the LM head and ``greedy`` in the graph too): a step
+  whose rows are all verified greedily then reads those picks back and never computes its logits eagerly.
+
+The host hands the graph the step's own tokens (padded at the end) and one index vector; every gather
+runs in the graph, so that the eager operations a step costs stay few: at batch 1 on a GPU each costs
+about as much host time as the device spends on a layer.
 
 Steps of other shapes (longer rows, a non-causal step, a pure decode, which the decode graphs take) run
 eagerly. Under tensor parallelism, LoRA or KV groups the engine records no verification graphs.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +44,9 @@ logger = logging.getLogger(__name__)
 #: the largest batch recorded: beyond it speculation rarely pays (the switch turns it off) and the graphs'
 #: memory and start-up time would grow with every bucket
 MAX_VERIFY_BATCH = 64
+#: the most tokens a bucket holds (its logits live in the graphs' memory: 512 rows of a 128k vocabulary
+#: in bf16 are 131 MB), which caps the batch of long proposals (suffix decoding's 32)
+MAX_VERIFY_TOKENS = 512
 
 
 class VerifyGraphs:
@@ -52,6 +62,7 @@ class VerifyGraphs:
         block_size: tokens per KV block.
         device: where the static inputs live.
         sliding_window: the model's attention window, if any.
+        greedy: each logits row's argmax and its logprob (the sampler's ``greedy_on_device``).
     """
 
     def __init__(
@@ -65,13 +76,17 @@ class VerifyGraphs:
         block_size: int,
         device: torch.device,
         sliding_window: int | None = None,
+        greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
-        if query_len < 2:
-            raise ValueError(f"a verification row has at least 2 tokens, got query_len {query_len}")
+        if not 2 <= query_len <= MAX_VERIFY_TOKENS:
+            raise ValueError(
+                f"a verification row has 2 to {MAX_VERIFY_TOKENS} tokens, got query_len {query_len}"
+            )
         self.model = model
         self.kv_caches = kv_caches
         self.graphs = capture
-        self.buckets = decode_buckets(min(max_batch, MAX_VERIFY_BATCH))
+        self.greedy = greedy
+        self.buckets = decode_buckets(min(max_batch, MAX_VERIFY_BATCH, MAX_VERIFY_TOKENS // query_len))
         self.query_len = query_len
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -110,14 +125,19 @@ class VerifyGraphs:
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata, bucket: int
-    ) -> torch.Tensor:
-        """Hidden states ``[num_tokens, hidden]`` of the step through ``bucket``'s graph (from
-        :meth:`bucket_for`), in the step's token order."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step through ``bucket``'s graph (from :meth:`bucket_for`).
+
+        Returns:
+            The hidden states ``[num_tokens, hidden]`` in the step's token order, and float64
+            ``[2, num_tokens]``: each token's greedy pick and its raw logprob (None without ``greedy``).
+        """
         q_len = self.query_len
         n = metadata.num_seqs
+        tokens = bucket * q_len
         src: list[int] = []  # the step's token each padded position copies
         real: list[int] = []  # 1 where that position is the token itself, 0 where it pads
-        dst: list[int] = []  # the padded position of each of the step's tokens
+        dst: list[int] = []  # the padded position of each of the step's tokens (then any, up to the bucket)
         start = 0
         for row, q in enumerate(metadata.query_lens_cpu):
             src += [start + min(j, q - 1) for j in range(q_len)]
@@ -127,33 +147,36 @@ class VerifyGraphs:
         pad_rows = bucket - n
         src += [0] * (pad_rows * q_len)
         real += [0] * (pad_rows * q_len)
+        dst += [0] * (tokens - start)
         seq_lens = [s + q_len - q for s, q in zip(metadata.seq_lens_cpu, metadata.query_lens_cpu)]
         seq_lens += [q_len] * pad_rows
         index = torch.tensor(src + real + dst + seq_lens, dtype=torch.int64)
         if self.device.type != "cpu":
             index = index.pin_memory()
-        index = index.to(self.device, non_blocking=True)
-        tokens = bucket * q_len
-        src_t, real_t = index[:tokens], index[tokens : 2 * tokens].bool()
-        dst_t, lens_t = index[2 * tokens : 2 * tokens + len(dst)], index[2 * tokens + len(dst) :]
+        pad = tokens - start
         inputs = (
-            input_ids.index_select(0, src_t),
-            positions.index_select(0, src_t),
-            lens_t.to(torch.int32),
-            torch.where(real_t, metadata.slot_mapping.index_select(0, src_t), -1),
+            F.pad(input_ids, (0, pad)),
+            F.pad(positions, (0, pad)),
+            F.pad(metadata.slot_mapping, (0, pad), value=-1),
+            index.to(self.device, non_blocking=True),
             F.pad(metadata.block_tables, (0, self.max_blocks - metadata.block_tables.shape[1], 0, pad_rows)),
         )
-        return self.graphs.run(bucket, *inputs).index_select(0, dst_t)
+        hidden, picks = self.graphs.run(bucket, *inputs)
+        return hidden[:start], picks[:, :start] if picks is not None else None
 
     def _make_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         dev = self.device
         tokens = batch * self.query_len
+        # the index a padding bucket replays with: every row a padding row, a context of its own tokens in
+        # block 0 (zeroed)
+        src = torch.zeros(tokens, dtype=torch.int64)
+        seq_lens = torch.full((batch,), self.query_len, dtype=torch.int64)
+        index = torch.cat((src, src, src, seq_lens)).to(dev)
         return (
             torch.zeros(tokens, dtype=torch.int64, device=dev),
             torch.zeros(tokens, dtype=torch.int64, device=dev),
-            # a context of the row's own tokens in block 0 (zeroed): what a padding row replays with
-            torch.full((batch,), self.query_len, dtype=torch.int32, device=dev),
             torch.full((tokens,), -1, dtype=torch.int64, device=dev),
+            index,
             torch.zeros((batch, self.max_blocks), dtype=torch.int32, device=dev),
         )
 
@@ -161,18 +184,20 @@ class VerifyGraphs:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        seq_lens: torch.Tensor,
         slot_mapping: torch.Tensor,
+        index: torch.Tensor,
         block_tables: torch.Tensor,
-    ) -> torch.Tensor:
-        batch = seq_lens.shape[0]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch = block_tables.shape[0]
         q_len = self.query_len
+        tokens = batch * q_len
+        src, real, dst, seq_lens = index.split((tokens, tokens, tokens, batch))
         # host-side fields describe the bucket, not the data (see AttentionMetadata.graph_capture)
         metadata = AttentionMetadata(
             query_start_loc=self._query_start[: batch + 1],
-            seq_lens=seq_lens,
+            seq_lens=seq_lens.to(torch.int32),
             block_tables=block_tables,
-            slot_mapping=slot_mapping,
+            slot_mapping=torch.where(real.bool(), slot_mapping.index_select(0, src), -1),
             query_lens_cpu=[q_len] * batch,
             seq_lens_cpu=[self.max_model_len] * batch,
             max_query_len=q_len,
@@ -182,4 +207,11 @@ class VerifyGraphs:
             sliding_window=self.sliding_window,
             graph_capture=True,
         )
-        return self.model.forward(input_ids, positions, self.kv_caches, metadata)
+        padded = self.model.forward(
+            input_ids.index_select(0, src), positions.index_select(0, src), self.kv_caches, metadata
+        )
+        hidden = padded.index_select(0, dst)
+        if self.greedy is None:
+            return hidden, None
+        token_ids, logprobs = self.greedy(self.model.compute_logits(hidden))
+        return hidden, torch.stack((token_ids.to(torch.float64), logprobs.to(torch.float64)))

@@ -26,6 +26,10 @@ class EchoModel:
         self.seen.append((metadata, input_ids, positions))
         return torch.stack((input_ids, positions), dim=1).float()
 
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over 8 tokens whose argmax is each row's token id modulo 8."""
+        return torch.nn.functional.one_hot(hidden[:, 0].long() % 8, 8).float()
+
 
 def step(
     query_lens: list[int], seq_lens: list[int], block_size: int = 4
@@ -48,10 +52,22 @@ def step(
     return torch.tensor(ids), torch.tensor(pos), metadata
 
 
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return logits.argmax(dim=-1), torch.log_softmax(logits, dim=-1).amax(dim=-1)
+
+
 def make(max_batch: int = 6, query_len: int = 4, max_model_len: int = 64) -> tuple[VerifyGraphs, EchoModel]:
     model = EchoModel()
     graphs = VerifyGraphs(
-        model, [], EagerGraphCapture(), max_batch, query_len, max_model_len, 4, torch.device("cpu")
+        model,
+        [],
+        EagerGraphCapture(),
+        max_batch,
+        query_len,
+        max_model_len,
+        4,
+        torch.device("cpu"),
+        greedy=greedy,
     )
     graphs.capture()
     return graphs, model
@@ -63,9 +79,12 @@ def test_rows_pad_to_the_bucket_and_come_back_in_order() -> None:
     ids, pos, metadata = step([4, 1, 2], [10, 7, 20])
     bucket = graphs.bucket_for(metadata)
     assert bucket == 4
-    out = graphs.run(ids, pos, metadata, bucket)
-    # the real tokens' hidden states, in the step's order
+    out, picks = graphs.run(ids, pos, metadata, bucket)
+    # the real tokens' hidden states, in the step's order, and each one's greedy pick and logprob
     assert torch.equal(out, torch.stack((ids, pos), dim=1).float())
+    assert picks is not None and picks.shape == (2, 7) and picks.dtype == torch.float64
+    assert picks[0].tolist() == (ids % 8).tolist()
+    assert torch.allclose(picks[1], torch.log_softmax(torch.tensor([1.0] + [0.0] * 7), dim=0)[0].double())
     seen, padded_ids, padded_pos = model.seen[-1]
     assert seen.graph_capture and seen.query_lens_cpu == [4] * 4 and seen.max_query_len == 4
     assert seen.query_start_loc.tolist() == [0, 4, 8, 12, 16]
@@ -108,5 +127,7 @@ def test_a_non_causal_step_runs_eagerly() -> None:
 def test_buckets_stop_at_the_largest_verified_batch() -> None:
     graphs, _ = make(max_batch=256)
     assert graphs.buckets[-1] == 64
-    with pytest.raises(ValueError, match="at least 2 tokens"):
+    # long proposals: a bucket holds at most 512 tokens
+    assert make(max_batch=256, query_len=33)[0].buckets == [1, 2, 4, 8, 15]
+    with pytest.raises(ValueError, match="2 to 512 tokens"):
         VerifyGraphs(EchoModel(), [], EagerGraphCapture(), 4, 1, 64, 4, torch.device("cpu"))

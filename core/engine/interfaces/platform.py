@@ -64,6 +64,11 @@ class Capabilities:
             launched while recording is recorded into the graph (no host synchronisation, no allocation
             outside the graph's memory) and replays as the same collective; without it a tensor-parallel
             engine runs eagerly.
+        graph_capture_verify: with ``graph_capture``, whether steps whose rows bring several tokens each
+            (speculative verification: each sequence's last token and its proposals, at most
+            ``k + 1``) may be recorded too: the attention backend then runs a recorded step's rows from
+            the device tensors alone (``AttentionMetadata.graph_capture``; its host lists describe the
+            bucket: every row ``k + 1`` tokens). Without it verification steps run eagerly.
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -83,6 +88,7 @@ class Capabilities:
     lora: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     graph_capture_collectives: bool = False
+    graph_capture_verify: bool = False
 
 
 class Platform(ABC):

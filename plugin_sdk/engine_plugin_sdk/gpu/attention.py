@@ -22,6 +22,13 @@ from engine_plugin_sdk.gpu.platform import BLOCK_SIZES, HEAD_SIZES
 from engine_plugin_sdk.gpu.triton_kernels import launchers
 from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning
 
+#: a causal step whose rows bring at most this many tokens each runs them as decode rows (one per token):
+#: speculative verification's ``k + 1`` for the usual ``k``; longer rows read their context once a query
+#: head in the prefill kernel rather than once a token
+SHORT_QUERY_MAX = 8
+#: where :meth:`TritonPagedAttentionBackend.short_rows` keeps a step's rows in ``metadata.extras``
+SHORT_ROWS_KEY = "gpu_short_rows"
+
 
 class TritonPagedAttentionBackend(AttentionBackend):
     """Triton paged attention (online softmax, GQA, sliding window, soft-cap) for fp32 / fp16 / bf16.
@@ -95,6 +102,22 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 head_norm=rotary.head_norm if rotary is not None else None,
                 arrivals=self.decode_arrivals(metadata.num_seqs * kv_cache.shape[3], query.device),
             )  # fmt: skip
+        elif (
+            metadata.num_seqs and metadata.causal and metadata.max_query_len <= SHORT_QUERY_MAX
+            and (metadata.graph_capture or stream_capturing())
+        ):  # fmt: skip
+            # rows of a few tokens each in a recorded step (speculative verification's graphs): one decode
+            # row per token, over the context that ends at it, so that each row's keys are split across
+            # programs as a decode's are; the prefill kernel would give a short row a program per head, each
+            # reading the whole context alone (on an H200 at batch 1, 11.4 us a layer for five tokens).
+            # Recorded steps only: their kernels compile at start-up, where an eager step's split count
+            # would be one more variant to compile mid-serving
+            tables, lens = self.short_rows(metadata, query.shape[0])
+            splits = self.tuning.decode_splits(lens.shape[0], kv_cache.shape[3], None)
+            launchers.paged_decode(
+                out, query, kv_cache, tables, lens, metadata.scale, splits, self.tuning, **common,
+                arrivals=self.decode_arrivals(lens.shape[0] * kv_cache.shape[3], query.device),
+            )  # fmt: skip
         elif metadata.num_seqs:
             # a mixed batch leads with its decode rows (one new token each): the decode kernel reads each
             # KV head once for its whole query group, where the prefill kernel's per-head programs would
@@ -116,6 +139,22 @@ class TritonPagedAttentionBackend(AttentionBackend):
                     causal=metadata.causal, **common,
                 )  # fmt: skip
         return out
+
+    def short_rows(self, metadata: AttentionMetadata, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each new token as a decode row: its sequence's block table and the length of the context that
+        ends at it, ``[num_tokens, blocks]`` and ``[num_tokens]``. Device operations on shapes the batch
+        fixes (a captured graph replays them), made once per step and kept in ``metadata.extras``."""
+        kept = metadata.extras.get(SHORT_ROWS_KEY)
+        if kept is not None:
+            return kept
+        ends = metadata.query_start_loc[1:]
+        token = torch.arange(num_tokens, dtype=ends.dtype, device=ends.device)
+        # a token past the last row (none in a step the engine builds) is given to the last row
+        row = torch.searchsorted(ends, token, right=True).clamp_(max=ends.shape[0] - 1)
+        lens = metadata.seq_lens.index_select(0, row) - (ends.index_select(0, row) - 1 - token)
+        kept = (metadata.block_tables.index_select(0, row), lens.to(torch.int32))
+        metadata.extras[SHORT_ROWS_KEY] = kept
+        return kept
 
     def gather_kv(self, kv_cache: Any, block_ids: list[int]) -> tuple[Any, Any]:
         ids = torch.as_tensor(block_ids, dtype=torch.int64, device=kv_cache.device)

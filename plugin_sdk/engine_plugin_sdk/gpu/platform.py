@@ -214,6 +214,8 @@ class TorchGpuPlatform(Platform):
                 quant_schemes=GROUPED_INT_SCHEMES,
                 # the LoRA kernels run in the interpreter as on the GPU (float16 / float32 only, like tl.dot)
                 lora=True,
+                # no graphs, but the backend's recorded-step path runs as on the GPU (conformance checks it)
+                graph_capture_verify=True,
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
@@ -244,6 +246,9 @@ class TorchGpuPlatform(Platform):
             # NCCL communicator, which may not happen while capturing, falls in the eager warm-up runs
             # TorchGraphCapture makes before recording each bucket.
             graph_capture_collectives=True,
+            # the Triton backend runs a recorded step's rows from its device tensors alone (short rows as
+            # decode rows, longer ones through the prefill kernel's device offsets)
+            graph_capture_verify=True,
         )
 
     def validate(self, config: EngineConfig) -> list[str]:
