@@ -51,8 +51,9 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     """A random quantized weight of ``kind`` made on ``device`` (values of order 0.02, as the dummy loader's).
 
     Args:
-        kind: ``int4_g128`` (symmetric, fp16 scales), a ``gguf_*`` scheme of :data:`KINDS`, or ``fp8``
-            (an FP8 checkpoint's per-channel ``fp8_e4m3``).
+        kind: ``int4_g128`` (symmetric, fp16 scales), a ``gguf_*`` scheme of :data:`KINDS`, ``fp8`` (an
+            FP8 checkpoint's per-channel ``fp8_e4m3`` whose config quantizes activations too, W8A8) or
+            ``fp8_weight_only`` (one that does not).
         out: rows.
         width: columns.
         device: where to draw it.
@@ -64,7 +65,7 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     import gguf
     import torch
 
-    from engine.interfaces.gemm import QuantizedWeight
+    from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, QuantizedWeight
     from engine.interfaces.grouped_int import grouped_int_weight
     from engine_plugin_sdk.gpu.grouped_codes import dequantize_codes, grouped_codes
 
@@ -75,10 +76,15 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
         codes = torch.randint(0, 16, (out, width), generator=gen, device=device, dtype=torch.uint8)
         scales = uniform(out * width // 128, 0.003, 0.006).half().float().reshape(out, -1)
         return grouped_int_weight(codes, scales, torch.full_like(scales, 8.0), 128, 4)
-    if kind == "fp8":  # e4m3 has no infinity: values past 448 would become NaN, so clamp first
+    if kind in ("fp8", "fp8_weight_only"):  # e4m3 has no infinity: values past 448 would become NaN, so clamp first
         scale = uniform(out, 0.02, 0.03) / 64
         data = (torch.randn(out, width, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-        return QuantizedWeight("fp8_e4m3", data, (out, width), lambda: data.float() * scale[:, None], {"scale": scale})
+        extra: dict[str, Any] = {"scale": scale}
+        if kind == "fp8":
+            # what the loader marks for a checkpoint whose config quantizes activations too (FP8_DYNAMIC,
+            # activation_scheme "dynamic": the usual published FP8 checkpoint)
+            extra[ACTIVATIONS_KEY] = PER_TOKEN_ACTIVATIONS
+        return QuantizedWeight("fp8_e4m3", data, (out, width), lambda: data.float() * scale[:, None], extra)
     qtype = gguf.GGMLQuantizationType[kind[5:].upper()]
     values, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     count = out * width // values
@@ -120,6 +126,7 @@ PLANS: dict[str, Callable[[str, int], str | None]] = {
         q4_k_m_kind(name, layers) + ":dense" if name != "model.embed_tokens.weight" else None
     ),
     "fp8": lambda name, layers: "fp8" if name.split(".")[-2] in PROJECTIONS else None,
+    "fp8_weight_only": lambda name, layers: "fp8_weight_only" if name.split(".")[-2] in PROJECTIONS else None,
 }
 
 

@@ -52,3 +52,46 @@ def test_config_spellings() -> None:
         CacheConfig(kv_cache_dtype="int4")
     with pytest.raises(ValueError):
         EngineConfig(quantization="int3")
+
+
+def _ct(activations: dict | None) -> dict:
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
+    groups = {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}}
+    return {"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": groups}}
+
+
+@pytest.mark.parametrize(
+    "config, w8a8",
+    [
+        ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}, True),
+        ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}, True),
+        (_ct({"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), True),
+        (_ct({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}), True),
+        (_ct(None), False),
+    ],
+)
+def test_an_fp8_checkpoint_that_quantizes_activations_runs_w8a8(config: dict, w8a8: bool) -> None:
+    """A checkpoint whose config quantizes activations to FP8 too gets the W8A8 marker on its FP8 weights
+    (one FP8 term per activation row, the FP8 matmul rate); a weight-only FP8 checkpoint does not."""
+    from engine.interfaces.gemm import ACTIVATIONS_KEY
+    from engine.loader.prequantized.config import checkpoint_quantization
+    from engine.loader.prequantized.formats import compressed_weight, fp8_weight
+
+    quant = checkpoint_quantization(config, "ckpt")
+    assert quant is not None and quant.fp8_activations is w8a8
+    weight = torch.randn(32, 48, generator=torch.Generator().manual_seed(5))
+    scale = weight.abs().amax(dim=1) / FP8_E4M3_MAX
+    parts = {"weight": (weight / scale[:, None]).to(torch.float8_e4m3fn), "weight_scale": scale}
+    convert = fp8_weight if quant.method == "fp8" else compressed_weight
+    qw = convert(parts, quant, "model.layers.0.mlp.up_proj.weight")
+    assert qw.scheme == FP8_E4M3_SCHEME
+    assert (qw.extra.get(ACTIVATIONS_KEY) == PER_TOKEN_ACTIVATIONS) is w8a8
+    torch.testing.assert_close(qw.dequantize(), weight, atol=0.07 * float(scale.max()) * FP8_E4M3_MAX / 16, rtol=0.07)
+
+
+def test_an_unknown_fp8_activation_scheme_is_one_line() -> None:
+    from engine.loader import ModelLoadError
+    from engine.loader.prequantized.config import checkpoint_quantization
+
+    with pytest.raises(ModelLoadError, match="activation_scheme 'per_block' is not supported"):
+        checkpoint_quantization({"quantization_config": {"quant_method": "fp8", "activation_scheme": "per_block"}}, "ckpt")

@@ -3,8 +3,9 @@
 Each output channel (row) gets its own scale, ``max |row| / 448``, so one large row does not flatten the
 others. The weights are then ``fp8_e4m3`` :class:`QuantizedWeight` s like an FP8 checkpoint's, marked
 ``extra["activations"] = "per_token"``: the GEMM is asked to quantize activations to one FP8 term per
-row as well (W8A8), which is what doubles the matmul rate; an FP8 *checkpoint* carries no such mark and
-keeps the backend's more accurate default.
+row as well (W8A8), which is what doubles the matmul rate. An FP8 checkpoint's weights carry the same mark
+when its config quantizes activations too (:mod:`engine.loader.prequantized.config`); a weight-only FP8
+checkpoint keeps the backend's more accurate default.
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ class CheckpointQuantization:
         format: compressed-tensors' ``format`` (``pack-quantized``, ``float-quantized``, ...).
         block_size: FP8 block-wise scales' ``[rows, cols]`` (``weight_block_size``), None for
             per-tensor or per-channel scales.
+        fp8_activations: the checkpoint quantizes activations to FP8 too (W8A8: ``activation_scheme`` of
+            an ``fp8`` config, FP8 ``input_activations`` of a compressed-tensors one, dynamic or static):
+            its FP8 weights then take one FP8 term per activation row, quantized dynamically per token
+            (a static per-tensor ``input_scale`` is not read: a token's own scale is at least as fine).
+            False: weight-only FP8, the GEMM backend's more accurate default for the activations.
     """
 
     method: QuantMethod
@@ -43,6 +48,7 @@ class CheckpointQuantization:
     zeros_minus_one: bool = True
     format: str | None = None
     block_size: tuple[int, int] | None = None
+    fp8_activations: bool = False
 
 
 def checkpoint_quantization(hf_config: dict[str, Any], source: str) -> CheckpointQuantization | None:
@@ -102,7 +108,12 @@ def _fp8(quant: dict[str, Any], source: str) -> CheckpointQuantization:
     block = quant.get("weight_block_size")
     if block is not None and (len(block) != 2 or min(int(b) for b in block) <= 0):
         raise ModelLoadError(f"{source}: FP8 weight_block_size must be two positive sizes, got {block}")
-    return CheckpointQuantization("fp8", 8, block_size=None if block is None else (int(block[0]), int(block[1])))
+    scheme = quant.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise ModelLoadError(f"{source}: FP8 activation_scheme {scheme!r} is not supported (supported: dynamic, static)")
+    return CheckpointQuantization(
+        "fp8", 8, block_size=None if block is None else (int(block[0]), int(block[1])), fp8_activations=True
+    )
 
 
 def _compressed_tensors(quant: dict[str, Any], source: str) -> CheckpointQuantization:
@@ -124,4 +135,11 @@ def _compressed_tensors(quant: dict[str, Any], source: str) -> CheckpointQuantiz
     if fmt == "float-quantized" and (kind != "float" or bits != 8):
         raise ModelLoadError(f"{source}: float-quantized {bits}-bit {kind} weights are not supported (supported: FP8)")
     group = int(weights[0].get("group_size") or -1)
-    return CheckpointQuantization("compressed-tensors", bits, group, bool(weights[0].get("symmetric", True)), format=fmt)
+    inputs = [group.get("input_activations") or {} for group in groups.values()]
+    fp8_inputs = fmt == "float-quantized" and all(
+        a.get("type") == "float" and int(a.get("num_bits", 0)) == 8 for a in inputs
+    )
+    return CheckpointQuantization(
+        "compressed-tensors", bits, group, bool(weights[0].get("symmetric", True)), format=fmt,
+        fp8_activations=fp8_inputs,
+    )  # fmt: skip

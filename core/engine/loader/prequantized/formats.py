@@ -10,7 +10,7 @@ import torch
 from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import grouped_int_weight
 from engine.loader.errors import ModelLoadError
-from engine.loader.fp8 import FP8_E4M3_SCHEME
+from engine.loader.fp8 import ACTIVATIONS_KEY, FP8_E4M3_SCHEME, PER_TOKEN_ACTIVATIONS
 from engine.loader.prequantized.config import CheckpointQuantization
 from engine.loader.prequantized.int_packing import act_order, undo_awq_order, unpack_int32
 
@@ -76,7 +76,7 @@ def compressed_weight(parts: Parts, quant: CheckpointQuantization, name: str) ->
     if zero_point is not None and bool((zero_point != 0).any()):
         return _dense_grouped(weight.float() - _per_column(zero_point.float(), weight.shape), scale, weight.shape)
     if weight.dtype == torch.float8_e4m3fn:
-        return _scaled(FP8_E4M3_SCHEME, weight, scale)
+        return _scaled(FP8_E4M3_SCHEME, weight, scale, quant.fp8_activations)
     if weight.dtype == torch.int8:
         return _scaled("int8", weight, scale)
     raise ModelLoadError(f"tensor '{name}': compressed-tensors weight of dtype {weight.dtype} is not supported")
@@ -95,7 +95,7 @@ def fp8_weight(parts: Parts, quant: CheckpointQuantization, name: str) -> Quanti
         scale = parts["weight_scale_inv"].float()
         expanded = scale.repeat_interleave(rows, 0)[: weight.shape[0]].repeat_interleave(cols, 1)[:, : weight.shape[1]]
         return weight.float() * expanded
-    return _scaled(FP8_E4M3_SCHEME, weight, parts["weight_scale"])
+    return _scaled(FP8_E4M3_SCHEME, weight, parts["weight_scale"], quant.fp8_activations)
 
 
 def _per_column(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -109,8 +109,11 @@ def _dense_grouped(centred: torch.Tensor, scale: torch.Tensor, shape: torch.Size
     return centred * _per_column(scale.float(), shape)
 
 
-def _scaled(scheme: str, weight: torch.Tensor, scale: torch.Tensor) -> QuantizedWeight | torch.Tensor:
-    """``weight * scale`` with one scale per tensor or per row as ``scheme``; other scales: float."""
+def _scaled(
+    scheme: str, weight: torch.Tensor, scale: torch.Tensor, fp8_activations: bool = False
+) -> QuantizedWeight | torch.Tensor:
+    """``weight * scale`` with one scale per tensor or per row as ``scheme``; other scales: float.
+    ``fp8_activations`` marks the weight's activations for one FP8 term per row (W8A8)."""
     out_features, in_features = weight.shape
     if scale.numel() not in (1, out_features):
         return _dense_grouped(weight.float(), scale, weight.shape)
@@ -120,4 +123,7 @@ def _scaled(scheme: str, weight: torch.Tensor, scale: torch.Tensor) -> Quantized
     def dequantize() -> torch.Tensor:
         return data.float() * rows[:, None]
 
-    return QuantizedWeight(scheme, data, (int(out_features), int(in_features)), dequantize, {"scale": rows})
+    extra: dict[str, object] = {"scale": rows}
+    if fp8_activations:
+        extra[ACTIVATIONS_KEY] = PER_TOKEN_ACTIVATIONS
+    return QuantizedWeight(scheme, data, (int(out_features), int(in_features)), dequantize, extra)
