@@ -6,7 +6,7 @@ prompts; plain and the methods one after the other in one run.
 ``draft`` drafts with ``--draft`` (default: the target's own file, which only checks the plumbing: every
 proposal is accepted); point it at a smaller model of the target's family.
 
-    python benchmarks/speculative_ngram.py [--tokens 256] [--k 4] [--suffix-k 32] [--methods plain,ngram,suffix]
+    python benchmarks/speculative_ngram.py [--tokens 256] [--k 4] [--suffix-k 32] [--methods plain,ngram,suffix] [--rounds 3]
     python benchmarks/speculative_ngram.py --model BIG --methods plain,draft --draft SMALL
 """
 
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 
 PASSAGE = (
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto", help="the target's")
     parser.add_argument("--dtype", default="auto", help="the target's and the draft's")
     parser.add_argument("--no-auto-disable", action="store_true", help="keep proposing whatever it costs")
+    parser.add_argument("--rounds", type=int, default=3, help="batch-1 runs of each method, in turn")
     parser.add_argument("--out", default="benchmarks/results/speculative_ngram_cpu.json")
     args = parser.parse_args()
     from engine import LLM
@@ -86,32 +88,46 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(), "tokens": args.tokens, "k": args.k, "suffix_k": args.suffix_k,
         "quantization": args.quantization, "dtype": args.dtype,
     }  # fmt: skip
+    llms = {}
     for name in methods:
-        spec = configs[name]
         llm = LLM(
-            args.model, kv_cache_memory_bytes=256 << 20, speculative_config=spec, quantization=args.quantization,
-            dtype=args.dtype, **({"device": args.device} if args.device else {}),
+            args.model, kv_cache_memory_bytes=256 << 20, speculative_config=configs[name],
+            quantization=args.quantization, dtype=args.dtype, **({"device": args.device} if args.device else {}),
         )  # fmt: skip
         # warm-up: the kernels of every shape, and the speculation switch's first measurements of both
         # workloads (it keeps measuring while serving; a server spends its time in that steady state)
         run(llm, [COPY_PROMPT], args.tokens // 2)
         run(llm, QUESTIONS, 32)
-        speculator = llm.llm_engine.speculator
-        if speculator is not None and speculator.cache is not None:
-            # the warm-up's output would hand suffix decoding the measured run's first tokens
-            speculator.cache.clear()
-        seconds, produced = run(llm, [COPY_PROMPT], args.tokens)
-        report[f"{name}_batch1_tok_s"] = round(produced / seconds, 1)
-        if spec is not None:
-            report[f"{name}_batch1_stats"] = _spec_stats(llm)
+        llms[name] = llm
+    # batch 1 in rounds, the methods in turn within each (all engines loaded): a machine's rate drifts
+    # within a run, and a ratio of medians taken side by side carries less of that drift
+    rates: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(args.rounds):
+        for name, llm in llms.items():
+            speculator = llm.llm_engine.speculator
+            if speculator is not None and speculator.cache is not None:
+                # earlier runs' output would hand suffix decoding the measured run's tokens
+                speculator.cache.clear()
+            before = _spec_stats(llm)
+            seconds, produced = run(llm, [COPY_PROMPT], args.tokens)
+            rates[name].append(round(produced / seconds, 1))
+            if configs[name] is not None:
+                report[f"{name}_batch1_stats"] = _stats_since(before, _spec_stats(llm))
+    for name, llm in llms.items():
+        report[f"{name}_batch1_tok_s"] = statistics.median(rates[name])
+        report[f"{name}_batch1_rounds"] = rates[name]
+        before = _spec_stats(llm)
         seconds, produced = run(llm, QUESTIONS, 64)
         report[f"{name}_batch64_tok_s"] = round(produced / seconds, 1)
-        if spec is not None:
-            report[f"{name}_stats"] = _spec_stats(llm)
+        if configs[name] is not None:
+            report[f"{name}_stats"] = _stats_since(before, _spec_stats(llm))
         llm.shutdown()
     for name in methods:
         if name != "plain" and "plain" in methods:
             report[f"{name}_batch1_speedup"] = round(report[f"{name}_batch1_tok_s"] / report["plain_batch1_tok_s"], 2)
+            report[f"{name}_batch1_round_speedups"] = [
+                round(a / b, 2) for a, b in zip(rates[name], rates["plain"], strict=True)
+            ]
             report[f"{name}_batch64_ratio"] = round(report[f"{name}_batch64_tok_s"] / report["plain_batch64_tok_s"], 2)
     print(json.dumps(report, indent=2))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -122,6 +138,15 @@ def main() -> None:
 def _spec_stats(llm) -> dict:
     """The acceptance counters so far (cumulative over the engine's runs)."""
     return {k: v for k, v in llm.llm_engine.stats().items() if k.startswith("spec_")}
+
+
+def _stats_since(before: dict, after: dict) -> dict:
+    """One run's acceptance: the counters' growth, and the rates they give."""
+    grown = {k: after[k] - before[k] for k in ("spec_num_proposed_tokens", "spec_num_accepted_tokens", "spec_num_verified_steps", "spec_steps_switched_off")}
+    proposed, accepted, steps = grown["spec_num_proposed_tokens"], grown["spec_num_accepted_tokens"], grown["spec_num_verified_steps"]
+    grown["spec_acceptance_rate"] = round(accepted / proposed, 4) if proposed else 0.0
+    grown["spec_mean_accepted_length"] = round((accepted + steps) / steps, 4) if steps else 0.0
+    return grown
 
 
 if __name__ == "__main__":
