@@ -16,34 +16,22 @@ from dataclasses import dataclass
 #: steps with proposals measured in a class before the first measurement without
 WARM_UP_STEPS = 8
 #: consecutive steps a mode runs when it is (re-)measured
-PROBE_STEPS = 8
-#: steps between re-measurements of the losing mode (a probe of the slower mode costs 8 / 256 of the time)
-PROBE_PERIOD = 256
-#: weight of a new step in the moving averages (an eighth: a run of unmatched steps must not outweigh the matched
-#: ones before it; the 8-step probe still moves a mode most of the way to a changed workload's rate)
-ALPHA = 0.125
+PROBE_STEPS = 4
+#: steps between re-measurements of the losing mode (a probe of the slower mode costs 4 / 128 of the time)
+PROBE_PERIOD = 128
+#: weight of a new step in the moving averages
+ALPHA = 0.25
 
 
 @dataclass(slots=True)
 class _ModeRate:
-    """One mode's decode rate in one batch class: moving averages of a step's tokens and of its seconds,
-    whose ratio is the rate. Not an average of each step's own rate: with proposals a step that found a
-    match emits several tokens and one that found none emits one, and averaging their rates let a few
-    unmatched steps in a row (an H200, a copy task, batch 1) rank proposals below plain decoding for a
-    whole probe period while they ran 2x faster over the run."""
+    """The moving average of one mode's decode rate in one batch class."""
 
-    tokens: float = 0.0
-    seconds: float = 0.0
+    tokens_per_second: float = 0.0
     steps: int = 0
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        weight = 1.0 if self.steps == 0 else ALPHA
-        self.tokens += weight * (tokens - self.tokens)
-        self.seconds += weight * (seconds - self.seconds)
+    def add(self, rate: float) -> None:
+        self.tokens_per_second = rate if self.steps == 0 else (1 - ALPHA) * self.tokens_per_second + ALPHA * rate
         self.steps += 1
 
 
@@ -85,7 +73,7 @@ class SpeculationSwitch:
         if seconds <= 0 or tokens <= 0:
             return
         cls = self._class(batch)
-        (cls.on if speculated else cls.off).add(tokens, seconds)
+        (cls.on if speculated else cls.off).add(tokens / seconds)
 
     def allows(self, batch: int) -> bool:
         """Whether the next step of ``batch`` decoding sequences should carry proposals."""
