@@ -15,7 +15,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
-from engine_plugin_sdk import Capabilities
+from engine_plugin_sdk import Capabilities, GraphCapture
 from engine_plugin_sdk.testing import build_tiny_llama
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 7, 8]]
@@ -24,6 +24,19 @@ PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 
 def generate(llm: LLM) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def count_runs(capture: GraphCapture) -> list[int]:
+    """The batch sizes ``capture.run`` is called with from now on (the list grows as it runs)."""
+    calls: list[int] = []
+    original_run = capture.run
+
+    def counting_run(batch_size: int, *inputs: object) -> object:
+        calls.append(batch_size)
+        return original_run(batch_size, *inputs)
+
+    capture.run = counting_run  # type: ignore[method-assign]
+    return calls
 
 
 @pytest.mark.slow
@@ -42,14 +55,7 @@ def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pyt
     llm = LLM(**common)
     graphs = llm.llm_engine.runner.decode_graphs
     assert graphs is not None and graphs.buckets == [1, 2, 4, 6]
-    calls: list[int] = []
-    original_run = graphs.graphs.run
-
-    def counting_run(batch_size: int, *inputs: object) -> object:
-        calls.append(batch_size)
-        return original_run(batch_size, *inputs)
-
-    graphs.graphs.run = counting_run  # type: ignore[method-assign]
+    calls = count_runs(graphs.graphs)
     assert generate(llm) == eager
     assert calls and set(calls) <= set(graphs.buckets), f"decode steps should pad to a bucket, got {calls}"
 
@@ -81,14 +87,7 @@ def test_padded_verification_graph_path_matches_eager(tmp_path: Path, monkeypatc
     llm = LLM(**common, speculative_config=ngram)
     verifying = llm.llm_engine.runner.verify_graphs
     assert verifying is not None and verifying.buckets == [1, 2, 4, 6] and verifying.query_len == 4
-    calls: list[int] = []
-    original_run = verifying.graphs.run
-
-    def counting_run(batch_size: int, *inputs: object) -> object:
-        calls.append(batch_size)
-        return original_run(batch_size, *inputs)
-
-    verifying.graphs.run = counting_run  # type: ignore[method-assign]
+    calls = count_runs(verifying.graphs)
     assert generate(llm) == expected
     assert calls and set(calls) <= set(verifying.buckets), f"verification steps should pad to a bucket, got {calls}"
     stats = llm.llm_engine.stats()
