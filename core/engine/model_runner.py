@@ -157,6 +157,7 @@ class ModelRunner:
         pooled: PooledStep | None = None
         # each token's greedy pick and logprob from the verification graph ([2, tokens], float64)
         picks: torch.Tensor | None = None
+        greedy_verify = bool(inputs.spec_rows) and self._greedy_verifiable(inputs.spec_rows)
         if isinstance(self.model, PlatformModelRunner):
             # the platform runs the whole forward itself; it must run even when no row samples
             logits = self._platform_logits(inputs, inputs.logits_indices)
@@ -174,7 +175,7 @@ class ModelRunner:
                 assert isinstance(inputs.metadata, AttentionMetadata)
                 hidden, picks = verifying.run(inputs.input_ids, inputs.positions, inputs.metadata, verify_bucket)
                 # every row verified greedily from the graph's picks: no logits to compute here
-                if not (inputs.sample_targets or inputs.prompt_rows) and self._greedy_verifiable(inputs.spec_rows):
+                if not (inputs.sample_targets or inputs.prompt_rows) and greedy_verify:
                     has_rows = False
             if hidden is None:
                 if self.lora is not None:
@@ -192,7 +193,7 @@ class ModelRunner:
         if inputs.spec_rows:
             verified = self._verify(
                 logits[sampled:] if logits is not None else None, inputs.spec_rows, generator,
-                generator_of or _no_generator, picks,
+                generator_of or _no_generator, greedy_verify, picks,
             )  # fmt: skip
         if inputs.prompt_rows:
             spec_count = sum(len(spec.drafts) + 1 for spec in inputs.spec_rows)
@@ -222,12 +223,13 @@ class ModelRunner:
         specs: list[SpecRows],
         generator: torch.Generator | None,
         generator_of: Callable[[Sequence], torch.Generator | None],
+        greedy: bool,
         picks: torch.Tensor | None = None,
     ) -> list[tuple[Sequence, Verified]]:
         """Check each sequence's proposals against its rows of ``logits``: from greedy picks made on the
         device (the verification graph's ``picks`` of every token of the step, else picked here from
-        ``logits``) when :meth:`_greedy_verifiable`, else on the host."""
-        if self._greedy_verifiable(specs):
+        ``logits``) when ``greedy`` (:meth:`_greedy_verifiable`), else on the host."""
+        if greedy:
             if picks is not None:
                 token_ids, values = picks.cpu().tolist()
                 starts = [spec.first_row for spec in specs]
