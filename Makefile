@@ -46,7 +46,9 @@ CONFORMANCE := conformance_tests/engine_conformance --device cpu --conformance-s
 # The suite runs on every core, a test file per worker (a file's module fixtures load once), each worker
 # single-threaded: with torch's threads per worker as well, the workers' spinning threads fight for the
 # cores (a 2-core run took 18 minutes that way, 13.6 minutes like this, against 21.6 minutes serially).
-PARALLEL := -n auto --dist loadfile
+# Files go out in collection order (testpaths puts the longest, the interpreter conformance runs, first),
+# not xdist's default of files with the most tests first, which sent those long files out last.
+PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PARALLEL) --ignore=conformance_tests
 	$(PY) -m pytest -q $(CONFORMANCE)
