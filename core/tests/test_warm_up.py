@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-import engine.engine_setup as engine_setup_module
+import engine.start_up_graphs as start_up_module
 from engine import LLM, SamplingParams
 from engine.warm_up import WarmUpBatch, warm_up_batches
 from engine_plugin_cpu.platform import CpuPlatform
@@ -40,7 +40,7 @@ def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     claims = CpuPlatform.capabilities
     monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), warm_up=True))
     calls: list[tuple[int, int]] = []
-    real = engine_setup_module.run_warm_up
+    real = start_up_module.run_warm_up
 
     def spy(model, kv_caches, batches, *args):
         before = [kv.clone() for kv in kv_caches]
@@ -60,7 +60,7 @@ def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
             assert torch.equal(old.view(torch.uint8), new.view(torch.uint8))
         return seconds
 
-    monkeypatch.setattr(engine_setup_module, "run_warm_up", spy)
+    monkeypatch.setattr(start_up_module, "run_warm_up", spy)
     return calls
 
 
@@ -92,14 +92,14 @@ def test_a_step_that_does_not_fit_is_refused_at_start_up(tiny_llama_dir, warm_cp
     def out_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(engine_setup_module, "run_warm_up", out_of_memory)
+    monkeypatch.setattr(start_up_module, "run_warm_up", out_of_memory)
     with pytest.raises(EngineConfigError, match="a step of 96 tokens does not fit .* lower --max-num-batched-tokens"):
         LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=96)
 
 
 def test_platforms_that_do_not_ask_skip_it(tiny_llama_dir, monkeypatch) -> None:
     calls: list[object] = []
-    monkeypatch.setattr(engine_setup_module, "run_warm_up", lambda *a: calls.append(a))
+    monkeypatch.setattr(start_up_module, "run_warm_up", lambda *a: calls.append(a))
     LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20)
     assert calls == []
 
