@@ -9,7 +9,6 @@ engine either way.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -26,6 +25,17 @@ def generate(llm: LLM) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], list[list[int]]]:
+    """The tiny Llama's engine settings on this plugin in the interpreter, and its eager greedy tokens."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_llama(folder, head_dim=64)
+    common = {"model": str(folder), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(INTERPRET_ENV, "1")
+        return common, generate(LLM(**common, enforce_eager=True))
+
+
 def count_runs(capture: GraphCapture) -> list[int]:
     """The batch sizes ``capture.run`` is called with from now on (the list grows as it runs)."""
     calls: list[int] = []
@@ -40,11 +50,11 @@ def count_runs(capture: GraphCapture) -> list[int]:
 
 
 @pytest.mark.slow
-def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_padded_decode_graph_path_matches_eager(
+    tiny_llama: tuple[dict[str, object], list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(INTERPRET_ENV, "1")
-    build_tiny_llama(tmp_path, head_dim=64)
-    common = {"model": str(tmp_path), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
-    eager = generate(LLM(**common, enforce_eager=True))
+    common, eager = tiny_llama
 
     claims = CudaPlatform.capabilities
 
@@ -61,13 +71,13 @@ def test_padded_decode_graph_path_matches_eager(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.slow
-def test_padded_verification_graph_path_matches_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_padded_verification_graph_path_matches_eager(
+    tiny_llama: tuple[dict[str, object], list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Speculative verification steps through the verification graphs' padded buckets (rows of 1 to k + 1
     tokens, proposals of every length from an oracle, some wrong) give the eager engine's greedy tokens."""
     monkeypatch.setenv(INTERPRET_ENV, "1")
-    build_tiny_llama(tmp_path, head_dim=64)
-    common = {"model": str(tmp_path), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
-    expected = generate(LLM(**common, enforce_eager=True))
+    common, expected = tiny_llama
     by_prompt = {tuple(p): e for p, e in zip(PROMPTS, expected)}
     lengths: list[int] = []
 
