@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both run on it)")
     parser.add_argument("--engine-step-texts", type=int, default=None,
                         help="texts per engine step (default: --batch-size); the engine batches as it likes")
+    parser.add_argument("--queue-all", action="store_true",
+                        help="queue every text before the first step (as before the engine queued them in chunks)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the engine run's host profile (cProfile) and its device kernels' times")
     parser.add_argument("--out", default=None, help="default benchmarks/results/embedding_throughput_<device>.json")
@@ -109,6 +111,8 @@ def main() -> None:
     started = now()
     reference = st.encode(batch, batch_size=args.batch_size, convert_to_tensor=True).float()
     st_s = now() - started
+    if args.queue_all:
+        LLM.QUEUE_CHUNK = args.num_texts
     llm = LLM(model=path, device=args.device, dtype=args.dtype, max_num_batched_tokens=step_texts * args.text_tokens,
               max_num_seqs=max(256, step_texts))  # fmt: skip
     llm.embed(batch[: 2 * step_texts], use_tqdm=False)  # warm-up
@@ -123,6 +127,7 @@ def main() -> None:
         "model": "bge-large-shaped BERT" if args.large else "bge-small-shaped BERT", "dtype": args.dtype,
         "device": torch.cuda.get_device_name(0) if args.device != "cpu" else "cpu", "texts": args.num_texts,
         "text_tokens": args.text_tokens, "st_batch_size": args.batch_size, "engine_step_texts": step_texts,
+        "queued": "all up front" if args.queue_all else f"in chunks of {max(LLM.QUEUE_CHUNK, llm.llm_engine.config.scheduler.max_num_seqs)}",
         "sentence_transformers_texts_per_s": round(args.num_texts / st_s, 1),
         "engine_texts_per_s": round(args.num_texts / engine_s, 1), "ratio": round(st_s / engine_s, 2),
         "min_cosine_vs_sentence_transformers": round(cosine, 6), "cpu": platform.processor() or platform.machine(),

@@ -189,3 +189,30 @@ def test_offline_text_decoded_once_equals_per_token_text(llm):
     assert cut_offline.text == cut_stepped.text
     assert len(cut_offline.text) < len(offline[2].text)
     assert_all_blocks_free(llm)
+
+
+def test_prompts_queued_in_chunks_while_earlier_ones_run(llm, monkeypatch):
+    """More prompts than one queue chunk: later chunks are tokenized and queued between steps, the outputs
+    still come back in prompt order, equal to each prompt run alone; a bad prompt in a later chunk fails
+    the call and leaves no request or block behind."""
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    prompts = [f"{PROMPTS[i % 3]} {i}" for i in range(7)]
+    alone = [llm.generate(p, greedy, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    monkeypatch.setattr(LLM, "QUEUE_CHUNK", 2)
+    monkeypatch.setattr(llm.llm_engine.config.scheduler, "max_num_seqs", 2)
+    seen = []
+    step = llm.llm_engine.step
+
+    def counting_step():
+        seen.append(len(llm.llm_engine.requests))
+        return step()
+
+    monkeypatch.setattr(llm.llm_engine, "step", counting_step)
+    outs = llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.prompt == p for o, p in zip(outs, prompts)] == [True] * 7
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert seen[:3] == [2, 4, 6]  # a chunk queued per step, not all up front
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        llm.generate(prompts[:5] + [""], greedy, use_tqdm=False)
+    assert not llm.llm_engine.requests
+    assert_all_blocks_free(llm)

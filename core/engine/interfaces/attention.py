@@ -30,7 +30,9 @@ class AttentionMetadata:
         causal: whether a query token attends only to positions at or before its own. False (every
             token sees the whole context: encoder models) only for backends whose platform claims
             ``non_causal_attention``, and only in steps where every sequence's query is its whole context
-            (``query_lens_cpu == seq_lens_cpu``, nothing cached before the step).
+            (``query_lens_cpu == seq_lens_cpu``, nothing cached before the step). Such a step's keys and
+            values are never read after it (no decode follows, and its blocks are never prefix-matched),
+            so a backend may attend to them from the step's own rows and leave the cache unwritten.
         sliding_window: if set, a query at position p attends only to positions > p - sliding_window
             (causal: key j is visible to query i iff ``i - sliding_window < j <= i``). In a non-causal
             step the window is symmetric: key j is visible to query i iff ``|i - j| < sliding_window``

@@ -69,17 +69,29 @@ def _load_kv_tile(
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
+@triton.jit
+def _load_step_kv_tile(
+    rows_ptr, first_row, offs_n, seq_len, kv_head, offs_d, stride_row, stride_head, HEAD_DIM: tl.constexpr,
+):
+    """Keys (or values) ``[BLOCK_N, D_PAD]`` of context positions ``offs_n`` of a sequence whose whole
+    context is this step's rows ``first_row, first_row + 1, ...`` (not the cache)."""
+    valid = offs_n < seq_len
+    rows = (first_row + offs_n).to(tl.int64)
+    ptrs = rows_ptr + rows[:, None] * stride_row + kv_head * stride_head + offs_d[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
 def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, sinks_ptr,
     scale, soft_cap, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
-    stride_bt, stride_slot, stride_kv_head,
+    stride_bt, stride_slot, stride_kv_head, stride_v_slot, stride_v_head,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr,
-    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr,
+    DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, STEP_KV: tl.constexpr,
 ):
     """One program: ``BLOCK_M`` query rows of one head of one sequence, over its whole cached context.
 
@@ -87,6 +99,9 @@ def paged_prefill_kernel(
     (the new ones included) are already in the cache. ``USE_SINKS``: the head's sink starts the running
     softmax (its max and a sum of one), with no value. A window without ``CAUSAL`` is symmetric: key j
     is visible to row i iff ``|i - j| < window`` (so the tile's last row reads ``window - 1`` keys on).
+    ``STEP_KV``: the keys and values are this step's own rows (``k_cache_ptr`` / ``v_cache_ptr`` point at
+    ``[tokens, kv_heads, head_dim]`` tensors, values with their own strides), for sequences with no cached
+    prefix; the block table is not read.
     """
     pdl_begin(USE_PDL)
     # tiles, then heads, vary fastest: the programs that read one sequence's keys for one KV head run
@@ -135,8 +150,12 @@ def paged_prefill_kernel(
     qk_scale = scale * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
-                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        if STEP_KV:
+            k = _load_step_kv_tile(k_cache_ptr, q_start, offs_n, seq_len, kv_head, offs_d,
+                                   stride_slot, stride_kv_head, HEAD_DIM)
+        else:
+            k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
+                              stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
         qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
         if USE_CAP:
             qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
@@ -154,8 +173,12 @@ def paged_prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
-                          stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+        if STEP_KV:
+            v = _load_step_kv_tile(v_cache_ptr, q_start, offs_n, seq_len, kv_head, offs_d,
+                                   stride_v_slot, stride_v_head, HEAD_DIM)
+        else:
+            v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, seq_len, kv_head, offs_d,
+                              stride_v_slot, stride_v_head, KV_BLOCK, HEAD_DIM)
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
         m_i = m_new
 

@@ -89,8 +89,10 @@ def paged_prefill(
     window: int | None = None,
     soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Attention for any mix of prefill, chunked-prefill and decode rows; keys come from the cache only.
+    """Attention for any mix of prefill, chunked-prefill and decode rows; keys come from the cache only
+    (or, with ``step_kv``, from the step's own rows).
 
     Args:
         out: ``[tokens, heads, head_dim]``, written.
@@ -106,22 +108,28 @@ def paged_prefill(
         window: sliding window, or None; symmetric (``|i - j| < window``) when not ``causal``.
         soft_cap: logit soft-cap, or None.
         sinks: float ``[heads]`` attention sinks (one more softmax term per head, no value), or None.
+        step_kv: ``(key, value)`` ``[tokens, kv_heads, head_dim]`` (unit last stride) of the step's rows,
+            read instead of the cache, for a batch whose every query is its whole context (no cached
+            prefix, as in a non-causal step); ``kv_cache`` then only gives the KV geometry.
     """
     tokens, num_heads, head_dim = query.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     tiles = tuning.prefill_tiles(head_dim)
     grid = (triton_cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
+    keys, values = step_kv if step_kv is not None else (kv_cache[0], kv_cache[1])
+    # a cache's slots are its second-to-last dims but one; a step's rows are its first
+    row_dim = 0 if step_kv is not None else 2
     ak.paged_prefill_kernel[grid](
-        out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+        out, query, keys, values, block_tables, seq_lens, query_start_loc,
         sinks if sinks is not None else seq_lens, scale, float(soft_cap or 0.0), int(window or 0),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        keys.stride(row_dim), keys.stride(row_dim + 1), values.stride(row_dim), values.stride(row_dim + 1),
         NUM_QUERIES_PER_KV=num_heads // kv_heads,
         HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), KV_BLOCK=block_size,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal, USE_SINKS=sinks is not None,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
+        STEP_KV=step_kv is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **_attention_flags(query, keys, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
 
 
