@@ -293,14 +293,8 @@ class LLM:
         engine = self.llm_engine
         for lora in set(loras or []) - {None}:  # a broken adapter fails the call before any prompt runs
             engine.add_lora(lora)
-        pooling_step = SamplingParams(max_tokens=1)
-        checked = [
-            pooling_step if isinstance(params, PoolingParams)
-            else params.step_params() if isinstance(params, BeamSearchParams) else params
-            for params in params_list
-        ]  # fmt: skip
         count = len(prompts)
-        rows = list(zip(prompts, params_list, priorities or [0] * count, loras or [None] * count, checked))
+        rows = list(zip(prompts, params_list, priorities or [0] * count, loras or [None] * count))
         # Prompts are tokenized (one batch per chunk) and queued a chunk at a time, the next chunk while
         # the device runs the steps already launched: tokenizing and checking thousands of texts up front
         # would leave the device idle meanwhile (H200, 4,096 embedding texts: a fifth of the run). The
@@ -328,18 +322,16 @@ class LLM:
             raise
         return [results[rid] for rid in ids]
 
-    def _queue(
-        self, rows: list[tuple[Any, Any, int, LoRARequest | None, SamplingParams]], cache_salt: str | None, ids: list[str]
-    ) -> None:
-        """Check ``rows`` (prompt, params, priority, adapter, checked params), their texts tokenized in one
-        batch, then add them to the engine, appending their request ids to ``ids``.
+    def _queue(self, rows: list[tuple[Any, Any, int, LoRARequest | None]], cache_salt: str | None, ids: list[str]) -> None:
+        """Add ``rows`` (prompt, params, priority, adapter) to the engine, their texts tokenized in one
+        batch, appending their request ids to ``ids``.
 
         Raises:
-            engine.errors.InvalidRequestError: the first bad prompt (none of ``rows`` is added then).
+            engine.errors.InvalidRequestError: the first bad prompt (the rows before it are queued).
         """
         engine = self.llm_engine
-        token_ids = engine.validate_requests([r[0] for r in rows], [r[4] for r in rows], cache_salt)
-        for (prompt, params, prio, lora, _), tokens in zip(rows, token_ids, strict=True):
+        token_ids = engine.tokenize_prompts([r[0] for r in rows])
+        for (prompt, params, prio, lora), tokens in zip(rows, token_ids, strict=True):
             rid = f"offline-{next(self._counter)}"
             # only when given: a data-parallel engine (which refuses LoRA at start-up) takes no adapter
             extra: dict[str, Any] = {"lora_request": lora} if lora is not None else {}

@@ -171,19 +171,14 @@ class LLMEngine(PoolingSteps, RequestAdmission, StepResults):
         self._compile_constraint(params)
         return token_ids
 
-    def validate_requests(
-        self, prompts: list[str | list[int]], params_list: list[SamplingParams], cache_salt: str | None = None
-    ) -> list[list[int]]:
-        """:meth:`validate_request` for several requests, their texts tokenized in one batch.
-
-        Returns:
-            Each prompt's token ids (pass them to :meth:`add_request` as ``prompt_token_ids``).
+    def tokenize_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Each prompt's token ids, the texts encoded in one batch (pass them to :meth:`add_request` as
+        ``prompt_token_ids``, which checks them).
 
         Raises:
-            InvalidRequestError: as :meth:`validate_request`, for the first request that fails.
+            InvalidRequestError: an empty text, or one too long for the context before tokenizing.
         """
-        token_ids = self.input_processor.tokenize_many(prompts)
-        return [self.validate_request(ids, params, cache_salt) for ids, params in zip(token_ids, params_list, strict=True)]
+        return self.input_processor.tokenize_many(prompts)
 
     def _compile_constraint(self, params: SamplingParams) -> Future | None:
         """Check a request's structured output now and compile it in the background (None: unconstrained).
@@ -226,7 +221,7 @@ class LLMEngine(PoolingSteps, RequestAdmission, StepResults):
                 (None: with every unsalted request).
             lora_request: the LoRA adapter it runs under (registered and loaded on first use), None for
                 the base model.
-            prompt_token_ids: a text prompt's ids, already tokenized (:meth:`validate_requests`): they are
+            prompt_token_ids: a text prompt's ids, already tokenized (:meth:`tokenize_prompts`): they are
                 checked again but not re-encoded; the text is kept for the outputs.
 
         Raises:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import chain
 
+import numpy as np
 import torch
 
 from engine.block_manager import BlockManager
@@ -158,7 +159,10 @@ def prepare_step_inputs(
     # every token); the int32 fields are cast on the device.
     parts = (input_ids, positions, logits_indices, qsl, seq_lens, fill_rows, fill_from, *slots)
     sizes = [len(p) for p in parts] + [len(query_lens) * width for width in widths]
-    packed = torch.tensor(list(chain(*parts, *padded_tables)), dtype=torch.int64)
+    # numpy reads the ints straight from the iterator: a fifth of torch.tensor's time on a list (an
+    # embedding step of 256 x 128 tokens packs about 100,000 of them)
+    flat = np.fromiter(chain(*parts, *padded_tables), dtype=np.int64, count=sum(sizes))
+    packed = torch.from_numpy(flat)
     if device.type != "cpu":
         # from pageable memory the copy would wait for the step in flight; pinned, it queues behind it
         packed = packed.pin_memory()

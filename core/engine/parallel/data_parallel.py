@@ -191,11 +191,9 @@ class DataParallelEngine:
         replica.send("validate", (prompt, params, cache_salt))
         return list(replica.answer("validated"))
 
-    def validate_requests(
-        self, prompts: list[str | list[int]], params_list: list[Any], cache_salt: str | None = None
-    ) -> list[list[int]]:
-        """:meth:`validate_request` of each request (see :meth:`LLMEngine.validate_requests`)."""
-        return [self.validate_request(p, params, cache_salt) for p, params in zip(prompts, params_list, strict=True)]
+    def tokenize_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Each prompt's token ids, the texts encoded in one batch (see :meth:`LLMEngine.tokenize_prompts`)."""
+        return self._tokens.tokenize_many(prompts)
 
     def add_request(
         self,

@@ -9,7 +9,7 @@ import torch
 from engine.outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling.config import PoolerConfig
 from engine.pooling.params import PoolingParams
-from engine.pooling.pooler import PooledChunk, PoolingState
+from engine.pooling.pooler import PooledChunk, PoolingState, pooled_results
 from engine.sequence import Sequence
 
 
@@ -37,7 +37,7 @@ class PoolingRequests:
     def take(self, chunks: list[PooledChunk]) -> list[tuple[Sequence, PoolingRequestOutput]]:
         """Add a step's chunks; returns the requests whose prompt is now fully pooled, with their outputs
         (their states are dropped)."""
-        done = []
+        finished: list[tuple[Sequence, PoolingState]] = []
         for chunk in chunks:
             seq = chunk.seq
             state = self._states.get(seq.request_id)
@@ -46,6 +46,10 @@ class PoolingRequests:
             state.add(chunk)
             if chunk.first_position + chunk.count == len(seq.prompt_token_ids):
                 del self._states[seq.request_id]
-                output = PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(state.result(self.defaults, self.head, seq.prompt_token_ids)))
-                done.append((seq, output))
-        return done
+                finished.append((seq, state))
+        prompts = [seq.prompt_token_ids for seq, _ in finished]
+        results = pooled_results([state for _, state in finished], self.defaults, self.head, prompts)
+        return [
+            (seq, PoolingRequestOutput(seq.request_id, seq.prompt_token_ids, PoolingOutput(result)))
+            for (seq, _), result in zip(finished, results, strict=True)
+        ]

@@ -119,7 +119,7 @@ def paged_prefill(
     grid = (triton_cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
     keys, values = step_kv if step_kv is not None else (kv_cache[0], kv_cache[1])
     # a cache's slots are its second-to-last dims but one; a step's rows are its first
-    row_dim = 0 if step_kv is not None else 2
+    row_dim = 0 if step_kv is not None else 1
     ak.paged_prefill_kernel[grid](
         out, query, keys, values, block_tables, seq_lens, query_start_loc,
         sinks if sinks is not None else seq_lens, scale, float(soft_cap or 0.0), int(window or 0),
