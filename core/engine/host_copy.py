@@ -1,4 +1,4 @@
-"""Copies from the device to the host that do not wait for the device's queue."""
+"""Copies between the device and the host that do not wait for the device's queue."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     host = tensor.to("cpu", non_blocking=True)
     ready.record()
     return host, ready
+
+
+def copy_to_device_async(values: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
+    """Host integers as an int64 tensor on ``device``, copied behind the work already queued there: from
+    pageable memory a copy waits until the device has run that work (a step prepared while the one before
+    still runs would stall for it), from pinned memory it is queued."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

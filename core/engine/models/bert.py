@@ -131,8 +131,10 @@ class BertModel(CausalLM):
         seps = (input_ids == self.sep_token_id).to(torch.int64)
         before = torch.cumsum(seps, 0) - seps
         starts = metadata.query_start_loc[:-1].to(torch.int64)
-        lengths = torch.tensor(metadata.query_lens_cpu, device=input_ids.device)
-        base = before[starts].repeat_interleave(lengths)
+        # lengths from the device's own offsets, and the output size given: neither a copy from the host
+        # nor a size read back waits for the step still running
+        lengths = metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]
+        base = before[starts].repeat_interleave(lengths, output_size=input_ids.shape[0])
         return ((before - base) > 0).to(torch.int64)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[Any], metadata: Any) -> torch.Tensor:

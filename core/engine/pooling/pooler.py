@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.host_copy import copy_to_host_async
+from engine.host_copy import copy_to_device_async, copy_to_host_async
 from engine.pooling.config import PoolerConfig
 from engine.pooling.params import PoolingParams
 from engine.sequence import Sequence
@@ -92,7 +92,7 @@ def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> PooledStep:
     firsts = [r.first_row for r in rows]
     lasts = [f + c - 1 for f, c in zip(firsts, counts, strict=True)]
     device = hidden.device
-    meta = torch.tensor([firsts, lasts], dtype=torch.int64).to(device, non_blocking=True)
+    meta = copy_to_device_async([firsts, lasts], device)
     adjacent = all(firsts[i + 1] == lasts[i] + 1 for i in range(len(rows) - 1))
     if adjacent and len(set(counts)) == 1:  # a batch of equal prompts: one reshaped sum
         block = hidden[firsts[0] : lasts[-1] + 1].float()
@@ -101,10 +101,13 @@ def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> PooledStep:
         if adjacent:
             block = hidden[firsts[0] : lasts[-1] + 1]
         else:
-            index = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts, strict=True)])
-            block = hidden[index.to(device, non_blocking=True)]
-        lengths = torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True)
-        total = torch.segment_reduce(block.float(), "sum", lengths=lengths, axis=0)
+            index = [row for f, c in zip(firsts, counts, strict=True) for row in range(f, f + c)]
+            block = hidden[copy_to_device_async(index, device)]
+        # each row added into its chunk's sum by index: sizes all known on the host, so nothing waits for
+        # the device (a segment reduction over device lengths may read them back)
+        chunk_of_row = copy_to_device_async([i for i, c in enumerate(counts) for _ in range(c)], device)
+        total = torch.zeros((len(rows), hidden.shape[1]), dtype=torch.float32, device=device)
+        total.index_add_(0, chunk_of_row, block.float())
     reduced, ready = copy_to_host_async(torch.stack([total, hidden[meta[0]].float(), hidden[meta[1]].float()]))
     per_token = None
     wanted = [r for r in rows if r.seq.pooling.per_token]
