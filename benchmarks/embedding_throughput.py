@@ -1,6 +1,6 @@
 """Embedding throughput: the engine's ``LLM.embed`` against sentence-transformers on the same model, in one
 run (texts/s for ``--num-texts`` texts of ``--text-tokens`` tokens, sentence-transformers at
-``--batch-size``).
+``--batch-size``), each timed ``--rounds`` times in turn (medians).
 
 The model is a BGE-small-shaped BERT (12 layers, hidden 384, 12 heads; bge-large: ``--large``) with random
 weights and sentence-transformers' files (CLS pooling, normalized), saved once under a temporary folder;
@@ -13,9 +13,11 @@ its WordPiece tokenizer is built here over a small vocabulary (the weights are r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both run on it)")
     parser.add_argument("--engine-step-texts", type=int, default=None,
                         help="texts per engine step (default: --batch-size); the engine batches as it likes")
+    parser.add_argument("--rounds", type=int, default=3, help="timed runs of each, in turn (medians reported)")
     parser.add_argument("--queue-all", action="store_true",
                         help="queue every text before the first step (as before the engine queued them in chunks)")
     parser.add_argument("--profile", action="store_true",
@@ -108,17 +111,23 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     st = SentenceTransformer(path, device=args.device, model_kwargs={"dtype": dtype})
     st.encode(batch[: args.batch_size], batch_size=args.batch_size)  # warm-up
-    started = now()
-    reference = st.encode(batch, batch_size=args.batch_size, convert_to_tensor=True).float()
-    st_s = now() - started
     if args.queue_all:
         LLM.QUEUE_CHUNK = args.num_texts
     llm = LLM(model=path, device=args.device, dtype=args.dtype, max_num_batched_tokens=step_texts * args.text_tokens,
               max_num_seqs=max(256, step_texts))  # fmt: skip
     llm.embed(batch[: 2 * step_texts], use_tqdm=False)  # warm-up
-    started = now()
-    outs = llm.embed(batch, use_tqdm=False)
-    engine_s = now() - started
+    # both in turn, --rounds times (a host's speed moves between runs), each after a full collection
+    st_times, engine_times = [], []
+    for _ in range(args.rounds):
+        gc.collect()
+        started = now()
+        reference = st.encode(batch, batch_size=args.batch_size, convert_to_tensor=True).float()
+        st_times.append(now() - started)
+        gc.collect()
+        started = now()
+        outs = llm.embed(batch, use_tqdm=False)
+        engine_times.append(now() - started)
+    st_s, engine_s = statistics.median(st_times), statistics.median(engine_times)
     if args.profile:
         profile_engine(llm, batch, args.device)
     got = torch.stack([o.outputs.data.to(reference.device) for o in outs])
@@ -130,6 +139,8 @@ def main() -> None:
         "queued": "all up front" if args.queue_all else f"in chunks of {max(LLM.QUEUE_CHUNK, llm.llm_engine.config.scheduler.max_num_seqs)}",
         "sentence_transformers_texts_per_s": round(args.num_texts / st_s, 1),
         "engine_texts_per_s": round(args.num_texts / engine_s, 1), "ratio": round(st_s / engine_s, 2),
+        "rounds": args.rounds, "st_texts_per_s_by_round": [round(args.num_texts / t, 1) for t in st_times],
+        "engine_texts_per_s_by_round": [round(args.num_texts / t, 1) for t in engine_times],
         "min_cosine_vs_sentence_transformers": round(cosine, 6), "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }  # fmt: skip
