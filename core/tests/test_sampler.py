@@ -332,3 +332,36 @@ def test_truncation_matches_full_sort_reference(params: SamplingParams) -> None:
     for i, p in enumerate(mixed):
         assert set(probs[i].nonzero().flatten().tolist()) == _reference_kept(logits[i], p)
         assert probs[i].sum().item() > 0
+
+
+def test_which_rows_sample_on_the_device():
+    """Unseeded draws (temperature, top-k, top-p, min-p) stay with the logits' device; a seeded or
+    processed row sends the batch to the host."""
+
+    def row(**kw):
+        seed = kw.pop("seed", None)
+        return SamplingRow(SamplingParams(**kw), [1, 2], [3], make_generator(seed) if seed is not None else None)
+
+    drawn = [row(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05), row(temperature=0.0)]
+    assert Sampler.samples_on_device(drawn)
+    assert not Sampler.runs_on_any_device(drawn)  # the greedy fast path is for greedy rows only
+    assert not Sampler.samples_on_device([*drawn, row(temperature=0.8, seed=3)])
+    assert not Sampler.samples_on_device([*drawn, row(temperature=0.8, repetition_penalty=1.2)])
+    assert not Sampler.samples_on_device([*drawn, row(temperature=0.0, logit_bias={5: 1.0})])
+
+
+def test_top_p_rows_past_the_candidates_are_redone_over_the_vocabulary():
+    """A flat row's nucleus (more tokens than the first candidates) and a peaked one in one batch: the
+    flat row keeps exactly the tokens a full sort keeps."""
+    from engine.sampling.truncation import _TOP_P_CANDIDATES, truncated_probs
+
+    vocab = 3 * _TOP_P_CANDIDATES
+    torch.manual_seed(0)
+    flat = torch.randn(vocab) * 0.01
+    peaked = torch.randn(vocab) * 5
+    probs = truncated_probs(torch.stack([flat, peaked]), [SamplingParams(temperature=1.0, top_p=0.9)] * 2)
+    for logits, got in zip((flat, peaked), probs):
+        ordered = logits.softmax(-1).sort(descending=True)
+        before = ordered.values.cumsum(0) - ordered.values
+        kept = set(ordered.indices[before < 0.9].tolist())
+        assert set(torch.nonzero(got > 0).flatten().tolist()) == kept

@@ -175,6 +175,16 @@ class Sampler:
         """
         return all(r.params.greedy for r in rows) and not any(needs_processing(r) for r in rows)
 
+    @staticmethod
+    def samples_on_device(rows: list[SamplingRow]) -> bool:
+        """Whether these rows can be sampled where the logits are: greedy or drawn with the engine's
+        generator (temperature, top-k, top-p and min-p are device-neutral tensor ops) and unprocessed.
+
+        Seeded rows (their own host generator, shaped alone so that a seed gives the same tokens in any
+        batch) and processed rows (penalties and biases read the host's token history) sample on the host.
+        """
+        return all(r.params.greedy or r.generator is None for r in rows) and not any(needs_processing(r) for r in rows)
+
     def greedy_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token ids and their raw logprobs, left on the logits' device (nothing waits for it).
 

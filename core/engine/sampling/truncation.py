@@ -56,7 +56,9 @@ def _cutoff_logits(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -
     cutoff = _cutoff_from_candidates(scaled, top_k, top_p, width)
     if width < vocab and any(unbounded):
         # Rows whose nucleus did not fit the candidates (flat distributions) redo it over everything.
-        short = [i for i, u in enumerate(unbounded) if u and cutoff[i] == float("-inf")]
+        # one read of the device's answer for every row, not one per row
+        unbounded_rows = torch.tensor(unbounded).to(cutoff.device)
+        short = torch.nonzero(unbounded_rows & (cutoff == float("-inf"))).flatten().tolist()
         if short:
             cutoff[short] = _cutoff_from_candidates(
                 scaled[short], [top_k[i] for i in short], [top_p[i] for i in short], vocab
