@@ -26,11 +26,17 @@ def copy_to_host_async(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     return host, ready
 
 
-def copy_to_device_async(values: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
-    """Host integers as an int64 tensor on ``device``, copied behind the work already queued there: from
-    pageable memory a copy waits until the device has run that work (a step prepared while the one before
-    still runs would stall for it), from pinned memory it is queued."""
-    host = torch.tensor(values, dtype=torch.int64)
+def copy_to_device_async(
+    values: list[int] | list[float] | list[bool] | list[list[int]], device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """Host numbers as a ``dtype`` tensor on ``device`` (see :func:`tensor_to_device_async`)."""
+    return tensor_to_device_async(torch.tensor(values, dtype=dtype), device)
+
+
+def tensor_to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``, copied behind the work already queued there: from pageable memory a
+    copy waits until the device has run that work (a step prepared while the one before still runs would
+    stall for it), from pinned memory it is queued."""
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)

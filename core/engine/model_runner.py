@@ -205,13 +205,13 @@ class ModelRunner:
         targets = inputs.sample_targets
         own = generator_of or _no_generator
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, own(s)) for s in targets]
-        in_flight = overlap and self._can_overlap(targets, rows)
+        in_flight = overlap and self._can_overlap(targets, rows, token_bitmask is None)
         if token_bitmask is not None and defer_bitmask:
             # the masks read the matchers, which have not seen the step in flight's tokens yet: the engine
             # reads those, then samples this step (sample_deferred) while the device may still run it
             launched = LaunchedStep(targets, deferred=DeferredSampling(logits, rows, generator, in_flight))
         elif in_flight:
-            launched = self._greedy_in_flight(targets, logits, token_bitmask)
+            launched = self._greedy_in_flight(targets, logits, token_bitmask, rows, generator)
         else:
             launched = LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
         launched.prompt_logprobs, launched.pooled, launched.verified = scored, pooled, verified
@@ -301,13 +301,20 @@ class ModelRunner:
         targets: list[Sequence],
         logits: torch.Tensor,
         token_bitmask: Callable[[list[Sequence]], tuple[torch.Tensor, list[int]] | None] | None,
+        rows: list[SamplingRow] | None = None,
+        generator: torch.Generator | None = None,
     ) -> LaunchedStep:
         """Greedy picks left on the device (masked where a row is constrained; logprobs from the raw
-        logits), with a non-blocking copy to (pinned) host memory and an event: reading it later waits
-        for this step only, not for the next step issued behind it."""
+        logits), or with ``rows`` that draw (unconstrained, :meth:`Sampler.draws_in_flight`) their draws,
+        with a non-blocking copy to (pinned) host memory and an event: reading it later waits for this
+        step only, not for the next step issued behind it."""
         mask = token_bitmask(targets) if token_bitmask is not None else None
         greedy = self.sampler.greedy_on_device
-        if mask is None:
+        if rows is not None and not all(r.params.greedy for r in rows):
+            if mask is not None:
+                raise ValueError("rows that draw are overlapped only without a token mask")
+            token_ids, logprobs = self.sampler.draw_on_device(logits, rows, generator)
+        elif mask is None:
             token_ids, logprobs = greedy(logits)
         else:
             # The raw log-normaliser of each row from one pass over the raw logits (its argmax's logit less
@@ -343,10 +350,12 @@ class ModelRunner:
         device = logits.device
         self.apply_token_bitmask(logits, bitmask.to(device, non_blocking=True), indices.to(device, non_blocking=True))
 
-    def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow]) -> bool:
-        """Rows that need nothing from the host to sample: greedy, unprocessed, no top logprobs, no forks."""
+    def _can_overlap(self, targets: list[Sequence], rows: list[SamplingRow], unmasked: bool = False) -> bool:
+        """Rows that need nothing from the host to sample: greedy (or, ``unmasked``, drawn on the device
+        with the engine's generator), unprocessed, no top logprobs, no forks."""
+        samples = self.sampler.draws_in_flight(rows) if unmasked else self.sampler.runs_on_any_device(rows)
         return (
-            self.sampler.runs_on_any_device(rows)
+            samples
             and all(r.params.logprobs is None for r in rows)
             and not any(seq.pending_forks for seq in targets)
         )

@@ -143,3 +143,41 @@ def test_a_step_that_cannot_overlap_after_one_that_did_adds_nothing_to_what_it_f
             outputs.update((o.request_id, o) for o in engine.step())
         assert len(outputs[f"g{joins_after}"].outputs[0].token_ids) == 4, joins_after
     assert_all_blocks_free(overlapped)
+
+
+def test_unseeded_draws_overlap_and_equal_the_synchronous_engine(tiny_llama_dir):
+    """Rows drawn with the engine's generator (temperature, top-k, min-p; no seed, nothing processed) leave
+    their tokens in flight like greedy rows, and give the synchronous engine's tokens while every row is
+    still running (a row that ended in the step in flight is computed once more and takes a draw of the
+    shared generator, so after a row ends the two engines' draws part); a top-p row without top-k (whose
+    nucleus may need a second pass) and a seeded row still sample synchronously."""
+    overlapped = _llm(tiny_llama_dir, True, seed=5, kv_cache_memory_bytes=32 << 20)
+    synchronous = _llm(tiny_llama_dir, False, seed=5, kv_cache_memory_bytes=32 << 20)
+    drawn = [
+        SamplingParams(max_tokens=15, temperature=0.8, top_k=20, ignore_eos=True),
+        SamplingParams(max_tokens=15, temperature=1.0, min_p=0.05, ignore_eos=True),
+        SamplingParams(max_tokens=15, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=15, temperature=0.7, top_k=5, top_p=0.9, ignore_eos=True),
+    ]
+    in_flight = []
+    launch = overlapped.llm_engine.runner.launch
+
+    def spying_launch(*args, **kwargs):
+        launched = launch(*args, **kwargs)
+        in_flight.append(launched.token_ids is not None)
+        return launched
+
+    overlapped.llm_engine.runner.launch = spying_launch
+    got = overlapped.generate(PROMPTS[:4], drawn, use_tqdm=False)
+    assert _tokens(got) == _tokens(synchronous.generate(PROMPTS[:4], drawn, use_tqdm=False))
+    assert sum(in_flight) >= 10  # nearly every step left its draws on the device
+    uneven = [SamplingParams(max_tokens=n, temperature=0.8, top_k=20, ignore_eos=True) for n in (3, 9, 15)]
+    assert [len(o.outputs[0].token_ids) for o in overlapped.generate(PROMPTS[:3], uneven, use_tqdm=False)] == [3, 9, 15]
+    in_flight.clear()
+    top_p = overlapped.generate(PROMPTS[:2], SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in top_p] == [6, 6]
+    seeded = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
+    got = overlapped.generate(PROMPTS[:2], seeded, use_tqdm=False)
+    assert _tokens(got) == _tokens(synchronous.generate(PROMPTS[:2], seeded, use_tqdm=False))
+    assert not any(in_flight)
+    assert_all_blocks_free(overlapped)

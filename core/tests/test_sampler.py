@@ -348,6 +348,10 @@ def test_which_rows_sample_on_the_device():
     assert not Sampler.samples_on_device([*drawn, row(temperature=0.8, seed=3)])
     assert not Sampler.samples_on_device([*drawn, row(temperature=0.8, repetition_penalty=1.2)])
     assert not Sampler.samples_on_device([*drawn, row(temperature=0.0, logit_bias={5: 1.0})])
+    # in flight: nothing read back before the tokens are needed, so no top-p row without top-k
+    assert Sampler.draws_in_flight(drawn)
+    assert not Sampler.draws_in_flight([*drawn, row(temperature=0.8, top_p=0.9)])
+    assert Sampler.draws_in_flight([*drawn, row(temperature=0.0, top_p=0.9)])
 
 
 def test_top_p_rows_past_the_candidates_are_redone_over_the_vocabulary():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.host_copy import copy_to_device_async
 from engine.interfaces.ops import argmax_with_logprob
 from engine.interfaces.ops import greedy_pick as reference_greedy_pick
 from engine.sampling.params import SamplingParams
@@ -185,6 +186,34 @@ class Sampler:
         """
         return all(r.params.greedy or r.generator is None for r in rows) and not any(needs_processing(r) for r in rows)
 
+    @staticmethod
+    def draws_in_flight(rows: list[SamplingRow]) -> bool:
+        """Whether these rows can be sampled on the device with nothing read back before their tokens are
+        needed: :meth:`samples_on_device` rows, and no top-p row without top-k (its nucleus may need a
+        second, full-vocabulary pass, chosen after reading the first)."""
+        return Sampler.samples_on_device(rows) and not any(
+            not r.params.greedy and r.params.top_p < 1.0 and r.params.top_k <= 0 for r in rows
+        )
+
+    def draw_on_device(
+        self, logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and their raw logprobs for :meth:`draws_in_flight` rows, left on the logits' device:
+        argmax for greedy rows, a draw from the tempered, truncated distribution for the others.
+
+        Args:
+            logits: ``[rows, width]`` with ``width >= vocab_size``.
+            rows: their settings, unseeded and unprocessed.
+            generator: the engine's generator.
+
+        Returns:
+            int64 token ids ``[rows]`` and float32 logprobs ``[rows]``.
+        """
+        logits = logits[:, : self.vocab_size].float()
+        token_ids = self._pick(logits, rows, generator)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, token_ids.view(-1, 1)).view(-1)
+        return token_ids, logprobs
+
     def greedy_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token ids and their raw logprobs, left on the logits' device (nothing waits for it).
 
@@ -278,9 +307,13 @@ class Sampler:
         # Seeded rows are shaped and drawn alone, with their own generator, so their tokens cannot
         # depend on the rest of the batch; unseeded rows share one batched pass and the engine's generator.
         shared = [i for i in random_rows if rows[i].generator is None]
-        if shared:
-            probs = truncated_probs(processed[shared], [rows[i].params for i in shared])
-            token_ids[shared] = draw(probs, generator)
+        if len(shared) == len(rows):
+            token_ids = draw(truncated_probs(processed, [r.params for r in rows]), generator)
+        elif shared:
+            # the rows' index crosses from pinned memory: a list index would be a blocking copy
+            index = copy_to_device_async(shared, processed.device)
+            probs = truncated_probs(processed.index_select(0, index), [rows[i].params for i in shared])
+            token_ids.index_copy_(0, index, draw(probs, generator))
         for i in random_rows:
             row_generator = rows[i].generator
             if row_generator is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.host_copy import copy_to_device_async, tensor_to_device_async
 from engine.sampling.params import SamplingParams
 
 #: candidates examined first for top-p on rows without top-k; more only when their mass falls short
@@ -32,7 +33,10 @@ def truncated_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     """
     device = logits.device
     vocab = logits.shape[1]
-    scaled = logits / torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    # per-row settings cross from pinned memory: nothing here waits for the device (a step sampled on it
+    # may leave its tokens in flight)
+    temperatures = copy_to_device_async([p.temperature for p in params], device, torch.float32)
+    scaled = logits / temperatures.unsqueeze(1)
     top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     top_p = [p.top_p for p in params]
     if any(top_k) or any(tp < 1.0 for tp in top_p):
@@ -41,7 +45,7 @@ def truncated_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     probs = scaled.softmax(dim=-1)
     min_p = [p.min_p for p in params]
     if any(min_p):
-        threshold = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p, device=device).unsqueeze(1)
+        threshold = probs.max(dim=-1, keepdim=True).values * copy_to_device_async(min_p, device, torch.float32).unsqueeze(1)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
 
@@ -57,7 +61,7 @@ def _cutoff_logits(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -
     if width < vocab and any(unbounded):
         # Rows whose nucleus did not fit the candidates (flat distributions) redo it over everything.
         # one read of the device's answer for every row, not one per row
-        unbounded_rows = torch.tensor(unbounded).to(cutoff.device)
+        unbounded_rows = copy_to_device_async(unbounded, cutoff.device, torch.bool)
         short = torch.nonzero(unbounded_rows & (cutoff == float("-inf"))).flatten().tolist()
         if short:
             cutoff[short] = _cutoff_from_candidates(
@@ -78,10 +82,10 @@ def _cutoff_from_candidates(
     vocab = scaled.shape[1]
     values = scaled.topk(width, dim=-1, sorted=True).values
     positions = torch.arange(width, device=device).unsqueeze(0)
-    k = torch.tensor([k if k else vocab for k in top_k], device=device).unsqueeze(1)
+    k = copy_to_device_async([k if k else vocab for k in top_k], device).unsqueeze(1)
     in_top_k = positions < k
     # The top-k renormalised distribution: over the first k candidates, or the whole row without top-k.
-    has_top_k = torch.tensor([bool(k) for k in top_k], device=device).unsqueeze(1)
+    has_top_k = copy_to_device_async([bool(k) for k in top_k], device, torch.bool).unsqueeze(1)
     norm = torch.where(
         has_top_k.squeeze(1),
         torch.logsumexp(values.masked_fill(~in_top_k, float("-inf")), dim=-1),
@@ -90,12 +94,12 @@ def _cutoff_from_candidates(
     sorted_probs = (values - norm).exp().masked_fill(~in_top_k, 0.0)
     cumulative = sorted_probs.cumsum(dim=-1)
     # top_p of 1 keeps everything, even where the float sum of the tail rounds past 1
-    p = torch.tensor([tp if tp < 1.0 else float("inf") for tp in top_p], device=device).unsqueeze(1)
+    p = copy_to_device_async([tp if tp < 1.0 else float("inf") for tp in top_p], device, torch.float32).unsqueeze(1)
     keep = in_top_k & ((cumulative - sorted_probs) < p)
     keep[:, 0] = True
     kept = keep.sum(dim=-1)
     cutoff = values.gather(1, (kept - 1).unsqueeze(1)).squeeze(1)
-    truncates = torch.tensor([bool(k) or tp < 1.0 for k, tp in zip(top_k, top_p, strict=True)], device=device)
+    truncates = copy_to_device_async([bool(k) or tp < 1.0 for k, tp in zip(top_k, top_p, strict=True)], device, torch.bool)
     cutoff = torch.where(truncates, cutoff, torch.full_like(cutoff, float("-inf")))
     if width < vocab:
         # Without top-k, a nucleus that reaches the last candidate may extend past it: unknown here.
@@ -116,7 +120,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     """
     rows = probs.shape[0]
     gen_device = generator.device if generator is not None else torch.device("cpu")
-    uniform = torch.rand(rows, generator=generator, device=gen_device, dtype=torch.float64).to(probs.device)
+    uniform = torch.rand(rows, generator=generator, device=gen_device, dtype=torch.float64)
+    uniform = tensor_to_device_async(uniform, probs.device) if gen_device.type == "cpu" else uniform.to(probs.device)
     # float32 sums over a 50k vocabulary drift by ~1e-5 of the total at worst: a negligible sampling bias,
     # and float64 would cost five times as much on CPU
     cdf = probs.cumsum(dim=-1)
@@ -124,7 +129,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     tokens = torch.searchsorted(cdf, targets, right=True).squeeze(1)
     # uniform * total can round up to total; the last token with weight is the right pick then
     overflow = tokens >= probs.shape[1]
-    if bool(overflow.any()):
+    # on a device, asking whether any row overflowed would wait for it: the fix-up runs unconditionally
+    if probs.device.type != "cpu" or bool(overflow.any()):
         last_positive = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
         tokens = torch.where(overflow, last_positive, tokens)
     return tokens
