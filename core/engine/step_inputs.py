@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from engine.block_manager import BlockManager
+from engine.host_copy import tensor_to_device_async
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.lora import LoraStep
@@ -162,11 +163,7 @@ def prepare_step_inputs(
     # numpy reads the ints straight from the iterator: a fifth of torch.tensor's time on a list (an
     # embedding step of 256 x 128 tokens packs about 100,000 of them)
     flat = np.fromiter(chain(*parts, *padded_tables), dtype=np.int64, count=sum(sizes))
-    packed = torch.from_numpy(flat)
-    if device.type != "cpu":
-        # from pageable memory the copy would wait for the step in flight; pinned, it queues behind it
-        packed = packed.pin_memory()
-    packed = packed.to(device, non_blocking=True)
+    packed = tensor_to_device_async(torch.from_numpy(flat), device)  # pinned: queued behind the step in flight
     ids_t, pos_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, *rest = packed.split(sizes)
     slots_t, tables_t = rest[: len(slots)], rest[len(slots) :]
     if fill_rows:
