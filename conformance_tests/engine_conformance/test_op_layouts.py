@@ -44,6 +44,9 @@ from engine_plugin_sdk.reference_ops import (
 EPS = 1e-5
 #: hidden sizes of real small models (SmolLM2-135M, Qwen2-0.5B, a 5-head toy): not powers of two
 WIDTHS = (576, 896, 320)
+#: where an op's width is not a hidden size: the router's, numbers of experts of real MoE models (Qwen2-MoE,
+#: DeepSeek-V2, Kimi K2), none a power of two and one above 256
+OP_WIDTHS = {"moe_topk": (60, 160, 384)}
 #: a decode row, a few and more than a tile of rows
 ROWS = (1, 7, 33)
 #: the width the layout checks run at (not a power of two either)
@@ -208,6 +211,6 @@ def test_op_on_views(platform: Platform, caps: Capabilities, op_name: str) -> No
 @pytest.mark.parametrize("op_name", OP_NAMES)
 @pytest.mark.capability("ops.{op_name}.widths")
 def test_op_widths(platform: Platform, caps: Capabilities, op_name: str) -> None:
-    for width in WIDTHS:
+    for width in OP_WIDTHS.get(op_name, WIDTHS):
         for rows in ROWS:
             run_case(platform, caps, op_name, "contiguous", width, rows, f"ops.{op_name}.widths")

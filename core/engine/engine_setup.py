@@ -137,6 +137,13 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     workers: RankWorkers | None = None
     world = config.parallel.world_size
     if world > 1:
+        parallel_config = config.parallel
+        problems = model_class.parallel_problems(
+            model_config, parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size,
+            parallel_config.enable_expert_parallel,
+        )  # fmt: skip
+        if problems:
+            raise EngineConfigError("; ".join(problems))
         # ranks 1.. in their own processes; this one is rank 0 (the scheduler and the sampler live here)
         workers = start_rank_workers(config, world, platform.ray_device_resource)
     try:

@@ -22,12 +22,18 @@ def smollm_gguf_path() -> str:
 
 @pytest.fixture(scope="session")
 def hf_tokenizer_dir(tmp_path_factory, smollm_gguf_path) -> str:
-    """SmolLM2's real tokenizer as a HF folder, for tiny models that need a tokenizer."""
-    from transformers import AutoTokenizer
+    """SmolLM2's real tokenizer as a HF folder, for tiny models that need a tokenizer.
 
-    out = tmp_path_factory.mktemp("tokenizer")
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(smollm_gguf_path), gguf_file=os.path.basename(smollm_gguf_path))
-    tok.save_pretrained(out)
+    transformers' own conversion of the GGUF's tokenizer, as the engine keeps it between runs (converting
+    takes seconds in each test process; the kept folder is copied)."""
+    import shutil
+
+    from engine.loader.tokenizer import load_tokenizer
+
+    files_dir = load_tokenizer(smollm_gguf_path).files_dir
+    assert files_dir is not None, "the engine kept no converted tokenizer (is its cache folder writable?)"
+    out = tmp_path_factory.mktemp("tokenizer") / "files"
+    shutil.copytree(files_dir, out)
     return str(out)
 
 

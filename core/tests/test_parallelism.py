@@ -14,7 +14,7 @@ import torch
 from dense_model_utils import engine_prefill_logits, save_tiny
 from gguf_test_models import write_tiny_llama_gguf
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, engine_setup
 from engine.engine_setup import EngineConfigError
 from engine.loader import lazy_tensor
 from engine_test_utils import assert_all_blocks_free, child_processes, process_cmdline, process_state
@@ -160,7 +160,13 @@ def test_a_post_norm_model_is_refused_pipeline_parallel_and_no_worker_is_left(hf
     assert multiprocessing.active_children() == []
 
 
-def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(tiny_llama_dir, hf_tokenizer_dir, tmp_path):
+def test_a_model_that_does_not_split_is_refused_before_any_worker_starts(
+    tiny_llama_dir, hf_tokenizer_dir, tmp_path, monkeypatch
+):
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a rank process was started for a model that cannot split")
+
+    monkeypatch.setattr(engine_setup, "start_rank_workers", no_workers)
     with pytest.raises(EngineConfigError, match="4 attention heads do not split over tensor_parallel_size 3"):
         _llm(tiny_llama_dir, tensor_parallel_size=3)
     moe = save_tiny("MixtralForCausalLM", str(tmp_path), hf_tokenizer_dir, num_local_experts=3, num_experts_per_tok=2)

@@ -3,7 +3,7 @@ server keeps serving with every KV block free. Also the API key and the waiting-
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
 
 import httpx
@@ -149,24 +149,21 @@ def test_no_cross_origin_access_by_default(server):
 
 
 def test_queue_full_is_503(server):
-    """One sequence may run and one wait: a third request is refused with 503, then all is served again."""
-    done: list[int] = []
-
-    def long_request() -> None:
-        # long enough that the first is still running when the third arrives, even on a fast machine
-        r = post(server, COMP, {"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True})
-        done.append(r.status_code)
-
-    threads = [threading.Thread(target=long_request) for _ in range(2)]
-    threads[0].start()
-    _wait_for(server, lambda h: h["num_requests_in_flight"] == 1 and h["num_steps"] > 0)
-    threads[1].start()
-    _wait_for(server, lambda h: h["num_requests_in_flight"] == 2)
-    error = assert_openai_error(post(server, COMP, {"prompt": "hi", "max_tokens": 2}), 503)
-    assert error["code"] == "queue_full"
-    for t in threads:
-        t.join(120)
-    assert done == [200, 200]
+    """One sequence may run and one wait: a third request is refused with 503, then all is served again
+    (the two streams are closed once the 503 is seen, which aborts them)."""
+    long_request = {"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client, contextlib.ExitStack() as streams:
+        running = streams.enter_context(client.stream("POST", COMP, json=long_request))
+        assert running.status_code == 200
+        _wait_for(server, lambda h: h["num_requests_in_flight"] == 1 and h["num_steps"] > 0)
+        waiting = streams.enter_context(client.stream("POST", COMP, json=long_request))
+        assert waiting.status_code == 200
+        _wait_for(server, lambda h: h["num_requests_in_flight"] == 2)
+        error = assert_openai_error(post(server, COMP, {"prompt": "hi", "max_tokens": 2}), 503)
+        assert error["code"] == "queue_full"
+    _wait_for(server, lambda h: h["num_requests_in_flight"] == 0)
+    ok = post(server, COMP, {"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
 def test_server_still_healthy_with_every_block_free(server):

@@ -265,8 +265,17 @@ def test_fuzzing_the_published_schema_finds_no_server_error(server):
 
 
 def _cap_generation(case) -> None:
-    """A valid chat or completion request without a length generates to the end of the context; one token
-    tests the validation as well, in a fraction of the time."""
+    """A valid chat or completion request without a length (absent or null) generates to the end of the
+    context, and the schema's example length is 16 tokens; a token or two tests the validation and the
+    sampling settings as well, in a fraction of the time. Lengths near the context's end (the refusal of
+    prompt plus length past it) and invalid ones are kept."""
     body = case.body
-    if case.path in (CHAT, COMP) and isinstance(body, dict) and not {"max_tokens", "max_completion_tokens"} & body.keys():
+    if case.path not in (CHAT, COMP) or not isinstance(body, dict):
+        return
+    keys = ("max_tokens", "max_completion_tokens")
+    if all(body.get(key) is None for key in keys):
         body["max_tokens"] = 1
+    for key in keys:
+        length = body.get(key)
+        if type(length) is int and 2 < length <= MAX_MODEL_LEN // 3:
+            body[key] = 2

@@ -5,6 +5,7 @@ kind, and the per-request limits."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import httpx
@@ -108,10 +109,7 @@ def test_beam_search_counts_against_the_queue_and_503_says_when_to_retry(server)
             assert_error(response, 503, code="queue_full")
             assert int(response.headers["retry-after"]) >= 1
     # closing the two streams aborted them: the server serves again
-    deadline = time.monotonic() + 30
-    while httpx.get(server.base_url + "/health", timeout=10).json()["num_requests_in_flight"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_until_idle(server)
     ok = httpx.post(server.base_url + COMP, json={"prompt": "hi", "n": 3, "max_tokens": 2, "use_beam_search": True}, timeout=120)
     assert ok.status_code == 200, ok.text
 
@@ -131,5 +129,18 @@ def test_tokens_per_request_limit(server):
     for path, body, param in cases:
         response = httpx.post(server.base_url + path, json=body, timeout=30)
         assert "--max-tokens-per-request" in assert_error(response, 400, param=param)
-    ok = httpx.post(server.base_url + COMP, json={"prompt": ["a", "b", "c"], "max_tokens": 150}, timeout=120)
-    assert ok.status_code == 200 and len(ok.json()["choices"]) == 3
+    # just under the limit: admitted and generating (the stream is closed after its first token, which
+    # aborts the request: 450 tokens one sequence at a time would only cost the test time)
+    body = {"prompt": ["a", "b", "c"], "max_tokens": 150, "stream": True}
+    with httpx.stream("POST", server.base_url + COMP, json=body, timeout=120) as ok:
+        assert ok.status_code == 200
+        first = next(line for line in ok.iter_lines() if line)
+        assert json.loads(first.removeprefix("data: "))["choices"][0]["text"] is not None
+    _wait_until_idle(server)
+
+
+def _wait_until_idle(server, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(server.base_url + "/health", timeout=10).json()["num_requests_in_flight"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

@@ -212,6 +212,26 @@ class CausalLM(ABC):
         """
         return {"sliding_window": "sliding-window attention"} if config.sliding_window else {}
 
+    @classmethod
+    def parallel_problems(
+        cls, config: ModelConfig, tensor_parallel_size: int, pipeline_parallel_size: int, expert_parallel: bool
+    ) -> list[str]:
+        """Why ``config`` cannot be split across ranks this way, known before any rank process starts.
+
+        The engine asks before it starts the ranks, so that a model that cannot split is refused at once;
+        the default knows of no problem (a model that splits nothing is refused once built).
+
+        Args:
+            config: the model config.
+            tensor_parallel_size: ranks sharing each layer (1: none).
+            pipeline_parallel_size: stages of consecutive layers (1: none).
+            expert_parallel: experts divided among the tensor-parallel ranks instead of sliced.
+
+        Returns:
+            Every reason, empty when the split is possible.
+        """
+        return []
+
     # --- what the engine calls on an instance -------------------------------------------------------
 
     @abstractmethod

@@ -169,11 +169,7 @@ class DenseDecoder(CausalLM):
             ValueError: the model does not split ``tp.size`` ways (every reason listed).
         """
         cfg = self.config
-        problems = tensor_parallel_problems(cfg, tp.size, self.spec.qk_norm)
-        if self.spec.moe is not None:
-            problems += moe_tensor_parallel_problems(self.spec.moe, tp.size, tp.expert_parallel)
-        if self.spec.mla is not None:
-            problems.append(f"{cfg.architecture}'s latent attention does not split over tensor-parallel ranks yet")
+        problems = self._tensor_parallel_problems(cfg, self.spec, tp.size, tp.expert_parallel)
         if problems:
             raise ValueError("; ".join(problems))
         self.tp = tp
@@ -188,15 +184,38 @@ class DenseDecoder(CausalLM):
         Raises:
             ValueError: the model does not split into ``pp.size`` stages (every reason listed).
         """
-        norms = self.spec.norms
-        problems = pipeline_parallel_problems(
-            self.config.num_layers, pp.size, len(set(self.layer_windows)) > 1,
-            norms.post_attn is not None or norms.post_mlp is not None,
-        )  # fmt: skip
+        problems = self._pipeline_parallel_problems(self.config, self.spec, pp.size)
         if problems:
             raise ValueError("; ".join(problems))
         self.pp = pp
         self.layer_windows = [self.layer_windows[i] for i in pp.layers]
+
+    @classmethod
+    def parallel_problems(
+        cls, config: ModelConfig, tensor_parallel_size: int, pipeline_parallel_size: int, expert_parallel: bool
+    ) -> list[str]:
+        spec = cls.decoder_spec(config)
+        problems = []
+        if tensor_parallel_size > 1:
+            problems += cls._tensor_parallel_problems(config, spec, tensor_parallel_size, expert_parallel)
+        if pipeline_parallel_size > 1:
+            problems += cls._pipeline_parallel_problems(config, spec, pipeline_parallel_size)
+        return problems
+
+    @staticmethod
+    def _tensor_parallel_problems(config: ModelConfig, spec: DecoderSpec, size: int, expert_parallel: bool) -> list[str]:
+        problems = tensor_parallel_problems(config, size, spec.qk_norm)
+        if spec.moe is not None:
+            problems += moe_tensor_parallel_problems(spec.moe, size, expert_parallel)
+        if spec.mla is not None:
+            problems.append(f"{config.architecture}'s latent attention does not split over tensor-parallel ranks yet")
+        return problems
+
+    @staticmethod
+    def _pipeline_parallel_problems(config: ModelConfig, spec: DecoderSpec, size: int) -> list[str]:
+        windows = {layer.sliding_window for layer in spec.layers}
+        post_norms = spec.norms.post_attn is not None or spec.norms.post_mlp is not None
+        return pipeline_parallel_problems(config.num_layers, size, len(windows) > 1, post_norms)
 
     @property
     def num_local_layers(self) -> int:
