@@ -10,6 +10,7 @@ outside a virtual environment.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -69,6 +70,46 @@ def test_uv_installs_into_the_venv_but_never_torch(project: Path):
     assert ".venv/bin/python -m pip install torch==2.13.0" in planned
     uv = [c for c in planned if c.startswith("uv pip install")]
     assert uv and all(c.startswith("uv pip install --python .venv/bin/python ") and "torch" not in c for c in uv), uv
+
+
+def test_without_uv_on_path_pip_puts_uv_into_the_venv_first(project: Path):
+    planned = make(project, "-n", "UV=.venv/bin/uv", "test")
+    assert planned[0].startswith("python3 -m venv .venv"), "no uv to create the environment with"
+    assert planned.index(".venv/bin/python -m pip install uv") < min(
+        i for i, c in enumerate(planned) if c.startswith(".venv/bin/uv pip install")
+    )
+    uv = [c for c in planned if c.startswith(".venv/bin/uv pip install")]
+    flags = "--python .venv/bin/python $(.venv/bin/python tools/uv_pip_flags.py) "
+    assert len(uv) == 4 and all(c.startswith(f".venv/bin/uv pip install {flags}") for c in uv), uv
+    assert ".venv/bin/python -m pip install torch==2.13.0" in planned
+
+
+def test_uv_gets_pips_indexes_wheel_folders_and_constraints():
+    flags = load_uv_pip_flags().uv_flags([
+        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+        "global.constraint='/etc/xdg/pip/constraints.txt'",
+        "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
+        "global.find-links='/opt/wheels'",
+        "install.find-links='/srv/old-wheels'",
+        ":env:.find-links='/opt/wheels /more wheels'",
+        ":env:.default-timeout='180'",
+    ])  # fmt: skip
+    assert flags == [
+        "--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url", "file:///opt/pypi-more/simple",
+        "--find-links", "/opt/wheels", "--find-links", "/more", "--find-links", "wheels",
+        "--constraint", "/etc/xdg/pip/constraints.txt", "--native-tls", "--index-strategy", "unsafe-best-match",
+    ]  # fmt: skip
+    assert load_uv_pip_flags().uv_flags([]) == []
+    assert load_uv_pip_flags().uv_flags(["global.index-url='https://mirror/simple'", "global.no-index='true'"]) == [
+        "--index-url", "https://mirror/simple", "--no-index"
+    ]
+
+
+def load_uv_pip_flags():
+    spec = importlib.util.spec_from_file_location("uv_pip_flags", ROOT / "tools" / "uv_pip_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_installed_once_serve_and_test_install_nothing(project: Path):
