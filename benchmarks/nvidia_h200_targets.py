@@ -81,7 +81,8 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["decode", "bf16", "fp8", "serve"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--requests-per-client", type=int, default=4)
-    parser.add_argument("--serve-args", default="--max-num-seqs 256 --max-num-batched-tokens 4096")
+    # the step budget is the platform's default (8192 on a GPU) unless given here
+    parser.add_argument("--serve-args", default="--max-num-seqs 256")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     h200 = os.path.join(HERE, "nvidia_h200.py")

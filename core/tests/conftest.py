@@ -38,14 +38,30 @@ def hf_tokenizer_dir(tmp_path_factory, smollm_gguf_path) -> str:
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2(smollm_gguf_path):
-    """HF transformers' own load of the embedded GGUF (float32, eval), the reference for the embedded model;
-    loaded once per session: it dequantizes every tensor in Python, about ten seconds."""
+def hf_smollm2(smollm_gguf_path, tmp_path_factory):
+    """HF transformers' own load of the embedded GGUF (float32, eval), the reference for the embedded model.
+
+    Loading dequantizes every tensor in Python (10-20 s), so under pytest-xdist the first worker to need it
+    keeps what it loaded (the module pickled whole, as transformers will not save a model it loaded from
+    GGUF, in this run's temporary folder, which every worker shares) and the others read that back."""
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(smollm_gguf_path), gguf_file=os.path.basename(smollm_gguf_path), dtype=torch.float32
-    ).eval()
+    def from_gguf():
+        return AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(smollm_gguf_path), gguf_file=os.path.basename(smollm_gguf_path), dtype=torch.float32
+        )
+
+    if not os.environ.get("PYTEST_XDIST_TESTRUNUID"):
+        return from_gguf().eval()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's folder, above each worker's own
+    kept = shared / "hf-smollm2-float32.pt"
+    with FileLock(str(shared / "hf-smollm2.lock")):
+        if not kept.is_file():
+            model = from_gguf().eval()
+            torch.save(model, kept)
+            return model
+    return torch.load(kept, weights_only=False)  # written by this run, a moment ago
 
 
 def _save_tiny(kind: str, out_dir: str, tokenizer_dir: str) -> str:

@@ -245,6 +245,16 @@ class Platform(ABC):
         """Ops (by name, see :mod:`engine.interfaces.ops`) this platform implements itself."""
         return {}
 
+    def default_max_num_batched_tokens(self) -> int | None:
+        """The step token budget the engine uses when the user sets none (``max_num_batched_tokens``).
+
+        Returns:
+            Tokens a step, or None for the core's default (2048), which suits a device whose prefill
+            rate a few thousand tokens already reach (a CPU); a large GPU's needs larger steps (fewer,
+            fuller steps under load). Encoder models, whose step is whole prompts, take their own.
+        """
+        return None
+
     def seed(self, seed: int) -> None:
         """Seed the device's random generators."""
         import torch

@@ -112,6 +112,12 @@ class CudaPlatform(TorchGpuPlatform):
 
         return NcclCommunicator
 
+    def default_max_num_batched_tokens(self) -> int | None:
+        # H200, Llama-3-8B bf16, 256 streaming clients of 512 in / 256 out: 8,192-token steps served 9,641
+        # output tok/s (TTFT p99 3.5 s) where the core's 2,048 and 4,096 gave about 7,300 (p99 3.8 s);
+        # the interpreter runs the kernels on the CPU, where the core's default stays
+        return None if self.interpret else 8192
+
     def op_overrides(self) -> dict[str, Callable[..., Any]]:
         overrides = super().op_overrides()
         if self.fp8_dtype():

@@ -175,3 +175,8 @@ def test_cuda_graph_replay_reads_new_inputs() -> None:
     for n in (4, 1, 4, 3):
         x, w = make(n)
         torch.testing.assert_close(capture.run(n, x, w).clone(), step(x, w))
+
+
+def test_a_gpu_takes_larger_steps_than_the_interpreter(platform: CudaPlatform) -> None:
+    # 8192-token steps under serving load on an H200 (BENCHMARKS.md); the interpreter keeps the core's default
+    assert platform.default_max_num_batched_tokens() == (None if platform.interpret else 8192)

@@ -1,0 +1,49 @@
+"""The step token budget when the user sets none: the platform's, an encoder's own, else the core's."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.engine_setup import ENCODER_STEP_TOKENS, with_step_budget
+from engine.interfaces.platform import Platform
+
+
+class Decoder:
+    needs_whole_prompt = False
+
+
+class Encoder:
+    needs_whole_prompt = True
+
+
+class BudgetPlatform:
+    """Just the one method ``with_step_budget`` asks of a platform."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+
+    def default_max_num_batched_tokens(self) -> int | None:
+        return self.budget
+
+
+def budget(config: EngineConfig, platform: BudgetPlatform, model_class: type) -> int:
+    return with_step_budget(config, platform, model_class).scheduler.max_num_batched_tokens
+
+
+def test_the_platform_budget_applies_unless_the_user_set_one():
+    assert budget(EngineConfig(), BudgetPlatform(8192), Decoder) == 8192
+    assert budget(EngineConfig(), BudgetPlatform(None), Decoder) == 2048
+    assert budget(EngineConfig(scheduler={"max_num_batched_tokens": 512}), BudgetPlatform(8192), Decoder) == 512
+    # the user's value, even when it equals the core's default
+    assert budget(EngineConfig(scheduler={"max_num_batched_tokens": 2048}), BudgetPlatform(8192), Decoder) == 2048
+
+
+def test_encoders_take_their_own_budget_on_any_platform():
+    assert budget(EngineConfig(), BudgetPlatform(8192), Encoder) == ENCODER_STEP_TOKENS
+    assert budget(EngineConfig(), BudgetPlatform(None), Encoder) == ENCODER_STEP_TOKENS
+
+
+def test_the_base_platform_and_the_cpu_keep_the_core_default():
+    from engine_plugin_cpu.platform import CpuPlatform
+
+    assert Platform.default_max_num_batched_tokens(CpuPlatform()) is None
+    assert budget(EngineConfig(), CpuPlatform(), Decoder) == 2048
