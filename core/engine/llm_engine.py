@@ -119,8 +119,9 @@ class LLMEngine(PoolingSteps, RequestAdmission, StepResults):
             lambda: next(self._seq_ids), lambda: next(self._arrivals),
         )  # fmt: skip
         logger.info(
-            "engine ready: %s on %s, %s, %d KV blocks of %d tokens",
+            "engine ready: %s on %s, %s, %d KV blocks of %d tokens, steps of up to %d tokens and %d sequences",
             self.model_name, platform.name, self.config.dtype, parts.num_blocks, self.config.cache.block_size,
+            self.config.scheduler.max_num_batched_tokens, self.config.scheduler.max_num_seqs,
         )  # fmt: skip
         if self.generation_defaults:
             logger.info(
