@@ -18,7 +18,7 @@ from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_config import GGUF_KINDS, field_value, gguf_hf_config
 from engine.loader.gguf_reader import GgufFile, GgufTensor
-from engine.loader.quantized import gguf_quantized_weight, gguf_scheme, map_rows
+from engine.loader.quantized import dequantize_gguf_bytes, gguf_quantized_weight, gguf_scheme, map_rows
 from engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -168,13 +168,17 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def dequantize_tensor(tensor: GgufTensor) -> torch.Tensor:
     """Dequantise one GGUF tensor to a float32 CPU tensor in HF orientation (rows = out features)."""
-    array = dequantize(tensor.data, tensor.tensor_type)
-    # Plain F32 tensors come back as a read-only view of the memory map; torch needs its own copy.
-    if array.dtype != np.float32 or not array.flags.writeable:
-        array = array.astype(np.float32)
     # Row-major data whose ggml shape is [in, out] dequantises to (out, in), HF's Linear layout.
-    rows = [int(d) for d in reversed(tensor.shape.tolist())]
-    return torch.from_numpy(np.ascontiguousarray(array)).reshape(rows)
+    rows = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        array = dequantize(tensor.data, tensor.tensor_type)
+        # Plain F32 tensors come back as a read-only view of the memory map; torch needs its own copy.
+        if array.dtype != np.float32 or not array.flags.writeable:
+            array = array.astype(np.float32)
+        return torch.from_numpy(np.ascontiguousarray(array)).reshape(rows)
+    # a private copy of the memory-mapped bytes (torch refuses read-only arrays); a seventh of the output
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True))
+    return dequantize_gguf_bytes(data, tensor.tensor_type, rows)
 
 
 def iter_gguf_weights(

@@ -8,6 +8,7 @@ done on the storage itself, without dequantising.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ from gguf.quants import dequantize
 
 from engine.interfaces.gemm import QuantizedWeight
 from engine.loader.gguf_reader import GgufTensor
+from engine.loader.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
 
 GGUF_SCHEME_PREFIX = "gguf_"
 #: ``extra`` fields indexed by input column, never by row, whatever their length (grouped_int's ``perm``)
@@ -54,12 +56,31 @@ def make_gguf_weight(
     """Wrap GGUF block bytes ``[out, bytes_per_row]`` with a float32 ``dequantize``."""
 
     def dequantize_gguf() -> torch.Tensor:
-        dense = dequantize(data.numpy(), qtype)
-        return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).reshape(shape)
+        return dequantize_gguf_bytes(data, qtype, shape)
 
     return QuantizedWeight(
         GGUF_SCHEME_PREFIX + qtype.name.lower(), data, shape, dequantize_gguf, {"ggml_type": int(qtype)}
     )
+
+
+def dequantize_gguf_bytes(data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> torch.Tensor:
+    """GGUF blocks ``[rows, bytes_per_row]`` as float32 of ``shape``, bit for bit ``gguf.quants``' values.
+
+    The five types with a grouped-integer form unpack in torch (:mod:`engine.loader.grouped_codes`, about a
+    hundred times faster); the others go through ``gguf.quants``.
+    """
+    scheme = gguf_scheme(qtype)
+    if scheme in GGUF_GROUPED_FORMS and len(shape) >= 1:
+        rows = data.reshape(-1, data.shape[-1])
+        flat = (rows.shape[0], math.prod(shape) // rows.shape[0])
+        weight = QuantizedWeight(scheme, rows, flat, _no_dequantize, {"ggml_type": int(qtype)})
+        return dequantize_codes(grouped_codes(weight, torch.device("cpu"))).reshape(shape)
+    dense = dequantize(data.numpy(), qtype)
+    return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).reshape(shape)
+
+
+def _no_dequantize() -> torch.Tensor:
+    raise AssertionError("only unpacked, never dequantized through itself")
 
 
 def map_rows(weight: QuantizedWeight, rows_fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
