@@ -125,8 +125,14 @@ def test_many_rows_run_on_a_dense_copy(device, scheme: str) -> None:
     weight = make_quantized_weight(scheme, OUT, 256, seed=13)
     # Q4_K: groups of 32 with a zero scale per group, repacked exactly
     prepared = packed(weight, tiles, device) if scheme in SCHEMES else pack_grouped_int(weight, 32, device)
-    dense = dequantize_grouped(prepared, torch.float32)
-    assert torch.equal(dense.cpu(), dequantize_packed(prepared).cpu())
+    dense = dequantize_grouped(prepared, torch.float32).cpu()
+    exact = dequantize_packed(prepared).cpu()
+    if device.type == "cpu":
+        assert torch.equal(dense, exact)
+    else:
+        # a GPU build fuses code * scale - zero_scale into one FMA: one rounding where the reference has two
+        # (Q4_K's products are exact, so its copy still equals the reference bit for bit)
+        torch.testing.assert_close(dense, exact, rtol=1e-6, atol=1e-6 * float(exact.abs().max()))
     assert dequantize_grouped(prepared, torch.float16).dtype == torch.float16
     for dtype in (torch.float32, torch.float16):
         x = torch.randn(37, 256, generator=gen).to(dtype)
