@@ -124,27 +124,21 @@ def test_a_rank_that_cannot_follow_the_graphs_stops_the_engine_with_its_reason(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [None, "replay"], ids=["lockstep", "replay-fault"])
-def test_ray_ranks_replay_in_lockstep_and_a_failed_replay_stops_the_engine(
-    fault, tiny_llama_dir, graph_log, monkeypatch
-):
+def test_ray_ranks_replay_in_lockstep(tiny_llama_dir, graph_log, monkeypatch):
+    """Ray actors replay the driver's decode graphs bucket for bucket. (A failed replay stopping the engine
+    is checked with the multiprocessing ranks above; a Ray actor's failure reaching the driver, in
+    test_ray_executor: each Ray engine costs a cluster start.)"""
     ray = pytest.importorskip("ray", reason="the Ray executor needs ray (installed with the test extras)")
     if ray.is_initialized():
         pytest.skip("Ray already runs in this process: its workers would not see the test plugin")
     # Ray's workers take their import path and settings from the environment Ray starts with
     path = [str(graph_log.parent / "site"), os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
-    if fault is not None:
-        monkeypatch.setenv(FAULT_ENV, f"{fault}:{os.getpid()}")
     expected = [
         o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(PROMPTS, GREEDY, use_tqdm=False)
     ]
     llm = _llm(tiny_llama_dir, device=DEVICE, tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
-        if fault is not None:
-            with pytest.raises(WorkerFailed, match="rank 1: injected failure replaying bucket 4"):
-                llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-            return
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
     finally:
         llm.shutdown()

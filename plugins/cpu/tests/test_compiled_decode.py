@@ -108,7 +108,7 @@ def test_compiled_engine_matches_eager_and_frees_every_block(
     def engine(eager: bool) -> Any:
         llm = LLM(
             model=str(tmp_path), device="cpu", dtype="float32", enforce_eager=eager,
-            block_size=BLOCK, max_num_seqs=4,
+            block_size=BLOCK, max_num_seqs=2,
         )  # fmt: skip
         return llm.llm_engine
 
@@ -133,12 +133,13 @@ def test_compiled_engine_matches_eager_and_frees_every_block(
     eager = generate(engine(True), prompts, 12)
     compiled = engine(False)
     captured = [c for c in captures if isinstance(c, CompiledGraphCapture) and c.captured_batch_sizes()]
-    assert len(captured) == 1 and captured[0].captured_batch_sizes() == [1, 2, 4]
+    # two buckets keep the compile time down (each bucket compiles on its own, tens of seconds cold)
+    assert len(captured) == 1 and captured[0].captured_batch_sizes() == [1, 2]
     calls.clear()
-    # five prompts on four sequence slots: decode batches of 4, then 1, each after different inputs
+    # five prompts on two sequence slots: decode batches of 2, then 1, each after different inputs
     assert generate(compiled, prompts, 12) == eager
-    assert {1, 4} <= set(calls), (
-        f"decode steps should have replayed buckets 1 and 4, got {sorted(set(calls))}"
+    assert {1, 2} <= set(calls), (
+        f"decode steps should have replayed buckets 1 and 2, got {sorted(set(calls))}"
     )
     assert not compiled.has_unfinished_requests()
     assert compiled.num_free_blocks == compiled.num_total_blocks
