@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, RequestOutput, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.parallel.mp_workers import WorkerFailed
 from engine.parallel.prefix_router import PrefixAwareRouter, prompt_block_keys
@@ -61,8 +61,19 @@ def test_a_replica_forgets_the_oldest_blocks_beyond_its_pool():
 # --- replicas ----------------------------------------------------------------------------------------
 
 
-def test_two_replicas_give_one_process_tokens_share_the_work_and_fail_together(tiny_llama_dir):
-    expected = [o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(PROMPTS, GREEDY, use_tqdm=False)]
+@pytest.fixture(scope="module")
+def one_process(tiny_llama_dir) -> list[RequestOutput]:
+    """What a single-process engine gives for PROMPTS, for the engine's replicas and the server's to match
+    (built once for both)."""
+    one = _llm(tiny_llama_dir)
+    try:
+        return one.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        one.shutdown()
+
+
+def test_two_replicas_give_one_process_tokens_share_the_work_and_fail_together(tiny_llama_dir, one_process):
+    expected = [o.outputs[0].token_ids for o in one_process]
     dp = _llm(tiny_llama_dir, data_parallel_size=2)
     try:
         engine = dp.llm_engine
@@ -94,12 +105,12 @@ def test_two_replicas_give_one_process_tokens_share_the_work_and_fail_together(t
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
-def test_serve_with_two_replicas_answers_the_openai_client_and_leaves_no_child(tiny_llama_dir):
+def test_serve_with_two_replicas_answers_the_openai_client_and_leaves_no_child(tiny_llama_dir, one_process):
     import openai
 
     from engine.entrypoints.openai.launcher import ServerProcess
 
-    expected = _llm(tiny_llama_dir).generate(PROMPTS, GREEDY, use_tqdm=False)
+    expected = one_process
     server = ServerProcess([
         "--model", tiny_llama_dir, "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "8MiB",
         "--data-parallel-size", "2",

@@ -8,10 +8,11 @@ import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
-from dense_model_utils import engine_prefill_logits, save_tiny
+from dense_model_utils import TINY, engine_prefill_logits, save_tiny
 from gguf_test_models import write_tiny_llama_gguf
 
 from engine import LLM, SamplingParams, engine_setup
@@ -60,6 +61,54 @@ class OneProcess:
         assert_all_blocks_free(parallel)
 
 
+class Checkpoints:
+    """Tiny checkpoints, their single-process references and engines, made once for the module: the
+    parametrized cases of one model (and the tests that share a model) compare against the same reference
+    instead of saving the model and building its single-process engine again. Only the engine used last is
+    kept (the references stay); the engines cache no prefix blocks, so every prompt they run is computed
+    from scratch, as in a fresh engine."""
+
+    def __init__(self, root: Path, tokenizer_dir: str) -> None:
+        self.root = root
+        self.tokenizer_dir = tokenizer_dir
+        self.paths: dict[str, str] = {}
+        self.references: dict[str, OneProcess] = {}
+        self.last: tuple[str, LLM] | None = None
+
+    def save(self, architecture: str, **overrides) -> str:
+        """``save_tiny(architecture, **overrides)``, saved once (overrides equal to the defaults make the
+        same checkpoint)."""
+        key = repr((architecture, sorted((k, v) for k, v in overrides.items() if TINY.get(k, object()) != v)))
+        if key not in self.paths:
+            self.paths[key] = save_tiny(architecture, str(self.root / f"ckpt{len(self.paths)}"), self.tokenizer_dir, **overrides)
+        return self.paths[key]
+
+    def engine(self, path: str) -> LLM:
+        """The single-process engine of ``path``."""
+        if self.last is None or self.last[0] != path:
+            self.close()
+            self.last = (path, _llm(path, enable_prefix_caching=False))
+        return self.last[1]
+
+    def reference(self, path: str) -> OneProcess:
+        """What the single-process engine of ``path`` gives for PROMPTS."""
+        if path not in self.references:
+            self.references[path] = OneProcess.of(self.engine(path))
+        return self.references[path]
+
+    def close(self) -> None:
+        if self.last is not None:
+            self.last[1].shutdown()
+            self.last = None
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, hf_tokenizer_dir):
+    made = Checkpoints(tmp_path_factory.mktemp("parallelism"), hf_tokenizer_dir)
+    yield made
+    made.close()
+
+
 @pytest.mark.parametrize(
     "architecture, overrides",
     [
@@ -67,10 +116,9 @@ class OneProcess:
         ("Qwen2ForCausalLM", {"num_key_value_heads": 1}),  # q/k/v biases; the one KV head on both ranks
     ],
 )
-def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, hf_tokenizer_dir, tmp_path, monkeypatch):
-    path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **overrides)
-    one = _llm(path)
-    reference = OneProcess.of(one)
+def test_two_ranks_give_one_process_tokens_and_logits(architecture, overrides, checkpoints, monkeypatch):
+    path = checkpoints.save(architecture, **overrides)
+    one, reference = checkpoints.engine(path), checkpoints.reference(path)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, tensor_parallel_size=2)
     try:
@@ -135,10 +183,10 @@ def test_two_ranks_keep_a_gguf_model_quantized_and_give_one_process_tokens(smoll
 # one layer a stage, each step in two micro-batches (the default: one per stage); stages of 2 and 1 layers
 # taking turns on whole steps
 @pytest.mark.parametrize("layers, micro_batches", [(2, None), (3, 1)])
-def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, hf_tokenizer_dir, tmp_path, monkeypatch):
-    path = save_tiny("LlamaForCausalLM", str(tmp_path), hf_tokenizer_dir, num_hidden_layers=layers)
-    one = _llm(path)
-    reference = OneProcess.of(one)
+def test_two_pipeline_stages_give_one_process_tokens_and_logits(layers, micro_batches, checkpoints, monkeypatch):
+    # (2 layers: the tensor-parallel Llama case's checkpoint, and its single-process reference)
+    path = checkpoints.save("LlamaForCausalLM", num_hidden_layers=layers)
+    reference = checkpoints.reference(path)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, pipeline_parallel_size=2, pipeline_micro_batches=micro_batches)
     try:
@@ -203,12 +251,12 @@ MOE_CASES = {
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["experts_split", "experts_divided"])
 @pytest.mark.parametrize("architecture", list(MOE_CASES))
-def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_parallel, hf_tokenizer_dir, tmp_path, monkeypatch):
+def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_parallel, checkpoints, monkeypatch):
     """Each rank holds half of every expert's width, or (expert parallelism) four whole experts, and half of
-    the shared expert's width; the ranks' sums give one process's tokens and logits."""
-    path = save_tiny(architecture, str(tmp_path), hf_tokenizer_dir, **MOE_CASES[architecture])
-    one = _llm(path)
-    reference = OneProcess.of(one)
+    the shared expert's width; the ranks' sums give one process's tokens and logits (the two cases of an
+    architecture share its checkpoint and single-process reference)."""
+    path = checkpoints.save(architecture, **MOE_CASES[architecture])
+    one, reference = checkpoints.engine(path), checkpoints.reference(path)
     reads = record_window_reads(monkeypatch)
     two = _llm(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
     try:
@@ -227,9 +275,8 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
     assert multiprocessing.active_children() == []
 
 
-def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_logits(tiny_llama_dir):
-    one = _llm(tiny_llama_dir)
-    reference = OneProcess.of(one)
+def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_logits(tiny_llama_dir, checkpoints):
+    reference = checkpoints.reference(tiny_llama_dir)
     four = _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
     try:
         model = four.llm_engine.model
@@ -243,12 +290,13 @@ def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_log
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
-def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny_llama_dir):
+def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny_llama_dir, checkpoints):
     import openai
 
     from engine.entrypoints.openai.launcher import ServerProcess
 
-    expected = _llm(tiny_llama_dir).generate(["The quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].text
+    one = checkpoints.engine(tiny_llama_dir)
+    expected = one.generate(["The quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].text
     server = ServerProcess([
         "--model", tiny_llama_dir, "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "16MiB",
         "--tensor-parallel-size", "2",
@@ -300,14 +348,15 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
 
 
 @pytest.mark.slow
-def test_two_ranks_verify_host_proposals_as_one_process(tiny_llama_dir):
+def test_two_ranks_verify_host_proposals_as_one_process(tiny_llama_dir, checkpoints):
     """n-gram proposals (made on the driver's host) verified by two tensor-parallel ranks: the tokens of one
     process without speculation, proposals made and blocks all free afterwards. (Its configuration reaches
     the ranks as JSON, which a speculative config did not survive before.)"""
     repeat = ["1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", "the cat the cat the cat the cat the"]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "auto_disable": False}
-    expected = [o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(repeat, params, use_tqdm=False)]
+    one = checkpoints.engine(tiny_llama_dir)
+    expected = [o.outputs[0].token_ids for o in one.generate(repeat, params, use_tqdm=False)]
     two = _llm(tiny_llama_dir, tensor_parallel_size=2, speculative_config=spec)
     try:
         assert [o.outputs[0].token_ids for o in two.generate(repeat, params, use_tqdm=False)] == expected
@@ -319,14 +368,17 @@ def test_two_ranks_verify_host_proposals_as_one_process(tiny_llama_dir):
 
 
 @pytest.mark.slow
-def test_two_ranks_verify_a_draft_models_proposals_as_one_process(tiny_llama_dir, tiny_qwen2_dir):
+def test_two_ranks_verify_a_draft_models_proposals_as_one_process(tiny_llama_dir, checkpoints):
     """A draft model (whole, on the driver) proposing for a target split over two tensor-parallel ranks: the
-    target itself as its draft (every proposal accepted), then a draft of another architecture (proposals
-    mostly refused); both give the tokens of one process without speculation, blocks all free."""
+    target itself as its draft (every proposal accepted), then a draft of another architecture (a tiny
+    Qwen2, the module's own; proposals mostly refused); both give the tokens of one process without
+    speculation, blocks all free."""
     prompts = ["1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", "the cat the cat the cat the cat the", "Hello there"]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(prompts, params, use_tqdm=False)]
-    for draft in (tiny_llama_dir, tiny_qwen2_dir):
+    one = checkpoints.engine(tiny_llama_dir)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    qwen2 = checkpoints.save("Qwen2ForCausalLM", num_key_value_heads=1)
+    for draft in (tiny_llama_dir, qwen2):
         spec = {"model": draft, "num_speculative_tokens": 3, "auto_disable": False}
         two = _llm(tiny_llama_dir, tensor_parallel_size=2, speculative_config=spec)
         try:

@@ -1,6 +1,7 @@
 """``--reasoning-parser`` through the real server with the official ``openai`` client: the reply's
-thinking comes back as ``reasoning_content`` (streamed before the content), and a server without
-``--enable-auto-tool-choice`` refuses tools with an implicit ``auto`` choice.
+thinking comes back as ``reasoning_content`` (streamed before the content), an output constraint applies
+only after the thinking, and a server without ``--enable-auto-tool-choice`` refuses tools with an
+implicit ``auto`` choice.
 
 The embedded SmolLM2 does not think, so the test-only ``until_is`` parser (``chat_parser_plugins.py``)
 takes its greedy answer's words before " is" as the thinking.
@@ -8,7 +9,9 @@ takes its greedy answer's words before " is" as the thinking.
 
 from __future__ import annotations
 
+import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -53,10 +56,13 @@ def ask(client, stream: bool = False, **kwargs):
 
 
 def test_reasoning_content_whole_and_streamed(client):
-    message = ask(client).choices[0].message
+    # greedy on this server's float32 path does not depend on the batch: the two are sent together
+    with ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(ask, client)
+        chunks = pool.submit(lambda: list(ask(client, stream=True)))
+        message, chunks = whole.result().choices[0].message, chunks.result()
     assert message.reasoning_content == "The capital of France"
     assert message.content == "Paris."
-    chunks = list(ask(client, stream=True))
     fields = [(k, v) for c in chunks for ch in c.choices for k, v in ch.delta.model_dump(exclude_none=True).items()
               if k in ("reasoning_content", "content") and v]  # fmt: skip
     kinds = [k for k, _ in fields]
@@ -89,3 +95,23 @@ def test_a_forced_call_has_no_reasoning(client):
     assert reply.finish_reason == "tool_calls"
     assert reply.message.tool_calls[0].function.name == "get_capital"
     assert getattr(reply.message, "reasoning_content", None) is None
+
+
+def test_constraint_applies_after_the_thinking(client):
+    """The thinking stays free text; the JSON schema constrains only the answer after it (this server's
+    ``word_calls`` tool parser reads nothing here: the requests carry no tools)."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    # greedy on this server's float32 path does not depend on the batch: the two are sent together
+    with ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(ask, client, response_format=fmt, max_tokens=120)
+        chunks = pool.submit(lambda: list(ask(client, stream=True, response_format=fmt, max_tokens=120)))
+        message, chunks = whole.result().choices[0].message, chunks.result()
+    assert message.reasoning_content == "The capital of France"  # free text, as without a constraint
+    assert json.loads(message.content) == {"city": "Paris"}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == message.content

@@ -1,12 +1,12 @@
 """Output constraints through the real server with the official ``openai`` client, on the embedded
-SmolLM2: ``response_format``, ``structured_outputs``, the ``guided_*`` names, their refusals, the
-clients' own structured-output helpers, and a constraint that waits for a reasoning parser's thinking.
+SmolLM2: ``response_format``, ``structured_outputs``, the ``guided_*`` names, their refusals and the
+clients' own structured-output helpers. A constraint that waits for a reasoning parser's thinking is
+checked in ``test_server_reasoning.py``, on that module's server with the reasoning parser.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +21,6 @@ pytestmark = pytest.mark.slow
 
 jsonschema = pytest.importorskip("jsonschema")
 
-PLUGINS = os.path.join(os.path.dirname(__file__), "chat_parser_plugins.py")
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 SERVER_ARGS = [
     "--kv-cache-memory",
@@ -162,25 +161,29 @@ def test_json_schemas_greedy_and_sampled(client, model):
 
 
 def test_json_object_and_strict_false_and_completions(client, model):
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["refs"], "strict": False}}
+    requests = [
+        lambda: chat(client, model, extra_body={"response_format": {"type": "json_object"}}, max_tokens=40),
+        lambda: chat(client, model, extra_body={"structured_outputs": {"json_object": True}}, max_tokens=40),
+        lambda: chat(client, model, response_format=fmt),
+        lambda: chat(client, model, response_format={"type": "text"}, max_tokens=4),
+        lambda: client.completions.create(
+            model=model, prompt="A point:", max_tokens=60, temperature=0, extra_body={"response_format": fmt}
+        ),
+    ]
+    # sent together, so that the server batches them
+    with ThreadPoolExecutor(len(requests)) as pool:
+        json_object, structured_json_object, strict_false, plain, done = pool.map(
+            lambda send: send(), requests
+        )
     # any JSON object: the tiny model may not close it within max_tokens, but it starts as one
-    for extra in (
-        {"response_format": {"type": "json_object"}},
-        {"structured_outputs": {"json_object": True}},
-    ):
-        choice = chat(client, model, extra_body=extra, max_tokens=40).choices[0]
+    for choice in (json_object.choices[0], structured_json_object.choices[0]):
         text = choice.message.content
         assert (
             isinstance(json.loads(text), dict) if choice.finish_reason == "stop" else text.startswith("{")
         ), text
-    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["refs"], "strict": False}}
-    jsonschema.validate(
-        json.loads(chat(client, model, response_format=fmt).choices[0].message.content), SCHEMAS["refs"]
-    )
-    text = chat(client, model, response_format={"type": "text"}, max_tokens=4).choices[0].message.content
-    assert text  # plain text: no constraint
-    done = client.completions.create(
-        model=model, prompt="A point:", max_tokens=60, temperature=0, extra_body={"response_format": fmt}
-    )
+    jsonschema.validate(json.loads(strict_false.choices[0].message.content), SCHEMAS["refs"])
+    assert plain.choices[0].message.content  # plain text: no constraint
     jsonschema.validate(json.loads(done.choices[0].text), SCHEMAS["refs"])
 
 
@@ -207,32 +210,43 @@ def test_regex_choice_grammar_and_guided_aliases(client, model):
             0
         ]
 
-    with ThreadPoolExecutor(len(runs)) as pool:
+    def complete():
+        return client.completions.create(
+            model=model,
+            prompt="The capital of Italy is",
+            max_tokens=10,
+            temperature=0,
+            extra_body={"guided_choice": choices},
+        )
+
+    # sent together (the completion too), so that the server batches them
+    with ThreadPoolExecutor(len(runs) + 1) as pool:
+        done = pool.submit(complete)
         for (extra, check, _), choice in zip(runs, pool.map(run, runs), strict=True):
             assert choice.finish_reason == "stop" and check(choice.message.content), (
                 extra,
                 choice.message.content,
             )
-    done = client.completions.create(
-        model=model,
-        prompt="The capital of Italy is",
-        max_tokens=10,
-        temperature=0,
-        extra_body={"guided_choice": choices},
-    )
-    assert done.choices[0].text in choices
+        assert done.result().choices[0].text in choices
 
 
 def test_streaming_equals_whole(client, model):
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMAS["nested"]}}
-    whole = chat(client, model, response_format=fmt).choices[0]
-    text, reason = streamed_text(chat(client, model, stream=True, response_format=fmt))
-    assert (text, reason) == (whole.message.content, whole.finish_reason)
-    jsonschema.validate(json.loads(text), SCHEMAS["nested"])
     regex = {"guided_regex": r"(ab|cd){2,5}!"}
     kwargs = {"model": model, "prompt": "Letters:", "max_tokens": 30, "temperature": 0, "extra_body": regex}
-    whole_text = client.completions.create(**kwargs).choices[0].text
-    assert streamed_text(client.completions.create(stream=True, **kwargs)) == (whole_text, "stop")
+    # greedy on this server's float32 path does not depend on the batch: the four are sent together
+    with ThreadPoolExecutor(4) as pool:
+        whole = pool.submit(chat, client, model, response_format=fmt)
+        streamed = pool.submit(lambda: streamed_text(chat(client, model, stream=True, response_format=fmt)))
+        whole_completion = pool.submit(client.completions.create, **kwargs)
+        streamed_completion = pool.submit(
+            lambda: streamed_text(client.completions.create(stream=True, **kwargs))
+        )
+        whole, (text, reason) = whole.result().choices[0], streamed.result()
+        whole_text = whole_completion.result().choices[0].text
+        assert streamed_completion.result() == (whole_text, "stop")
+    assert (text, reason) == (whole.message.content, whole.finish_reason)
+    jsonschema.validate(json.loads(text), SCHEMAS["nested"])
     assert re.fullmatch(r"(ab|cd){2,5}!", whole_text)
 
 
@@ -323,41 +337,10 @@ def test_langchain_structured_output(server, model):
         max_tokens=60,
         max_retries=0,
     )
-    person = llm.with_structured_output(Person, method="json_schema").invoke("Describe a person.")
-    assert isinstance(person, Person)
     # json_mode constrains to some JSON object only: the prompt names the keys
-    person = llm.with_structured_output(Person, method="json_mode").invoke(
-        "Give a person's name and age as JSON."
-    )
-    assert isinstance(person, Person)
-
-
-@pytest.fixture(scope="module")
-def thinking_server():
-    """A server whose test-only ``until_is`` parser reads the greedy answer's words before " is" as thinking."""
-    proc = ServerProcess(
-        [*SERVER_ARGS, "--reasoning-parser", "until_is", "--reasoning-parser-plugin", PLUGINS]
-    )
-    proc.start()
-    yield proc
-    proc.close()
-
-
-def test_constraint_applies_after_the_thinking(thinking_server):
-    client = openai.OpenAI(
-        base_url=f"{thinking_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
-    )
-    model = client.models.list().data[0].id
-    schema = {
-        "type": "object",
-        "properties": {"city": {"enum": ["Paris", "Rome"]}},
-        "required": ["city"],
-        "additionalProperties": False,
-    }
-    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
-    question = [{"role": "user", "content": "What is the capital of France?"}]
-    message = chat(client, model, messages=question, response_format=fmt).choices[0].message
-    assert message.reasoning_content == "The capital of France"  # free text, as without a constraint
-    assert json.loads(message.content) == {"city": "Paris"}
-    chunks = list(chat(client, model, stream=True, messages=question, response_format=fmt))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == message.content
+    asks = [("json_schema", "Describe a person."), ("json_mode", "Give a person's name and age as JSON.")]
+    with ThreadPoolExecutor(len(asks)) as pool:  # sent together, so that the server batches them
+        people = list(
+            pool.map(lambda ask: llm.with_structured_output(Person, method=ask[0]).invoke(ask[1]), asks)
+        )
+    assert all(isinstance(person, Person) for person in people), people

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -81,12 +82,15 @@ def calls_of(message) -> list[tuple[str, dict]]:
 
 
 def test_auto_reads_calls_whole_and_streamed_alike(client):
-    whole = ask(client, tools=[CAPITAL]).choices[0]
+    # greedy on this server's float32 path does not depend on the batch: the two are sent together
+    with ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(ask, client, tools=[CAPITAL])
+        streamed = pool.submit(lambda: merged(ask(client, stream=True, tools=[CAPITAL])))
+        whole, streamed = whole.result().choices[0], streamed.result()
     assert whole.finish_reason == "tool_calls"
     assert calls_of(whole.message) == [("get_capital", {"city": "France"}), ("get_capital", {"city": "Paris"})]
     assert whole.message.content.startswith("The capital of")
     assert all(c.id.startswith("call_") and c.type == "function" for c in whole.message.tool_calls)
-    streamed = merged(ask(client, stream=True, tools=[CAPITAL]))
     assert streamed["content"] == whole.message.content
     assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(streamed["calls"].items())] == calls_of(whole.message)
     assert streamed["finish_reason"] == "tool_calls"
@@ -98,8 +102,10 @@ def test_parallel_tool_calls_false_keeps_the_first_call(client):
 
 
 def test_tool_choice_none_renders_the_tools_but_parses_nothing(client):
-    plain = ask(client)
-    none = ask(client, tools=[CAPITAL], tool_choice="none")
+    with ThreadPoolExecutor(2) as pool:  # sent together, so that the server batches them
+        plain = pool.submit(ask, client)
+        none = pool.submit(ask, client, tools=[CAPITAL], tool_choice="none")
+        plain, none = plain.result(), none.result()
     assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason in ("stop", "length")
     assert "France" in none.choices[0].message.content
     # the tools were in the prompt (the Hermes system text)
@@ -107,8 +113,12 @@ def test_tool_choice_none_renders_the_tools_but_parses_nothing(client):
 
 
 def test_required_is_forced_by_the_grammar(client):
-    for parallel in (True, False):
-        choice = ask(client, tools=[CAPITAL, GREETING], tool_choice="required", parallel_tool_calls=parallel, max_tokens=60).choices[0]
+    def run(parallel: bool):
+        return ask(client, tools=[CAPITAL, GREETING], tool_choice="required", parallel_tool_calls=parallel, max_tokens=60).choices[0]
+
+    with ThreadPoolExecutor(2) as pool:  # sent together, so that the server batches them
+        choices = list(pool.map(run, (True, False)))
+    for parallel, choice in zip((True, False), choices, strict=True):
         assert choice.finish_reason == "tool_calls", choice
         calls = calls_of(choice.message)
         assert calls and (parallel or len(calls) == 1)
@@ -119,12 +129,16 @@ def test_required_is_forced_by_the_grammar(client):
 
 def test_named_function_is_forced_whole_and_streamed_alike(client):
     choice = {"type": "function", "function": {"name": "get_capital"}}
-    whole = ask(client, tools=[GREETING, CAPITAL], tool_choice=choice, max_tokens=30).choices[0]
+    kwargs = {"tools": [GREETING, CAPITAL], "tool_choice": choice, "max_tokens": 30}
+    # greedy on this server's float32 path does not depend on the batch: the two are sent together
+    with ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(ask, client, **kwargs)
+        streamed = pool.submit(lambda: merged(ask(client, stream=True, **kwargs)))
+        whole, streamed = whole.result().choices[0], streamed.result()
     assert whole.finish_reason == "tool_calls" and whole.message.content is None
     [(name, arguments)] = calls_of(whole.message)
     assert name == "get_capital"
     jsonschema.validate(arguments, COUNTRY)
-    streamed = merged(ask(client, stream=True, tools=[GREETING, CAPITAL], tool_choice=choice, max_tokens=30))
     assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == [
         ("get_capital", whole.message.tool_calls[0].function.arguments)
     ]
@@ -188,14 +202,16 @@ def test_langchain_bind_tools_and_structured_output(server):
         base_url=f"{server.base_url}/v1", api_key="unused", model=httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"],
         temperature=0, max_tokens=40, max_retries=0,
     )  # fmt: skip
-    reply = llm.bind_tools([CAPITAL], tool_choice="get_capital").invoke("What is the capital of France?")
-    assert [c["name"] for c in reply.tool_calls] == ["get_capital"]
-    jsonschema.validate(reply.tool_calls[0]["args"], COUNTRY)
 
     class Country(BaseModel):
         """A country."""
 
         country: str = Field(json_schema_extra={"enum": ["France", "Spain"]})
 
-    result = llm.with_structured_output(Country, method="function_calling").invoke("Which country has Paris?")
+    with ThreadPoolExecutor(2) as pool:  # sent together, so that the server batches them
+        reply = pool.submit(llm.bind_tools([CAPITAL], tool_choice="get_capital").invoke, "What is the capital of France?")
+        result = pool.submit(llm.with_structured_output(Country, method="function_calling").invoke, "Which country has Paris?")
+        reply, result = reply.result(), result.result()
+    assert [c["name"] for c in reply.tool_calls] == ["get_capital"]
+    jsonschema.validate(reply.tool_calls[0]["args"], COUNTRY)
     assert isinstance(result, Country) and result.country in ("France", "Spain")
