@@ -15,8 +15,8 @@ reference dequantizer (``gguf.quants``), so that the repacked weight dequantizes
 - ``Q6_K``: 6-bit codes in 8-bit storage, sixteen groups of 16 per super-block, ``(q - 32) * (d * sc)``.
 
 The other GGUF types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, ...) have no such form and dequantize through ``gguf.quants``.
-Unpacking in torch is what makes loading a GGUF file quick: ``gguf.quants`` takes seconds for the embedded
-135M model, these formulas tens of milliseconds.
+Unpacking in torch is what makes loading a GGUF file quick: the embedded 135M model's tensors take 0.9 s
+this way against 4 s through ``gguf.quants`` (a 2-core CPU).
 """
 
 from __future__ import annotations
