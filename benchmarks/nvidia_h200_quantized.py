@@ -297,7 +297,7 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
             weights = [gemm.prepare_weight(random_weight(kind, n, k, "cuda", gen), torch.bfloat16) for _ in range(copies)]
             ref = x.double() @ dequantize_packed(weights[0]).double().T
             for tile in args.gemv:
-                gemm.grouped_int_tiles = GroupedIntTiles(gemv=tile)
+                gemm.grouped_int_tiles = GroupedIntTiles(gemv=tile, gemv4=tile)
                 got = gemm.linear(x, weights[0]).double()
                 err = float((got - ref).norm() / ref.norm())
                 with pdl.for_capture():
@@ -399,7 +399,8 @@ def main() -> None:
     kernels = sub.add_parser("kernels", help="the packed GEMV / GEMM per Llama-3-8B shape against bf16")
     kernels.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     kernels.add_argument("--gemv", type=tile, nargs="+", default=[(4, 1024, 4, 2), (4, 2048, 4, 2)],
-                         help="GEMV tiles as rows,row_bytes,num_warps,num_stages (GroupedIntTiles.gemv)")
+                         help="GEMV tiles as rows,row_bytes,num_warps,num_stages (GroupedIntTiles.gemv and "
+                         "gemv4)")
     kernels.add_argument("--gemm-rows", type=int, nargs="*", default=[16, 256])
     kernels.add_argument("--gemm-tiles", type=tile, nargs="*", default=[],
                          help="block_m,block_n,warps,stages of the grouped GEMM to time besides the defaults")

@@ -111,7 +111,8 @@ def test_packed_gguf_bytes_against_the_file() -> None:
 
 def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
     tiles = GroupedIntTiles(block_k=128, fp32_block_k=128, gemm=((0, 16, 64, 4, 1),), max_split_k=1,
-                            gemv=(INTERPRETER_GROUPED_INT_TILES.gemv))  # fmt: skip
+                            gemv=INTERPRETER_GROUPED_INT_TILES.gemv,
+                            gemv4=INTERPRETER_GROUPED_INT_TILES.gemv4)  # fmt: skip
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int, gemm.grouped_int_tiles = True, tiles
     gen = torch.Generator().manual_seed(fresh_seed())

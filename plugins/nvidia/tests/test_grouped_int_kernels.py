@@ -41,6 +41,7 @@ SPLIT_TILES = GroupedIntTiles(
     max_split_k=3,
     min_split_blocks=1,
     gemv=INTERPRETER_GROUPED_INT_TILES.gemv,
+    gemv4=INTERPRETER_GROUPED_INT_TILES.gemv4,
 )
 
 
@@ -252,7 +253,8 @@ def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program:
         cases, dtypes = [cases[i] for i in {4: (1, 7), 2: (2,), 1: (0,)}[rows_per_program]], [torch.float32]
     for name, weight in cases:
         for row_bytes in (64, 4096):
-            tiles = GroupedIntTiles(block_k=128, fp32_block_k=128, gemv=(rows_per_program, row_bytes, 4, 1))
+            gemv = (rows_per_program, row_bytes, 4, 1)
+            tiles = GroupedIntTiles(block_k=128, fp32_block_k=128, gemv=gemv, gemv4=gemv)
             gemm.grouped_int_tiles = tiles
             for dtype in dtypes:
                 prepared = gemm.prepare_weight(weight, dtype)
@@ -278,6 +280,13 @@ def test_gemv_iteration_width() -> None:
     for rows in (3, 12):
         with pytest.raises(ValueError, match="1, 2, 4 or a larger power of two"):
             grouped_int_linear(torch.randn(1, 768), weight, None, GroupedIntTiles(gemv=(rows, 512, 4, 1)))
+    # 4-bit codes in blocks of 128 columns take the word GEMV and its tiles; Q4_K's 32 the byte GEMV's
+    int4 = pack_grouped_int(make_quantized_weight("int4_grouped", 8, 256, seed=2), 128, torch.device("cpu"))
+    with pytest.raises(ValueError, match="1, 2, 4 or a larger power of two"):
+        grouped_int_linear(torch.randn(1, 256), int4, None, GroupedIntTiles(gemv4=(3, 512, 4, 1)))
+    wide = INTERPRETER_GROUPED_INT_TILES.gemv
+    out = grouped_int_linear(torch.randn(1, 768), weight, None, GroupedIntTiles(gemv=wide, gemv4=(3, 512, 4, 1)))
+    assert out.shape == (1, 8)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and pdl.AVAILABLE), reason="PDL needs an NVIDIA GPU")

@@ -13,14 +13,16 @@ weight's bytes. Two kernels share the layout:
   up to four output features and streams their codes along K in wide contiguous runs, as the dense GEMV
   does, the activations read and converted once for its rows; with programmatic dependent launch
   (``USE_PDL``, :mod:`.pdl`) it loads its first tiles of codes and scales before it waits for the kernel
-  that wrote ``x``. :func:`grouped_int_gemv_wide_kernel` computes the same with many rows a program, the
-  interpreter's variant.
+  that wrote ``x``. 4-bit codes in blocks of 128 columns or more take a GEMV that reads words
+  (:mod:`.grouped_int4_gemv_kernels`). :func:`grouped_int_gemv_wide_kernel` computes the same with many rows
+  a program, the interpreter's variant.
 
 Codes become floats by a bit trick rather than an integer-to-float conversion (:func:`_as_float`), which
 issues at a fraction of the FP32 rate on Hopper. The GEMV is still bound by its per-code instructions, not
 by memory: on an H200 (``benchmarks/nvidia_h200_quantized.py kernels``, Llama-3-8B shapes) it streamed
 W4A16 codes at 1.0-1.5 TB/s and Q4_K at 1.4-2.1 TB/s, against 3.6-4.2 TB/s for the bf16 GEMV, so a
-product takes 0.7-1.0x the bf16 time for a quarter to a third of its bytes.
+product takes 0.7-1.0x the bf16 time for a quarter to a third of its bytes. The word GEMV takes 0.8-0.9x
+the byte GEMV's time on W4A16 (groups of 128); on Q4_K's 32-column blocks it was slower.
 
 The launcher repacks the weight at load (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.
 pack_grouped_codes`):

@@ -1,5 +1,6 @@
-"""Host side of the grouped-integer weight-only GEMM and GEMV (:mod:`.grouped_int_kernels`): the load-time
-repacking, tiles, grids, the split-K reduction, and the choice of the GEMV for a single activation row."""
+"""Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
+:mod:`.grouped_int4_gemv_kernels`): the load-time repacking, tiles, grids, the split-K reduction, and the
+choice of a GEMV for a single activation row."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 
@@ -35,9 +37,13 @@ class GroupedIntTiles:
             programs (about two per multiprocessor), ...
         max_split_k: ... into at most this many splits ...
         min_split_blocks: ... of at least this many ``block_k`` tiles each.
-        gemv: ``(rows, row_bytes, num_warps, num_stages)`` of the single-row GEMV: output features per
-            program (1, 2 or 4 unrolled; a larger power of two as one tile, for the interpreter), and code
-            bytes of each row read per iteration (a power of two; fewer where a row has fewer).
+        gemv: ``(rows, row_bytes, num_warps, num_stages)`` of the single-row GEMV over 8-bit codes: output
+            features per program (1, 2 or 4 unrolled; a larger power of two as one tile, for the
+            interpreter), and code bytes of each row read per iteration (a power of two; fewer where a row
+            has fewer).
+        gemv4: the same for 4-bit codes packed in blocks of ``gemv4_min_block`` columns or more (their own
+            kernel, :mod:`.grouped_int4_gemv_kernels`); narrower blocks take ``gemv`` and the byte kernel.
+        gemv4_min_block: see ``gemv4``.
         dense_rows: products of at least this many rows dequantize the weight into a dense copy in the
             activations' dtype and run the vendor's GEMM on it (0: never). Past some hundreds of rows the
             copy's bytes cost less than dequantizing a tile once per tile of rows inside the grouped GEMM.
@@ -52,6 +58,8 @@ class GroupedIntTiles:
     max_split_k: int = 16
     min_split_blocks: int = 2
     gemv: tuple[int, int, int, int] = (4, 1024, 4, 2)
+    gemv4: tuple[int, int, int, int] = (4, 2048, 4, 2)
+    gemv4_min_block: int = 128
     dense_rows: int = 128
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
@@ -74,12 +82,15 @@ class GroupedIntTiles:
 #: The GEMM's tiles were chosen by analogy with the MoE GEMM's and are not tuned (at 256 rows it ran at
 #: 120-210 TFLOP/s on an H200 against cuBLAS bf16's 450-590). The GEMV's (4 rows, 1 KiB a row) took the
 #: least time over a layer's four products, W4A16 and Q4_K, of the variants timed there (1-16 rows,
-#: 256 B-4 KiB a row, 4 or 8 warps); 2 KiB a row was 5% faster on the LM head, 20% slower on down_proj
+#: 256 B-4 KiB a row, 4 or 8 warps); 2 KiB a row was 5% faster on the LM head, 20% slower on down_proj.
+#: The 4-bit word GEMV's (4 rows, 2 KiB a row, 4 warps) took the least time over a layer's four W4A16
+#: products (2026-12-03: 72 us against 77-84 for 1 KiB a row or 2 warps, and 86 for the byte GEMV); on
+#: Q4_K_M's 32-column blocks it made batch-1 decode slower (215 against about 280 tok/s), hence the minimum
 H200_GROUPED_INT_TILES = GroupedIntTiles()
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 256, 4, 1), (0, 64, 256, 4, 1)), max_split_k=1,
-    gemv=(64, 1024, 4, 1),
+    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1),
 )
 
 
@@ -250,23 +261,32 @@ def _gemv(
 ) -> None:
     """One activation row ``[1, K]`` into ``out [1, N]``."""
     out_features, in_features = weight.shape
-    rows, row_bytes, warps, stages = tiles.gemv
+    words = weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
+    rows, row_bytes, warps, stages = tiles.gemv4 if words else tiles.gemv
     if rows not in (1, 2, 4) and (rows < 4 or rows & (rows - 1)):
         raise ValueError(f"the GEMV runs 1, 2, 4 or a larger power of two rows a program, not {rows}")
-    # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
-    kernel = gk.grouped_int_gemv_kernel if rows <= 4 else gk.grouped_int_gemv_wide_kernel
     subs = gemv_subs(weight, row_bytes)
     blocks = in_features // weight.block_k
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    kernel[(triton.cdiv(out_features, rows),)](
+    args = (
         row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
         out_features, weight.codes.stride(0), weight.scales.stride(0),
-        NUM_BLOCKS=blocks, GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point,
-        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-        BLOCK=weight.block_k, ROWS=rows, SUBS=subs, EVEN=blocks % subs == 0,
-        num_warps=warps, num_stages=stages, **pdl.launch_options(),
     )  # fmt: skip
+    common = {
+        "NUM_BLOCKS": blocks, "GROUP": weight.group_size, "ZERO": weight.zero_point,
+        "HAS_ZS": weight.zero_scales is not None, "HAS_PERM": weight.perm is not None, "HAS_BIAS": bias is not None,
+        "BLOCK": weight.block_k, "ROWS": rows, "SUBS": subs, "EVEN": blocks % subs == 0,
+        "num_warps": warps, "num_stages": stages, **pdl.launch_options(),
+    }  # fmt: skip
+    grid = (triton.cdiv(out_features, rows),)
+    # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
+    if rows > 4:
+        gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common)
+    elif words:
+        g4.grouped_int4_gemv_kernel[grid](*args, g4.FLOAT_2_23_BITS, **common)
+    else:
+        gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
 
 
 def _gemm(
