@@ -1,0 +1,101 @@
+"""The 4-bit batch-1 GEMV on the H200: the byte-reading kernel against the word-reading one
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_gemv_kernels`) over its tiles, at Llama-3-8B shapes,
+random codes in groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error
+against float64 and time inside CUDA graphs over weight copies larger than the L2 cache.
+
+    source benchmarks/nvidia_h200_setup.sh && python benchmarks/nvidia_h200_word_gemv.py --json $OUT/word_gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}  # fmt: skip
+#: (row bytes, warps) of the word GEMV, four rows a program
+WORD_TILES = [(512, 2), (1024, 2), (2048, 2), (1024, 4), (2048, 4), (4096, 4)]
+
+
+def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
+    """Median seconds of one ``fn(item)``, the items taken in turn inside one CUDA graph."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for item in items:
+            fn(item)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for item in items:
+            fn(item)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(items))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    import torch
+
+    from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+        GroupedIntTiles,
+        grouped_int_linear,
+        pack_grouped_codes,
+    )
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    results: dict[str, Any] = {}
+    for name, (n, k) in SHAPES.items():
+        nbytes = n * k // 2 + n * (k // 128) * 2
+        copies = max(1, min(16, (384 << 20) // nbytes))
+        x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+        row: dict[str, Any] = {}
+        for zero_scales in (False, True):
+            weights, ref = [], None
+            for _ in range(copies):
+                codes = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
+                scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
+                zs = torch.rand(n, k // 128, device="cuda", generator=gen) * 0.1 if zero_scales else None
+                if ref is None:
+                    wide = scales.double().repeat_interleave(128, 1)
+                    dense = codes.double() * wide - zs.double().repeat_interleave(128, 1) if zs is not None \
+                        else (codes.double() - 8) * wide  # fmt: skip
+                    ref = x.double() @ dense.T
+                unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128)
+                weights.append(pack_grouped_codes(unpacked, 128, torch.device("cuda")))
+            tag = "zero scales" if zero_scales else "one zero point"
+            # the byte GEMV: the word GEMV's minimum block put out of reach
+            variants = {"bytes 1024 B, 4 warps": GroupedIntTiles(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)}
+            for row_bytes, warps in WORD_TILES:
+                variants[f"words {row_bytes} B, {warps} warps"] = GroupedIntTiles(gemv4=(4, row_bytes, warps, 2))
+            for label, tiles in variants.items():
+                got = grouped_int_linear(x, weights[0], None, tiles).double()
+                err = float((got - ref).norm() / ref.norm())
+                sec = timed(lambda w, tiles=tiles, x=x: grouped_int_linear(x, w, None, tiles), weights)
+                row[f"{tag}: {label}"] = {"us": sec * 1e6, "TBps": nbytes / sec / 1e12, "rel_err": err}
+                print(f"{name:8s} {tag:15s} {label:24s} {sec * 1e6:8.1f} us {nbytes / sec / 1e12:5.2f} TB/s "
+                      f"err {err:.1e}", flush=True)  # fmt: skip
+            del weights
+        results[name] = row
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
