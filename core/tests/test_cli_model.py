@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
 
+from engine.entrypoints.cli import main
 from engine_test_utils import run_cli
 
 
 @pytest.mark.slow
-def test_generate_streams_text():
-    result = run_cli("generate", "The capital of France is", "--max-tokens", "8", "--temperature", "0", "--kv-cache-memory", "32MiB")
-    assert result.returncode == 0, result.stderr
-    assert "Paris" in result.stdout
+def test_generate_streams_text(capsys):
+    # the CLI's main() in this process: the same code path as the console script, without a second
+    # interpreter importing torch and loading the model
+    code = main(["generate", "The capital of France is", "--max-tokens", "8", "--temperature", "0",
+                 "--kv-cache-memory", "32MiB"])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "Paris" in out.out
 
 
 @pytest.mark.slow
-def test_chat_keeps_history():
+def test_chat_keeps_history(capsys, monkeypatch):
     stdin = "What is the capital of France?\nRepeat your previous answer word for word.\n/exit\n"
-    result = run_cli("chat", "--temperature", "0", "--max-tokens", "16", "--kv-cache-memory", "32MiB", stdin=stdin)
-    assert result.returncode == 0, result.stderr
-    replies = [line for line in result.stdout.splitlines() if line.strip()]
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    code = main(["chat", "--temperature", "0", "--max-tokens", "16", "--kv-cache-memory", "32MiB"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    replies = [line for line in out.out.splitlines() if line.strip()]
     assert len(replies) >= 2 and "Paris" in replies[0]
-    assert "Paris" in result.stdout.split(replies[0], 1)[1]  # the second answer saw the first
+    assert "Paris" in out.out.split(replies[0], 1)[1]  # the second answer saw the first
 
 
 class _Code:

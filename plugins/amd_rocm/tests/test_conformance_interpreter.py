@@ -20,13 +20,13 @@ from engine_conformance.runner import SUITE_ENV, suite_dir
 #: the rows whose kernels take the AMD launch parameters: in the interpreter those differ from the NVIDIA
 #: plugin's only in the prefill kernel's tile for heads up to 128 (a wide-M tile, 32 x 16; warps and stages
 #: mean nothing to the interpreter, and the decode tiles are the same), so these are the rows that run that
-#: kernel in distinct ways (the tile's edges against prompt, chunk, window and head sizes, short rows over
-#: cached contexts, no causal mask). The NVIDIA plugin's interpreter run checks the rest (decode, KV block
-#: sizes, mixed-batch row order, dtypes, rotary, soft-cap, the KV write, the row-wise ops, MoE, GEMMs) on
-#: the same kernels
+#: kernel in distinct ways (the tile's edges against prompt, chunk and window sizes, short rows over cached
+#: contexts, no causal mask). The NVIDIA plugin's interpreter run checks the rest (head sizes, decode, KV
+#: block sizes, mixed-batch row order, dtypes, rotary, soft-cap, the KV write, the row-wise ops, MoE, GEMMs)
+#: on the same kernels
 OP_LEVEL = [
-    "attention.prefill", "attention.chunked_prefill", "attention.short_rows", "attention.head_size",
-    "attention.sliding_window", "attention.non_causal",
+    "attention.prefill", "attention.chunked_prefill", "attention.short_rows", "attention.sliding_window",
+    "attention.non_causal",
 ]  # fmt: skip
 HAS_ROCM_GPU = getattr(torch.version, "hip", None) is not None and torch.cuda.device_count() > 0
 
