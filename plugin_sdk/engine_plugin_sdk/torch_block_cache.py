@@ -78,8 +78,10 @@ class TorchBlockCache(BlockCache):
         self._pool_bytes = as_copyable(self.pool)
         host_shape = list(self.pool.shape)
         host_shape[self._axis] = num_host_blocks
-        #: the swap pool in host memory, ``num_host_blocks`` on the block axis
-        self.host_pool = torch.zeros(host_shape, dtype=dtype, device="cpu", pin_memory=pin_host and self.device.type != "cpu")
+        #: the swap pool in host memory, ``num_host_blocks`` on the block axis. Not zeroed: a host block is
+        #: read only after a swap-out wrote it, and pages never written are never touched (on a VM that
+        #: hands memory to a process on first touch, zeroing gigabytes up front cost seconds at start-up)
+        self.host_pool = torch.empty(host_shape, dtype=dtype, device="cpu", pin_memory=pin_host and self.device.type != "cpu")
         self._host_bytes = as_copyable(self.host_pool)
 
     @property

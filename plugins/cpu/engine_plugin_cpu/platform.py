@@ -44,12 +44,29 @@ CPUINFO_PATH = "/proc/cpuinfo"
 SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 #: the KV budget when the user sets none: host RAM is shared with everything else on the machine
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+#: the KV budget in GiB when the user sets none (vLLM's ``VLLM_CPU_KVCACHE_SPACE``); ``--kv-cache-memory`` wins
+KVCACHE_SPACE_ENV = "ENGINE_CPU_KVCACHE_SPACE"
 # torch's CPU SDPA and the fallback matmul path have no head-size limits; these are the tested ones
 #: 576: DeepSeek's latent rows (kv_lora_rank 512 + rotary key 64), attended as one KV head
 SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 256, 576)
 #: set to 1 to compile decode steps with torch.compile (graph_capture claimed); off by default because
 #: on 2 cores it bought ~12% at batch 1, nothing at 32, for 2+ minutes of start-up (BENCHMARKS.md)
 COMPILE_ENV = "ENGINE_CPU_COMPILE"
+
+
+def kv_cache_space_bytes(space: str) -> int:
+    """``ENGINE_CPU_KVCACHE_SPACE``'s GiB (a positive number, fractions allowed) in bytes.
+
+    Raises:
+        ValueError: for anything else, naming the variable.
+    """
+    try:
+        gib = float(space)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0 or gib == float("inf"):
+        raise ValueError(f"{KVCACHE_SPACE_ENV} must be a positive number of GiB, got {space!r}")
+    return int(gib * 1024**3)
 
 
 class CpuPlatform(Platform):
@@ -124,6 +141,9 @@ class CpuPlatform(Platform):
         return free
 
     def default_kv_cache_bytes(self) -> int | None:
+        space = os.environ.get(KVCACHE_SPACE_ENV, "").strip()
+        if space:
+            return kv_cache_space_bytes(space)
         # a fixed size, but never more than a quarter of what is free: the swap pool and the model's
         # own weights and activations live in the same RAM
         return min(DEFAULT_KV_CACHE_BYTES, self.free_memory_bytes() // 4)

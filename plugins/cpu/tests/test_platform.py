@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from engine import CacheConfig, EngineConfig, PluginManager, select_platform
+from engine import LLM, CacheConfig, EngineConfig, PluginManager, select_platform
+from engine.entrypoints.cli import main as cli_main
 from engine_plugin_cpu import plugin
 from engine_plugin_cpu.gemm import CpuGemmBackend
-from engine_plugin_cpu.platform import CpuPlatform, preferred_dtype, read_meminfo_bytes
+from engine_plugin_cpu.platform import KVCACHE_SPACE_ENV, CpuPlatform, preferred_dtype, read_meminfo_bytes
 from engine_plugin_sdk import EagerGraphCapture, QuantizedWeight
+from engine_plugin_sdk.testing import build_tiny_llama
 
 
 def test_entry_point_discovery() -> None:
@@ -173,8 +176,35 @@ def test_gemm_rejects_bad_weights() -> None:
         gemm.prepare_weight(wrong, torch.float32)
 
 
-def test_default_kv_budget_is_bounded() -> None:
+def test_default_kv_budget_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KVCACHE_SPACE_ENV, raising=False)
     platform = CpuPlatform()
     budget = platform.default_kv_cache_bytes()
     assert budget is not None and 0 < budget <= 2 * 1024**3
     assert budget <= platform.free_memory_bytes() // 4
+
+
+def test_kvcache_space_sets_the_pool_unless_the_engine_names_a_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build_tiny_llama(tmp_path, head_dim=32, seed=int(torch.randint(0, 1000, ())))
+    monkeypatch.setenv(KVCACHE_SPACE_ENV, "0.0625")
+    per_block = 2 * 2 * 2 * 32 * 16 * 4  # k and v, 2 layers, 2 KV heads, head size 32, 16 tokens, float32
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", max_num_seqs=256)
+    assert llm.llm_engine.num_total_blocks == min(2**26 // per_block, 256 * 256 // 16)
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", kv_cache_memory_bytes=100 * per_block)
+    assert llm.llm_engine.num_total_blocks == 100
+
+
+def test_a_bad_kvcache_space_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build_tiny_llama(tmp_path, head_dim=32)
+    for space in ("0", "-1", "2GiB", "nan", "inf"):
+        monkeypatch.setenv(KVCACHE_SPACE_ENV, space)
+        capsys.readouterr()
+        code = cli_main(["generate", "hi", "--model", str(tmp_path), "--device", "cpu", "--max-tokens", "1"])
+        err = capsys.readouterr().err
+        assert code == 1 and err.strip().splitlines() == [
+            f"error: {KVCACHE_SPACE_ENV} must be a positive number of GiB, got {space!r}"
+        ], err

@@ -88,8 +88,10 @@ class GroupedIntTiles:
 #: Q4_K_M's 32-column blocks it made batch-1 decode slower (215 against about 280 tok/s), hence the minimum
 H200_GROUPED_INT_TILES = GroupedIntTiles()
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
+#: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
+#: a 4096-wide product's time there, each numpy call costing about the same whatever its tile)
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
-    block_k=128, fp32_block_k=128, gemm=((16, 16, 256, 4, 1), (0, 64, 256, 4, 1)), max_split_k=1,
+    block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1),
 )
 
