@@ -52,8 +52,10 @@ CONFORMANCE := conformance_tests/engine_conformance --device cpu --conformance-s
 # single-threaded: with torch's threads per worker as well, the workers' spinning threads fight for the
 # cores (a 2-core run took 18 minutes that way, 13.6 minutes like this, against 21.6 minutes serially).
 # Files go out in collection order (testpaths puts the longest, the interpreter conformance runs, first),
-# not xdist's default of files with the most tests first, which sent those long files out last.
-PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
+# not xdist's default of files with the most tests first, which sent those long files out last. One worker
+# more than cores: many tests wait on a child (a server, a rank, an interpreter run) while it starts.
+TEST_WORKERS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN) + 1 )))
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PARALLEL) --ignore=conformance_tests
 	$(PY) -m pytest -q $(CONFORMANCE)

@@ -14,6 +14,7 @@ import pytest
 from engine import __version__
 from engine.entrypoints import cli
 from engine.entrypoints.cli import main, parse_memory
+from engine_plugin_sdk.testing import build_tiny_llama
 from engine_test_utils import run_cli
 
 
@@ -179,3 +180,21 @@ def test_bench_statistics():
     s = summarize(values)
     assert s["mean"] == pytest.approx(sum(values) / 101) and s["p99"] == pytest.approx(ordered[99])
     assert to_json({"x": float("nan")}).replace(" ", "").replace("\n", "") == '{"x":null}'
+
+
+KVCACHE_SPACE = "ENGINE_CPU_KVCACHE_SPACE"
+
+
+def test_a_bad_kvcache_space_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the CPU plugin's variable: a bad value stops the engine at start-up with one line, the variable named
+    build_tiny_llama(tmp_path, head_dim=32)
+    for space in ("0", "-1", "2GiB", "nan", "inf"):
+        monkeypatch.setenv(KVCACHE_SPACE, space)
+        capsys.readouterr()
+        code = main(["generate", "hi", "--model", str(tmp_path), "--device", "cpu", "--max-tokens", "1"])
+        err = capsys.readouterr().err
+        assert code == 1 and err.strip().splitlines() == [
+            f"error: {KVCACHE_SPACE} must be a positive number of GiB, got {space!r}"
+        ], err

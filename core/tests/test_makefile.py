@@ -28,7 +28,7 @@ PROJECT_FILES = [
 DRY = ["UV=", "PIP=true", "CREATE_VENV=mkdir -p .venv/bin"]
 #: what ``make test`` runs once installed: the tests, then the CPU conformance suite under --strict
 TEST_COMMANDS = [
-    "OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --ignore=conformance_tests",
+    f"OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n {os.cpu_count() + 1} --dist loadfile --no-loadscope-reorder --ignore=conformance_tests",
     ".venv/bin/python -m pytest -q conformance_tests/engine_conformance --device cpu --conformance-strict",
 ]
 
