@@ -51,7 +51,7 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     """A random quantized weight of ``kind`` made on ``device`` (values of order 0.02, as the dummy loader's).
 
     Args:
-        kind: ``int4_g128`` (symmetric, fp16 scales), a ``gguf_*`` scheme of :data:`KINDS`, ``fp8`` (an
+        kind: ``int4_g128`` (symmetric, fp16 scales), ``int4_g128_zp`` (a zero point per group, as AWQ's), a ``gguf_*`` scheme of :data:`KINDS`, ``fp8`` (an
             FP8 checkpoint's per-channel ``fp8_e4m3`` whose config quantizes activations too, W8A8) or
             ``fp8_weight_only`` (one that does not).
         out: rows.
@@ -72,10 +72,13 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     def uniform(n: int, low: float, high: float) -> torch.Tensor:
         return torch.rand(n, generator=gen, device=device) * (high - low) + low
 
-    if kind == "int4_g128":
+    if kind in ("int4_g128", "int4_g128_zp"):
         codes = torch.randint(0, 16, (out, width), generator=gen, device=device, dtype=torch.uint8)
         scales = uniform(out * width // 128, 0.003, 0.006).half().float().reshape(out, -1)
-        return grouped_int_weight(codes, scales, torch.full_like(scales, 8.0), 128, 4)
+        if kind == "int4_g128":
+            return grouped_int_weight(codes, scales, torch.full_like(scales, 8.0), 128, 4)
+        zeros = torch.randint(0, 16, scales.shape, generator=gen, device=device).float()  # AWQ-style, per group
+        return grouped_int_weight(codes, scales, zeros, 128, 4)
     if kind in ("fp8", "fp8_weight_only"):  # e4m3 has no infinity: values past 448 would become NaN, so clamp first
         scale = uniform(out, 0.02, 0.03) / 64
         data = (torch.randn(out, width, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -121,6 +124,7 @@ def q4_k_m_kind(name: str, layers: int) -> str:
 PLANS: dict[str, Callable[[str, int], str | None]] = {
     "bf16": lambda name, layers: None,
     "w4a16": lambda name, layers: "int4_g128" if name.split(".")[-2] in PROJECTIONS else None,
+    "w4a16_zp": lambda name, layers: "int4_g128_zp" if name.split(".")[-2] in PROJECTIONS else None,
     "gguf_q4_k_m": lambda name, layers: q4_k_m_kind(name, layers) if name != "model.embed_tokens.weight" else None,
     "gguf_q4_k_m_dequantized": lambda name, layers: (
         q4_k_m_kind(name, layers) + ":dense" if name != "model.embed_tokens.weight" else None

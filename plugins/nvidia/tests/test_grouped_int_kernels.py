@@ -273,19 +273,20 @@ def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program:
                 assert not problem, problem
 
 
-def test_gemv_iteration_width() -> None:
-    weight = pack_grouped_int(make_quantized_weight("gguf_q4_k", 8, 768, seed=1), 32, torch.device("cpu"))
+def test_gemv_iteration_width(device: torch.device) -> None:
+    weight = pack_grouped_int(make_quantized_weight("gguf_q4_k", 8, 768, seed=1), 32, device)
     # 16 code bytes per 32-column sub-block, 24 sub-blocks a row
     assert [gemv_subs(weight, b) for b in (8, 16, 256, 512, 4096)] == [1, 1, 16, 32, 32]
     for rows in (3, 12):
         with pytest.raises(ValueError, match="1, 2, 4 or a larger power of two"):
-            grouped_int_linear(torch.randn(1, 768), weight, None, GroupedIntTiles(gemv=(rows, 512, 4, 1)))
+            grouped_int_linear(torch.randn(1, 768, device=device), weight, None, GroupedIntTiles(gemv=(rows, 512, 4, 1)))
     # 4-bit codes in blocks of 128 columns take the word GEMV and its tiles; Q4_K's 32 the byte GEMV's
-    int4 = pack_grouped_int(make_quantized_weight("int4_grouped", 8, 256, seed=2), 128, torch.device("cpu"))
+    int4 = pack_grouped_int(make_quantized_weight("int4_grouped", 8, 256, seed=2), 128, device)
     with pytest.raises(ValueError, match="1, 2, 4 or a larger power of two"):
-        grouped_int_linear(torch.randn(1, 256), int4, None, GroupedIntTiles(gemv4=(3, 512, 4, 1)))
+        grouped_int_linear(torch.randn(1, 256, device=device), int4, None, GroupedIntTiles(gemv4=(3, 512, 4, 1)))
     wide = INTERPRETER_GROUPED_INT_TILES.gemv
-    out = grouped_int_linear(torch.randn(1, 768), weight, None, GroupedIntTiles(gemv=wide, gemv4=(3, 512, 4, 1)))
+    x = torch.randn(1, 768, device=device)
+    out = grouped_int_linear(x, weight, None, GroupedIntTiles(gemv=wide, gemv4=(3, 512, 4, 1)))
     assert out.shape == (1, 8)
 
 
