@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,7 @@ def run_warm_up(
     device: torch.device,
     sliding_window: int | None = None,
     kv_layout: KVGroupLayout | None = None,
+    greedy: Callable[[torch.Tensor], object] | None = None,
 ) -> float:
     """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
 
@@ -115,6 +117,8 @@ def run_warm_up(
         device: where the inputs go.
         sliding_window: the model's attention window, if any.
         kv_layout: the model's KV groups, if it keeps a block table per group.
+        greedy: the sampler's greedy pick on the device, run on each step's logits (a platform's fused
+            pick compiles here rather than at the first greedy request).
     """
     start = time.perf_counter()
     for batch in batches:
@@ -133,7 +137,13 @@ def run_warm_up(
         rows = hidden.index_select(0, last)
         # reading the logits back waits for the step on any device: the time below is the real one; a
         # pooling model (an encoder, a headless decoder) has no LM head, so its hidden rows are read instead
-        (model.compute_logits(rows) if getattr(model, "generates", True) else rows).cpu()
+        if getattr(model, "generates", True):
+            logits = model.compute_logits(rows)
+            if greedy is not None:
+                greedy(logits)
+            logits.cpu()
+        else:
+            rows.cpu()
     seconds = time.perf_counter() - start
     logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
     return seconds

@@ -35,14 +35,24 @@ def test_eager_decode_contexts_double_up_to_the_longest() -> None:
 
 
 @pytest.fixture
-def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """The CPU platform claiming warm-up; records each warm-up forward's (rows, longest query)."""
+def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | str, int]]:
+    """The CPU platform claiming warm-up; records each warm-up forward's (rows, longest query) and each
+    greedy pick's ("greedy", rows)."""
     claims = CpuPlatform.capabilities
     monkeypatch.setattr(CpuPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), warm_up=True))
-    calls: list[tuple[int, int]] = []
+    calls: list[tuple[int | str, int]] = []
     real = start_up_module.run_warm_up
 
-    def spy(model, kv_caches, batches, *args):
+    def spy(model, kv_caches, batches, *args, **kwargs):
+        greedy = kwargs.get("greedy")
+        if greedy is not None:
+
+            def picked(logits):
+                calls.append(("greedy", logits.shape[0]))
+                return greedy(logits)
+
+            kwargs["greedy"] = picked
+
         before = [kv.clone() for kv in kv_caches]
         forward = model.forward
 
@@ -52,7 +62,7 @@ def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
         model.forward = counted
         try:
-            seconds = real(model, kv_caches, batches, *args)
+            seconds = real(model, kv_caches, batches, *args, **kwargs)
         finally:
             del model.forward
         # every slot was negative: the cache is bit for bit what it was
@@ -71,8 +81,11 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
     with caplog.at_level(logging.INFO, logger="engine.warm_up"):
         warm = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
     # prefill: one whole 64-token prompt and a 32-token one; mixed: 3 decodes and a 64-token chunk;
-    # then eager decodes at contexts 16, 32 and 64
-    assert warm_cpu == [(96, 64), (67, 64), (1, 1), (1, 1), (1, 1)]
+    # then eager decodes at contexts 16, 32 and 64; each step's last rows through the sampler's greedy pick
+    assert warm_cpu == [
+        (96, 64), ("greedy", 2), (67, 64), ("greedy", 4), (1, 1), ("greedy", 1), (1, 1), ("greedy", 1), (1, 1),
+        ("greedy", 1),
+    ]
     assert any("warm-up: 5 dummy steps" in r.getMessage() for r in caplog.records)
     assert_all_blocks_free(warm)
     got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, use_tqdm=False)]
@@ -89,7 +102,7 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
 def test_a_step_that_does_not_fit_is_refused_at_start_up(tiny_llama_dir, warm_cpu, monkeypatch) -> None:
     from engine.llm_engine import EngineConfigError
 
-    def out_of_memory(*args):
+    def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(start_up_module, "run_warm_up", out_of_memory)
@@ -99,7 +112,7 @@ def test_a_step_that_does_not_fit_is_refused_at_start_up(tiny_llama_dir, warm_cp
 
 def test_platforms_that_do_not_ask_skip_it(tiny_llama_dir, monkeypatch) -> None:
     calls: list[object] = []
-    monkeypatch.setattr(start_up_module, "run_warm_up", lambda *a: calls.append(a))
+    monkeypatch.setattr(start_up_module, "run_warm_up", lambda *a, **kw: calls.append(a))
     LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20)
     assert calls == []
 

@@ -182,7 +182,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
         if not self.tuning.decode_merge_last:
             return None
         kept = self._arrivals
-        if kept is not None and kept.numel() >= count and kept.device == device:
+        # "cuda" and "cuda:0" are the same device to a caller that names no index
+        same_device = kept is not None and kept.device.type == device.type and device.index in (None, kept.device.index)
+        if kept is not None and kept.numel() >= count and same_device:
             return kept
         if stream_capturing():
             return None

@@ -112,21 +112,24 @@ def test_communicator_is_the_sdks_and_needs_a_gpu(platform: CudaPlatform) -> Non
 
     assert issubclass(NcclCommunicator, TorchDistributedCommunicator) and issubclass(NcclCommunicator, Communicator)
     assert NcclCommunicator.backend == "nccl"
-    # the interpreter has no GPU for NCCL: not claimed, and refused as the contract says
-    assert not platform.capabilities().distributed
-    with pytest.raises(NotImplementedError, match="interpreter mode"):
-        platform.make_communicator(2, 0, "tcp://127.0.0.1:1")
+    # the interpreter has no GPU for NCCL: not claimed, and refused as the contract says; a GPU claims it
+    assert platform.capabilities().distributed == (not platform.interpret)
+    if platform.interpret:
+        with pytest.raises(NotImplementedError, match="interpreter mode"):
+            platform.make_communicator(2, 0, "tcp://127.0.0.1:1")
     if not HAS_GPU:
         with pytest.raises(RuntimeError, match="has no GPU"):
             NcclCommunicator(1, 0, "tcp://127.0.0.1:1")
 
 
 def test_each_rank_drives_its_own_gpu(platform: CudaPlatform, monkeypatch: pytest.MonkeyPatch) -> None:
+    if HAS_GPU:  # a rank on this host's only GPU
+        platform.use_device(0)
+        assert platform.torch_device() == torch.device("cuda", 0)
+        return
     # the interpreter runs every rank on the host
     platform.use_device(3)
     assert platform.torch_device() == torch.device("cpu")
-    if HAS_GPU:
-        return
     gpu = CudaPlatform()
     gpu.interpret = False  # as on a host with two GPUs, without touching CUDA
     picked: list[int] = []

@@ -20,8 +20,12 @@ LOG2E = 1.4426950408889634
 #: Arguments (of any kernel here) that change with the batch's make-up: the block-table width
 #: (``stride_bt``) and pointers into slices taken at a row offset, whose 16-byte alignment follows the
 #: offset. Triton would compile a variant for each divisibility class of each, a second or so apiece and
-#: mid-serving; the kernels read them as scalars, so specializing on them gains nothing.
-BATCH_VARYING_ARGS = ["block_tables_ptr", "seq_lens_ptr", "query_start_ptr", "slot_ptr", "stride_bt", "rot_index_ptr"]
+#: mid-serving; the kernels read them as scalars, so specializing on them gains nothing. ``sinks_ptr`` is
+#: ``seq_lens`` when a model has no sinks (an unread stand-in). Neither their values nor their alignment:
+#: Triton 3.6 specializes a pointer's alignment even where it does not specialize its value.
+BATCH_VARYING_ARGS = [
+    "block_tables_ptr", "seq_lens_ptr", "query_start_ptr", "slot_ptr", "stride_bt", "rot_index_ptr", "sinks_ptr",
+]  # fmt: skip
 
 
 @triton.jit
@@ -81,7 +85,7 @@ def _load_step_kv_tile(
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
-@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)
 def paged_prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, sinks_ptr,
     scale, soft_cap, window,
@@ -219,7 +223,7 @@ def _head_norm(x, x_partner, weight_ptr, eps, offs_d, partner, d_ok, HEAD_DIM: t
     return normed, normed_partner
 
 
-@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     new_k_ptr, new_v_ptr, slot_ptr, sinks_ptr, rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr,
@@ -451,7 +455,7 @@ def decode_merge_kernel(
                 tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, NUM_SPLITS, HEAD_DIM, D_PAD, False)
 
 
-@triton.jit(do_not_specialize=BATCH_VARYING_ARGS)
+@triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)
 def write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head, stride_slot, stride_cache_head,
