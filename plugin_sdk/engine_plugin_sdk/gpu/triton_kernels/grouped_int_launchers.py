@@ -86,6 +86,7 @@ class GroupedIntTiles:
 #: The 4-bit word GEMV's (4 rows, 2 KiB a row, 4 warps) took the least time over a layer's four W4A16
 #: products (2026-12-03: 72 us against 77-84 for 1 KiB a row or 2 warps, and 86 for the byte GEMV); on
 #: Q4_K_M's 32-column blocks it made batch-1 decode slower (215 against about 280 tok/s), hence the minimum
+#: block width (`gemv4_min_block`).
 H200_GROUPED_INT_TILES = GroupedIntTiles()
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
