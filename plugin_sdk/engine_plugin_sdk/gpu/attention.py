@@ -183,8 +183,10 @@ class TritonPagedAttentionBackend(AttentionBackend):
             return None
         kept = self._arrivals
         # "cuda" and "cuda:0" are the same device to a caller that names no index
-        same_device = kept is not None and kept.device.type == device.type and device.index in (None, kept.device.index)
-        if kept is not None and kept.numel() >= count and same_device:
+        if (
+            kept is not None and kept.numel() >= count
+            and kept.device.type == device.type and device.index in (None, kept.device.index)
+        ):
             return kept
         if stream_capturing():
             return None

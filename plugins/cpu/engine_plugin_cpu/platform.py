@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -64,7 +65,7 @@ def kv_cache_space_bytes(space: str) -> int:
         gib = float(space)
     except ValueError:
         gib = float("nan")
-    if not gib > 0 or gib == float("inf"):
+    if not (math.isfinite(gib) and gib > 0):
         raise ValueError(f"{KVCACHE_SPACE_ENV} must be a positive number of GiB, got {space!r}")
     return int(gib * 1024**3)
 
