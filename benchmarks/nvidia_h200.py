@@ -93,7 +93,21 @@ def decode_rates(llm: Any, prompt_len: int = 128, new_tokens: int = 256, repeats
     return sorted(rates)[len(rates) // 2], sorted(end_to_end)[len(end_to_end) // 2]
 
 
+def override_tuning(**changes: Any) -> None:
+    """Start the NVIDIA plugin's engines with these ``KernelTuning`` fields changed (the A/B of a default)."""
+    import dataclasses
+
+    import engine_plugin_nvidia.tuning as nvidia_tuning
+
+    tuned = nvidia_tuning.tuning_for_device
+    nvidia_tuning.tuning_for_device = lambda interpret: dataclasses.replace(  # type: ignore[assignment]
+        tuned(interpret), **changes
+    )
+
+
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
+    if args.late_kv:
+        override_tuning(decode_early_kv=False)
     bandwidth = copy_bandwidth()
     t0 = time.perf_counter()
     llm = make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
@@ -215,6 +229,9 @@ def main() -> None:
         p.add_argument("--json", default=None)
         if name == "hf":
             p.add_argument("--hf-batch", type=int, nargs="+", default=[256, 512, 768])
+        if name == "decode":
+            p.add_argument("--late-kv", action="store_true",
+                           help="decode attention reads the cache only after its PDL wait (the A/B)")
         if name == "throughput":
             p.add_argument("--num-prompts", type=int, default=1000)
             # every request fits at once (1000 x 768 tokens of KV is ~100 GB) and prefill runs in

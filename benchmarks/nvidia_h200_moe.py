@@ -47,16 +47,20 @@ E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 
 def timed(fn: Any, repeats: int = 10, inner: int = 20) -> float:
     """Median seconds of one ``fn()`` on the GPU, replayed ``inner`` times per CUDA graph (no host launch
-    cost, as inside the engine's decode graphs)."""
+    cost, as inside the engine's decode graphs; with PDL where the GPU has it, as there)."""
+    from engine_plugin_sdk.gpu.triton_kernels import pdl
+
+    pdl.configure(torch.cuda.get_device_capability() >= (9, 0))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
+    with pdl.for_capture():
+        with torch.cuda.stream(stream):
             fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(inner):
+                fn()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -91,8 +95,8 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     results["router_us"] = 1e6 * timed(lambda: gemm.linear(x1, router))
     results["topk_us"] = 1e6 * timed(lambda: moe_topk(logits1, TOP_K, True))
     print(f"batch 1: router GEMM {results['router_us']:.1f} us, top-k kernel {results['topk_us']:.1f} us", flush=True)
-    variants = {f"gemv{gu}{dn}": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn)
-                for gu in args.gate_up_gemv for dn in args.down_gemv}  # fmt: skip
+    variants = {f"gemv{gu}{dn}p{pf}": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn, down_prefetch=pf)
+                for gu in args.gate_up_gemv for dn in args.down_gemv for pf in args.down_prefetch}  # fmt: skip
     for bm, bn, bk, warps, stages in args.tiles:
         variants[f"gemm{bm}x{bn}x{bk}w{warps}s{stages}"] = MoeTiles(
             gemv_max_slots=0, gemm=((0, bm, bn, bk, warps, stages),)
@@ -159,16 +163,21 @@ def make_moe_llm(folder: str, **kwargs: Any) -> Any:
 
 
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
-    from nvidia_h200 import copy_bandwidth, decode_rate
+    from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
     bandwidth = copy_bandwidth()
     if args.merge_last:
-        import engine_plugin_nvidia.tuning as nvidia_platform
-
         # split decode attention merged by its last program (KernelTuning.decode_merge_last): the A/B
-        tuned = nvidia_platform.tuning_for_device
-        nvidia_platform.tuning_for_device = lambda interpret: dataclasses.replace(  # type: ignore[assignment]
-            tuned(interpret), decode_merge_last=True
+        override_tuning(decode_merge_last=True)
+    if args.late_kv:
+        override_tuning(decode_early_kv=False)
+    if args.down_prefetch is not None:
+        from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
+
+        # the down GEMV's PDL prefetch depth (MoeTiles.down_prefetch): the A/B
+        run = moe_launchers.fused_moe
+        moe_launchers.fused_moe = lambda x, gu, dn, w, i, tiles, **kw: run(  # type: ignore[assignment]
+            x, gu, dn, w, i, dataclasses.replace(tiles, down_prefetch=args.down_prefetch), **kw
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -252,6 +261,8 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels")
@@ -260,13 +271,19 @@ def main() -> None:
     k.add_argument("--tiles", type=ints, nargs="+",
                    default=[(16, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3)],
                    help="grouped-GEMM tiles as block_m,block_n,block_k,warps,stages")
-    k.add_argument("--gate-up-gemv", type=ints, nargs="+", default=[(4, 512, 4)], help="block_n,block_k,warps")
-    k.add_argument("--down-gemv", type=ints, nargs="+", default=[(4, 256, 4)], help="block_n,block_k,warps")
+    k.add_argument("--gate-up-gemv", type=ints, nargs="+", default=[(2, 1024, 4)], help="block_n,block_k,warps")
+    k.add_argument("--down-gemv", type=ints, nargs="+", default=[(4, 1024, 4)], help="block_n,block_k,warps")
+    k.add_argument("--down-prefetch", type=int, nargs="+", default=[MoeTiles().down_prefetch],
+                   help="experts whose first down tile loads before the PDL wait")
     for name in ("decode", "throughput"):
         p = sub.add_parser(name)
         p.add_argument("--tokenizer", required=True, help="a folder holding a HF tokenizer (its other files are ignored)")
         if name == "decode":
             p.add_argument("--profile", action="store_true", help="then GPU time by kernel of eager decode steps")
+            p.add_argument("--down-prefetch", type=int, default=None,
+                           help="experts whose first down tile loads before the PDL wait (default: the tiles')")
+            p.add_argument("--late-kv", action="store_true",
+                           help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",
                            help="split decode attention merged by its last split program, not a merge kernel")
         if name == "throughput":

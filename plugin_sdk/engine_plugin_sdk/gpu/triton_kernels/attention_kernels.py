@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 LOG2E = 1.4426950408889634
 
@@ -223,6 +223,28 @@ def _head_norm(x, x_partner, weight_ptr, eps, offs_d, partner, d_ok, HEAD_DIM: t
     return normed, normed_partner
 
 
+@triton.jit
+def _attend_tile(q, k, v, offs_n, kv_end, q_pos, window, scale, soft_cap, qk_scale, m_i, l_i, acc,
+                 USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr):  # fmt: skip
+    """One decode tile of keys ``k`` and values ``v`` (positions ``offs_n``, those from ``kv_end`` on masked)
+    folded into the running max ``m_i``, sum ``l_i`` and accumulator ``acc`` of a head group."""
+    qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
+    if USE_CAP:
+        qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
+    else:
+        qk = qk * qk_scale
+    visible = offs_n[None, :] < kv_end
+    if USE_WINDOW:
+        visible = visible & (offs_n[None, :] > q_pos - window)
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
@@ -235,7 +257,7 @@ def paged_decode_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
     DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
-    HEAD_NORM: tl.constexpr, MERGE_LAST: tl.constexpr,
+    HEAD_NORM: tl.constexpr, MERGE_LAST: tl.constexpr, EARLY_KV: tl.constexpr = True,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -261,8 +283,19 @@ def paged_decode_kernel(
     ``HEAD_NORM`` (with ``ROTARY``): before rotating, each head's query row and the new key are
     RMS-normalised over the head (``q_norm`` / ``k_norm`` scales, float32, rounded to the input dtype as
     the norm kernel stores them): a dim's rotation partner is normalised by the same row statistic.
+
+    Under PDL with ``WRITE_KV`` (and ``EARLY_KV``) a program reads its context length, block table and
+    first key and value tiles before it waits for the kernel that wrote the query: none of them is written
+    by this step's kernels (the lengths and tables are copied in before the step, the cached positions by
+    earlier steps, and this step's own key and value arrive in ``new_k`` / ``new_v``), so the cache reads
+    overlap that kernel's tail instead of following it. Without ``WRITE_KV`` an earlier kernel of the step
+    may have written the cache, so everything waits.
     """
-    pdl_begin(USE_PDL)
+    early: tl.constexpr = USE_PDL and WRITE_KV and EARLY_KV
+    if USE_PDL:
+        gdc_launch_dependents()
+        if not early:
+            gdc_wait()
     # KV heads vary fastest across programs: a token's heads sit side by side in the cache, so the
     # programs running together read whole cache rows rather than one head's slice of many rows (which
     # halved the DRAM efficiency of an FP8 cache, whose slices are half as long)
@@ -278,6 +311,26 @@ def paged_decode_kernel(
     g_ok = offs_g < NUM_QUERIES_PER_KV
     d_ok = offs_d < HEAD_DIM
     row = seq.to(tl.int64)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - window)
+    span = seq_len - lo
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+    q_pos = seq_len - 1
+    # with WRITE_KV the last position comes from new_k / new_v, not from the cache
+    cached_end = end
+    if WRITE_KV:
+        cached_end = tl.minimum(end, q_pos)
+    bt_ptr = block_tables_ptr + row * stride_bt
+    # the first tile, before the wait under PDL (see above); the loop below takes the rest
+    k_first = _load_kv_tile(k_cache_ptr, bt_ptr, start + offs_n0, cached_end, kv_head, offs_d,
+                            stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+    v_first = _load_kv_tile(v_cache_ptr, bt_ptr, start + offs_n0, cached_end, kv_head, offs_d,
+                            stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
+    if early:
+        gdc_wait()
     q = tl.load(
         q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
         mask=g_ok[:, None] & d_ok[None, :],
@@ -297,15 +350,6 @@ def paged_decode_kernel(
 
     q = _dot_operand(q, DOT_F16)
 
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(0, seq_len - window)
-    span = seq_len - lo
-    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = lo + split * per_split
-    end = tl.minimum(start + per_split, seq_len)
-    q_pos = seq_len - 1
-
     m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     if USE_SINKS:
@@ -315,33 +359,18 @@ def paged_decode_kernel(
         m_i = tl.where(first, sink, m_i)
         l_i = tl.where(first, 1.0, l_i)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-    bt_ptr = block_tables_ptr + row * stride_bt
     qk_scale = scale * 1.4426950408889634
-    # with WRITE_KV the last position comes from new_k / new_v, not from the cache
-    cached_end = end
-    if WRITE_KV:
-        cached_end = tl.minimum(end, q_pos)
-    for start_n in range(start, cached_end, BLOCK_N):
+    # a tile past cached_end is all masked: it leaves the running max, sum and accumulator as they are
+    m_i, l_i, acc = _attend_tile(q, k_first, v_first, start + offs_n0, cached_end, q_pos, window, scale, soft_cap,
+                                 qk_scale, m_i, l_i, acc, USE_WINDOW, USE_CAP, IS_FP32)
+    for start_n in range(start + BLOCK_N, cached_end, BLOCK_N):
         offs_n = start_n + offs_n0
         k = _load_kv_tile(k_cache_ptr, bt_ptr, offs_n, cached_end, kv_head, offs_d,
                           stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
-        qk = _dot(q, tl.trans(k.to(q.dtype)), IS_FP32)
-        if USE_CAP:
-            qk = _soft_cap(qk * scale, soft_cap) * 1.4426950408889634
-        else:
-            qk = qk * qk_scale
-        visible = offs_n[None, :] < cached_end
-        if USE_WINDOW:
-            visible = visible & (offs_n[None, :] > q_pos - window)
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv_tile(v_cache_ptr, bt_ptr, offs_n, cached_end, kv_head, offs_d,
                           stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM)
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IS_FP32)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k, v, offs_n, cached_end, q_pos, window, scale, soft_cap, qk_scale,
+                                     m_i, l_i, acc, USE_WINDOW, USE_CAP, IS_FP32)
     if WRITE_KV:
         # scalar conditions broadcast by hand: a scalar boolean in a mask trips Triton's interpreter
         pos_d = offs_d * 0 + q_pos

@@ -52,6 +52,9 @@ class KernelTuning:
             kept by the attention backend) instead of a merge kernel: one launch fewer per layer. Off: on
             an H200 (2026-12-03, Qwen3-30B-A3B shape, batch-1 decode in graphs) it measured 343.5 tok/s
             against 376.6 with the merge kernel, the last program's serial merge costing more than a launch.
+        decode_early_kv: under PDL, a decode program that writes the step's key and value itself reads its
+            context length, block table and first cached key and value tile before it waits for the kernel
+            that wrote the query (see ``paged_decode_kernel``).
     """
 
     num_compute_units: int = 132
@@ -67,6 +70,7 @@ class KernelTuning:
     elementwise_num_warps: int = 4
     use_pdl: bool = False
     decode_merge_last: bool = False
+    decode_early_kv: bool = True
 
     def prefill_tiles(self, head_dim: int) -> AttentionTiles:
         """The prefill tiles for a head size."""

@@ -223,7 +223,8 @@ def paged_decode(
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
-        MERGE_LAST=merge_last, **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim),
+        MERGE_LAST=merge_last, EARLY_KV=tuning.decode_early_kv,
+        **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim),
         **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 
 @triton.jit
@@ -103,9 +103,12 @@ def moe_gemv_gate_up_kernel(
 
     ``K`` is a compile-time constant, so the reduction loop unrolls and every weight tile's load can be
     issued before the first one is used: a program keeps several tiles in flight, as streaming needs.
-    Under PDL it waits at once: which expert's rows it reads is the routing kernel's output.
+    Under PDL it waits at once: which expert's rows it reads is the routing kernel's output; and only then
+    lets the down kernel start, which reads the routing before its own wait (:func:`moe_gemv_down_kernel`).
     """
-    pdl_begin(USE_PDL)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     slot = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
@@ -140,19 +143,47 @@ def moe_gemv_gate_up_kernel(
 
 
 @triton.jit
+def _down_tile(w_ptr, ids_ptr, slot, rows, stride_we, stride_wn, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The first ``BLOCK_K`` columns of ``rows`` of slot ``slot``'s down expert, its id read past L1 (the
+    routing was written by a kernel that ended before this one started, but an SM's L1 may still hold the
+    previous layer's)."""
+    expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs_k[None, :],
+                   mask=offs_k[None, :] < K, other=0.0)
+
+
+@triton.jit
 def moe_gemv_down_kernel(
     act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
     H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
 ):
     """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
-    (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other)."""
-    pdl_begin(USE_PDL)
+    (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other).
+
+    Under PDL the programs start while the gate/up kernel drains (it lets them start only after its own
+    wait, so the routing is complete): each loads the first tile of its first ``PREFETCH`` (0 to 4) experts
+    before it waits for the activations, so those weights stream during that kernel's tail.
+    """
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
     rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    if USE_PDL:
+        gdc_launch_dependents()
+        p0 = _down_tile(w_ptr, ids_ptr, t * TOP_K, rows, stride_we, stride_wn, K, BLOCK_K)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+        if PREFETCH >= 2 and TOP_K >= 2:
+            p1 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 1, rows, stride_we, stride_wn, K, BLOCK_K)
+        if PREFETCH >= 3 and TOP_K >= 3:
+            p2 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 2, rows, stride_we, stride_wn, K, BLOCK_K)
+        if PREFETCH >= 4 and TOP_K >= 4:
+            p3 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 3, rows, stride_we, stride_wn, K, BLOCK_K)
+        gdc_wait()
     y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         slot = t * TOP_K + j
@@ -164,7 +195,17 @@ def moe_gemv_down_kernel(
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_ok = offs_k < K
             a = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+            if USE_PDL and k0 == 0 and j < PREFETCH:
+                if j == 0:
+                    w = p0
+                elif j == 1:
+                    w = p1
+                elif j == 2:
+                    w = p2
+                else:
+                    w = p3
+            else:
+                w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * a[None, :]
         part = tl.sum(acc, axis=1)
         if HAS_SCALE:
