@@ -190,13 +190,14 @@ def fused_moe(
             BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
+        launch = pdl.launch_options()
+        # the early tiles exist only under PDL: elsewhere a prefetch depth would be one more variant to compile
+        prefetch = tiles.down_prefetch if tokens == 1 and launch["USE_PDL"] else 0
         mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
             hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
             hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
             K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
-            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps,
-            PREFETCH=tiles.down_prefetch if tokens == 1 else 0,
-            **pdl.launch_options(),
+            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, PREFETCH=prefetch, **launch,
         )  # fmt: skip
         return out
     block_m, block_n, block_k, warps, stages = tiles.gemm_tiles(slots)
