@@ -1,9 +1,12 @@
-"""The 4-bit batch-1 GEMV on the H200: the byte-reading kernel against the word-reading one
-(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_gemv_kernels`) over its tiles, at Llama-3-8B shapes,
-random codes in groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error
-against float64 and time inside CUDA graphs over weight copies larger than the L2 cache.
+"""The 4-bit products of a few rows on the H200. One row: the byte-reading GEMV against the word-reading one
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_gemv_kernels`) over its tiles; 2-16 rows
+(``--rows``): the grouped GEMM against the tensor-core kernel
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`). Llama-3-8B shapes, random codes in
+groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64
+and time inside CUDA graphs over weight copies larger than the L2 cache.
 
-    source benchmarks/nvidia_h200_setup.sh && python benchmarks/nvidia_h200_word_gemv.py --json $OUT/word_gemv.json
+    source benchmarks/nvidia_h200_setup.sh && python benchmarks/nvidia_h200_word_gemv.py [--rows 1 4 16] \
+        --json $OUT/word_gemv.json
 """
 
 from __future__ import annotations
@@ -46,17 +49,30 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def variants_for(rows: int, tiles_class: Any, h200: Any) -> dict[str, Any]:
+    """The kernels compared at ``rows`` activation rows, by label."""
+    if rows > 1:
+        return {"grouped GEMM": tiles_class(), "tensor cores": h200}
+    # the byte GEMV: the word GEMV's minimum block put out of reach
+    variants = {"bytes 1024 B, 4 warps": tiles_class(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)}
+    for row_bytes, warps in WORD_TILES:
+        variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
+    return variants
+
+
 def main() -> None:
     import torch
 
     from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+        H200_GROUPED_INT_TILES,
         GroupedIntTiles,
         grouped_int_linear,
         pack_grouped_codes,
     )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1], help="activation rows (1-16)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -64,33 +80,30 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         nbytes = n * k // 2 + n * (k // 128) * 2
         copies = max(1, min(16, (384 << 20) // nbytes))
-        x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+        xs = {m: torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for m in args.rows}
         row: dict[str, Any] = {}
         for zero_scales in (False, True):
-            weights, ref = [], None
+            weights, dense = [], None
             for _ in range(copies):
                 codes = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
                 scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
                 zs = torch.rand(n, k // 128, device="cuda", generator=gen) * 0.1 if zero_scales else None
-                if ref is None:
+                if dense is None:
                     wide = scales.double().repeat_interleave(128, 1)
                     dense = codes.double() * wide - zs.double().repeat_interleave(128, 1) if zs is not None \
                         else (codes.double() - 8) * wide  # fmt: skip
-                    ref = x.double() @ dense.T
                 unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128)
                 weights.append(pack_grouped_codes(unpacked, 128, torch.device("cuda")))
-            tag = "zero scales" if zero_scales else "one zero point"
-            # the byte GEMV: the word GEMV's minimum block put out of reach
-            variants = {"bytes 1024 B, 4 warps": GroupedIntTiles(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)}
-            for row_bytes, warps in WORD_TILES:
-                variants[f"words {row_bytes} B, {warps} warps"] = GroupedIntTiles(gemv4=(4, row_bytes, warps, 2))
-            for label, tiles in variants.items():
-                got = grouped_int_linear(x, weights[0], None, tiles).double()
-                err = float((got - ref).norm() / ref.norm())
-                sec = timed(lambda w, tiles=tiles, x=x: grouped_int_linear(x, w, None, tiles), weights)
-                row[f"{tag}: {label}"] = {"us": sec * 1e6, "TBps": nbytes / sec / 1e12, "rel_err": err}
-                print(f"{name:8s} {tag:15s} {label:24s} {sec * 1e6:8.1f} us {nbytes / sec / 1e12:5.2f} TB/s "
-                      f"err {err:.1e}", flush=True)  # fmt: skip
+            for m, x in xs.items():
+                tag = f"{m} rows, " + ("zero scales" if zero_scales else "one zero point")
+                ref = x.double() @ dense.T
+                for label, tiles in variants_for(m, GroupedIntTiles, H200_GROUPED_INT_TILES).items():
+                    got = grouped_int_linear(x, weights[0], None, tiles).double()
+                    err = float((got - ref).norm() / ref.norm())
+                    sec = timed(lambda w, tiles=tiles, x=x: grouped_int_linear(x, w, None, tiles), weights)
+                    row[f"{tag}: {label}"] = {"us": sec * 1e6, "TBps": nbytes / sec / 1e12, "rel_err": err}
+                    print(f"{name:8s} {tag:25s} {label:24s} {sec * 1e6:8.1f} us {nbytes / sec / 1e12:5.2f} TB/s "
+                          f"err {err:.1e}", flush=True)  # fmt: skip
             del weights
         results[name] = row
     if args.json:

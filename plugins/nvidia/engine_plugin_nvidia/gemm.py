@@ -68,6 +68,12 @@ class CudaGemmBackend(TorchGemmBackend):
             raise ValueError(f"fp8_dtype must be {FP8_DTYPE!r} or None on NVIDIA, got {fp8_dtype!r}")
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
 
+    def _grouped_int_tiles(self) -> Any:
+        # NVIDIA's tiles add the tensor-core kernel for a few rows (its inline PTX runs on no other vendor)
+        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import H200_GROUPED_INT_TILES
+
+        return self.grouped_int_tiles or H200_GROUPED_INT_TILES
+
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):
             return super().linear(x, weight, bias)

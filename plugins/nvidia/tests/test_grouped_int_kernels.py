@@ -13,8 +13,11 @@ from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
 from engine_plugin_sdk.gpu.gemm import GROUPED_INT_SCHEMES, GroupedIntWeight
+from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    H200_GROUPED_INT_TILES,
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
     dequantize_grouped,
@@ -22,6 +25,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     gemv_subs,
     grouped_int_block_k,
     grouped_int_linear,
+    pack_grouped_codes,
     pack_grouped_int,
 )
 from engine_plugin_sdk.quant import make_quantized_weight
@@ -46,7 +50,7 @@ SPLIT_TILES = GroupedIntTiles(
 
 
 def tiles_for(device: torch.device) -> GroupedIntTiles:
-    return INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else GroupedIntTiles()
+    return INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
 
 
 def packed(weight: QuantizedWeight, tiles: GroupedIntTiles, device: torch.device) -> GroupedIntWeight:
@@ -144,6 +148,33 @@ def test_many_rows_run_on_a_dense_copy(device, scheme: str) -> None:
         want = xs @ dequantize_packed(prepared).double().cpu().T + bias.double()
         problem = compare(got, want, get_tolerance(dtype), f"{scheme} dense {dtype}")
         assert not problem, problem
+
+
+@pytest.mark.parametrize("zero_scales", [False, True], ids=["zero-point", "zero-scales"])
+def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, monkeypatch) -> None:
+    """2 to ``mma_rows`` 16-bit rows over 4-bit codes take the tensor-core kernel (its PTX on a GPU, plain
+    integer ops in the interpreter), split or not, with act-order, bias, and a zero point or zero scales."""
+    gen = torch.Generator().manual_seed(17)
+    in_features, out_features = 1024, 80
+    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out_features, in_features // 128, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(out_features, in_features // 128, generator=gen) * 0.2 if zero_scales else None
+    perm = torch.randperm(in_features, generator=gen)
+    prepared = pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device)
+    calls = []
+    monkeypatch.setattr(launchers, "_mma", lambda *a, _real=launchers._mma: calls.append(1) or _real(*a))
+    for programs, splits in ((1, 1), (8, 4)):  # one split, and 8 blocks in 4 splits (80 rows: 2 row tiles)
+        tiles = dataclasses.replace(tiles_for(device), mma_programs=programs, min_split_blocks=2)
+        for dtype in [d for d in kernel_dtypes if d != torch.float32]:
+            for rows in (2, 16):
+                x = torch.randn(rows, in_features, generator=gen).to(dtype)
+                bias = torch.randn(out_features, generator=gen).to(dtype)
+                got = grouped_int_linear(x.to(device), prepared, bias.to(device), tiles)
+                assert got.dtype == dtype and got.shape == (rows, out_features)
+                want = x.double()[:, perm] @ dequantize_packed(prepared).double().cpu().T + bias.double()
+                problem = compare(got, want, get_tolerance(dtype), f"mma {dtype} M={rows} splits={splits}")
+                assert not problem, problem
+    assert len(calls) == 4 * len([d for d in kernel_dtypes if d != torch.float32])
 
 
 def test_int4_codes_pair_within_each_reduction_tile() -> None:

@@ -1,6 +1,6 @@
 """Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
-:mod:`.grouped_int4_gemv_kernels`): the load-time repacking, tiles, grids, the split-K reduction, and the
-choice of a GEMV for a single activation row."""
+:mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int4_mma_kernels`): the load-time repacking, tiles, grids,
+the split-K reduction, and the choice of a kernel by the number of activation rows."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 
@@ -47,6 +48,13 @@ class GroupedIntTiles:
         dense_rows: products of at least this many rows dequantize the weight into a dense copy in the
             activations' dtype and run the vendor's GEMM on it (0: never). Past some hundreds of rows the
             copy's bytes cost less than dequantizing a tile once per tile of rows inside the grouped GEMM.
+        mma_rows: products of 2 to this many bf16 / fp16 rows over 4-bit codes in blocks of
+            ``gemv4_min_block`` columns or more take the tensor-core kernel (:mod:`.grouped_int4_mma_kernels`;
+            0: never, the default, since its fast path is NVIDIA PTX).
+        mma: ``(block_n, num_warps, num_stages)`` of that kernel.
+        mma_programs: it splits the reduction until its row tiles times the splits reach this many programs
+            (at most ``max_split_k`` splits of ``min_split_blocks`` blocks or more).
+        mma_asm: it turns codes into floats in inline PTX (the interpreter runs plain integer ops instead).
     """
 
     block_k: int = 128
@@ -61,6 +69,10 @@ class GroupedIntTiles:
     gemv4: tuple[int, int, int, int] = (4, 2048, 4, 2)
     gemv4_min_block: int = 128
     dense_rows: int = 128
+    mma_rows: int = 0
+    mma: tuple[int, int, int] = (64, 4, 3)
+    mma_programs: int = 528
+    mma_asm: bool = True
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -87,13 +99,17 @@ class GroupedIntTiles:
 #: products (2026-12-03: 72 us against 77-84 for 1 KiB a row or 2 warps, and 86 for the byte GEMV); on
 #: Q4_K_M's 32-column blocks it made batch-1 decode slower (215 against about 280 tok/s), hence the minimum
 #: block width (`gemv4_min_block`).
-H200_GROUPED_INT_TILES = GroupedIntTiles()
+#: The tensor-core kernel for 2-16 rows (64 rows a program, 3 stages; 2026-12-04, one bf16 product of
+#: Llama-3-8B shapes at 4 rows, split as ``mma_programs`` picks) took 11.6 / 9.2 / 38.8 / 21.9 / 150 us
+#: (qkv / o_proj / gate_up / down / lm_head) against the grouped GEMM's 24.0 / 16.4 / 71.7 / 42.6 / 258. At
+#: one row it lost to the word GEMV (gate_up 37.7 against 34.1 us).
+H200_GROUPED_INT_TILES = GroupedIntTiles(mma_rows=16)
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
 #: a 4096-wide product's time there, each numpy call costing about the same whatever its tile)
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
-    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1),
+    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False,
 )
 
 
@@ -246,6 +262,8 @@ def grouped_int_linear(
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
     if m == 1:
         _gemv(rows, weight, bias, tiles, out)
+    elif m <= tiles.mma_rows and _mma_fits(rows, weight, tiles):
+        out = _mma(rows, weight, bias, tiles, out)
     elif m > 0:
         out = _gemm(rows, weight, bias, tiles, out)
     return out.reshape(*x.shape[:-1], out_features)
@@ -290,6 +308,62 @@ def _gemv(
         g4.grouped_int4_gemv_kernel[grid](*args, g4.FLOAT_2_23_BITS, **common)
     else:
         gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
+
+
+def _mma_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    # the asm's float bit trick holds codes minus an offset below 128 exactly in bf16
+    return (
+        weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and rows.dtype in _TILE_BASE
+        and 0 <= weight.zero_point < 128
+    )  # fmt: skip
+
+
+#: the 16-bit float dtypes of the tensor-core kernel's tiles, and what the asm's codes carry above the code
+_TILE_BASE = {torch.bfloat16: 128, torch.float16: 1024}
+
+
+def _sub_bits(dtype: torch.dtype, offset: int) -> int:
+    """``-(base + offset)`` in ``dtype`` twice over, as the signed int32 the kernel's asm takes."""
+    half = int(torch.tensor(-(_TILE_BASE[dtype] + offset), dtype=dtype).view(torch.int16).item()) & 0xFFFF
+    word = half | (half << 16)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _mma(
+    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+) -> torch.Tensor:
+    """``rows [M, K]`` (2 <= M <= 16) into ``out [M, N]`` on tensor cores (returned; a new tensor when the
+    reduction is split)."""
+    out_features, in_features = weight.shape
+    m = rows.shape[0]
+    block_n, warps, stages = tiles.mma
+    blocks = in_features // weight.block_k
+    row_tiles = triton.cdiv(out_features, block_n)
+    want = min(tiles.max_split_k, triton.cdiv(tiles.mma_programs, row_tiles))
+    splits = max(1, min(want, blocks // max(1, tiles.min_split_blocks)))
+    splits = triton.cdiv(blocks, triton.cdiv(blocks, splits))  # every split gets blocks
+    if splits == 1:
+        target = out
+    else:
+        target = torch.empty((splits, m, out_features), dtype=torch.float32, device=rows.device)
+    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
+    g4m.grouped_int4_mma_kernel[(row_tiles, splits)](
+        rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
+        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, target,
+        m, out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), target.stride(-2),
+        target.stride(0) if splits > 1 else 0,
+        _sub_bits(rows.dtype, 0 if weight.zero_scales is not None else weight.zero_point),
+        NUM_BLOCKS=blocks, GROUP=weight.group_size, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
+        HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None and splits == 1, BLOCK=weight.block_k,
+        BLOCK_N=block_n, BLOCK_M=16, SPLIT=splits, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
+        num_warps=warps, num_stages=stages, **pdl.launch_options(),
+    )  # fmt: skip
+    if splits == 1:
+        return out
+    summed = target.sum(dim=0)
+    if bias is not None:
+        summed += bias.float()
+    return summed.to(out.dtype)
 
 
 def _gemm(
