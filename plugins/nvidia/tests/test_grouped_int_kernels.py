@@ -177,6 +177,29 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
     assert len(calls) == 4 * len([d for d in kernel_dtypes if d != torch.float32])
 
 
+@pytest.mark.parametrize("zero_scales", [False, True], ids=["zero-point", "zero-scales"])
+def test_word_gemv_takes_16_bit_rows_without_a_subtraction(device, kernel_dtypes, zero_scales: bool) -> None:
+    """The word GEMV's path for bf16 / fp16 activations (codes at the top of a float's mantissa, the offset
+    taken off once a word) against float64, one zero point or zero scales, act-order, bias."""
+    gen = torch.Generator().manual_seed(23)
+    in_features, out_features = 512, 8
+    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out_features, in_features // 128, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(out_features, in_features // 128, generator=gen) * 0.2 if zero_scales else None
+    perm = torch.randperm(in_features, generator=gen)
+    prepared = pack_grouped_codes(
+        GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device
+    )
+    tiles = dataclasses.replace(tiles_for(device), gemv4=(4, 128, 4, 1))  # two sub-blocks an iteration
+    for dtype in [d for d in kernel_dtypes if d != torch.float32]:
+        x = torch.randn(1, in_features, generator=gen).to(dtype)
+        bias = torch.randn(out_features, generator=gen).to(dtype)
+        got = grouped_int_linear(x.to(device), prepared, bias.to(device), tiles)
+        want = x.double()[:, perm] @ dequantize_packed(prepared).double().cpu().T + bias.double()
+        problem = compare(got, want, get_tolerance(dtype), f"word GEMV {dtype}")
+        assert not problem, problem
+
+
 def test_int4_codes_pair_within_each_reduction_tile() -> None:
     weight = make_quantized_weight("int4_grouped", 8, 256, seed=3)
     codes = unpack_int4(weight.data)
@@ -280,8 +303,10 @@ def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program:
     gemm.triton_grouped_int = True
     cases, dtypes = _gemv_cases(), kernel_dtypes
     if rows_per_program <= 4 and device.type == "cpu":
-        # zero scales with perm (4- and 8-bit), one zero point (8-bit Q6_K, symmetric 4-bit), in float32
-        cases, dtypes = [cases[i] for i in {4: (1, 7), 2: (2,), 1: (0,)}[rows_per_program]], [torch.float32]
+        # zero scales with perm (4- and 8-bit), one zero point (8-bit Q6_K, symmetric 4-bit), in float32; at 4
+        # rows also float16, the word GEMV's path for 16-bit activations
+        cases = [cases[i] for i in {4: (1, 7), 2: (2,), 1: (0,)}[rows_per_program]]
+        dtypes = [torch.float32, torch.float16] if rows_per_program == 4 else [torch.float32]
     for name, weight in cases:
         for row_bytes in (64, 4096):
             gemv = (rows_per_program, row_bytes, 4, 1)

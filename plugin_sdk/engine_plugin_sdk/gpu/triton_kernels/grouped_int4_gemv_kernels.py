@@ -29,12 +29,14 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_
 
 #: the bits of the float 2**23 (exponent 150, zero mantissa); the launcher passes them as ``float_bits``
 FLOAT_2_23_BITS = 0x4B000000
+#: the bits of 1.0, ``float_bits`` of the 16-bit activations' path (``HIGH``)
+FLOAT_ONE_BITS = 0x3F800000
 
 
 @triton.jit
 def _row_halves(w32, s_ptr, z_ptr, row, stride_w, stride_s, blocks, offs_w, float_bits, NUM_BLOCKS,
                 WPB: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr,
-                EVEN: tl.constexpr):  # fmt: skip
+                EVEN: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
     """Row ``row``'s words of sub-blocks ``blocks`` as two halves carrying ``float_bits`` ``[SUBS, WPB, 1]``,
     and the float32 scales and zero scales ``[SUBS, 1, 1]`` of those sub-blocks."""
     # two words a thread (8-byte loads), as the activations they multiply are laid out (_step)
@@ -53,6 +55,9 @@ def _row_halves(w32, s_ptr, z_ptr, row, stride_w, stride_s, blocks, offs_w, floa
         zs = scale
         if HAS_ZS:
             zs = tl.load(z_ptr + params, mask=ok, other=0.0).to(tl.float32)[:, None, None]
+    if HIGH:
+        # both nibbles of each byte go high in the mantissa in _codes_high: the raw words travel as they are
+        return words[:, :, None], words[:, :, None], scale, zs
     low = ((words & 0xFFFF) | float_bits)[:, :, None]
     high = ((words >> 16) | float_bits)[:, :, None]
     return low, high, scale, zs
@@ -69,6 +74,25 @@ def _codes(low, high, keep_lo, keep_hi, sub_lo, sub_hi, offs_q):
 
 
 @triton.jit
+def _codes_high(words, float_bits, offs_q):
+    """``1 + code * 2**-8`` (low nibble) and ``1 + code * 2**-4`` (high nibble) in float32 of each word's bytes
+    ``[SUBS, WPB, 4]``: byte ``q`` shifted to mantissa bits 15-22, then one AND-OR a nibble."""
+    t = tl.where(offs_q == 0, words << 15, tl.where(offs_q == 1, words << 7, tl.where(offs_q == 2, words >> 1, words >> 9)))
+    code_lo = ((t & 0x78000) | float_bits).to(tl.float32, bitcast=True)
+    code_hi = ((t & 0x780000) | float_bits).to(tl.float32, bitcast=True)
+    return code_lo, code_hi
+
+
+@triton.jit
+def _quarters(t):
+    """The four ``[SUBS, WPB]`` byte positions of a ``[SUBS, WPB, 4]`` tile (a thread's own values)."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, a1, b0, b1
+
+
+@triton.jit
 def _x_of(x_ptr, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
     """float32 activations of stored columns ``cols``: ``x[perm[cols]]``."""
     if EVEN:
@@ -82,10 +106,27 @@ def _x_of(x_ptr, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr)
 
 
 @triton.jit
-def _acc(acc, low, high, scale, zs, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum,
-         HAS_ZS: tl.constexpr):  # fmt: skip
-    code_lo, code_hi = _codes(low, high, keep_lo, keep_hi, sub_lo, sub_hi, offs_q)
-    d = code_lo * x_lo + code_hi * x_hi
+def _acc(acc, low, high, scale, zs, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, float_bits, x_off,
+         HAS_ZS: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
+    if HIGH:
+        # x_lo * (1 + c_lo / 256) * 256 + x_hi * (1 + c_hi / 16) * 16 - x_off = x_lo (c_lo - z) + x_hi (c_hi - z),
+        # a word's four bytes as one chain of multiply-adds: one scaling a word, not one a byte
+        code_lo, code_hi = _codes_high(low, float_bits, offs_q)
+        l0, l1, l2, l3 = _quarters(code_lo)
+        h0, h1, h2, h3 = _quarters(code_hi)
+        xl0, xl1, xl2, xl3 = _quarters(x_lo)
+        xh0, xh1, xh2, xh3 = _quarters(x_hi)
+        d = tl.fma(h0, xh0, x_off)
+        d = tl.fma(l0, xl0, d)
+        d = tl.fma(h1, xh1, d)
+        d = tl.fma(l1, xl1, d)
+        d = tl.fma(h2, xh2, d)
+        d = tl.fma(l2, xl2, d)
+        d = tl.fma(h3, xh3, d)
+        d = tl.fma(l3, xl3, d)[:, :, None]
+    else:
+        code_lo, code_hi = _codes(low, high, keep_lo, keep_hi, sub_lo, sub_hi, offs_q)
+        d = code_lo * x_lo + code_hi * x_hi
     if HAS_ZS:
         return acc + d * scale - x_sum * zs
     else:
@@ -94,8 +135,9 @@ def _acc(acc, low, high, scale, zs, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_
 
 @triton.jit
 def _step(acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3, x_ptr, perm_ptr,
-          blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, NUM_BLOCKS, BLOCK: tl.constexpr,
-          HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+          blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, float_bits, NUM_BLOCKS, BLOCK: tl.constexpr,
+          HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
+          OFFSET: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
     """The rows' accumulators plus one tile of words each, the activations read, converted and scaled once
     for all ``ROWS`` rows."""
     # read as [SUBS, BLOCK / 2] runs (8 activations a thread) and viewed as [SUBS, WPB, 4]: two words a
@@ -108,34 +150,48 @@ def _step(acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2
     x_sum = x_lo
     if HAS_ZS:
         x_sum = x_lo + x_hi
-    # each code comes times 2**s: its activation times 2**-s (exact)
-    x_lo = x_lo * tl.where(offs_q % 2 == 1, 1.0 / 256, 1.0)
-    x_hi = x_hi * tl.where(offs_q % 2 == 1, 1.0 / 4096, 1.0 / 16)
-    acc0 = _acc(acc0, l0, h0, s0, z0, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, HAS_ZS)
+        if HIGH:
+            x_sum = tl.sum(x_sum, axis=2, keep_dims=True)
+    x_off = x_lo
+    if HIGH:
+        # the codes carry 1 + code * 2**-8 (low nibble) and 1 + code * 2**-4 (high): activations times 256 and 16
+        # (exact), and what the ones and the zero point add, taken off once for all the rows
+        x_off = -tl.sum(x_lo * (256.0 + OFFSET) + x_hi * (16.0 + OFFSET), axis=2)
+        x_lo = x_lo * 256.0
+        x_hi = x_hi * 16.0
+    else:
+        # each code comes times 2**s: its activation times 2**-s (exact)
+        x_lo = x_lo * tl.where(offs_q % 2 == 1, 1.0 / 256, 1.0)
+        x_hi = x_hi * tl.where(offs_q % 2 == 1, 1.0 / 4096, 1.0 / 16)
+    acc0 = _acc(acc0, l0, h0, s0, z0, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, float_bits, x_off,
+                HAS_ZS, HIGH)  # fmt: skip
     if ROWS > 1:
-        acc1 = _acc(acc1, l1, h1, s1, z1, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, HAS_ZS)
+        acc1 = _acc(acc1, l1, h1, s1, z1, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, float_bits,
+                    x_off, HAS_ZS, HIGH)  # fmt: skip
     if ROWS > 2:
-        acc2 = _acc(acc2, l2, h2, s2, z2, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, HAS_ZS)
-        acc3 = _acc(acc3, l3, h3, s3, z3, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, HAS_ZS)
+        acc2 = _acc(acc2, l2, h2, s2, z2, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, float_bits,
+                    x_off, HAS_ZS, HIGH)  # fmt: skip
+        acc3 = _acc(acc3, l3, h3, s3, z3, keep_lo, keep_hi, sub_lo, sub_hi, offs_q, x_lo, x_hi, x_sum, float_bits,
+                    x_off, HAS_ZS, HIGH)  # fmt: skip
     return acc0, acc1, acc2, acc3
 
 
 @triton.jit
 def _tiles(w32, s_ptr, z_ptr, row0, N, stride_w, stride_s, blocks, offs_w, float_bits, NUM_BLOCKS,
            WPB: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-           ROWS: tl.constexpr):  # fmt: skip
+           ROWS: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
     """The words of the program's ``ROWS`` rows (rows past ``N`` read row ``N - 1``, never stored)."""
     l0, h0, s0, z0 = _row_halves(w32, s_ptr, z_ptr, row0, stride_w, stride_s, blocks, offs_w, float_bits,
-                                 NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN)  # fmt: skip
+                                 NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = l0, h0, s0, z0, l0, h0, s0, z0, l0, h0, s0, z0
     if ROWS > 1:
         l1, h1, s1, z1 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 1, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN)  # fmt: skip
+                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     if ROWS > 2:
         l2, h2, s2, z2 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 2, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN)  # fmt: skip
+                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
         l3, h3, s3, z3 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 3, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN)  # fmt: skip
+                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     return l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3
 
 
@@ -154,11 +210,15 @@ def grouped_int4_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+    HIGH: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
 
     Arguments as :func:`~.grouped_int_kernels.grouped_int_gemv_kernel`'s for 4-bit codes, plus
-    ``float_bits`` (:data:`FLOAT_2_23_BITS`). ``w_ptr`` and ``stride_wn`` (bytes) must be multiples of 4.
+    ``float_bits`` (:data:`FLOAT_2_23_BITS`, or :data:`FLOAT_ONE_BITS` with ``HIGH``). ``w_ptr`` and
+    ``stride_wn`` (bytes) must be multiples of 4. ``HIGH`` (16-bit activations): each code goes to the top of
+    a float's mantissa (``_codes_high``), which saves the subtraction per code; the products carry the ones
+    of those floats, up to 256 times the activation, which float32 sums hold within about 2**-16 of it.
     """
     row0 = tl.program_id(0) * ROWS
     WPB: tl.constexpr = BLOCK // 8
@@ -175,7 +235,8 @@ def grouped_int4_gemv_kernel(
     keep_hi = float_bits | tl.where(odd, 0xF000, 0xF0)
     sub_lo = 8388608.0 + OFFSET * tl.where(odd, 256.0, 1.0)
     sub_hi = 8388608.0 + OFFSET * tl.where(odd, 4096.0, 16.0)
-    acc0 = tl.zeros((SUBS, WPB, 4), dtype=tl.float32)
+    # the 16-bit path sums each word's four bytes before its accumulator (_acc)
+    acc0 = tl.zeros((SUBS, WPB, 1 if HIGH else 4), dtype=tl.float32)
     acc1, acc2, acc3 = acc0, acc0, acc0
     first = 0
     if USE_PDL:
@@ -183,23 +244,25 @@ def grouped_int4_gemv_kernel(
         gdc_launch_dependents()
         l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = _tiles(
             w32, scale_ptr, zs_ptr, row0, N, stride_w, stride_sn, offs_j, offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK,
-            GROUP, HAS_ZS, EVEN, ROWS,
+            GROUP, HAS_ZS, EVEN, ROWS, HIGH,
         )  # fmt: skip
         gdc_wait()
         acc0, acc1, acc2, acc3 = _step(
             acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3, x_ptr, perm_ptr,
-            offs_j, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM, EVEN, ROWS,
+            offs_j, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, float_bits, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM,
+            EVEN, ROWS, OFFSET, HIGH,
         )  # fmt: skip
         first = SUBS
     for b0 in range(first, NUM_BLOCKS, SUBS):
         blocks = b0 + offs_j
         l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = _tiles(
             w32, scale_ptr, zs_ptr, row0, N, stride_w, stride_sn, blocks, offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK,
-            GROUP, HAS_ZS, EVEN, ROWS,
+            GROUP, HAS_ZS, EVEN, ROWS, HIGH,
         )  # fmt: skip
         acc0, acc1, acc2, acc3 = _step(
             acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3, x_ptr, perm_ptr,
-            blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM, EVEN, ROWS,
+            blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, float_bits, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM,
+            EVEN, ROWS, OFFSET, HIGH,
         )  # fmt: skip
     _store(out_ptr, bias_ptr, row0, N, acc0, HAS_BIAS)
     if ROWS > 1:

@@ -305,7 +305,10 @@ def _gemv(
     if rows > 4:
         gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common)
     elif words:
-        g4.grouped_int4_gemv_kernel[grid](*args, g4.FLOAT_2_23_BITS, **common)
+        # 16-bit activations take the path without a subtraction per code (its sums hold them to about 2**-16)
+        high = row.dtype in (torch.bfloat16, torch.float16)
+        bits = g4.FLOAT_ONE_BITS if high else g4.FLOAT_2_23_BITS
+        g4.grouped_int4_gemv_kernel[grid](*args, bits, **common, HIGH=high)
     else:
         gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
 
