@@ -303,10 +303,10 @@ def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program:
     gemm.triton_grouped_int = True
     cases, dtypes = _gemv_cases(), kernel_dtypes
     if rows_per_program <= 4 and device.type == "cpu":
-        # zero scales with perm (4- and 8-bit), one zero point (8-bit Q6_K, symmetric 4-bit), in float32; at 4
-        # rows also float16, the word GEMV's path for 16-bit activations
-        cases = [cases[i] for i in {4: (1, 7), 2: (2,), 1: (0,)}[rows_per_program]]
-        dtypes = [torch.float32, torch.float16] if rows_per_program == 4 else [torch.float32]
+        # zero scales with perm (4- and 8-bit), Q4_K's zero scales, one zero point (8-bit Q6_K, symmetric 4-bit);
+        # float32, and float16 (the unrolled kernels' path for 16-bit activations) at 4 rows and 1
+        cases = [cases[i] for i in {4: (1, 6, 7), 2: (2,), 1: (0,)}[rows_per_program]]
+        dtypes = [torch.float32] if rows_per_program == 2 else [torch.float32, torch.float16]
     for name, weight in cases:
         for row_bytes in (64, 4096):
             gemv = (rows_per_program, row_bytes, 4, 1)

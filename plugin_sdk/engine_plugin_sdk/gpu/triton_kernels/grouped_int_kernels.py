@@ -201,8 +201,19 @@ def _gemv_x(x_ptr, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexp
 
 
 @triton.jit
-def _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
+def _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, x_off, x_sum, BITS: tl.constexpr, ZERO: tl.constexpr,
+              HAS_ZS: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
     """``acc`` plus a dequantized tile (scales broadcast against it) times the activations."""
+    if HIGH:
+        # 4-bit: the byte at mantissa bits 15-22 of 1.0, 1 + low / 256 and 1 + high / 16; _gemv_step scaled the
+        # activations to match and folded the ones and the zero point into x_off
+        t = codes.to(tl.int32) << 15
+        low = ((t & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True)
+        high = ((t & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+        d = tl.fma(low, x_lo, tl.fma(high, x_hi, x_off))
+        if HAS_ZS:
+            return tl.fma(d, scale, acc) - x_sum * zs
+        return tl.fma(d, scale, acc)
     if BITS == 4:
         if HAS_ZS:
             acc += (_as_float(codes & 0xF, 0) * scale - zs) * x_lo + (_as_float(codes >> 4, 0) * scale - zs) * x_hi
@@ -219,7 +230,8 @@ def _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, BITS: tl.constexpr, ZERO: tl.co
 @triton.jit
 def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
                offs_c, NUM_BLOCKS, BLOCK: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
-               HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+               HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
+               HIGH: tl.constexpr):  # fmt: skip
     """The rows' accumulators plus their tiles against the activations, read and converted once for all
     ``ROWS`` rows (the reason the rows are unrolled rather than a dimension of one tile)."""
     cols = blocks[:, None] * BLOCK + offs_c[None, :]
@@ -228,12 +240,21 @@ def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s
     x_hi = x_lo
     if BITS == 4:
         x_hi = _gemv_x(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
-    acc0 = _gemv_acc(acc0, c0, s0, z0, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+    x_off, x_sum = x_lo, x_lo
+    if HIGH:
+        # the activations of codes read as 1 + code / 256 and 1 + code / 16: times 256 and 16, exact; what the
+        # ones and the zero point add comes off once for all the rows
+        OFFSET: tl.constexpr = 0 if HAS_ZS else ZERO
+        x_sum = x_lo + x_hi
+        x_off = -(x_lo * (256.0 + OFFSET) + x_hi * (16.0 + OFFSET))
+        x_hi = x_hi * 16.0
+        x_lo = x_lo * 256.0
+    acc0 = _gemv_acc(acc0, c0, s0, z0, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)
     if ROWS > 1:
-        acc1 = _gemv_acc(acc1, c1, s1, z1, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+        acc1 = _gemv_acc(acc1, c1, s1, z1, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)
     if ROWS > 2:
-        acc2 = _gemv_acc(acc2, c2, s2, z2, x_lo, x_hi, BITS, ZERO, HAS_ZS)
-        acc3 = _gemv_acc(acc3, c3, s3, z3, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+        acc2 = _gemv_acc(acc2, c2, s2, z2, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)
+        acc3 = _gemv_acc(acc3, c3, s3, z3, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)
     return acc0, acc1, acc2, acc3
 
 
@@ -252,13 +273,15 @@ def grouped_int_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+    HIGH: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
 
     Each row's ``NUM_BLOCKS`` sub-blocks of ``BLOCK`` columns (the packing's ``block_k``) are read ``SUBS``
     at a time, ``SUBS * BLOCK / 2`` contiguous bytes for 4 bits. ``EVEN`` says ``SUBS`` divides
     ``NUM_BLOCKS`` (no masks along K). ``out`` is ``[N]`` in its own dtype (float32 stores the accumulator
-    unrounded, as the logits want).
+    unrounded, as the logits want). ``HIGH`` (4-bit codes, 16-bit activations): codes go to the top of a
+    float's mantissa, without a subtraction each (as in :mod:`.grouped_int4_gemv_kernels`).
     """
     row0 = tl.program_id(0) * ROWS
     W_COLS: tl.constexpr = BLOCK // 2 if BITS == 4 else BLOCK
@@ -277,7 +300,7 @@ def grouped_int_gemv_kernel(
         gdc_wait()
         acc0, acc1, acc2, acc3 = _gemv_step(
             acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, offs_j,
-            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS,
+            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS, HIGH,
         )  # fmt: skip
         first = SUBS
     for b0 in range(first, NUM_BLOCKS, SUBS):
@@ -288,7 +311,7 @@ def grouped_int_gemv_kernel(
         )  # fmt: skip
         acc0, acc1, acc2, acc3 = _gemv_step(
             acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
-            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS,
+            offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS, HIGH,
         )  # fmt: skip
     _gemv_store(out_ptr, bias_ptr, row0, N, acc0, HAS_BIAS)
     if ROWS > 1:
@@ -338,7 +361,7 @@ def grouped_int_gemv_wide_kernel(
         x_hi = x_lo
         if BITS == 4:
             x_hi = _gemv_x(x_ptr, perm_ptr, xcols + BLOCK // 2, ok[:, None], HAS_PERM, EVEN)[None]
-        acc = _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, BITS, ZERO, HAS_ZS)
+        acc = _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, x_lo, x_lo, BITS, ZERO, HAS_ZS, False)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)

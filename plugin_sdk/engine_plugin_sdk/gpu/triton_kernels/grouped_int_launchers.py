@@ -300,15 +300,18 @@ def _gemv(
         "BLOCK": weight.block_k, "ROWS": rows, "SUBS": subs, "EVEN": blocks % subs == 0,
         "num_warps": warps, "num_stages": stages, **pdl.launch_options(),
     }  # fmt: skip
+    # 4-bit codes against 16-bit activations take the unrolled kernels' path without a subtraction per code
+    # (its float32 sums carry terms up to 256 times an activation, held to about 2**-16 of it; for 8-bit
+    # codes it ran more instructions than the subtraction saves)
+    high = weight.bits == 4 and row.dtype in (torch.bfloat16, torch.float16)
+    if rows <= 4:
+        common["HIGH"] = high
     grid = (triton.cdiv(out_features, rows),)
     # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
     if rows > 4:
         gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common)
     elif words:
-        # 16-bit activations take the path without a subtraction per code (its sums hold them to about 2**-16)
-        high = row.dtype in (torch.bfloat16, torch.float16)
-        bits = g4.FLOAT_ONE_BITS if high else g4.FLOAT_2_23_BITS
-        g4.grouped_int4_gemv_kernel[grid](*args, bits, **common, HIGH=high)
+        g4.grouped_int4_gemv_kernel[grid](*args, g4.FLOAT_ONE_BITS if high else g4.FLOAT_2_23_BITS, **common)
     else:
         gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
 
