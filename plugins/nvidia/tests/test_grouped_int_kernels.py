@@ -200,6 +200,18 @@ def test_word_gemv_takes_16_bit_rows_without_a_subtraction(device, kernel_dtypes
         assert not problem, problem
 
 
+def test_tensor_core_asm_offsets_are_the_16_bit_floats_it_subtracts() -> None:
+    """The asm adds ``sub_bits``' two halves to ``128 + code`` (bf16) or ``1024 + code`` (fp16): they must be
+    ``-(128 + offset)`` / ``-(1024 + offset)`` exactly, as a signed int32."""
+    for dtype, base in ((torch.bfloat16, 128), (torch.float16, 1024)):
+        for offset in (0, 8, 127):
+            bits = launchers._sub_bits(dtype, offset)
+            assert -(1 << 31) <= bits < 1 << 31
+            halves = torch.tensor([bits & 0xFFFF, (bits >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16)
+            assert halves.view(dtype).float().tolist() == [-(base + offset)] * 2
+    assert launchers._sub_bits(torch.bfloat16, 8) == 0xC308C308 - (1 << 32)
+
+
 def test_int4_codes_pair_within_each_reduction_tile() -> None:
     weight = make_quantized_weight("int4_grouped", 8, 256, seed=3)
     codes = unpack_int4(weight.data)
