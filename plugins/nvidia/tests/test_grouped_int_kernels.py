@@ -150,17 +150,26 @@ def test_many_rows_run_on_a_dense_copy(device, scheme: str) -> None:
         assert not problem, problem
 
 
+def _int4_groups_of_128(
+    gen: torch.Generator, out_features: int, in_features: int, zero_scales: bool, device: torch.device
+) -> tuple[GroupedIntWeight, torch.Tensor]:
+    """Random 4-bit codes in groups of 128 with act-order, one zero point (8) or zero scales, packed on
+    ``device``; and the permutation."""
+    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out_features, in_features // 128, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(out_features, in_features // 128, generator=gen) * 0.2 if zero_scales else None
+    perm = torch.randperm(in_features, generator=gen)
+    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm)
+    return pack_grouped_codes(unpacked, 128, device), perm
+
+
 @pytest.mark.parametrize("zero_scales", [False, True], ids=["zero-point", "zero-scales"])
 def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, monkeypatch) -> None:
     """2 to ``mma_rows`` 16-bit rows over 4-bit codes take the tensor-core kernel (its PTX on a GPU, plain
     integer ops in the interpreter), split or not, with act-order, bias, and a zero point or zero scales."""
     gen = torch.Generator().manual_seed(17)
     in_features, out_features = 1024, 80
-    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(out_features, in_features // 128, generator=gen) * 0.05 + 0.01
-    zs = torch.rand(out_features, in_features // 128, generator=gen) * 0.2 if zero_scales else None
-    perm = torch.randperm(in_features, generator=gen)
-    prepared = pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device)
+    prepared, perm = _int4_groups_of_128(gen, out_features, in_features, zero_scales, device)
     calls = []
     monkeypatch.setattr(launchers, "_mma", lambda *a, _real=launchers._mma: calls.append(1) or _real(*a))
     for programs, splits in ((1, 1), (8, 4)):  # one split, and 8 blocks in 4 splits (80 rows: 2 row tiles)
@@ -183,13 +192,7 @@ def test_word_gemv_takes_16_bit_rows_without_a_subtraction(device, kernel_dtypes
     taken off once a word) against float64, one zero point or zero scales, act-order, bias."""
     gen = torch.Generator().manual_seed(23)
     in_features, out_features = 512, 8
-    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(out_features, in_features // 128, generator=gen) * 0.05 + 0.01
-    zs = torch.rand(out_features, in_features // 128, generator=gen) * 0.2 if zero_scales else None
-    perm = torch.randperm(in_features, generator=gen)
-    prepared = pack_grouped_codes(
-        GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device
-    )
+    prepared, perm = _int4_groups_of_128(gen, out_features, in_features, zero_scales, device)
     tiles = dataclasses.replace(tiles_for(device), gemv4=(4, 128, 4, 1))  # two sub-blocks an iteration
     for dtype in [d for d in kernel_dtypes if d != torch.float32]:
         x = torch.randn(1, in_features, generator=gen).to(dtype)

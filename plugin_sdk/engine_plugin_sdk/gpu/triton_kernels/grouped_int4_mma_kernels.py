@@ -24,58 +24,37 @@ import triton.language as tl
 from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
 
 
-@triton.jit
-def _pairs_bf16(h, sub_bits):
-    """From 16-bit code pairs ``h`` (halves ``2u``, ``2u + 1`` of a row's block: its bytes ``4u .. 4u + 3``),
-    bf16 ``code - offset`` of columns ``(4u, 4u+1)``, ``(B/2 + 4u, ..)``, ``(4u+2, 4u+3)``, ``(B/2 + 4u + 2, ..)``:
-    each output register holds two adjacent columns."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 a, b, one;
-        mov.b32 one, 0x3F803F80;
-        prmt.b32 a, $4, 0, 0x4140;
-        prmt.b32 b, $4, 0, 0x4342;
-        lop3.b32 $0, a, 0x000F000F, 0x43004300, 0xEA;
-        shr.b32 a, a, 4;
-        lop3.b32 $1, a, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 $2, b, 0x000F000F, 0x43004300, 0xEA;
-        shr.b32 b, b, 4;
-        lop3.b32 $3, b, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 $0, $0, one, $5;
-        fma.rn.bf16x2 $1, $1, one, $5;
-        fma.rn.bf16x2 $2, $2, one, $5;
-        fma.rn.bf16x2 $3, $3, one, $5;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r,r,r", args=[h, sub_bits], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2,
-    )  # fmt: skip
+def _decode_asm(float_bits: int, one_bits: int, fma: str) -> str:
+    """The PTX that turns 16-bit code pairs ``$4`` (halves ``2u``, ``2u + 1`` of a row's block: its bytes
+    ``4u .. 4u + 3``) into ``code - offset`` of columns ``(4u, 4u+1)``, ``(B/2 + 4u, ..)``, ``(4u+2, 4u+3)``,
+    ``(B/2 + 4u + 2, ..)`` (``$0 .. $3``, each register two adjacent columns): ``float_bits`` ORed onto a
+    nibble make ``base + code``, and ``fma`` with ``one_bits`` adds ``$5`` (``-(base + offset)``)."""
+    nibbles = "\n".join(
+        f"lop3.b32 ${i}, {src}, 0x000F000F, {float_bits:#010x}, 0xEA;" + ("\nshr.b32 a, a, 4;" if i == 0 else "")
+        + ("\nshr.b32 b, b, 4;" if i == 2 else "")
+        for i, src in enumerate("aabb")
+    )
+    adds = "\n".join(f"fma.rn.{fma} ${i}, ${i}, one, $5;" for i in range(4))
+    return (
+        f"{{\n.reg .b32 a, b, one;\nmov.b32 one, {one_bits:#010x};\nprmt.b32 a, $4, 0, 0x4140;\n"
+        f"prmt.b32 b, $4, 0, 0x4342;\n{nibbles}\n{adds}\n}}"
+    )
+
+
+#: bf16 ``128 + code`` (exponent bits of 128, ones 1.0 1.0) and fp16 ``1024 + code``
+_ASM_BF16 = tl.constexpr(_decode_asm(0x43004300, 0x3F803F80, "bf16x2"))
+_ASM_FP16 = tl.constexpr(_decode_asm(0x64006400, 0x3C003C00, "f16x2"))
 
 
 @triton.jit
-def _pairs_fp16(h, sub_bits):
-    """:func:`_pairs_bf16` in fp16 (``1024 + code``)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 a, b, one;
-        mov.b32 one, 0x3C003C00;
-        prmt.b32 a, $4, 0, 0x4140;
-        prmt.b32 b, $4, 0, 0x4342;
-        lop3.b32 $0, a, 0x000F000F, 0x64006400, 0xEA;
-        shr.b32 a, a, 4;
-        lop3.b32 $1, a, 0x000F000F, 0x64006400, 0xEA;
-        lop3.b32 $2, b, 0x000F000F, 0x64006400, 0xEA;
-        shr.b32 b, b, 4;
-        lop3.b32 $3, b, 0x000F000F, 0x64006400, 0xEA;
-        fma.rn.f16x2 $0, $0, one, $5;
-        fma.rn.f16x2 $1, $1, one, $5;
-        fma.rn.f16x2 $2, $2, one, $5;
-        fma.rn.f16x2 $3, $3, one, $5;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r,r,r", args=[h, sub_bits], dtype=(tl.float16,) * 4, is_pure=True, pack=2,
-    )  # fmt: skip
+def _pairs(h, sub_bits, FP16: tl.constexpr):
+    """Four bf16 (fp16 with ``FP16``) tensors of ``h``'s codes minus the offset: see :func:`_decode_asm`."""
+    if FP16:
+        return tl.inline_asm_elementwise(asm=_ASM_FP16, constraints="=r,=r,=r,=r,r,r,r", args=[h, sub_bits],
+                                         dtype=(tl.float16,) * 4, is_pure=True, pack=2)  # fmt: skip
+    else:
+        return tl.inline_asm_elementwise(asm=_ASM_BF16, constraints="=r,=r,=r,=r,r,r,r", args=[h, sub_bits],
+                                         dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)  # fmt: skip
 
 
 @triton.jit
@@ -86,10 +65,7 @@ def _weight_tile(w_ptr, rows, kb, stride_wn, sub_bits, OFFSET: tl.constexpr, BLO
         HALVES: tl.constexpr = BLOCK // 4
         w16 = w_ptr.to(tl.pointer_type(tl.uint16))
         h = tl.load(w16 + rows[:, None] * (stride_wn // 2) + kb * HALVES + tl.arange(0, HALVES)[None, :])
-        if FP16:
-            c0, c1, c2, c3 = _pairs_fp16(h, sub_bits)
-        else:
-            c0, c1, c2, c3 = _pairs_bf16(h, sub_bits)
+        c0, c1, c2, c3 = _pairs(h, sub_bits, FP16)
         # [n, h = 2u + v, i0, i1] holds column BLOCK / 2 * i0 + 4u + 2 i1 + v: reorder to stored order
         tile = tl.reshape(tl.join(tl.join(c0, c1), tl.join(c2, c3)), (BLOCK_N, HALVES // 2, 2, 2, 2))
         return tl.reshape(tl.permute(tile, (0, 3, 1, 4, 2)), (BLOCK_N, BLOCK))

@@ -316,6 +316,25 @@ def _gemv(
         gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
 
 
+def _split_target(out: torch.Tensor, splits: int) -> torch.Tensor:
+    """Where a product's programs write: ``out`` itself, or float32 partial sums ``[splits, M, N]`` when its
+    reduction is split (added by :func:`_split_result`)."""
+    if splits == 1:
+        return out
+    return torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+
+
+def _split_result(out: torch.Tensor, target: torch.Tensor, splits: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``out`` when unsplit (the kernel added the bias), else the partial sums added, plus the bias, in
+    ``out``'s dtype."""
+    if splits == 1:
+        return out
+    summed = target.sum(dim=0)
+    if bias is not None:
+        summed += bias.float()
+    return summed.to(out.dtype)
+
+
 def _mma_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     # the asm's float bit trick holds codes minus an offset below 128 exactly in bf16
     return (
@@ -348,10 +367,7 @@ def _mma(
     want = min(tiles.max_split_k, triton.cdiv(tiles.mma_programs, row_tiles))
     splits = max(1, min(want, blocks // max(1, tiles.min_split_blocks)))
     splits = triton.cdiv(blocks, triton.cdiv(blocks, splits))  # every split gets blocks
-    if splits == 1:
-        target = out
-    else:
-        target = torch.empty((splits, m, out_features), dtype=torch.float32, device=rows.device)
+    target = _split_target(out, splits)
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     g4m.grouped_int4_mma_kernel[(row_tiles, splits)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
@@ -364,12 +380,7 @@ def _mma(
         BLOCK_N=block_n, BLOCK_M=16, SPLIT=splits, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
         num_warps=warps, num_stages=stages, **pdl.launch_options(),
     )  # fmt: skip
-    if splits == 1:
-        return out
-    summed = target.sum(dim=0)
-    if bias is not None:
-        summed += bias.float()
-    return summed.to(out.dtype)
+    return _split_result(out, target, splits, bias)
 
 
 def _gemm(
@@ -383,11 +394,7 @@ def _gemm(
     output_tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
     blocks_per_split = triton.cdiv(k_blocks, tiles.split_k(output_tiles, k_blocks))
     splits = triton.cdiv(k_blocks, blocks_per_split)
-    # float32 partial sums per split, added below; an unsplit reduction writes the result directly
-    if splits == 1:
-        target = out
-    else:
-        target = torch.empty((splits, m, out_features), dtype=torch.float32, device=rows.device)
+    target = _split_target(out, splits)
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     gk.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
@@ -401,9 +408,4 @@ def _gemm(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=weight.block_k, num_warps=warps, num_stages=stages,
         **pdl.launch_options(),
     )  # fmt: skip
-    if splits == 1:
-        return out
-    summed = target.sum(dim=0)
-    if bias is not None:
-        summed += bias.float()
-    return summed.to(out.dtype)
+    return _split_result(out, target, splits, bias)
