@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _high_activations, _high_nibbles
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: the bits of the float 2**23 (exponent 150, zero mantissa); the launcher passes them as ``float_bits``
@@ -78,9 +79,7 @@ def _codes_high(words, float_bits, offs_q):
     """``1 + code * 2**-8`` (low nibble) and ``1 + code * 2**-4`` (high nibble) in float32 of each word's bytes
     ``[SUBS, WPB, 4]``: byte ``q`` shifted to mantissa bits 15-22, then one AND-OR a nibble."""
     t = tl.where(offs_q == 0, words << 15, tl.where(offs_q == 1, words << 7, tl.where(offs_q == 2, words >> 1, words >> 9)))
-    code_lo = ((t & 0x78000) | float_bits).to(tl.float32, bitcast=True)
-    code_hi = ((t & 0x780000) | float_bits).to(tl.float32, bitcast=True)
-    return code_lo, code_hi
+    return _high_nibbles(t, float_bits)
 
 
 @triton.jit
@@ -156,9 +155,8 @@ def _step(acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2
     if HIGH:
         # the codes carry 1 + code * 2**-8 (low nibble) and 1 + code * 2**-4 (high): activations times 256 and 16
         # (exact), and what the ones and the zero point add, taken off once for all the rows
-        x_off = -tl.sum(x_lo * (256.0 + OFFSET) + x_hi * (16.0 + OFFSET), axis=2)
-        x_lo = x_lo * 256.0
-        x_hi = x_hi * 16.0
+        x_lo, x_hi, x_off = _high_activations(x_lo, x_hi, OFFSET)
+        x_off = tl.sum(x_off, axis=2)
     else:
         # each code comes times 2**s: its activation times 2**-s (exact)
         x_lo = x_lo * tl.where(offs_q % 2 == 1, 1.0 / 256, 1.0)

@@ -70,6 +70,25 @@ def _as_float(codes, OFFSET: tl.constexpr):
 
 
 @triton.jit
+def _high_nibbles(t, one_bits):
+    """float32 ``1 + low / 256`` and ``1 + high / 16`` of the byte at bits 15-22 of ``t`` (``one_bits``: 1.0's):
+    each nibble at the top of the mantissa with one AND-OR, for 16-bit activations' products (no subtraction
+    per code; :func:`_high_activations` matches the activations)."""
+    low = ((t & 0x78000) | one_bits).to(tl.float32, bitcast=True)
+    high = ((t & 0x780000) | one_bits).to(tl.float32, bitcast=True)
+    return low, high
+
+
+@triton.jit
+def _high_activations(x_lo, x_hi, OFFSET: tl.constexpr):
+    """The activations of :func:`_high_nibbles`' low and high codes times 256 and 16 (exact), and ``x_off``, what
+    the floats' ones and the zero point ``OFFSET`` add to their products (to be added once for all rows):
+    ``low * x_lo' + high * x_hi' + x_off = (lo - OFFSET) x_lo + (hi - OFFSET) x_hi``."""
+    x_off = -(x_lo * (256.0 + OFFSET) + x_hi * (16.0 + OFFSET))
+    return x_lo * 256.0, x_hi * 16.0, x_off
+
+
+@triton.jit
 def _dequant(codes, scale, zs, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
     """float32 weights of ``codes`` (broadcast against their group's ``scale`` / ``zs``)."""
     if HAS_ZS:
@@ -207,9 +226,7 @@ def _gemv_acc(acc, codes, scale, zs, x_lo, x_hi, x_off, x_sum, BITS: tl.constexp
     if HIGH:
         # 4-bit: the byte at mantissa bits 15-22 of 1.0, 1 + low / 256 and 1 + high / 16; _gemv_step scaled the
         # activations to match and folded the ones and the zero point into x_off
-        t = codes.to(tl.int32) << 15
-        low = ((t & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True)
-        high = ((t & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+        low, high = _high_nibbles(codes.to(tl.int32) << 15, 0x3F800000)
         d = tl.fma(low, x_lo, tl.fma(high, x_hi, x_off))
         if HAS_ZS:
             return tl.fma(d, scale, acc) - x_sum * zs
@@ -246,9 +263,7 @@ def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s
         # ones and the zero point add comes off once for all the rows
         OFFSET: tl.constexpr = 0 if HAS_ZS else ZERO
         x_sum = x_lo + x_hi
-        x_off = -(x_lo * (256.0 + OFFSET) + x_hi * (16.0 + OFFSET))
-        x_hi = x_hi * 16.0
-        x_lo = x_lo * 256.0
+        x_lo, x_hi, x_off = _high_activations(x_lo, x_hi, OFFSET)
     acc0 = _gemv_acc(acc0, c0, s0, z0, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)
     if ROWS > 1:
         acc1 = _gemv_acc(acc1, c1, s1, z1, x_lo, x_hi, x_off, x_sum, BITS, ZERO, HAS_ZS, HIGH)

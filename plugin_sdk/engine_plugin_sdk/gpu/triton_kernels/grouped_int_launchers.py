@@ -4,6 +4,7 @@ the split-K reduction, and the choice of a kernel by the number of activation ro
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -348,8 +349,14 @@ _TILE_BASE = {torch.bfloat16: 128, torch.float16: 1024}
 
 
 def _sub_bits(dtype: torch.dtype, offset: int) -> int:
-    """``-(base + offset)`` in ``dtype`` twice over, as the signed int32 the kernel's asm takes."""
-    half = int(torch.tensor(-(_TILE_BASE[dtype] + offset), dtype=dtype).view(torch.int16).item()) & 0xFFFF
+    """``-(base + offset)`` in ``dtype`` twice over, as the signed int32 the kernel's asm takes (plain Python:
+    it runs at every launch)."""
+    value = -(_TILE_BASE[dtype] + offset)
+    if dtype == torch.float16:
+        half = int.from_bytes(struct.pack("<e", value), "little")
+    else:
+        # bf16 is float32's upper half, exact for these integers (at most 8 significant bits)
+        half = int.from_bytes(struct.pack("<f", value), "little") >> 16
     word = half | (half << 16)
     return word - (1 << 32) if word >= 1 << 31 else word
 
