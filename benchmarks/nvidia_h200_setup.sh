@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the engine and the CPU/NVIDIA plugins on the H200 image (no internet there): the missing pure
 # Python packages travel as wheels in .nvcarry/whl (see plugins/nvidia/README.md; structured output needs
-# xgrammar==0.2.9 and apache-tvm-ffi==0.1.15.post2 there too). Source it.
+# xgrammar==0.2.9 and apache-tvm-ffi==0.1.15.post2 there too; the image has uvloop but not httptools, which
+# the server uses where installed). Source it.
 set -e
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .nvcarry/whl/*.whl
 export PYTHONPATH=/tmp/site

@@ -66,6 +66,10 @@ class SchedulerConfig(BaseModel):
             frees them and recomputes later, ``auto`` swaps where the platform's block cache can.
         priority_aging_steps: a waiting request gains one priority level per this many steps, so a
             stream of important requests cannot starve a less important one forever.
+        scheduler_delay_factor: while sequences run, admit waiting ones only once the oldest has waited this
+            many times as long as the last step that admitted prompts took, or once they fill the step's
+            token budget (vLLM's delay factor): arrivals spread over several steps are then prefilled together
+            instead of each making a step of its own longer; 0 admits them at once.
         async_scheduling: overlap the host's work (taking the last step's tokens, scheduling and building
             the next step) with the device running the current step, for steps whose rows all sample
             greedily on the device; the tokens are the same either way.
@@ -77,6 +81,7 @@ class SchedulerConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_waiting_requests: int | None = Field(None, ge=1)
     priority_aging_steps: int = Field(100, ge=1)
+    scheduler_delay_factor: float = Field(0.0, ge=0.0)
     preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
     async_scheduling: bool = True
 

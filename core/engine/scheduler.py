@@ -13,6 +13,8 @@ level every ``priority_aging_steps`` steps, so none starves.
 from __future__ import annotations
 
 import abc
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_allocator import BlockAllocator
@@ -188,11 +190,17 @@ class Scheduler(SchedulerInterface):
         self.num_steps = 0
         #: the most distinct LoRA adapters among running sequences (``max_loras``; None: LoRA off)
         self.max_loras: int | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        #: when the last step that admitted prompts was scheduled (None once its length is known)
+        self._prompt_step_at: float | None = None
+        #: how long that step took (until the next one was scheduled), for ``scheduler_delay_factor``
+        self._last_prompt_latency = 0.0
 
     def add(self, seq: Sequence) -> None:
         """See :meth:`SchedulerInterface.add`."""
         seq.status = SequenceStatus.WAITING
         seq.enqueued_step = self.num_steps
+        seq.enqueued_time = self.clock()
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
@@ -238,6 +246,10 @@ class Scheduler(SchedulerInterface):
         """See :meth:`SchedulerInterface.schedule`: running sequences first (decodes before prefill
         chunks), then swapped-out ones coming back, then waiting ones by aged priority."""
         self.num_steps += 1
+        now = self.clock()
+        if self._prompt_step_at is not None:
+            self._last_prompt_latency = now - self._prompt_step_at
+            self._prompt_step_at = None
         out = SchedulerOutput()
         bm = self.block_manager
         budget = self.config.max_num_batched_tokens
@@ -288,6 +300,27 @@ class Scheduler(SchedulerInterface):
         budget = self._swap_in(out, budget)
         if self.swapped:
             return out  # swapped sequences come back before anyone new is admitted
+        if not self._admission_due(now, budget):
+            return out
+        admitted_before = len(out.scheduled)
+        self._admit(out, budget)
+        if len(out.scheduled) > admitted_before:
+            self._prompt_step_at = now
+        return out
+
+    def _admission_due(self, now: float, budget: int) -> bool:
+        """Whether waiting sequences may be admitted this step (``scheduler_delay_factor``)."""
+        factor = self.config.scheduler_delay_factor
+        if factor <= 0.0 or not self.waiting or not self.running:
+            return True
+        oldest = min(seq.enqueued_time for seq in self.waiting)
+        if now - oldest >= factor * self._last_prompt_latency:
+            return True
+        # enough is waiting to fill the step: holding it back would only delay it
+        return sum(seq.num_uncomputed_tokens for seq in self.waiting) >= budget
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
         self.waiting.sort(key=self._waiting_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             index = self._first_admissible(self.waiting)
@@ -318,7 +351,6 @@ class Scheduler(SchedulerInterface):
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
-        return out
 
     def _first_admissible(self, queue: list[Sequence]) -> int | None:
         """The first sequence of ``queue`` whose adapter may join the running ones (``max_loras``)."""

@@ -52,6 +52,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     enqueued_step: int = 0
+    #: when it last joined the waiting queue (the scheduler's clock, seconds)
+    enqueued_time: float = 0.0
     # Siblings of an n > 1 request that take this sequence's prompt blocks once its prefill is done.
     pending_forks: list[Sequence] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

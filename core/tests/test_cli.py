@@ -107,6 +107,16 @@ def test_engine_config_from_args():
     assert config.scheduler.async_scheduling
     sync = cli.engine_config_from_args(cli.build_parser().parse_args(["serve", "--no-async-scheduling"]))
     assert not sync.scheduler.async_scheduling
+    assert config.scheduler.scheduler_delay_factor == 0.0
+    delayed = cli.engine_config_from_args(cli.build_parser().parse_args(["serve", "--scheduler-delay-factor", "2.5"]))
+    assert delayed.scheduler.scheduler_delay_factor == 2.5
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_scheduler_delay_factor_must_be_a_finite_non_negative_number(value, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--scheduler-delay-factor", value])
+    assert "--scheduler-delay-factor" in capsys.readouterr().err
 
 
 def test_kv_cache_dtype_and_fp8_quantization_options():

@@ -87,6 +87,28 @@ def test_greedy_32_tokens_match_hf_in_one_batch(tiny):
     assert_all_blocks_free(llm)
 
 
+def test_scheduler_delay_factor_holds_arrivals_while_others_run_and_keeps_outputs_identical(tiny, greedy_40):
+    path, _, _ = tiny
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    # a factor this large never lets the wait pass: an arrival is admitted once nothing else runs
+    llm = LLM(model=path, device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20, scheduler_delay_factor=1e6)
+    engine = llm.llm_engine
+    engine.add_request("a", PROMPTS[0], params)
+    engine.step()
+    engine.add_request("b", PROMPTS[1], params)
+    outputs: dict[str, list[int]] = {}
+    held = 0
+    while engine.has_unfinished_requests():
+        running_a = "a" not in outputs
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0].token_ids
+        held += running_a and engine.scheduler.num_waiting == 1
+    assert held >= 30  # b waited while a decoded its 40 tokens
+    assert [outputs["a"], outputs["b"]] == greedy_40[:2]
+    assert_all_blocks_free(llm)
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_keeps_every_output_identical(tiny, greedy_40, mode):
     path, _, _ = tiny

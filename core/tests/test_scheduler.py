@@ -146,3 +146,52 @@ def test_priority_runs_first_but_aging_prevents_starvation():
     assert started_low_at is not None and started_low_at > 0, "the low-priority request starved"
     # Until it aged enough, important requests went first.
     assert started_low_at >= 3 * 5 // 2
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_delay_factor_holds_new_prompts_while_others_run_until_the_oldest_has_waited():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=20, max_num_seqs=8, scheduler_delay_factor=2.0), bm)
+    clock = s.clock = FakeClock()
+    s.add(make_seq(0, 6))
+    # nothing runs: the first prompt is admitted at once, and its step's length is what later ones wait on
+    assert [i.seq.seq_id for i in run_step(s).scheduled] == [0]
+    clock.now += 0.010  # the prompt step took 10 ms
+    s.add(make_seq(1, 3))
+    out = run_step(s)
+    assert [i.seq.seq_id for i in out.scheduled] == [0]  # seq 1 waits: 0 s of the 20 ms it must wait
+    clock.now += 0.010
+    s.add(make_seq(2, 3))
+    assert [i.seq.seq_id for i in run_step(s).scheduled] == [0]  # the oldest has waited 10 ms
+    clock.now += 0.011
+    out = run_step(s)  # 21 ms: both arrivals are prefilled together, in one step
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 1), (1, 3), (2, 3)]
+
+
+def test_delay_factor_admits_at_once_what_fills_the_step_and_zero_means_no_delay():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=8, scheduler_delay_factor=5.0), bm)
+    clock = s.clock = FakeClock()
+    s.add(make_seq(0, 4))
+    run_step(s)
+    clock.now += 0.010
+    s.add(make_seq(1, 4))
+    assert [i.seq.seq_id for i in run_step(s).scheduled] == [0]
+    s.add(make_seq(2, 4))  # 8 tokens wait for a step with 7 left: no reason to hold them back
+    out = run_step(s)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(0, 1), (1, 4), (2, 3)]
+
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=20, max_num_seqs=8), bm)
+    s.clock = FakeClock()
+    s.add(make_seq(0, 4))
+    run_step(s)
+    s.add(make_seq(1, 4))
+    assert [i.seq.seq_id for i in run_step(s).scheduled] == [0, 1]

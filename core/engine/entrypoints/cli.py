@@ -77,6 +77,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of at least 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -96,6 +106,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="token budget per step")
     parser.add_argument("--max-waiting-requests", type=positive_int, default=None,
                         help="queued requests beyond which new ones get 503 (default: unbounded)")
+    parser.add_argument("--scheduler-delay-factor", type=non_negative_float, default=0.0,
+                        help="while requests run, admit new prompts only once the oldest has waited this many "
+                             "times the last prompt step's length (or they fill a step), so that prompts arriving "
+                             "over a few steps are prefilled together (default: 0, at once)")
     parser.add_argument("--block-size", type=positive_int, default=None, help="tokens per KV block")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not reuse the KV blocks of shared prompt prefixes (on by default)")
@@ -161,6 +175,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     scheduler: dict[str, object] = {
         "max_waiting_requests": args.max_waiting_requests,
         "preemption_mode": args.preemption_mode,
+        "scheduler_delay_factor": getattr(args, "scheduler_delay_factor", 0.0),
         "async_scheduling": not getattr(args, "no_async_scheduling", False),
     }
     if args.max_num_seqs is not None:
