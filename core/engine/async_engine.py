@@ -27,7 +27,6 @@ from engine.engine_thread_messages import (
     _Command,
     _deliver_all,
     _resolve,
-    _snapshot,
     _Stop,
 )
 from engine.errors import FatalEngineError
@@ -340,7 +339,7 @@ class AsyncLLMEngine:
                 continue
             if output.finished:
                 del self._streams[output.request_id]
-            batches.setdefault(stream._loop, []).append((stream, _snapshot(output)))
+            batches.setdefault(stream._loop, []).append((stream, output))
         for deliveries in batches.values():
             self._call_on_loop(deliveries[0][0], _deliver_all, deliveries)
 

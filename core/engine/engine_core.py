@@ -31,7 +31,9 @@ class EngineCore(Protocol):
 
     def abort_request(self, request_id: str) -> None: ...
 
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> list[RequestOutput]:
+        """The outputs of the requests the step moved on, as new objects the caller owns: the engine never
+        changes them afterwards (the async front hands them to the event loop without copying)."""
 
     def has_unfinished_requests(self) -> bool: ...
 

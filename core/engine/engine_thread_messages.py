@@ -2,19 +2,18 @@
 
 Inbound, coroutines put commands (:class:`_Add`, :class:`_Abort`, :class:`_AbortAll`, :class:`_Stop`, and
 :class:`~engine.engine_calls.EngineCall`) on the engine thread's queue. Outbound, the engine thread hands
-private copies of each step's outputs (:func:`_snapshot`) and acceptances or refusals to the event loop,
-which runs :func:`_deliver_all` and :func:`_resolve` there.
+each step's outputs (new objects every step, see ``EngineCore.step``) and acceptances or refusals to the
+event loop, which runs :func:`_deliver_all` and :func:`_resolve` there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.engine_calls import EngineCall
-from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.request_stream import RequestStream
 
 if TYPE_CHECKING:
@@ -51,19 +50,6 @@ class _Stop:
 
 
 _Command = _Add | _Abort | _AbortAll | _Stop | EngineCall
-
-
-def _snapshot(output: RequestOutput) -> RequestOutput:
-    # The engine may keep mutating its output objects in later steps; hand the loop a private copy.
-    if isinstance(output, PoolingRequestOutput):
-        return output  # made once, when the request finished
-    outs = [
-        dataclasses.replace(
-            c, token_ids=list(c.token_ids), logprobs=list(c.logprobs) if c.logprobs is not None else None
-        )
-        for c in output.outputs
-    ]
-    return dataclasses.replace(output, outputs=outs, prompt_token_ids=output.prompt_token_ids)
 
 
 def _deliver_all(deliveries: list[tuple[RequestStream, RequestOutput]]) -> None:

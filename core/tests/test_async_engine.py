@@ -62,7 +62,7 @@ class FakeEngine:
             completion = CompletionOutput(
                 index=0,
                 text=" ".join(map(str, generated)),
-                token_ids=generated,  # the same list object each step: the front must copy it
+                token_ids=list(generated),  # outputs the caller owns, as EngineCore.step promises
                 finish_reason="length" if done else None,
             )
             outputs.append(RequestOutput(rid, None, prompt, [completion], finished=done))
