@@ -51,11 +51,22 @@ class AsyncLLMEngine:
         observer: told of each request's arrival, outputs and end, on the engine thread (the server's
             metrics, :mod:`engine.request_metrics`); None costs nothing. Set it (or the attribute)
             before the engine starts.
+        stream_interval: hand a request's outputs to its stream every this many generated tokens (the
+            first and the last always), as SGLang's ``--stream-interval``: outputs are cumulative, so
+            nothing is lost, and under load the event loop wakes and writes that many times less.
+
+    Raises:
+        ValueError: ``stream_interval`` is below 1.
     """
 
-    def __init__(self, engine: EngineCore, observer: RequestObserver | None = None) -> None:
+    def __init__(self, engine: EngineCore, observer: RequestObserver | None = None, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
         self.engine = engine
         self.observer = observer
+        self.stream_interval = stream_interval
+        #: per request in flight, its generated tokens when its stream was last handed an output
+        self._streamed_tokens: dict[str, int] = {}  # touched only by the engine thread
         #: called on the engine thread once the loop has crashed and every request was failed (the
         #: server stops itself, to exit non-zero)
         self.on_dead: Callable[[BaseException], None] | None = None
@@ -302,6 +313,7 @@ class AsyncLLMEngine:
             self._call_on_loop(command.stream, _resolve, command.accepted, None)
         elif isinstance(command, _Abort):
             stream = self._streams.pop(command.request_id, None)
+            self._streamed_tokens.pop(command.request_id, None)
             self.engine.abort_request(command.request_id)
             if stream is not None:
                 self._call_on_loop(stream, stream._finish, True, None)
@@ -339,9 +351,25 @@ class AsyncLLMEngine:
                 continue
             if output.finished:
                 del self._streams[output.request_id]
+                self._streamed_tokens.pop(output.request_id, None)
+            elif self.stream_interval > 1 and not self._due(output):
+                continue
             batches.setdefault(stream._loop, []).append((stream, output))
         for deliveries in batches.values():
             self._call_on_loop(deliveries[0][0], _deliver_all, deliveries)
+
+    def _due(self, output: RequestOutput) -> bool:
+        """Whether an unfinished output goes to its stream now (``stream_interval``): its first tokens,
+        then once ``stream_interval`` more have come; other outputs (pooling) always."""
+        completions = getattr(output, "outputs", None)
+        if not completions:
+            return True
+        generated = max(len(c.token_ids) for c in completions)
+        last = self._streamed_tokens.get(output.request_id)
+        if last is not None and generated - last < self.stream_interval:
+            return False
+        self._streamed_tokens[output.request_id] = generated
+        return True
 
     def _abort_all(self, error: BaseException | None, aborted: bool) -> None:
         for request_id, stream in list(self._streams.items()):
@@ -353,6 +381,7 @@ class AsyncLLMEngine:
             if self.observer is not None:
                 self._observe(self.observer.request_ended, request_id, time.monotonic(), ABORT if aborted else ERROR)
         self._streams.clear()
+        self._streamed_tokens.clear()
 
     def _running_ids(self) -> set[str] | None:
         # LLMEngine's scheduler lists the sequences it runs; other engines (data-parallel replicas in

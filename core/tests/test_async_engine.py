@@ -109,6 +109,26 @@ def test_streams_outputs_of_concurrent_requests():
     assert stats.peak_batch_size > 1 and stats.num_free_blocks == stats.num_total_blocks
 
 
+def test_stream_interval_hands_over_every_nth_token_and_always_the_last():
+    fake = FakeEngine(step_delay_s=0.002)
+    engine = AsyncLLMEngine(fake, stream_interval=4)
+
+    async def main() -> None:
+        results = await asyncio.gather(*(collect(engine, f"r{n}", [100 * n], n) for n in (1, 3, 4, 10, 13)))
+        for n, res in zip((1, 3, 4, 10, 13), results, strict=True):
+            counts = [len(o.outputs[0].token_ids) for o in res]
+            assert counts[-1] == n and res[-1].finished
+            assert res[-1].outputs[0].token_ids == list(range(100 * n, 100 * n + n))
+            # the first token at once, then every fourth: 1, 5, 9, ... (a consumer never sees another)
+            assert all((c - 1) % 4 == 0 for c in counts[:-1]), counts
+
+    asyncio.run(main())
+    engine.shutdown()
+    assert engine.stats().num_requests_in_flight == 0
+    with pytest.raises(ValueError, match="stream_interval"):
+        AsyncLLMEngine(FakeEngine(), stream_interval=0)
+
+
 def test_one_hand_over_to_the_loop_per_step():
     """A step's outputs for many streams cross to the event loop in one call, not one per stream."""
     fake = FakeEngine(step_delay_s=0.002)

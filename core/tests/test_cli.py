@@ -112,6 +112,14 @@ def test_engine_config_from_args():
     assert delayed.scheduler.scheduler_delay_factor == 2.5
 
 
+def test_stream_interval_option(capsys):
+    assert cli.build_parser().parse_args(["serve"]).stream_interval == 1
+    assert cli.build_parser().parse_args(["serve", "--stream-interval", "4"]).stream_interval == 4
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--stream-interval", "0"])
+    assert "--stream-interval" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
 def test_scheduler_delay_factor_must_be_a_finite_non_negative_number(value, capsys):
     with pytest.raises(SystemExit):

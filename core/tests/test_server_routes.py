@@ -128,3 +128,20 @@ def test_text_parts_still_work(client):
     as_text = client.post("/v1/chat/completions", json={"messages": QUESTION, **body})
     assert as_parts.status_code == 200, as_parts.text
     assert as_parts.json()["choices"][0]["message"] == as_text.json()["choices"][0]["message"]
+
+
+def test_stream_interval_sends_fewer_larger_chunks_with_the_same_text(tiny_llama_dir):
+    import json
+
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_memory_bytes=32 << 20, max_model_len=256)
+    body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+    with TestClient(build_app(AsyncLLMEngine(llm.llm_engine, stream_interval=3), served_model_names=["tiny-llama"])) as c:
+        whole = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+    texts = [ch["text"] for ch in choices if ch["text"]]
+    # outputs after 1, 4, 7 and 10 tokens: at most four chunks of text, then the finish
+    assert 1 <= len(texts) <= 4 and "".join(texts) == whole
+    assert choices[-1]["finish_reason"] == "length"

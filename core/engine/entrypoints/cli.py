@@ -244,7 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except CliError:
         llm_engine.shutdown()
         raise
-    engine = AsyncLLMEngine(llm_engine)
+    engine = AsyncLLMEngine(llm_engine, stream_interval=getattr(args, "stream_interval", 1))
     app = build_app(engine, served_model_names=names, api_key=args.api_key, access_log=not args.disable_log_requests,
                     allow_special_tokens_in_messages=args.allow_special_tokens_in_messages,
                     chat_parsers=chat_parsers(args, engine.tokenizer), lora_requests=loras,

@@ -39,6 +39,10 @@ def add_serve_hardening_args(serve: argparse.ArgumentParser) -> None:
                        default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="SECONDS",
                        help="on SIGINT/SIGTERM, seconds the requests in flight may run on before they are aborted "
                             f"(each stream still ends with finish_reason 'abort') (default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    serve.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
+                       help="send a streamed response's text every N generated tokens (the first and the last at "
+                            "once): fewer, larger chunks, so less of the server's time goes to streaming under load "
+                            "(default: 1, every token)")
     serve.add_argument("--header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
                        help="close a connection that does not complete a request's headers in this time "
                             f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")
