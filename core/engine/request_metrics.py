@@ -217,8 +217,16 @@ class RequestTracker:
             live.first_token = live.last_token = now
             self._finish(request_id, live, now, ("stop",))
             return
-        lengths = [len(c.token_ids) for c in output.outputs]
-        longest = max(lengths, default=0)
+        completions = output.outputs
+        if len(completions) == 1:  # the common case, every step of every request: no lists
+            only = completions[0]
+            longest = total = len(only.token_ids)
+            if only.finish_reason is not None:
+                live.finish_reasons = [only.finish_reason]
+        else:
+            lengths = [len(c.token_ids) for c in completions]
+            longest, total = max(lengths, default=0), sum(lengths)
+            live.finish_reasons = [c.finish_reason for c in completions]
         if longest > live.longest:
             if live.first_token is None:
                 live.first_token = now
@@ -228,8 +236,7 @@ class RequestTracker:
                 self.sink.inter_token(now - live.last_token)
             live.last_token = now
             live.longest = longest
-        live.num_tokens = sum(lengths)
-        live.finish_reasons = [c.finish_reason for c in output.outputs]
+        live.num_tokens = total
         if output.finished:
             self._finish(request_id, live, now, tuple(r or ABORT for r in live.finish_reasons))
 
