@@ -81,7 +81,7 @@ class SchedulerConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_waiting_requests: int | None = Field(None, ge=1)
     priority_aging_steps: int = Field(100, ge=1)
-    scheduler_delay_factor: float = Field(0.0, ge=0.0)
+    scheduler_delay_factor: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
     async_scheduling: bool = True
 
