@@ -360,8 +360,9 @@ class AsyncLLMEngine:
 
     def _due(self, output: RequestOutput) -> bool:
         """Whether an unfinished output goes to its stream now (``stream_interval``): its first tokens,
-        then once ``stream_interval`` more have come; other outputs (pooling) always."""
-        completions = getattr(output, "outputs", None)
+        then once ``stream_interval`` more have come. (A pooling output is always finished: it never
+        gets here.)"""
+        completions = output.outputs
         if not completions:
             return True
         generated = max(len(c.token_ids) for c in completions)
