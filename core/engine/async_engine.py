@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.engine_calls import EngineCall
-from engine.engine_core import EngineCore
+from engine.engine_core import EngineCore, RemoteEngineCore
 from engine.engine_stats import EngineStats
 from engine.engine_thread_messages import (
     _Abort,
@@ -71,6 +71,11 @@ class AsyncLLMEngine:
         #: server stops itself, to exit non-zero)
         self.on_dead: Callable[[BaseException], None] | None = None
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        #: an engine core in another process: its step waits for that process, and is interrupted when a
+        #: command is queued; a request it was sent is accepted or refused with a later step
+        self._remote = engine if isinstance(engine, RemoteEngineCore) else None
+        #: requests sent to a remote core and not yet settled by it
+        self._pending: dict[str, _Add] = {}  # touched only by the engine thread
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
@@ -106,6 +111,8 @@ class AsyncLLMEngine:
     @property
     def label_names(self) -> dict[int, str]:
         """A classifier's label names by index (its config's ``id2label``); empty when unknown."""
+        if self._remote is not None:
+            return self._remote.label_names
         config = getattr(self.engine, "model_config", None)
         raw = config.hf_config.get("id2label") if config is not None else None
         return {int(k): str(v) for k, v in (raw or {}).items()}
@@ -133,7 +140,7 @@ class AsyncLLMEngine:
         """
         self._shut_down = True
         if self._thread is not None:
-            self._commands.put(_Stop())
+            self._put(_Stop())
             self._thread.join(timeout)
             self._thread = None
         # the tensor-parallel ranks' processes go with the engine
@@ -167,9 +174,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(
-            _Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic(), priority, lora_request)
-        )
+        self._put(_Add(request_id, prompt, params, stream, accepted, cache_salt, time.monotonic(), priority, lora_request))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -177,6 +182,11 @@ class AsyncLLMEngine:
             self.abort(request_id)
             raise
         return stream
+
+    def _put(self, command: _Command) -> None:
+        self._commands.put(command)
+        if self._remote is not None:
+            self._remote.interrupt()  # its thread may be waiting for the core's next step
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -194,7 +204,7 @@ class AsyncLLMEngine:
         self._check_alive()
         self.start()
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._commands.put(EngineCall(fn, done))
+        self._put(EngineCall(fn, done))
         return await done
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
@@ -213,7 +223,7 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Ask the engine thread to abort a request at its next iteration; unknown ids are ignored."""
-        self._commands.put(_Abort(request_id))
+        self._put(_Abort(request_id))
 
     def abort_all(self) -> None:
         """Abort every request in flight at the engine's next iteration; their streams end as aborted.
@@ -221,7 +231,7 @@ class AsyncLLMEngine:
         The server calls this when its shutdown grace period is over, so that each open response can
         still be ended properly (``finish_reason: "abort"``) before the connections close.
         """
-        self._commands.put(_AbortAll())
+        self._put(_AbortAll())
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str | None = None,
@@ -305,13 +315,12 @@ class AsyncLLMEngine:
                 self._refuse(command, exc)
                 return
             self._streams[command.request_id] = command.stream
-            self._num_requests_total += 1
-            if self.observer is not None:
-                num_prompt = len(command.prompt) if isinstance(command.prompt, list) else None
-                width = getattr(command.params, "n", None) or getattr(command.params, "beam_width", 1)
-                self._observe(self.observer.request_added, command.request_id, command.arrival, num_prompt, width)
-            self._call_on_loop(command.stream, _resolve, command.accepted, None)
+            if self._remote is not None:
+                self._pending[command.request_id] = command  # accepted or refused with a later step
+            else:
+                self._accepted(command)
         elif isinstance(command, _Abort):
+            self._settle_pending(command.request_id)
             stream = self._streams.pop(command.request_id, None)
             self._streamed_tokens.pop(command.request_id, None)
             self.engine.abort_request(command.request_id)
@@ -324,19 +333,50 @@ class AsyncLLMEngine:
         elif isinstance(command, EngineCall):
             command.run(self.engine)
 
+    def _accepted(self, command: _Add) -> None:
+        self._num_requests_total += 1
+        if self.observer is not None:
+            num_prompt = len(command.prompt) if isinstance(command.prompt, list) else None
+            width = getattr(command.params, "n", None) or getattr(command.params, "beam_width", 1)
+            self._observe(self.observer.request_added, command.request_id, command.arrival, num_prompt, width)
+        self._call_on_loop(command.stream, _resolve, command.accepted, None)
+
     def _refuse(self, command: _Add, exc: BaseException) -> None:
         self._call_on_loop(command.stream, _resolve, command.accepted, exc)
+
+    def _settle_pending(self, request_id: str) -> None:
+        """A request the remote core has not settled yet is aborted: its caller gets its stream, which
+        ends aborted (as an accepted request's would)."""
+        command = self._pending.pop(request_id, None)
+        if command is not None:
+            self._call_on_loop(command.stream, _resolve, command.accepted, None)
+
+    def _take_settled(self) -> None:
+        assert self._remote is not None
+        for request_id, error in self._remote.settled_requests():
+            command = self._pending.pop(request_id, None)
+            if command is None:
+                continue  # aborted before the core took it
+            if error is None:
+                self._accepted(command)
+            else:
+                del self._streams[request_id]
+                self._refuse(command, error)
 
     def _step(self) -> None:
         started = time.monotonic() if self.observer is not None else 0.0
         try:
             outputs = self.engine.step()
+            if self._remote is not None:
+                self._take_settled()
         except FatalEngineError:
             raise  # the loop's crash handler fails every request and reports the engine dead
         except Exception as exc:  # an engine bug: fail the requests in flight, keep serving new ones
             logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
             self._abort_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"), aborted=False)
             return
+        if self._remote is not None and not outputs:
+            return  # woken for a command before the core's next step came: no step to count
         self._num_steps += 1
         self._peak_batch = max(self._peak_batch, len(outputs))
         if self.observer is not None:
@@ -373,6 +413,8 @@ class AsyncLLMEngine:
         return True
 
     def _abort_all(self, error: BaseException | None, aborted: bool) -> None:
+        for request_id in list(self._pending):
+            self._settle_pending(request_id)
         for request_id, stream in list(self._streams.items()):
             try:
                 self.engine.abort_request(request_id)

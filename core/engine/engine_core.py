@@ -1,12 +1,14 @@
 """What :class:`~engine.async_engine.AsyncLLMEngine` needs from the synchronous engine it drives.
 
 :class:`~engine.llm_engine.LLMEngine` satisfies :class:`EngineCore`; so do the data-parallel front and
-the test fakes, which is why the async front is written against this protocol and not the class.
+the test fakes, which is why the async front is written against this protocol and not the class. An
+engine core in a process of its own satisfies :class:`RemoteEngineCore`, whose requests are accepted
+later, with a step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from engine.lora.request import LoRARequest
@@ -47,4 +49,20 @@ class EngineCore(Protocol):
     def num_total_blocks(self) -> int: ...
 
 
-__all__ = ["EngineCore"]
+@runtime_checkable
+class RemoteEngineCore(EngineCore, Protocol):
+    """An engine core that runs elsewhere (:class:`~engine.engine_core_client.EngineCoreClient`): its
+    ``add_request`` only sends the request, and ``step`` waits for whatever the core pushes next."""
+
+    #: a classifier's label names by index; empty when unknown
+    label_names: dict[int, str]
+
+    def settled_requests(self) -> list[tuple[str, Exception | None]]:
+        """The requests the core took (None) or refused (the error) since the last call, in the order
+        they were added; read after each ``step``."""
+
+    def interrupt(self) -> None:
+        """Make a waiting ``step`` return now (called from any thread when a command is queued)."""
+
+
+__all__ = ["EngineCore", "RemoteEngineCore"]

@@ -211,14 +211,22 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise CliError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
 
 
-def load_engine(args: argparse.Namespace):  # -> LLMEngine (kept untyped so this module imports no torch)
-    """Build the engine for the CLI, turning every configuration or loading mistake into one line."""
+def load_engine(args: argparse.Namespace, own_process: bool = False):  # -> LLMEngine (untyped: no torch here)
+    """Build the engine for the CLI, turning every configuration or loading mistake into one line.
+
+    ``own_process``: build it in a process of its own and return the
+    :class:`~engine.engine_core_client.EngineCoreClient` to it (``--engine-core-process``).
+    """
     from engine.engine_factory import create_engine
     from engine.errors import FatalEngineError
     from engine.plugins.selection import DeviceNotAvailableError
 
     config = engine_config_from_args(args)
     try:
+        if own_process:
+            from engine.engine_core_client import EngineCoreClient
+
+            return EngineCoreClient.start(config)
         return create_engine(config)
     except (DeviceNotAvailableError, ValueError, OSError, FatalEngineError) as exc:
         raise CliError(one_line(str(exc)) or type(exc).__name__) from None
@@ -237,7 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.entrypoints.serve_args import app_options, chat_parsers
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    llm_engine = load_engine(args)
+    llm_engine = load_engine(args, own_process=getattr(args, "engine_core_process", False))
     names = [args.served_model_name] if args.served_model_name else None
     try:
         loras = load_lora_modules(llm_engine, args, names or [llm_engine.model_name])

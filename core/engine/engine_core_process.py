@@ -1,0 +1,174 @@
+"""The engine core in a process of its own: it steps whenever it has work and pushes its outputs back.
+
+``engine serve --engine-core-process`` runs the scheduler, the model and the output processing here, and
+keeps only HTTP, streaming and the request bookkeeping in the server's process
+(:class:`~engine.engine_core_client.EngineCoreClient`), so that the two never take turns at one
+interpreter lock: under load the server's event loop (a JSON chunk per token per stream) otherwise holds
+it for a fifth of the time, and each of the engine's steps waits for it.
+
+Nothing here waits for the server: requests arrive fire-and-forget and are answered with the step that
+took them. Messages on the pipe are ``(kind, payload)``:
+
+- in: ``("add", (request_id, prompt, params, options))``, ``("abort", request_ids)``,
+  ``("call", (name, args))`` (``add_lora``, ``remove_lora``, ``list_loras``), ``("stop", None)``;
+- out: ``("ready", EngineCoreInfo)`` once the engine is built (or ``("error", reason)``, and the process
+  exits); then after each iteration that did something ``("step", CoreStep)``; for each call
+  ``("answer", (ok, result or portable error))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from engine.errors import InvalidRequestError, QueueFullError
+from engine.output_deltas import OutputDeltaEncoder
+from engine.parallel.replica import portable_error
+
+#: the engine methods a ``("call", (name, args))`` message may run
+CALLS = ("add_lora", "remove_lora", "list_loras")
+
+
+@dataclass(slots=True)
+class EngineCoreInfo:
+    """What the server learns from the engine core once it is built."""
+
+    max_model_len: int
+    model_name: str
+    model_path: str
+    num_total_blocks: int
+    generation_defaults: dict[str, float | int]
+    #: a classifier's label names by index (its config's ``id2label``); empty when unknown
+    label_names: dict[int, str]
+
+
+@dataclass(slots=True)
+class CoreStep:
+    """One iteration of the engine core.
+
+    Attributes:
+        settled: per request added since the last message, its id and None (queued) or the portable
+            error that refused it, in the order they arrived.
+        outputs: the step's outputs as :class:`~engine.output_deltas.OutputDelta` (pooling outputs whole).
+        failed: the step raised (its message): the requests in flight are to be failed; the core goes on.
+        has_unfinished: whether the core has requests left.
+        num_free_blocks: KV blocks free after the step.
+        stats: the engine's counters after the step.
+    """
+
+    settled: list[tuple[str, tuple[str, str, dict[str, Any]] | None]]
+    outputs: list[Any]
+    failed: str | None
+    has_unfinished: bool
+    num_free_blocks: int
+    stats: dict[str, int | float] = field(default_factory=dict)
+
+
+def run_engine_core(config_json: str, pipe: Connection) -> None:
+    """The process entry (see the module docstring)."""
+    from engine.config import EngineConfig
+    from engine.engine_factory import create_engine
+    from engine.parallel.worker import exit_with_failure
+
+    engine = None
+    try:
+        config = EngineConfig.model_validate_json(config_json)
+        engine = create_engine(config)
+        model_config = getattr(engine, "model_config", None)
+        raw = model_config.hf_config.get("id2label") if model_config is not None else None
+        pipe.send(("ready", EngineCoreInfo(
+            max_model_len=engine.max_model_len,
+            model_name=engine.model_name,
+            model_path=engine.model_path,
+            num_total_blocks=engine.num_total_blocks,
+            generation_defaults=dict(engine.generation_defaults),
+            label_names={int(k): str(v) for k, v in (raw or {}).items()},
+        )))  # fmt: skip
+        EngineCoreLoop(engine, pipe).run()
+    except (EOFError, BrokenPipeError):
+        return  # the server is gone: so is this process's reason to run
+    except BaseException as exc:
+        exit_with_failure(pipe, "engine core", exc)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+
+
+class EngineCoreLoop:
+    """Takes the server's messages between steps and steps while there is work.
+
+    Args:
+        engine: the synchronous engine (``LLMEngine``, or the data-parallel front).
+        pipe: this process's end of the pipe to the server.
+    """
+
+    def __init__(self, engine: Any, pipe: Connection) -> None:
+        self.engine = engine
+        self.pipe = pipe
+        self.encoder = OutputDeltaEncoder()
+
+    def run(self) -> None:
+        """Serve until ``("stop", None)`` or until the server's end of the pipe closes (``EOFError``).
+
+        Raises:
+            FatalEngineError: the engine cannot go on (a rank of it is gone); the caller reports it.
+        """
+        engine, pipe = self.engine, self.pipe
+        while True:
+            settled: list[tuple[str, Any]] = []
+            # block only when idle: with work, take what arrived during the last step and step again
+            message = pipe.recv() if not engine.has_unfinished_requests() else None
+            while True:
+                if message is not None and not self._apply(message, settled):
+                    return
+                if not pipe.poll():
+                    break
+                message = pipe.recv()
+            outputs: list[Any] = []
+            failed = None
+            if engine.has_unfinished_requests():
+                try:
+                    outputs = engine.step()
+                except (InvalidRequestError, QueueFullError, RuntimeError, ValueError) as exc:
+                    workers = getattr(engine, "workers", None)
+                    if workers is not None and workers.failure(0.0) is not None:
+                        raise  # a rank of this engine is gone: so is the engine
+                    failed = f"{type(exc).__name__}: {exc}"
+            if settled or outputs or failed is not None:
+                pipe.send(("step", CoreStep(
+                    settled, [self.encoder.encode(o) for o in outputs], failed, engine.has_unfinished_requests(),
+                    engine.num_free_blocks, dict(engine.stats()),
+                )))  # fmt: skip
+
+    def _apply(self, message: tuple[str, Any], settled: list[tuple[str, Any]]) -> bool:
+        """Apply one message; False for ``stop``."""
+        kind, payload = message
+        if kind == "add":
+            request_id, prompt, params, options = payload
+            try:
+                self.engine.add_request(request_id, prompt, params, **options)
+            except (InvalidRequestError, QueueFullError, ValueError) as exc:
+                settled.append((request_id, portable_error(exc)))
+            else:
+                settled.append((request_id, None))
+        elif kind == "abort":
+            self.engine.abort_request(payload)
+            self.encoder.forget(payload)
+        elif kind == "call":
+            name, args = payload
+            if name not in CALLS:
+                self.pipe.send(("answer", (False, portable_error(ValueError(f"unknown engine call {name!r}")))))
+                return True
+            try:
+                result = getattr(self.engine, name)(*args)
+            except Exception as exc:  # the caller's to handle (a refused adapter), not the core's end
+                self.pipe.send(("answer", (False, portable_error(exc))))
+            else:
+                self.pipe.send(("answer", (True, result)))
+        else:
+            return False
+        return True
+
+
+__all__ = ["CALLS", "CoreStep", "EngineCoreInfo", "EngineCoreLoop", "run_engine_core"]

@@ -1,0 +1,156 @@
+"""The engine core in a process of its own (``engine serve --engine-core-process``): the app on a tiny random
+Llama answers as the in-process engine does (greedy text and logprobs, seeded samples, stop strings, n > 1,
+streaming), refusals come back as the same 400s, a client that goes away frees its KV blocks in the core,
+adapter calls reach the core, and a core that dies fails its requests and reports the engine dead."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine import LLM, SamplingParams
+from engine.async_engine import AsyncLLMEngine
+from engine.config import CacheConfig, EngineConfig
+from engine.engine_core_client import EngineCoreClient
+from engine.entrypoints.openai.launcher import ServerProcess
+from engine.entrypoints.openai.server import build_app
+from engine.request_stream import EngineDeadError
+
+SETTINGS = {"device": "cpu", "dtype": "float32", "max_model_len": 256}
+PROMPT = "Hello there, how are"
+
+
+def start_core(model: str) -> EngineCoreClient:
+    return EngineCoreClient.start(EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=32 << 20), **SETTINGS))
+
+
+@pytest.fixture(scope="module")
+def core(tiny_llama_dir):
+    client = start_core(tiny_llama_dir)
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(core):
+    engine = AsyncLLMEngine(core)
+    with TestClient(build_app(engine)) as http:
+        http.engine = engine  # type: ignore[attr-defined]
+        yield http
+
+
+@pytest.fixture(scope="module")
+def local(tiny_llama_dir) -> LLM:
+    return LLM(model=tiny_llama_dir, kv_cache_memory_bytes=32 << 20, **SETTINGS)
+
+
+def model_id(app) -> str:
+    return app.get("/v1/models").json()["data"][0]["id"]
+
+
+def test_greedy_text_and_logprobs_are_the_in_process_engines(app, local):
+    body = {"model": model_id(app), "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 2}
+    choice = app.post("/v1/completions", json=body).json()["choices"][0]
+    expected = local.generate([PROMPT], SamplingParams(max_tokens=24, temperature=0, logprobs=2))[0].outputs[0]
+    assert choice["text"] == expected.text
+    got = [lp for lp in choice["logprobs"]["token_logprobs"]]
+    want = [entry[tid].logprob for tid, entry in zip(expected.token_ids, expected.logprobs)]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_streamed_seeded_samples_with_n_and_stop_strings(app, local):
+    params = {"max_tokens": 30, "temperature": 1.0, "seed": 7, "n": 2}
+    expected = local.generate([PROMPT], SamplingParams(**params))[0].outputs
+    # a stop string the first completion meets halfway: the text is cut there, as in process
+    stop = expected[0].text[len(expected[0].text) // 2 :][:3]
+    expected = local.generate([PROMPT], SamplingParams(**params, stop=[stop]))[0].outputs
+    body = {"model": model_id(app), "prompt": PROMPT, "stream": True, "stop": [stop], **params}
+    response = app.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    texts, reasons = ["", ""], [None, None]
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[6:])["choices"]:
+                texts[c["index"]] += c["text"]
+                reasons[c["index"]] = c["finish_reason"] or reasons[c["index"]]
+    assert texts == [c.text for c in expected]
+    assert reasons == [c.finish_reason for c in expected]
+    assert expected[0].finish_reason == "stop"
+
+
+def test_refusals_come_back_as_the_same_400s(app):
+    model = model_id(app)
+    too_long = app.post("/v1/completions", json={"model": model, "prompt": "hi " * 400, "max_tokens": 4})
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded", too_long.text
+    bad_regex = app.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4, "guided_regex": "(("})
+    assert bad_regex.status_code == 400 and bad_regex.json()["error"]["param"] == "guided_regex", bad_regex.text
+    ok = app.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 3, "temperature": 0})
+    assert ok.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_abandoned_stream_frees_its_blocks_in_the_core(app, core):
+    body = {"model": model_id(app), "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with app.stream("POST", "/v1/completions", json=body) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i == 3:
+                break  # the client hangs up mid-stream
+    for _ in range(400):
+        stats = app.engine.stats()
+        if stats.num_requests_in_flight == 0 and core.num_free_blocks == core.num_total_blocks:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert stats.num_requests_in_flight == 0
+    # a step after the abort reports the core's blocks
+    app.post("/v1/completions", json={"model": model_id(app), "prompt": "Hi", "max_tokens": 1})
+    assert core.num_free_blocks == core.num_total_blocks
+
+
+def test_adapter_calls_reach_the_core(app):
+    assert asyncio.run(app.engine.list_loras()) == []
+
+
+# the engine thread ends by raising what killed it, as it does for an engine in process
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_core_that_dies_fails_its_requests_and_the_engine(tiny_llama_dir):
+    client = start_core(tiny_llama_dir)
+    engine = AsyncLLMEngine(client)
+    deaths: list[BaseException] = []
+    engine.on_dead = deaths.append
+
+    async def run() -> None:
+        params = SamplingParams(max_tokens=200, ignore_eos=True)
+        stream = await engine.add_request("r", PROMPT, params)
+        await stream.__anext__()
+        client.process.kill()
+        with pytest.raises(EngineDeadError, match="engine core process was killed by signal 9"):
+            async for _ in stream:
+                pass
+
+    try:
+        asyncio.run(run())
+        assert deaths and engine.dead is not None
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+def test_engine_serve_with_the_core_in_its_own_process(tiny_llama_dir):
+    server = ServerProcess(["--model", tiny_llama_dir, "--engine-core-process", "--max-model-len", "256",
+                            "--kv-cache-memory", "64MiB", "--dtype", "float32"]).start()  # fmt: skip
+    try:
+        import httpx
+
+        body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+        reply = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120).json()
+        assert reply["usage"]["completion_tokens"] == 5
+        # the core's counters reach the metrics: 64 MiB of KV blocks, all free again
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+        assert "num_requests_running" in metrics
+        assert server.stop(signal.SIGTERM) == 0, server.log_tail()
+        assert "engine core running in process" in server.log_tail(100_000)
+    finally:
+        server.close()
