@@ -77,7 +77,9 @@ class EngineCoreClient:
 
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=run_engine_core, args=(config.model_dump_json(), child), name="engine-core")
+        process = context.Process(
+            target=run_engine_core, args=(config.model_dump_json(), child, _logging_setup()), name="engine-core"
+        )
         process.start()
         child.close()
         try:
@@ -218,6 +220,15 @@ class EngineCoreClient:
             self.pipe.send((kind, payload))
         except (BrokenPipeError, EOFError, OSError):
             raise WorkerFailed(_exit_reason(self.process)) from None
+
+
+def _logging_setup() -> tuple[int, str | None] | None:
+    """This process's root log level and format, when it configured logging (``engine serve`` does)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        return None
+    formatter = root.handlers[0].formatter
+    return root.level, getattr(formatter, "_fmt", None)
 
 
 def _receive(pipe: Connection, process: Any) -> tuple[str, Any]:

@@ -65,8 +65,25 @@ class CoreStep:
     stats: dict[str, int | float] = field(default_factory=dict)
 
 
-def run_engine_core(config_json: str, pipe: Connection) -> None:
-    """The process entry (see the module docstring)."""
+def run_engine_core(config_json: str, pipe: Connection, logging_setup: tuple[int, str | None] | None = None) -> None:
+    """The process entry (see the module docstring).
+
+    Args:
+        logging_setup: the server's root log level and format, so that the core's log lines (load times,
+            warnings) read as they would in the server's process; None leaves logging unconfigured.
+    """
+    import signal
+
+    # the server owns the lifecycle: a Ctrl-C or a SIGTERM sent to the whole process group (a terminal, a
+    # service manager) lets it drain its requests, then it stops this process over the pipe; were this
+    # process gone first, every request in flight would fail
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if logging_setup is not None:
+        import logging
+
+        level, fmt = logging_setup
+        logging.basicConfig(level=level, format=fmt)
     from engine.config import EngineConfig
     from engine.engine_factory import create_engine
     from engine.parallel.worker import exit_with_failure

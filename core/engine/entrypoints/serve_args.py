@@ -43,10 +43,10 @@ def add_serve_hardening_args(serve: argparse.ArgumentParser) -> None:
                        help="send a streamed response's text every N generated tokens (the first and the last at "
                             "once): fewer, larger chunks, so less of the server's time goes to streaming under load "
                             "(default: 1, every token)")
-    serve.add_argument("--engine-core-process", action="store_true",
+    serve.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction, default=True,
                        help="run the engine core (scheduler, model, output processing) in a process of its own, so "
-                            "that HTTP and streaming never wait for it at the interpreter lock; it pays under load "
-                            "on an accelerator (default: in the server's process)")
+                            "that HTTP and streaming never wait for it at the interpreter lock (default: on; "
+                            "--no-engine-core-process keeps it in the server's process)")
     serve.add_argument("--header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
                        help="close a connection that does not complete a request's headers in this time "
                             f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")
