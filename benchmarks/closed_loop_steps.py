@@ -46,8 +46,11 @@ def run(args: argparse.Namespace, engine: Any, delay_factor: float) -> dict[str,
         engine.add_request(f"d{delay_factor}-r{added}", [rng.randint(1000, 40000) for _ in range(args.input_len)], params)
         added += 1
 
+    compiled = _compiled_variants()
     for _ in range(args.clients):
         add()
+    firsts = 0
+    first_wave_s = None
     kinds: dict[str, list[float]] = {"decode": [], "with_first_tokens": []}
     started = last = time.perf_counter()
     lo, hi = (t / 1e3 for t in args.turnaround_ms)
@@ -63,7 +66,11 @@ def run(args: argparse.Namespace, engine: Any, delay_factor: float) -> dict[str,
             continue
         outputs = engine.step()
         now = time.perf_counter()
-        first = any(len(o.outputs[0].token_ids) == 1 for o in outputs)
+        num_first = sum(len(o.outputs[0].token_ids) == 1 for o in outputs)
+        first = num_first > 0
+        firsts += num_first
+        if first_wave_s is None and firsts >= args.clients:
+            first_wave_s = now - started
         kinds["with_first_tokens" if first else "decode"].append(now - last)
         last = now
         for out in outputs:
@@ -74,8 +81,27 @@ def run(args: argparse.Namespace, engine: Any, delay_factor: float) -> dict[str,
     return {
         "clients": args.clients, "delay_factor": delay_factor, "requests": total, "seconds": seconds,
         "output_tok_s": produced / seconds,
+        # when the last of the first `clients` requests (sent at once) had its first token: the burst's TTFT
+        "first_wave_s": first_wave_s,
+        "kernels_compiled_during_run": _new_variants(compiled, _compiled_variants()) or "none",
         "steps": {k: {"count": len(v), "mean_ms": 1e3 * sum(v) / max(1, len(v))} for k, v in kinds.items()},
     }
+
+
+def _compiled_variants() -> dict[str, int] | None:
+    try:
+        from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variants
+    except ImportError:  # no Triton here: nothing compiles
+        return None
+    return compiled_variants()
+
+
+def _new_variants(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    if before is None or after is None:
+        return None
+    from engine_plugin_sdk.gpu.triton_kernels.variants import new_variants
+
+    return new_variants(before, after)
 
 
 def main() -> None:

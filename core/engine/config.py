@@ -190,6 +190,15 @@ class EngineConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
+    def to_process_json(self) -> str:
+        """This configuration as JSON for another process of the engine (the engine core, a replica, a rank).
+
+        Fields left at their defaults stay unset on the other side, so that it applies the same platform
+        defaults (``max_num_batched_tokens`` depends on the device when not given): a plain
+        ``model_dump_json`` would set every field there.
+        """
+        return self.model_dump_json(exclude_unset=True)
+
     @field_validator("speculative_config", mode="before")
     @classmethod
     def _check_speculative(cls, v: object) -> object:

@@ -78,7 +78,7 @@ class EngineCoreClient:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         process = context.Process(
-            target=run_engine_core, args=(config.model_dump_json(), child, _logging_setup()), name="engine-core"
+            target=run_engine_core, args=(config.to_process_json(), child, _logging_setup()), name="engine-core"
         )
         process.start()
         child.close()

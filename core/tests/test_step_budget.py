@@ -47,3 +47,14 @@ def test_the_base_platform_and_the_cpu_keep_the_core_default():
 
     assert Platform.default_max_num_batched_tokens(CpuPlatform()) is None
     assert budget(EngineConfig(), CpuPlatform(), Decoder) == 2048
+
+
+def test_another_process_of_the_engine_applies_the_same_budget():
+    # the engine core, replicas and ranks get the configuration as JSON: an unset budget must stay unset
+    # there (it came back set to the core's 2048 once, and the GPU's serving ran 2048-token steps)
+    for config in (EngineConfig(), EngineConfig(scheduler={"max_num_batched_tokens": 512})):
+        copy = EngineConfig.model_validate_json(config.to_process_json())
+        assert copy == config
+        assert budget(copy, BudgetPlatform(8192), Decoder) == budget(config, BudgetPlatform(8192), Decoder)
+    replica = EngineConfig().model_copy(update={"seed": 3})
+    assert EngineConfig.model_validate_json(replica.to_process_json()).seed == 3

@@ -150,7 +150,7 @@ class DataParallelEngine:
                 replica_config = config.model_copy(update={"parallel": parallel, "seed": config.seed + index})
                 parent, child = context.Pipe()
                 process = context.Process(
-                    target=_replica_entry, args=(replica_config.model_dump_json(), index, size, child),
+                    target=_replica_entry, args=(replica_config.to_process_json(), index, size, child),
                     name=f"engine-dp-replica{index}",
                 )  # fmt: skip
                 process.start()

@@ -61,7 +61,7 @@ class ParallelWorkers(RankWorkers):
         init_method = f"tcp://127.0.0.1:{free_port()}"
         context = multiprocessing.get_context("spawn")
         processes, pipes = [], []
-        payload = config.model_dump_json()
+        payload = config.to_process_json()
         for rank in range(1, size):
             parent, child = context.Pipe()
             process = context.Process(

@@ -142,7 +142,7 @@ class RayWorkers(RankWorkers):
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
         actor_class = ray.remote(RankActor)
         actors, loading = [], []
-        payload = config.model_dump_json()
+        payload = config.to_process_json()
         for rank in range(1, size):
             actor = actor_class.options(
                 num_cpus=bundle["CPU"],
