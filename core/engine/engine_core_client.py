@@ -58,6 +58,9 @@ class EngineCoreClient:
         self._decoder = OutputDeltaDecoder()
         #: requests sent and neither finished, refused nor aborted
         self._in_flight: set[str] = set()
+        #: ``add`` and ``abort`` messages sent that no ``CoreStep`` has counted yet: while there are any, the
+        #: core has news (a refusal, its counters after an abort), so :meth:`has_unfinished_requests` holds
+        self._unacknowledged = 0
         #: core steps read while waiting for a call's answer, for the next :meth:`step`
         self._buffered: list[CoreStep] = []
         self._settled: list[tuple[str, Exception | None]] = []
@@ -66,8 +69,13 @@ class EngineCoreClient:
         self._finalizer = weakref.finalize(self, _close, process, pipe, self._wake_read, self._wake_write)
 
     @classmethod
-    def start(cls, config: EngineConfig) -> EngineCoreClient:
+    def start(cls, config: EngineConfig, plugin_files: tuple[str, ...] = ()) -> EngineCoreClient:
         """Start the engine core's process and wait until it has built its engine.
+
+        Args:
+            config: the engine's configuration.
+            plugin_files: parser plugin files this process loaded (``--tool-parser-plugin``,
+                ``--reasoning-parser-plugin``): the core imports them too, for what requests carry from them.
 
         Raises:
             WorkerFailed: the core failed to build its engine (its one-line reason) or exited.
@@ -78,7 +86,8 @@ class EngineCoreClient:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         process = context.Process(
-            target=run_engine_core, args=(config.to_process_json(), child, _logging_setup()), name="engine-core"
+            target=run_engine_core, name="engine-core",
+            args=(config.to_process_json(), child, _logging_setup(), tuple(os.path.abspath(p) for p in plugin_files)),
         )
         process.start()
         child.close()
@@ -114,7 +123,7 @@ class EngineCoreClient:
         return self._stats
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._in_flight or self._buffered)
+        return bool(self._in_flight or self._buffered or self._unacknowledged)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: Any, **options: Any) -> None:
         """Send a request to the core; its acceptance or refusal comes later from :meth:`settled_requests`.
@@ -124,6 +133,7 @@ class EngineCoreClient:
         """
         self._send("add", (request_id, prompt, params, options))
         self._in_flight.add(request_id)
+        self._unacknowledged += 1
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests in the core; their outputs still on the way are dropped. Unknown ids are ignored."""
@@ -132,6 +142,7 @@ class EngineCoreClient:
             self._in_flight.discard(rid)
             self._decoder.forget(rid)
         self._send("abort", ids)
+        self._unacknowledged += 1
 
     def settled_requests(self) -> list[tuple[str, Exception | None]]:
         """Requests the core took (None) or refused (the error) since the last call, in the order sent."""
@@ -164,6 +175,7 @@ class EngineCoreClient:
         failures: list[str] = []
         decode, in_flight = self._decoder.decode, self._in_flight
         for core_step in steps:
+            self._unacknowledged -= core_step.applied
             for request_id, error in core_step.settled:
                 if error is not None:
                     in_flight.discard(request_id)

@@ -48,6 +48,9 @@ class CoreStep:
     """One iteration of the engine core.
 
     Attributes:
+        applied: how many ``add`` and ``abort`` messages the core applied since its last ``CoreStep`` (the
+            server counts what it sent and waits for the count, so that its counters are fresh after an
+            abort that left the core idle).
         settled: per request added since the last message, its id and None (queued) or the portable
             error that refused it, in the order they arrived.
         outputs: the step's outputs as :class:`~engine.output_deltas.OutputDelta` (pooling outputs whole).
@@ -57,6 +60,7 @@ class CoreStep:
         stats: the engine's counters after the step.
     """
 
+    applied: int
     settled: list[tuple[str, tuple[str, str, dict[str, Any]] | None]]
     outputs: list[Any]
     failed: str | None
@@ -65,10 +69,15 @@ class CoreStep:
     stats: dict[str, int | float] = field(default_factory=dict)
 
 
-def run_engine_core(config_json: str, pipe: Connection, logging_setup: tuple[int, str | None] | None = None) -> None:
+def run_engine_core(
+    config_json: str, pipe: Connection, logging_setup: tuple[int, str | None] | None = None,
+    plugin_files: tuple[str, ...] = (),
+) -> None:
     """The process entry (see the module docstring).
 
     Args:
+        plugin_files: the server's parser plugin files, imported here under the same module names, so that
+            what a request carries from them (a reasoning parser's end test) unpickles here.
         logging_setup: the server's root log level and format, so that the core's log lines (load times,
             warnings) read as they would in the server's process; None leaves logging unconfigured.
     """
@@ -86,10 +95,13 @@ def run_engine_core(config_json: str, pipe: Connection, logging_setup: tuple[int
         logging.basicConfig(level=level, format=fmt)
     from engine.config import EngineConfig
     from engine.engine_factory import create_engine
+    from engine.named_registry import import_plugin_file
     from engine.parallel.worker import exit_with_failure
 
     engine = None
     try:
+        for path in plugin_files:
+            import_plugin_file(path)
         config = EngineConfig.model_validate_json(config_json)
         engine = create_engine(config)
         model_config = getattr(engine, "model_config", None)
@@ -134,11 +146,14 @@ class EngineCoreLoop:
         engine, pipe = self.engine, self.pipe
         while True:
             settled: list[tuple[str, Any]] = []
+            applied = 0
             # block only when idle: with work, take what arrived during the last step and step again
             message = pipe.recv() if not engine.has_unfinished_requests() else None
             while True:
-                if message is not None and not self._apply(message, settled):
-                    return
+                if message is not None:
+                    if message[0] == "stop":
+                        return
+                    applied += self._apply(message, settled)
                 if not pipe.poll():
                     break
                 message = pipe.recv()
@@ -152,14 +167,15 @@ class EngineCoreLoop:
                     if workers is not None and workers.failure(0.0) is not None:
                         raise  # a rank of this engine is gone: so is the engine
                     failed = f"{type(exc).__name__}: {exc}"
-            if settled or outputs or failed is not None:
+            if applied or outputs or failed is not None:
                 pipe.send(("step", CoreStep(
-                    settled, [self.encoder.encode(o) for o in outputs], failed, engine.has_unfinished_requests(),
+                    applied, settled, [self.encoder.encode(o) for o in outputs], failed, engine.has_unfinished_requests(),
                     engine.num_free_blocks, dict(engine.stats()),
                 )))  # fmt: skip
 
-    def _apply(self, message: tuple[str, Any], settled: list[tuple[str, Any]]) -> bool:
-        """Apply one message; False for ``stop``."""
+    def _apply(self, message: tuple[str, Any], settled: list[tuple[str, Any]]) -> int:
+        """Apply one message other than ``stop``; 1 for an ``add`` or ``abort`` (what ``CoreStep.applied``
+        counts), else 0."""
         kind, payload = message
         if kind == "add":
             request_id, prompt, params, options = payload
@@ -176,16 +192,17 @@ class EngineCoreLoop:
             name, args = payload
             if name not in CALLS:
                 self.pipe.send(("answer", (False, portable_error(ValueError(f"unknown engine call {name!r}")))))
-                return True
+                return 0
             try:
                 result = getattr(self.engine, name)(*args)
             except Exception as exc:  # the caller's to handle (a refused adapter), not the core's end
                 self.pipe.send(("answer", (False, portable_error(exc))))
             else:
                 self.pipe.send(("answer", (True, result)))
+            return 0
         else:
-            return False
-        return True
+            raise ValueError(f"the engine core got an unknown message {kind!r}")
+        return 1
 
 
 __all__ = ["CALLS", "CoreStep", "EngineCoreInfo", "EngineCoreLoop", "run_engine_core"]

@@ -156,6 +156,19 @@ class NamedRegistry(Generic[T]):
         return sorted(n for n, e in self._entries.items() if names_before.get(n) is not e)
 
 
+def import_plugin_file(path: str | os.PathLike[str]) -> Any:
+    """Import a plugin file as :meth:`NamedRegistry.load_plugin_file` does, registering nothing: another
+    process of the engine does this so that objects of the file's classes unpickle there.
+
+    Raises:
+        PluginFileError: the file is missing or raised while importing.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise PluginFileError(f"plugin file {path!r} does not exist")
+    return _import_file(path)
+
+
 def _import_file(path: str) -> Any:
     """Import ``path`` as a module of its own (named after a hash of its absolute path, so two plugin
     files called ``parser.py`` do not clash) and return it.

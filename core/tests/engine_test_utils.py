@@ -31,6 +31,18 @@ def child_processes(pid: int) -> list[int]:
     return out
 
 
+def spawned_children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` that multiprocessing's ``spawn`` started."""
+    return [child for child in child_processes(pid) if "spawn_main" in process_cmdline(child)]
+
+
+def engine_core_children(server_pid: int) -> tuple[int, list[int]]:
+    """An ``engine serve`` process's engine core and the processes that one spawned (its tensor-parallel
+    ranks or data-parallel replicas)."""
+    (core,) = spawned_children(server_pid)
+    return core, spawned_children(core)
+
+
 def process_cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -13,7 +13,7 @@ from engine import LLM, RequestOutput, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.parallel.mp_workers import WorkerFailed
 from engine.parallel.prefix_router import PrefixAwareRouter, prompt_block_keys
-from engine_test_utils import child_processes, process_cmdline, process_state
+from engine_test_utils import child_processes, engine_core_children, process_state
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "1, 2, 3, 4,", "In a hole in the ground"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -117,8 +117,8 @@ def test_serve_with_two_replicas_answers_the_openai_client_and_leaves_no_child(t
     ]).start()  # fmt: skip
     try:
         assert server.proc is not None
-        replicas = [pid for pid in child_processes(server.proc.pid) if "spawn_main" in process_cmdline(pid)]
-        assert len(replicas) == 2, child_processes(server.proc.pid)
+        core, replicas = engine_core_children(server.proc.pid)
+        assert len(replicas) == 2, child_processes(core)
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
         answer = client.completions.create(
             model=client.models.list().data[0].id, prompt=PROMPTS, max_tokens=GREEDY.max_tokens,
@@ -128,7 +128,7 @@ def test_serve_with_two_replicas_answers_the_openai_client_and_leaves_no_child(t
         assert server.stop(signal.SIGTERM, timeout_s=60) == 0
     finally:
         server.kill()
-    assert not [pid for pid in replicas if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
+    assert not [pid for pid in [core, *replicas] if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
 
 
 def test_a_platform_of_one_device_refuses_a_second_rank_or_replica():

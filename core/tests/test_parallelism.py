@@ -18,7 +18,7 @@ from gguf_test_models import write_tiny_llama_gguf
 from engine import LLM, SamplingParams, engine_setup
 from engine.engine_setup import EngineConfigError
 from engine.loader import lazy_tensor
-from engine_test_utils import assert_all_blocks_free, child_processes, process_cmdline, process_state
+from engine_test_utils import assert_all_blocks_free, engine_core_children, process_state
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -303,8 +303,8 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny
     ]).start()  # fmt: skip
     try:
         assert server.proc is not None
-        workers = [pid for pid in child_processes(server.proc.pid) if process_cmdline(pid).find("spawn_main") >= 0]
-        assert len(workers) == 1, child_processes(server.proc.pid)
+        core, workers = engine_core_children(server.proc.pid)
+        assert len(workers) == 1, workers
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
         answer = client.completions.create(
             model=client.models.list().data[0].id, prompt="The quick brown fox", max_tokens=GREEDY.max_tokens,
@@ -314,7 +314,7 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_leaves_no_child(tiny
         assert server.stop(signal.SIGTERM, timeout_s=60) == 0
     finally:
         server.kill()
-    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
+    assert not [pid for pid in [core, *workers] if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
 
 
 @pytest.mark.slow
@@ -330,7 +330,7 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
     ]).start()  # fmt: skip
     try:
         assert server.proc is not None
-        (worker,) = [pid for pid in child_processes(server.proc.pid) if "spawn_main" in process_cmdline(pid)]
+        core, (worker,) = engine_core_children(server.proc.pid)
         model = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"]
         body = {"model": model, "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
@@ -344,7 +344,7 @@ def test_a_rank_that_dies_fails_its_requests_and_the_server_exits_non_zero(tiny_
         assert "rank 1 was killed by signal 9" in server.log_tail()
     finally:
         server.kill()
-    assert not [pid for pid in child_processes(server.proc.pid) if process_state(pid) != "Z"]
+    assert not [pid for pid in [core, worker] if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
 
 
 @pytest.mark.slow

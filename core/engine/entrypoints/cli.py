@@ -215,7 +215,8 @@ def load_engine(args: argparse.Namespace, own_process: bool = False):  # -> LLME
     """Build the engine for the CLI, turning every configuration or loading mistake into one line.
 
     ``own_process``: build it in a process of its own and return the
-    :class:`~engine.engine_core_client.EngineCoreClient` to it (``--engine-core-process``).
+    :class:`~engine.engine_core_client.EngineCoreClient` to it (``--engine-core-process``), which also
+    imports the parser plugin files given.
     """
     from engine.engine_factory import create_engine
     from engine.errors import FatalEngineError
@@ -226,7 +227,8 @@ def load_engine(args: argparse.Namespace, own_process: bool = False):  # -> LLME
         if own_process:
             from engine.engine_core_client import EngineCoreClient
 
-            return EngineCoreClient.start(config)
+            plugins = (getattr(args, "tool_parser_plugin", None), getattr(args, "reasoning_parser_plugin", None))
+            return EngineCoreClient.start(config, plugin_files=tuple(p for p in plugins if p))
         return create_engine(config)
     except (DeviceNotAvailableError, ValueError, OSError, FatalEngineError) as exc:
         raise CliError(one_line(str(exc)) or type(exc).__name__) from None
