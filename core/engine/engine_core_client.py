@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.engine_core_process import CoreStep, EngineCoreInfo
+from engine.input_processor import InputProcessor
 from engine.output_deltas import OutputDeltaDecoder
 from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, stop_processes
 from engine.parallel.replica import rebuild_error
@@ -56,6 +57,7 @@ class EngineCoreClient:
         self._num_free_blocks = info.num_total_blocks
         self._stats: dict[str, int | float] = {}
         self._decoder = OutputDeltaDecoder()
+        self._inputs = InputProcessor(tokenizer, info.vocab_size, info.max_model_len)
         #: requests sent and neither finished, refused nor aborted
         self._in_flight: set[str] = set()
         #: ``add`` and ``abort`` messages sent that no ``CoreStep`` has counted yet: while there are any, the
@@ -128,9 +130,16 @@ class EngineCoreClient:
     def add_request(self, request_id: str, prompt: str | list[int], params: Any, **options: Any) -> None:
         """Send a request to the core; its acceptance or refusal comes later from :meth:`settled_requests`.
 
+        A text prompt is tokenized here and travels with its ids, which the core checks without encoding
+        the text again: a burst of arrivals (hundreds of prompts at about a millisecond each) then does
+        not hold back the core's steps.
+
         Raises:
+            InvalidRequestError: an empty text prompt, or one too long for the context before tokenizing.
             WorkerFailed: the core's process is gone.
         """
+        if isinstance(prompt, str) and options.get("prompt_token_ids") is None:
+            options["prompt_token_ids"] = self._inputs.tokenize(prompt)
         self._send("add", (request_id, prompt, params, options))
         self._in_flight.add(request_id)
         self._unacknowledged += 1

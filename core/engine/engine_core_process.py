@@ -38,6 +38,7 @@ class EngineCoreInfo:
     model_name: str
     model_path: str
     num_total_blocks: int
+    vocab_size: int
     generation_defaults: dict[str, float | int]
     #: a classifier's label names by index (its config's ``id2label``); empty when unknown
     label_names: dict[int, str]
@@ -111,6 +112,7 @@ def run_engine_core(
             model_name=engine.model_name,
             model_path=engine.model_path,
             num_total_blocks=engine.num_total_blocks,
+            vocab_size=engine.model_config.vocab_size if model_config is not None else 0,
             generation_defaults=dict(engine.generation_defaults),
             label_names={int(k): str(v) for k, v in (raw or {}).items()},
         )))  # fmt: skip

@@ -89,6 +89,9 @@ def test_refusals_come_back_as_the_same_400s(app):
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded", too_long.text
     bad_regex = app.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4, "guided_regex": "(("})
     assert bad_regex.status_code == 400 and bad_regex.json()["error"]["param"] == "guided_regex", bad_regex.text
+    # text is tokenized in the server's process: its own refusals too
+    empty = app.post("/v1/completions", json={"model": model, "prompt": "", "max_tokens": 4})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "prompt", empty.text
     ok = app.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 3, "temperature": 0})
     assert ok.json()["choices"][0]["finish_reason"] == "length"
 
