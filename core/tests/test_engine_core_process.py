@@ -146,8 +146,9 @@ def test_a_core_that_dies_fails_its_requests_and_the_engine(tiny_llama_dir):
 
 
 @pytest.mark.slow
-def test_engine_serve_with_the_core_in_its_own_process(tiny_llama_dir):
-    server = ServerProcess(["--model", tiny_llama_dir, "--engine-core-process", "--max-model-len", "256",
+@pytest.mark.parametrize("flag", ["--engine-core-process", "--no-engine-core-process"])
+def test_engine_serve_with_the_core_in_its_own_process_or_not(tiny_llama_dir, flag):
+    server = ServerProcess(["--model", tiny_llama_dir, flag, "--max-model-len", "256",
                             "--kv-cache-memory", "64MiB", "--dtype", "float32"]).start()  # fmt: skip
     try:
         import httpx
@@ -159,6 +160,28 @@ def test_engine_serve_with_the_core_in_its_own_process(tiny_llama_dir):
         metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
         assert "num_requests_running" in metrics
         assert server.stop(signal.SIGTERM) == 0, server.log_tail()
-        assert "engine core running in process" in server.log_tail(100_000)
+        own_process = "engine core running in process" in server.log_tail(100_000)
+        assert own_process == (flag == "--engine-core-process")
     finally:
         server.close()
+
+
+def test_embeddings_cross_the_pipe_whole(tmp_path, hf_tokenizer_dir):
+    """Pooling outputs are not deltas: they come once, whole, and equal sentence-transformers' vectors."""
+    import torch
+    from test_embeddings import save_embedding_model, st_embeddings
+
+    texts = ["The food was delicious", "A quick brown fox"]
+    model_dir = save_embedding_model(str(tmp_path / "embed"), hf_tokenizer_dir, "lasttoken", True)
+    client = EngineCoreClient.start(
+        EngineConfig(model=model_dir, device="cpu", dtype="float32", cache=CacheConfig(kv_cache_memory_bytes=16 << 20))
+    )
+    try:
+        with TestClient(build_app(AsyncLLMEngine(client))) as http:
+            body = {"model": model_id(http), "input": texts, "encoding_format": "float"}
+            data = http.post("/v1/embeddings", json=body).json()["data"]
+        got = torch.tensor([d["embedding"] for d in sorted(data, key=lambda d: d["index"])])
+        cosine = torch.nn.functional.cosine_similarity(got.double(), st_embeddings(model_dir, texts).double())
+        assert cosine.min() >= 0.9999
+    finally:
+        client.shutdown()
