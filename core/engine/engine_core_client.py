@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.engine_core_process import CoreStep, EngineCoreInfo
 from engine.input_processor import InputProcessor
 from engine.output_deltas import OutputDeltaDecoder
-from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, stop_processes
+from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, exit_reason, stop_processes
 from engine.parallel.replica import rebuild_error
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class EngineCoreClient:
         try:
             self.pipe.send((kind, payload))
         except (BrokenPipeError, EOFError, OSError):
-            raise WorkerFailed(_exit_reason(self.process)) from None
+            raise WorkerFailed(exit_reason(self.process, "the engine core process")) from None
 
 
 def _logging_setup() -> tuple[int, str | None] | None:
@@ -256,20 +256,10 @@ def _receive(pipe: Connection, process: Any) -> tuple[str, Any]:
     try:
         kind, payload = pipe.recv()
     except (EOFError, OSError):
-        raise WorkerFailed(_exit_reason(process)) from None
+        raise WorkerFailed(exit_reason(process, "the engine core process")) from None
     if kind == "error":
         raise WorkerFailed(payload)
     return kind, payload
-
-
-def _exit_reason(process: Any) -> str:
-    process.join(2.0)
-    code = process.exitcode
-    how = (
-        "is still running but closed its pipe" if code is None
-        else f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    )  # fmt: skip
-    return f"the engine core process {how}; the engine cannot go on"
 
 
 def _close(process: Any, pipe: Connection, wake_read: int, wake_write: int) -> None:

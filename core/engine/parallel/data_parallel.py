@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.outputs import RequestOutput
-from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, stop_processes
+from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, exit_reason, stop_processes
 from engine.parallel.prefix_router import PrefixAwareRouter
 from engine.parallel.replica import ReplicaInfo, StepReply, rebuild_error
 
@@ -78,13 +78,7 @@ class _Replica:
             return payload
 
     def _exit_reason(self) -> str:
-        self.process.join(2.0)
-        code = self.process.exitcode
-        how = (
-            "is still running but closed its pipe" if code is None
-            else f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        )  # fmt: skip
-        return f"data-parallel replica {self.index} {how}; the engine cannot go on"
+        return exit_reason(self.process, f"data-parallel replica {self.index}")
 
 
 class DataParallelEngine:

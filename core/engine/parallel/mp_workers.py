@@ -148,6 +148,18 @@ class ParallelWorkers(RankWorkers):
         self._finalizer()
 
 
+def exit_reason(process: Any, who: str, wait_s: float = 2.0) -> str:
+    """Why the engine cannot go on without ``who``, a process whose pipe failed: how it ended (waiting up to
+    ``wait_s`` for that to show), or that it still runs with its pipe closed."""
+    process.join(wait_s)
+    code = process.exitcode
+    how = (
+        "is still running but closed its pipe" if code is None
+        else f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    )  # fmt: skip
+    return f"{who} {how}; the engine cannot go on"
+
+
 def _last_words(pipe: Connection) -> str | None:
     """The reason an exited worker sent before it stopped (``("error", reason)``), if it sent one."""
     try:
