@@ -55,7 +55,7 @@ class EngineCoreClient:
         self.label_names = info.label_names
         self._num_total_blocks = info.num_total_blocks
         self._num_free_blocks = info.num_total_blocks
-        self._stats: dict[str, int | float] = {}
+        self._stats: dict[str, int | float] = dict(info.stats)
         self._decoder = OutputDeltaDecoder()
         self._inputs = InputProcessor(tokenizer, info.vocab_size, info.max_model_len)
         #: requests sent and neither finished, refused nor aborted

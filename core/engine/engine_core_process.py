@@ -42,6 +42,8 @@ class EngineCoreInfo:
     generation_defaults: dict[str, float | int]
     #: a classifier's label names by index (its config's ``id2label``); empty when unknown
     label_names: dict[int, str]
+    #: the engine's counters before any request (the server's metrics read them from the start)
+    stats: dict[str, int | float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ def run_engine_core(
             vocab_size=engine.model_config.vocab_size if model_config is not None else 0,
             generation_defaults=dict(engine.generation_defaults),
             label_names={int(k): str(v) for k, v in (raw or {}).items()},
+            stats=dict(engine.stats()),
         )))  # fmt: skip
         EngineCoreLoop(engine, pipe).run()
     except (EOFError, BrokenPipeError):

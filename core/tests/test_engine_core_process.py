@@ -177,6 +177,8 @@ def test_embeddings_cross_the_pipe_whole(tmp_path, hf_tokenizer_dir):
         EngineConfig(model=model_dir, device="cpu", dtype="float32", cache=CacheConfig(kv_cache_memory_bytes=16 << 20))
     )
     try:
+        # the core's counters are there before any request, for the server's metrics
+        assert client.stats()["num_running"] == 0 and client.num_free_blocks == client.num_total_blocks > 0
         with TestClient(build_app(AsyncLLMEngine(client))) as http:
             body = {"model": model_id(http), "input": texts, "encoding_format": "float"}
             data = http.post("/v1/embeddings", json=body).json()["data"]
