@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.engine_core_process import CoreStep, EngineCoreInfo
+from engine.errors import InvalidRequestError
 from engine.input_processor import InputProcessor
 from engine.output_deltas import OutputDeltaDecoder
 from engine.parallel.mp_workers import LOAD_TIMEOUT_S, WorkerFailed, exit_reason, stop_processes
@@ -135,9 +136,12 @@ class EngineCoreClient:
         not hold back the core's steps.
 
         Raises:
-            InvalidRequestError: an empty text prompt, or one too long for the context before tokenizing.
+            InvalidRequestError: ``request_id`` is in flight already (refused here, so that the request
+                using it goes on), an empty text prompt, or one too long for the context before tokenizing.
             WorkerFailed: the core's process is gone.
         """
+        if request_id in self._in_flight:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str) and options.get("prompt_token_ids") is None:
             options["prompt_token_ids"] = self._inputs.tokenize(prompt)
         self._send("add", (request_id, prompt, params, options))

@@ -19,6 +19,7 @@ from engine.config import CacheConfig, EngineConfig
 from engine.engine_core_client import EngineCoreClient
 from engine.entrypoints.openai.launcher import ServerProcess
 from engine.entrypoints.openai.server import build_app
+from engine.errors import InvalidRequestError
 from engine.request_stream import EngineDeadError
 
 SETTINGS = {"device": "cpu", "dtype": "float32", "max_model_len": 256}
@@ -111,6 +112,20 @@ def test_an_abandoned_stream_frees_its_blocks_in_the_core(app, core):
     assert stats.num_requests_in_flight == 0
     assert core.num_free_blocks == core.num_total_blocks
     assert core.stats()["num_running"] == 0
+
+
+def test_a_request_id_in_use_is_refused_and_its_request_goes_on(app):
+    engine = app.engine
+
+    async def run() -> list[int]:
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        stream = await engine.add_request("same-id", PROMPT, params)
+        with pytest.raises(InvalidRequestError, match="already in use"):
+            await engine.add_request("same-id", PROMPT, params)
+        outputs = [out async for out in stream]
+        return outputs[-1].outputs[0].token_ids
+
+    assert len(asyncio.run(run())) == 8
 
 
 def test_adapter_calls_reach_the_core(app):
