@@ -83,8 +83,11 @@ class EngineCoreClient:
         Raises:
             WorkerFailed: the core failed to build its engine (its one-line reason) or exited.
         """
+        from concurrent.futures import ThreadPoolExecutor
+
         from engine.engine_core_process import run_engine_core
         from engine.loader import load_tokenizer
+        from engine.loader.paths import resolve_model_path
 
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
@@ -94,16 +97,20 @@ class EngineCoreClient:
         )
         process.start()
         child.close()
-        try:
-            if not parent.poll(LOAD_TIMEOUT_S):
-                raise WorkerFailed(f"the engine core did not load within {LOAD_TIMEOUT_S:.0f} s")
-            kind, payload = _receive(parent, process)
-            if kind != "ready":
-                raise WorkerFailed(f"the engine core said {kind!r} before it was ready")
-            tokenizer = load_tokenizer(config.tokenizer or payload.model_path)
-        except BaseException:
-            stop_processes([process], [parent], [])
-            raise
+        # this process's tokenizer loads while the core builds its engine (seconds saved at start-up); a
+        # model the core cannot load is reported as the core says, before any error of this load
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
+            tokenizer_load = pool.submit(lambda: load_tokenizer(config.tokenizer or resolve_model_path(config.model)))
+            try:
+                if not parent.poll(LOAD_TIMEOUT_S):
+                    raise WorkerFailed(f"the engine core did not load within {LOAD_TIMEOUT_S:.0f} s")
+                kind, payload = _receive(parent, process)
+                if kind != "ready":
+                    raise WorkerFailed(f"the engine core said {kind!r} before it was ready")
+                tokenizer = tokenizer_load.result()
+            except BaseException:
+                stop_processes([process], [parent], [])
+                raise
         logger.info("engine core running in process %d", process.pid)
         return cls(process, parent, payload, tokenizer)
 
