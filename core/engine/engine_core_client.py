@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
-from engine.engine_core_process import CoreStep, EngineCoreInfo
+from engine.engine_core_process import CORE_NAME, CoreStep, EngineCoreInfo
 from engine.errors import InvalidRequestError
 from engine.input_processor import InputProcessor
 from engine.output_deltas import OutputDeltaDecoder
@@ -104,7 +104,11 @@ class EngineCoreClient:
             try:
                 if not parent.poll(LOAD_TIMEOUT_S):
                     raise WorkerFailed(f"the engine core did not load within {LOAD_TIMEOUT_S:.0f} s")
-                kind, payload = _receive(parent, process)
+                try:
+                    kind, payload = _receive(parent, process)
+                except WorkerFailed as exc:
+                    # a model or configuration the core cannot load reads as it would in this process
+                    raise WorkerFailed(str(exc).removeprefix(f"{CORE_NAME}: ")) from None
                 if kind != "ready":
                     raise WorkerFailed(f"the engine core said {kind!r} before it was ready")
                 tokenizer = tokenizer_load.result()

@@ -26,6 +26,9 @@ from engine.errors import InvalidRequestError, QueueFullError
 from engine.output_deltas import OutputDeltaEncoder
 from engine.parallel.replica import portable_error
 
+#: who the core's failures name (``exit_with_failure``'s ``who``)
+CORE_NAME = "engine core"
+
 #: the engine methods a ``("call", (name, args))`` message may run
 CALLS = ("add_lora", "remove_lora", "list_loras")
 
@@ -123,7 +126,7 @@ def run_engine_core(
     except (EOFError, BrokenPipeError):
         return  # the server is gone: so is this process's reason to run
     except BaseException as exc:
-        exit_with_failure(pipe, "engine core", exc)
+        exit_with_failure(pipe, CORE_NAME, exc)
     finally:
         if engine is not None:
             engine.shutdown()

@@ -202,3 +202,10 @@ def test_embeddings_cross_the_pipe_whole(tmp_path, hf_tokenizer_dir):
         assert cosine.min() >= 0.9999
     finally:
         client.shutdown()
+
+
+def test_a_model_the_core_cannot_load_reads_as_in_process(tmp_path):
+    from engine.parallel.mp_workers import WorkerFailed
+
+    with pytest.raises(WorkerFailed, match=r"^model path '.*missing' does not exist"):
+        EngineCoreClient.start(EngineConfig(model=str(tmp_path / "missing"), device="cpu"))
