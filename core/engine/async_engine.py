@@ -375,7 +375,7 @@ class AsyncLLMEngine:
             logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
             self._abort_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"), aborted=False)
             return
-        if self._remote is not None and not outputs:
+        if self._remote is not None and not self._remote.steps_read:
             return  # woken for a command before the core's next step came: no step to count
         self._num_steps += 1
         self._peak_batch = max(self._peak_batch, len(outputs))
@@ -427,8 +427,11 @@ class AsyncLLMEngine:
         self._streamed_tokens.clear()
 
     def _running_ids(self) -> set[str] | None:
-        # LLMEngine's scheduler lists the sequences it runs; other engines (data-parallel replicas in
-        # other processes, test fakes) do not say, and the observer falls back to their first output
+        # LLMEngine's scheduler lists the sequences it runs, an engine core in its own process reports
+        # them; other engines (data-parallel replicas, test fakes) do not say, and the observer falls back
+        # to their first output
+        if self._remote is not None:
+            return self._remote.running_ids()
         running = getattr(getattr(self.engine, "scheduler", None), "running", None)
         if not isinstance(running, list):
             return None

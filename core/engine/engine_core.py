@@ -61,6 +61,12 @@ class RemoteEngineCore(EngineCore, Protocol):
         """The requests the core took (None) or refused (the error) since the last call, in the order
         they were added; read after each ``step``."""
 
+    #: how many of the core's steps the last ``step`` read (0: it returned early, interrupted)
+    steps_read: int
+
+    def running_ids(self) -> set[str] | None:
+        """The requests in flight that the core has scheduled, or None when it does not say."""
+
     def interrupt(self) -> None:
         """Make a waiting ``step`` return now (called from any thread when a command is queued)."""
 

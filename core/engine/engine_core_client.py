@@ -67,6 +67,10 @@ class EngineCoreClient:
         #: core steps read while waiting for a call's answer, for the next :meth:`step`
         self._buffered: list[CoreStep] = []
         self._settled: list[tuple[str, Exception | None]] = []
+        #: requests in flight that the core's scheduler has run (None: the core does not say)
+        self._running: set[str] | None = set()
+        #: how many of the core's steps the last :meth:`step` read (0: it was interrupted first)
+        self.steps_read = 0
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._finalizer = weakref.finalize(self, _close, process, pipe, self._wake_read, self._wake_write)
@@ -165,6 +169,8 @@ class EngineCoreClient:
         for rid in ids:
             self._in_flight.discard(rid)
             self._decoder.forget(rid)
+            if self._running is not None:
+                self._running.discard(rid)
         self._send("abort", ids)
         self._unacknowledged += 1
 
@@ -172,6 +178,11 @@ class EngineCoreClient:
         """Requests the core took (None) or refused (the error) since the last call, in the order sent."""
         settled, self._settled = self._settled, []
         return settled
+
+    def running_ids(self) -> set[str] | None:
+        """Requests in flight that the core has scheduled (for the metrics' queue time), or None when the
+        core does not say."""
+        return self._running
 
     def interrupt(self) -> None:
         """Make a :meth:`step` that waits return now (with what it has), from any thread."""
@@ -195,6 +206,7 @@ class EngineCoreClient:
         while self.pipe.poll():
             self._buffer(*_receive(self.pipe, self.process))
         steps, self._buffered = self._buffered, []
+        self.steps_read = len(steps)
         outputs: list[Any] = []
         failures: list[str] = []
         decode, in_flight = self._decoder.decode, self._in_flight
@@ -206,12 +218,18 @@ class EngineCoreClient:
                 self._settled.append((request_id, rebuild_error(error) if error is not None else None))
             if core_step.failed is not None:
                 failures.append(core_step.failed)
+            if core_step.scheduled is None:
+                self._running = None
+            elif self._running is not None:
+                self._running.update(core_step.scheduled)
             for delta in core_step.outputs:
                 if delta.request_id not in in_flight:
                     continue  # aborted after the core sent it
                 output = decode(delta)
                 if output.finished:
                     in_flight.discard(output.request_id)
+                    if self._running is not None:
+                        self._running.discard(output.request_id)
                 outputs.append(output)
             self._num_free_blocks = core_step.num_free_blocks
             self._stats = core_step.stats

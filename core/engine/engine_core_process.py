@@ -61,6 +61,8 @@ class CoreStep:
             error that refused it, in the order they arrived.
         outputs: the step's outputs as :class:`~engine.output_deltas.OutputDelta` (pooling outputs whole).
         failed: the step raised (its message): the requests in flight are to be failed; the core goes on.
+        scheduled: requests the scheduler ran for the first time in this step, for the server's queue-time
+            metrics (None: the engine does not say, as the data-parallel front does not).
         has_unfinished: whether the core has requests left.
         num_free_blocks: KV blocks free after the step.
         stats: the engine's counters after the step.
@@ -70,6 +72,7 @@ class CoreStep:
     settled: list[tuple[str, tuple[str, str, dict[str, Any]] | None]]
     outputs: list[Any]
     failed: str | None
+    scheduled: list[str] | None
     has_unfinished: bool
     num_free_blocks: int
     stats: dict[str, int | float] = field(default_factory=dict)
@@ -144,6 +147,8 @@ class EngineCoreLoop:
         self.engine = engine
         self.pipe = pipe
         self.encoder = OutputDeltaEncoder()
+        #: requests in flight that the scheduler has run (reported once, in :attr:`CoreStep.scheduled`)
+        self._scheduled: set[str] = set()
 
     def run(self) -> None:
         """Serve until ``("stop", None)`` or until the server's end of the pipe closes (``EOFError``).
@@ -167,6 +172,7 @@ class EngineCoreLoop:
                 message = pipe.recv()
             outputs: list[Any] = []
             failed = None
+            scheduled: list[str] | None = []
             if engine.has_unfinished_requests():
                 try:
                     outputs = engine.step()
@@ -175,11 +181,26 @@ class EngineCoreLoop:
                     if workers is not None and workers.failure(0.0) is not None:
                         raise  # a rank of this engine is gone: so is the engine
                     failed = f"{type(exc).__name__}: {exc}"
-            if applied or outputs or failed is not None:
+                scheduled = self._newly_scheduled(outputs)
+            if applied or outputs or scheduled or failed is not None:
                 pipe.send(("step", CoreStep(
-                    applied, settled, [self.encoder.encode(o) for o in outputs], failed, engine.has_unfinished_requests(),
+                    applied, settled, [self.encoder.encode(o) for o in outputs], failed, scheduled,
+                    engine.has_unfinished_requests(),
                     engine.num_free_blocks, dict(engine.stats()),
                 )))  # fmt: skip
+
+    def _newly_scheduled(self, outputs: list[Any]) -> list[str] | None:
+        running = getattr(getattr(self.engine, "scheduler", None), "running", None)
+        if not isinstance(running, list):
+            return None
+        scheduled = self._scheduled
+        for out in outputs:
+            if out.finished:
+                scheduled.discard(out.request_id)
+        new = {seq.request_id for seq in running}
+        new.difference_update(scheduled)
+        scheduled.update(new)
+        return list(new)
 
     def _apply(self, message: tuple[str, Any], settled: list[tuple[str, Any]]) -> int:
         """Apply one message other than ``stop``; 1 for an ``add`` or ``abort`` (what ``CoreStep.applied``
@@ -196,6 +217,7 @@ class EngineCoreLoop:
         elif kind == "abort":
             self.engine.abort_request(payload)
             self.encoder.forget(payload)
+            self._scheduled.difference_update(payload)
         elif kind == "call":
             name, args = payload
             if name not in CALLS:

@@ -209,3 +209,24 @@ def test_a_model_the_core_cannot_load_reads_as_in_process(tmp_path):
 
     with pytest.raises(WorkerFailed, match=r"^model path '.*missing' does not exist"):
         EngineCoreClient.start(EngineConfig(model=str(tmp_path / "missing"), device="cpu"))
+
+
+def test_the_core_reports_a_chunked_prompt_scheduled_before_its_first_token(tiny_llama_dir):
+    """The metrics' queue time ends when the scheduler first runs a request: the core says so in the step
+    that ran its first chunk, before any token (without it, the server would count the chunks as queueing)."""
+    config = EngineConfig(model=tiny_llama_dir, cache=CacheConfig(kv_cache_memory_bytes=16 << 20),
+                          scheduler={"max_num_batched_tokens": 32}, **SETTINGS)  # fmt: skip
+    client = EngineCoreClient.start(config)
+    try:
+        client.add_request("chunked", list(range(1000, 1100)), SamplingParams(max_tokens=3, ignore_eos=True))
+        outputs = []
+        while "chunked" not in (client.running_ids() or set()):
+            assert client.has_unfinished_requests(), "the core never said it scheduled the request"
+            outputs += client.step()
+        assert outputs == []  # scheduled, still prefilling its 100 tokens 32 at a time
+        while not (outputs and outputs[-1].finished):
+            outputs += client.step()
+        assert len(outputs[-1].outputs[0].token_ids) == 3
+        assert client.running_ids() == set()
+    finally:
+        client.shutdown()
