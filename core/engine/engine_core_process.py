@@ -18,13 +18,16 @@ took them. Messages on the pipe are ``(kind, payload)``:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from engine.errors import InvalidRequestError, QueueFullError
+from engine.errors import FatalEngineError
 from engine.output_deltas import OutputDeltaEncoder
 from engine.parallel.replica import portable_error
+
+logger = logging.getLogger(__name__)
 
 #: who the core's failures name (``exit_with_failure``'s ``who``)
 CORE_NAME = "engine core"
@@ -98,8 +101,6 @@ def run_engine_core(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if logging_setup is not None:
-        import logging
-
         level, fmt = logging_setup
         logging.basicConfig(level=level, format=fmt)
     from engine.config import EngineConfig
@@ -149,6 +150,8 @@ class EngineCoreLoop:
         self.encoder = OutputDeltaEncoder()
         #: requests in flight that the scheduler has run (reported once, in :attr:`CoreStep.scheduled`)
         self._scheduled: set[str] = set()
+        #: requests taken and not yet finished or aborted
+        self._live: set[str] = set()
 
     def run(self) -> None:
         """Serve until ``("stop", None)`` or until the server's end of the pipe closes (``EOFError``).
@@ -176,12 +179,18 @@ class EngineCoreLoop:
             if engine.has_unfinished_requests():
                 try:
                     outputs = engine.step()
-                except (InvalidRequestError, QueueFullError, RuntimeError, ValueError) as exc:
-                    workers = getattr(engine, "workers", None)
-                    if workers is not None and workers.failure(0.0) is not None:
-                        raise  # a rank of this engine is gone: so is the engine
+                except FatalEngineError:
+                    raise  # a rank or replica of this engine is gone: so is the engine
+                except Exception as exc:  # as in one process: the requests in flight fail, serving goes on
+                    logger.exception("engine step failed; aborting %d request(s)", len(self._live))
                     failed = f"{type(exc).__name__}: {exc}"
-                scheduled = self._newly_scheduled(outputs)
+                    # the server fails them too; aborted here, they are not stepped (and fail) again meanwhile
+                    self._abort(list(self._live))
+                for out in outputs:
+                    if out.finished:
+                        self._live.discard(out.request_id)
+                        self._scheduled.discard(out.request_id)
+                scheduled = self._newly_scheduled()
             if applied or outputs or scheduled or failed is not None:
                 pipe.send(("step", CoreStep(
                     applied, settled, [self.encoder.encode(o) for o in outputs], failed, scheduled,
@@ -189,18 +198,20 @@ class EngineCoreLoop:
                     engine.num_free_blocks, dict(engine.stats()),
                 )))  # fmt: skip
 
-    def _newly_scheduled(self, outputs: list[Any]) -> list[str] | None:
+    def _newly_scheduled(self) -> list[str] | None:
         running = getattr(getattr(self.engine, "scheduler", None), "running", None)
         if not isinstance(running, list):
             return None
-        scheduled = self._scheduled
-        for out in outputs:
-            if out.finished:
-                scheduled.discard(out.request_id)
         new = {seq.request_id for seq in running}
-        new.difference_update(scheduled)
-        scheduled.update(new)
+        new.difference_update(self._scheduled)
+        self._scheduled.update(new)
         return list(new)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)
+        self.encoder.forget(request_ids)
+        self._scheduled.difference_update(request_ids)
+        self._live.difference_update(request_ids)
 
     def _apply(self, message: tuple[str, Any], settled: list[tuple[str, Any]]) -> int:
         """Apply one message other than ``stop``; 1 for an ``add`` or ``abort`` (what ``CoreStep.applied``
@@ -210,14 +221,13 @@ class EngineCoreLoop:
             request_id, prompt, params, options = payload
             try:
                 self.engine.add_request(request_id, prompt, params, **options)
-            except (InvalidRequestError, QueueFullError, ValueError) as exc:
+            except Exception as exc:  # a refusal travels back to the caller, who decides the HTTP status
                 settled.append((request_id, portable_error(exc)))
             else:
                 settled.append((request_id, None))
+                self._live.add(request_id)
         elif kind == "abort":
-            self.engine.abort_request(payload)
-            self.encoder.forget(payload)
-            self._scheduled.difference_update(payload)
+            self._abort(payload)
         elif kind == "call":
             name, args = payload
             if name not in CALLS:

@@ -230,3 +230,88 @@ def test_the_core_reports_a_chunked_prompt_scheduled_before_its_first_token(tiny
         assert client.running_ids() == set()
     finally:
         client.shutdown()
+
+
+class FailingStepEngine:
+    """Just what the core's loop asks of an engine; a step with prompt [666] in it raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.requests: dict[str, list[int]] = {}
+        self.num_free_blocks = self.num_total_blocks = 8
+
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        self.requests[request_id] = prompt
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.requests.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> dict[str, int]:
+        return {"num_running": len(self.requests)}
+
+    def step(self) -> list:
+        if [666] in self.requests.values():
+            raise self.error
+        from engine.outputs import CompletionOutput, RequestOutput
+
+        done, self.requests = self.requests, {}
+        return [RequestOutput(rid, None, p, [CompletionOutput(0, "x", [7], finish_reason="length")], finished=True)
+                for rid, p in done.items()]  # fmt: skip
+
+
+def run_loop(engine: FailingStepEngine, messages: list[tuple]) -> tuple[list, BaseException | None]:
+    """Run a core loop on a thread over ``messages``, each sent once the core answered the one before
+    (``stop`` last); returns its ``CoreStep`` replies and what it raised."""
+    import multiprocessing
+    import threading
+
+    from engine.engine_core_process import EngineCoreLoop
+
+    server, core = multiprocessing.Pipe()
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            EngineCoreLoop(engine, core).run()
+        except BaseException as exc:
+            raised.append(exc)
+        finally:
+            core.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    replies = []
+    for message in [*messages, ("stop", None)]:
+        if not thread.is_alive():
+            break
+        server.send(message)
+        try:
+            while server.poll(0.5):  # what that message brought about
+                replies.append(server.recv()[1])
+        except EOFError:
+            break  # the core stopped
+    thread.join(30)
+    return replies, raised[0] if raised else None
+
+
+def test_a_failed_step_fails_its_requests_and_the_core_goes_on():
+    params = SamplingParams(max_tokens=1)
+    replies, raised = run_loop(FailingStepEngine(KeyError("a bug")), [
+        ("add", ("bad", [666], params, {})), ("add", ("good", [5], params, {})),
+    ])  # fmt: skip
+    assert raised is None
+    # one failed step: the core aborted the request in it at once, rather than stepping it again
+    assert [r.failed for r in replies if r.failed] == ["KeyError: 'a bug'"]
+    assert [d.request_id for r in replies for d in r.outputs] == ["good"]
+
+
+def test_a_fatal_step_ends_the_core():
+    from engine.parallel.mp_workers import WorkerFailed
+
+    params = SamplingParams(max_tokens=1)
+    _, raised = run_loop(FailingStepEngine(WorkerFailed("rank 1 exited")), [("add", ("bad", [666], params, {}))])
+    assert isinstance(raised, WorkerFailed)
