@@ -66,7 +66,6 @@ class CoreStep:
         failed: the step raised (its message): the requests in flight are to be failed; the core goes on.
         scheduled: requests the scheduler ran for the first time in this step, for the server's queue-time
             metrics (None: the engine does not say, as the data-parallel front does not).
-        has_unfinished: whether the core has requests left.
         num_free_blocks: KV blocks free after the step.
         stats: the engine's counters after the step.
     """
@@ -76,7 +75,6 @@ class CoreStep:
     outputs: list[Any]
     failed: str | None
     scheduled: list[str] | None
-    has_unfinished: bool
     num_free_blocks: int
     stats: dict[str, int | float] = field(default_factory=dict)
 
@@ -194,7 +192,6 @@ class EngineCoreLoop:
             if applied or outputs or scheduled or failed is not None:
                 pipe.send(("step", CoreStep(
                     applied, settled, [self.encoder.encode(o) for o in outputs], failed, scheduled,
-                    engine.has_unfinished_requests(),
                     engine.num_free_blocks, dict(engine.stats()),
                 )))  # fmt: skip
 
