@@ -61,6 +61,29 @@ def test_decode_split_context(device, splits, feature):
     check(out, problem, f"decode splits={splits} {feature}")
 
 
+@pytest.mark.parametrize("splits", [8, 16])
+@pytest.mark.parametrize("window", [None, 12])
+def test_decode_merges_only_the_splits_that_hold_keys(device, splits, window, monkeypatch):
+    """A graph's split count is fixed for any context: splits past a short context's end write no partials
+    and the merge must not read them. The partial buffers start as NaN here, so a merge that read an
+    unwritten split would give NaN."""
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, seed=60 + splits, sliding_window=window)
+    md = problem.metadata
+    out = torch.full_like(problem.query, float("nan"))
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "empty", nan_empty)
+        launchers.paged_decode(
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, tuning(), window=window
+        )  # fmt: skip
+    check(out, problem, f"decode splits={splits} window={window}, most splits idle")
+
+
 @pytest.mark.parametrize("splits", [2, 4])
 def test_decode_last_split_merges_when_given_arrival_counts(device, splits):
     """With ``arrivals`` the split programs count themselves and the last of each KV head's merges its

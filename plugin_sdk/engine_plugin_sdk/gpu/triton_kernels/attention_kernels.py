@@ -258,6 +258,7 @@ def paged_decode_kernel(
     USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, IS_FP32: tl.constexpr, WRITE_KV: tl.constexpr,
     DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
     HEAD_NORM: tl.constexpr, MERGE_LAST: tl.constexpr, EARLY_KV: tl.constexpr = True,
+    SKIP_IDLE: tl.constexpr = False,
 ):
     """One program: every query head of one KV head of one sequence (one new token each), over one
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
@@ -283,6 +284,9 @@ def paged_decode_kernel(
     ``HEAD_NORM`` (with ``ROTARY``): before rotating, each head's query row and the new key are
     RMS-normalised over the head (``q_norm`` / ``k_norm`` scales, float32, rounded to the input dtype as
     the norm kernel stores them): a dim's rotation partner is normalised by the same row statistic.
+
+    ``SKIP_IDLE`` (several splits, merged by :func:`decode_merge_kernel`): a split past the end of its
+    sequence's context writes no partials and ends at once.
 
     Under PDL with ``WRITE_KV`` (and ``EARLY_KV``) a program reads its context length, block table and
     first key and value tiles before it waits for the kernel that wrote the query: none of them is written
@@ -317,6 +321,12 @@ def paged_decode_kernel(
     span = seq_len - lo
     per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
+    if SKIP_IDLE:
+        # a graph's split count is fixed for any context: the splits past a short one's end have nothing to
+        # do, and the merge does not read them; they leave at once (before any wait: split 0 always waits,
+        # so the launch still ends after its predecessor)
+        if (split > 0) & (start >= seq_len):
+            return
     end = tl.minimum(start + per_split, seq_len)
     q_pos = seq_len - 1
     # with WRITE_KV the last position comes from new_k / new_v, not from the cache
@@ -474,14 +484,24 @@ def _merge_head(
 
 @triton.jit
 def decode_merge_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, seq_lens_ptr, window,
     stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Join the splits of one head of one sequence (see :func:`_merge_head`)."""
+    """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
+    :func:`paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
     pdl_begin(USE_PDL)
-    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                tl.num_programs(1), stride_o_tok, stride_o_head, NUM_SPLITS, NUM_SPLITS, HEAD_DIM, D_PAD, False)
+    seq = tl.program_id(0).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - window)
+    span = seq_len - lo
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
+    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
+                tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)

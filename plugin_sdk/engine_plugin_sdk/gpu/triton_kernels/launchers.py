@@ -213,6 +213,8 @@ def paged_decode(
         q_norm = k_norm = query  # unused by the kernel
         norm_eps = 0.0
     merge_last = num_splits > 1 and arrivals is not None and arrivals.numel() >= num_seqs * kv_heads
+    tiles = tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim)
+    flags = _attention_flags(query, kv_cache, window, soft_cap)
     ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         out, part_acc, part_ml, arrivals if merge_last else seq_lens, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
         new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table, q_norm, k_norm,
@@ -223,15 +225,15 @@ def paged_decode(
         NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
-        MERGE_LAST=merge_last, EARLY_KV=tuning.decode_early_kv,
-        **tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim),
-        **_attention_flags(query, kv_cache, window, soft_cap), **pdl.launch_options(),
+        MERGE_LAST=merge_last, EARLY_KV=tuning.decode_early_kv, SKIP_IDLE=num_splits > 1 and not merge_last,
+        **tiles, **flags, **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
         ak.decode_merge_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_ml, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, num_warps=ek_warps, **pdl.launch_options(),
+            out, part_acc, part_ml, seq_lens, int(window or 0), out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_N=tiles["BLOCK_N"],
+            USE_WINDOW=flags["USE_WINDOW"], num_warps=ek_warps, **pdl.launch_options(),
         )  # fmt: skip
 
 
