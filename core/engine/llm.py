@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 from collections.abc import Sequence as Seq
@@ -312,12 +313,20 @@ class LLM:
         if freeze:
             gc.freeze()
         try:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as tokenizer:
+            # one chunk has nothing to overlap with: it is tokenized here (a worker thread started per call
+            # cost about 1 ms, a batch-1 call's whole host overhead on a GPU being a few)
+            worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") if len(chunks) > 1 else None
+            with worker or contextlib.nullcontext():
 
                 def tokenize(index: int) -> Future[list[list[int]]] | None:
                     if index >= len(chunks):
                         return None
-                    return tokenizer.submit(engine.tokenize_prompts, [r[0] for r in chunks[index]])
+                    prompts = [r[0] for r in chunks[index]]
+                    if worker is not None:
+                        return worker.submit(engine.tokenize_prompts, prompts)
+                    done: Future[list[list[int]]] = Future()
+                    done.set_result(engine.tokenize_prompts(prompts))
+                    return done
 
                 pending = tokenize(0)
                 results: dict[str, RequestOutput] = {}

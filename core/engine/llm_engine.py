@@ -378,6 +378,7 @@ class LLMEngine(PoolingSteps, RequestAdmission, StepResults):
                 # a sequence the previous step's tokens finished has its extra row dropped
                 if not seq.is_finished:
                     seq.output_token_ids.append(PENDING_TOKEN)
+                    seq.last_token_in_flight = self._length_reached(seq)
             self._in_flight = launched
         for out in outputs:
             if out.finished:
@@ -390,6 +391,12 @@ class LLMEngine(PoolingSteps, RequestAdmission, StepResults):
             outputs.append(out)
         outputs.extend(self._read_pooled(launched.pooled if launched is not None else None))  # type: ignore[arg-type]
         return outputs
+
+    def _length_reached(self, seq: Sequence) -> bool:
+        """Whether ``seq`` ends by length with the token it has in flight (``max_tokens`` or the context
+        limit): then no step is scheduled for it after that one, which would compute a row only to drop it."""
+        max_tokens = seq.params.max_tokens
+        return (max_tokens is not None and len(seq.output_token_ids) >= max_tokens) or seq.num_tokens >= self.max_model_len
 
     def stats(self) -> dict[str, int | float]:
         """Counters for the server's metrics."""

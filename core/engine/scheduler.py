@@ -259,8 +259,8 @@ class Scheduler(SchedulerInterface):
         for seq in order:
             if budget <= 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this step
+            if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
+                continue  # preempted earlier in this step, or its last token is being computed
             n = min(seq.num_uncomputed_tokens, budget)
             start = seq.num_computed_tokens
             # a decode with proposals verifies them in the same step, room allowing

@@ -67,6 +67,9 @@ class Sequence:
     whole_prompt: bool = False
     #: speculative decoding: tokens proposed after the last one, checked by the next step
     spec_tokens: list[int] = field(default_factory=list)
+    #: the token of a step still in flight is its last: a length limit (``max_tokens``, the context) ends it
+    #: whatever that token is, so the scheduler gives it no further row (async scheduling)
+    last_token_in_flight: bool = False
     #: the LoRA adapter it runs under (``LoRARequest.lora_int_id``), 0 for the base model
     lora_id: int = 0
     #: what the adapter adds to the prefix-cache key (prompts under different adapters share no blocks)

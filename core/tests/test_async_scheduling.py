@@ -127,6 +127,47 @@ def test_streamed_steps_and_abort_in_flight(pair):
     assert_all_blocks_free(overlapped)
 
 
+def test_a_request_that_ends_by_length_gets_no_row_after_its_last_token(tiny_llama_dir, pair):
+    """``max_tokens`` (or the context limit) ends a sequence whatever its last token is: once that token is
+    in flight no step computes another row for it, so a request of n tokens runs n steps, as the
+    synchronous engine does (one prefill step and n - 1 decodes), not n + 1."""
+    overlapped, synchronous = pair
+    rows: list[int] = []
+    launch = overlapped.llm_engine.runner.launch
+
+    def counting_launch(plan, *args, **kwargs):
+        rows.append(len(plan.scheduled))
+        return launch(plan, *args, **kwargs)
+
+    overlapped.llm_engine.runner.launch = counting_launch
+    try:
+        for n in (1, 2, 5):
+            rows.clear()
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            got = overlapped.generate(PROMPTS[0], params, use_tqdm=False)
+            assert got[0].outputs[0].token_ids == synchronous.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids
+            assert rows == [1] * n, (n, rows)
+        # two requests ending at different lengths: the shorter one's row leaves the step after its last token
+        rows.clear()
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 4)]
+        assert [len(o.outputs[0].token_ids) for o in overlapped.generate(PROMPTS[:2], params, use_tqdm=False)] == [2, 4]
+        assert rows == [2, 2, 1, 1], rows
+    finally:
+        overlapped.llm_engine.runner.launch = launch
+    assert_all_blocks_free(overlapped)
+    # the context limit: a window five tokens past the prompt ends the sequence there, its last token in flight
+    prompt = overlapped.llm_engine.tokenizer.encode(PROMPTS[3])
+    short = _llm(tiny_llama_dir, True, max_model_len=len(prompt) + 5, kv_cache_memory_bytes=8 << 20)
+    rows.clear()
+    short_launch = short.llm_engine.runner.launch
+    short.llm_engine.runner.launch = lambda plan, *a, **k: (rows.append(len(plan.scheduled)), short_launch(plan, *a, **k))[1]
+    out = short.generate([prompt], SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    produced = len(out[0].outputs[0].token_ids)
+    assert produced == 5 and out[0].outputs[0].finish_reason == "length"
+    assert rows == [1] * produced, rows
+    assert_all_blocks_free(short)
+
+
 def test_a_step_that_cannot_overlap_after_one_that_did_adds_nothing_to_what_it_finished(pair):
     """A greedy request finished by an overlapped step's token, read only after the next step (which cannot
     overlap: a sampled request joined) was issued with a row for it: that row's token is dropped, whatever
@@ -148,8 +189,8 @@ def test_a_step_that_cannot_overlap_after_one_that_did_adds_nothing_to_what_it_f
 def test_unseeded_draws_overlap_and_equal_the_synchronous_engine(tiny_llama_dir):
     """Rows drawn with the engine's generator (temperature, top-k, min-p; no seed, nothing processed) leave
     their tokens in flight like greedy rows, and give the synchronous engine's tokens while every row is
-    still running (a row that ended in the step in flight is computed once more and takes a draw of the
-    shared generator, so after a row ends the two engines' draws part); a top-p row without top-k (whose
+    still running (a row that a stop ended in the step in flight is computed once more and takes a draw of
+    the shared generator, so after such a row ends the two engines' draws part); a top-p row without top-k (whose
     nucleus may need a second pass) and a seeded row still sample synchronously."""
     overlapped = _llm(tiny_llama_dir, True, seed=5, kv_cache_memory_bytes=32 << 20)
     synchronous = _llm(tiny_llama_dir, False, seed=5, kv_cache_memory_bytes=32 << 20)
