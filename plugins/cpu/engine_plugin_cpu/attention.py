@@ -120,7 +120,11 @@ class CpuAttentionBackend(AttentionBackend):
         if single:
             torch.set_num_threads(1)
         try:
-            self._store(key, value, kv_cache, plan.write_rows, plan.write_slots)
+            if metadata.causal or plan.decode or not all(seq.plain_causal for seq in plan.prefills):
+                self._store(key, value, kv_cache, plan.write_rows, plan.write_slots)
+            # else a non-causal step (an encoder's whole prompts) attends to its own rows, and its keys and
+            # values are never read again (never prefix-matched, never decoded): the cache is not written
+            # (bge-small, 64 texts of 128 tokens in bf16: 2.5 of a layer's 39 ms)
             out = torch.empty_like(query)
             for group in plan.decode:
                 self._decode(query, kv_cache, group, metadata, out)

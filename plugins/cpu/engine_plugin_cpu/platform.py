@@ -200,7 +200,11 @@ class CpuPlatform(Platform):
         return cpu_op_overrides(self.native_kernels())
 
     def use_device(self, local_rank: int) -> None:
-        """Every rank and replica drives the host CPU (they share its cores)."""
+        """Every rank and replica drives the host CPU (they share its cores); each process that does tunes
+        its heap for the steps' large activations (:mod:`engine_plugin_cpu.heap`)."""
+        from engine_plugin_cpu.heap import tune_process_heap
+
+        tune_process_heap()
 
     def make_communicator(
         self, world_size: int, rank: int, init_method: str, local_rank: int = 0

@@ -213,6 +213,20 @@ def test_not_causal() -> None:
     check(backend, make_batch(backend, [(0, 12), (30, 6), (17, 1)], causal=False, seed=5))
 
 
+def test_not_causal_whole_prompts_leave_the_cache_alone() -> None:
+    """An encoder's step (whole prompts, no prefix) attends to its own rows; its keys and values are never
+    read again, so the cache stays as it was, while a non-causal step over a cached prefix still writes."""
+    backend = CpuAttentionBackend()
+    batch = make_batch(backend, [(0, 12), (0, 12), (0, 7)], causal=False, seed=6)
+    before = batch.kv_cache.clone()
+    check(backend, batch)
+    assert torch.equal(batch.kv_cache, before)
+    prefixed = make_batch(backend, [(0, 12), (30, 6)], causal=False, seed=7)
+    before = prefixed.kv_cache.clone()
+    check(backend, prefixed)
+    assert not torch.equal(prefixed.kv_cache, before)
+
+
 @pytest.mark.parametrize("use_flash", [True, False], ids=["flash", "matmul"])
 @pytest.mark.parametrize(
     "features",
