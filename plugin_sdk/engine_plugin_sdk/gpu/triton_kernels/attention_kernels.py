@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import _merge_head
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 LOG2E = 1.4426950408889634
@@ -264,7 +265,7 @@ def paged_decode_kernel(
     contiguous share of the context (flash-decoding). Keys are read once for the whole head group.
 
     With one split the normalised result goes straight to ``out``; otherwise the unnormalised
-    accumulator and its running max / sum go to the partial buffers for :func:`decode_merge_kernel`; with
+    accumulator and its running max / sum go to the partial buffers for :func:`.decode_merge_kernels.decode_merge_kernel`; with
     ``MERGE_LAST`` each program counts itself in ``arrivals[seq, kv_head]`` (int32, zero before the launch)
     and the last of the splits to arrive merges the group's heads itself and sets the count back to zero:
     one launch fewer per layer. Rows with ``seq_len == 0`` (graph padding) produce zeros.
@@ -285,7 +286,7 @@ def paged_decode_kernel(
     RMS-normalised over the head (``q_norm`` / ``k_norm`` scales, float32, rounded to the input dtype as
     the norm kernel stores them): a dim's rotation partner is normalised by the same row statistic.
 
-    ``SKIP_IDLE`` (several splits, merged by :func:`decode_merge_kernel`): a split past the end of its
+    ``SKIP_IDLE`` (several splits, merged by :func:`.decode_merge_kernels.decode_merge_kernel`): a split past the end of its
     sequence's context writes no partials and ends at once.
 
     Under PDL with ``WRITE_KV`` (and ``EARLY_KV``) a program reads its context length, block table and
@@ -446,62 +447,6 @@ def paged_decode_kernel(
                     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,
                                 num_heads, stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, True)
                 tl.atomic_xchg(count, 0)
-
-
-@triton.jit
-def _merge_head(
-    out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
-    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, FROM_L2: tl.constexpr,
-):
-    """Join the first ``used`` splits of one head of one sequence (the others are empty: not read):
-    rescale each by exp(m_s - max m) and normalise. ``FROM_L2``: the partials are read past L1 (``.cg``),
-    as a program reading what other programs of its own launch wrote must (a flag, not the modifier's
-    string: Triton 3.6 does not take a string constexpr through a call)."""
-    offs_s = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, D_PAD)
-    s_ok = offs_s < used
-    part = (seq * num_heads + head) * NUM_SPLITS + offs_s
-    if FROM_L2:
-        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-    else:
-        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
-        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
-        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)
-    denom = tl.sum(w * l_s, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
-    tl.store(
-        out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
-    )
-
-
-@triton.jit
-def decode_merge_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, seq_lens_ptr, window,
-    stride_o_tok, stride_o_head,
-    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
-    :func:`paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
-    pdl_begin(USE_PDL)
-    seq = tl.program_id(0).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(0, seq_len - window)
-    span = seq_len - lo
-    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
-    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
-                tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)

@@ -12,6 +12,7 @@ import torch
 
 from engine_plugin_sdk.dtypes import FP8_DTYPES
 from engine_plugin_sdk.gpu.triton_kernels import attention_kernels as ak
+from engine_plugin_sdk.gpu.triton_kernels import decode_merge_kernels as dmk
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning, next_power_of_2
@@ -230,7 +231,7 @@ def paged_decode(
     )  # fmt: skip
     if num_splits > 1 and not merge_last:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
-        ak.decode_merge_kernel[(num_seqs, num_heads)](
+        dmk.decode_merge_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, seq_lens, int(window or 0), out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_N=tiles["BLOCK_N"],
             USE_WINDOW=flags["USE_WINDOW"], num_warps=ek_warps, **pdl.launch_options(),

@@ -1,0 +1,65 @@
+"""The second half of split-context decode attention: joining each head's splits (flash-decoding's merge),
+as its own kernel or from the decode kernel's last split (``MERGE_LAST``, see ``attention_kernels``)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
+
+
+@triton.jit
+def _merge_head(
+    out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
+    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, FROM_L2: tl.constexpr,
+):
+    """Join the first ``used`` splits of one head of one sequence (the others are empty: not read):
+    rescale each by exp(m_s - max m) and normalise. ``FROM_L2``: the partials are read past L1 (``.cg``),
+    as a program reading what other programs of its own launch wrote must (a flag, not the modifier's
+    string: Triton 3.6 does not take a string constexpr through a call)."""
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
+    s_ok = offs_s < used
+    part = (seq * num_heads + head) * NUM_SPLITS + offs_s
+    if FROM_L2:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+    else:
+        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * l_s, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.maximum(denom, 1.0e-30)
+    tl.store(
+        out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+@triton.jit
+def decode_merge_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr, seq_lens_ptr, window,
+    stride_o_tok, stride_o_head,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
+    :func:`.attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
+    pdl_begin(USE_PDL)
+    seq = tl.program_id(0).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - window)
+    span = seq_len - lo
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
+    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
+                tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)
