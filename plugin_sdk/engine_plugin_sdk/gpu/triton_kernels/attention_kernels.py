@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import _merge_head
+from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import _merge_head, split_share
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 LOG2E = 1.4426950408889634
@@ -316,11 +316,7 @@ def paged_decode_kernel(
     g_ok = offs_g < NUM_QUERIES_PER_KV
     d_ok = offs_d < HEAD_DIM
     row = seq.to(tl.int64)
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(0, seq_len - window)
-    span = seq_len - lo
-    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW)
     start = lo + split * per_split
     if SKIP_IDLE:
         # a graph's split count is fixed for any context: the splits past a short one's end have nothing to

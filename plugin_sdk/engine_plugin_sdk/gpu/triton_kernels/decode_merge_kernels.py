@@ -10,6 +10,19 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
 
 
 @triton.jit
+def split_share(seq_len, window, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """How a sequence's context is cut across the decode kernel's splits: ``(lo, span, per_split)``, the
+    first key any split reads, the keys they read in all, and each split's share (whole ``BLOCK_N`` tiles).
+    The decode kernel and the merge both take it from here, so they agree on which splits hold keys."""
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - window)
+    span = seq_len - lo
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    return lo, span, per_split
+
+
+@triton.jit
 def _merge_head(
     out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
     used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, FROM_L2: tl.constexpr,
@@ -55,11 +68,7 @@ def decode_merge_kernel(
     pdl_begin(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(0, seq_len - window)
-    span = seq_len - lo
-    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    _, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW)
     used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
                 tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)
