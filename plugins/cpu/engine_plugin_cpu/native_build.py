@@ -37,6 +37,10 @@ SOURCE_DIR = Path(__file__).with_name("csrc")
 REQUIRED_CPU_FLAGS = frozenset(
     {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c", "fma"}
 )
+#: instructions the tile kernels (encoder attention) add; compiled per function, run only where present
+AMX_CPU_FLAGS = frozenset({"amx_tile", "amx_bf16"})
+#: set to 0 to keep torch's kernels where the C kernels would use AMX tiles
+AMX_ENV = "ENGINE_CPU_AMX"
 COMPILE_FLAGS = (
     "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11",
     "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c", "-mfma",
@@ -62,6 +66,10 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
     "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64], _INT),
+    "amx_request": ([], _INT),
+    "encoder_attention_bf16": (
+        [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT], _INT
+    ),
     "paged_decode_bf16": (
         [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
          _F32, _F32, _I64, _INT],
@@ -82,6 +90,15 @@ class NativeLoad:
 def native_enabled(environ: dict[str, str] | os._Environ | None = None) -> bool:
     value = (os.environ if environ is None else environ).get(NATIVE_ENV, "1")
     return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def amx_usable(flags: frozenset[str] | None = None, environ: dict[str, str] | os._Environ | None = None) -> bool:
+    """Whether the tile kernels may run: the CPU has AMX-BF16 and ``ENGINE_CPU_AMX`` is not 0 (the OS
+    must still grant the tile state, which :class:`NativeKernels` asks for)."""
+    value = (os.environ if environ is None else environ).get(AMX_ENV, "1")
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return AMX_CPU_FLAGS <= (cpu_flags() if flags is None else flags)
 
 
 def cache_dir(environ: dict[str, str] | os._Environ | None = None) -> Path:

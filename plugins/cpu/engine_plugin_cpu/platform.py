@@ -167,14 +167,14 @@ class CpuPlatform(Platform):
             self._native_checked = True
             if compile_enabled():
                 return None
-            from engine_plugin_cpu.native_build import load_native
+            from engine_plugin_cpu.native_build import amx_usable, load_native
             from engine_plugin_cpu.native_kernels import NativeKernels
 
             loaded = load_native()
             if loaded.lib is None:
                 logger.info("CPU C kernels not used (%s); running torch's kernels", loaded.reason)
             else:
-                self._native = NativeKernels(loaded.lib)
+                self._native = NativeKernels(loaded.lib, amx=amx_usable())
         return self._native
 
     def make_attention_backend(self) -> AttentionBackend:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from amx_test_kernels import amx_kernels
 
-from engine_plugin_cpu.attention import PLAN_KEY, CpuAttentionBackend
+from engine_plugin_cpu.attention import ENCODER_STARTS_KEY, PLAN_KEY, CpuAttentionBackend
 from engine_plugin_cpu.attention_plan import ChunkBudget, bucket_by_length
 from engine_plugin_sdk import AttentionMetadata
 
@@ -457,3 +458,21 @@ def test_short_rows_run_in_the_c_decode_kernel_one_row_a_token(window: int | Non
         assert torch.equal(flat[batch.metadata.slot_mapping], batch.key)
     finally:
         native.close()
+
+
+@pytest.mark.parametrize("heads", [(12, 12), (8, 2)], ids=["mha", "gqa"])
+def test_an_encoder_step_runs_on_the_amx_tiles(heads: tuple[int, int]) -> None:
+    """A bf16 step of whole prompts goes to the kernel (its offsets cached for the step) and matches the
+    float64 reference; a step with a cached prefix keeps the general path."""
+    kernels = amx_kernels()
+    backend = CpuAttentionBackend(native=next(kernels))
+    batch = make_batch(backend, [(0, 40), (0, 7), (0, 64)], num_heads=heads[0], num_kv_heads=heads[1],
+                       head_dim=32, dtype=torch.bfloat16, causal=False, seed=3)  # fmt: skip
+    check(backend, batch, torch.bfloat16)
+    starts, longest = batch.metadata.extras[ENCODER_STARTS_KEY][1]
+    assert starts.tolist() == [0, 40, 47, 111] and longest == 64
+    prefixed = make_batch(backend, [(0, 12), (30, 6)], num_heads=heads[0], num_kv_heads=heads[1], head_dim=32,
+                          dtype=torch.bfloat16, causal=False, seed=4)  # fmt: skip
+    check(backend, prefixed, torch.bfloat16)
+    assert ENCODER_STARTS_KEY not in prefixed.metadata.extras
+    kernels.close()

@@ -147,9 +147,9 @@ def test_gemm_against_float64(dtype: torch.dtype, tol: float, with_bias: bool) -
     assert prepared.dtype == dtype and prepared.is_contiguous()
     out = gemm.linear(x.to(dtype), prepared, None if bias is None else bias.to(dtype))
     assert out.dtype == dtype and out.shape == (5, 7, 96)
-    # the reference uses the same rounded inputs the kernel saw
+    # the reference uses the same rounded inputs the kernel saw (a bf16 weight is prepacked: opaque)
     ref = torch.nn.functional.linear(
-        x.to(dtype).double(), prepared.double(), None if bias is None else bias.to(dtype).double()
+        x.to(dtype).double(), weight.to(dtype).double(), None if bias is None else bias.to(dtype).double()
     )
     scale = ref.abs().max().item()
     torch.testing.assert_close(out.double(), ref, atol=tol * scale, rtol=tol)
@@ -158,7 +158,7 @@ def test_gemm_against_float64(dtype: torch.dtype, tol: float, with_bias: bool) -
 def test_gemm_dequantizes_quantized_weights() -> None:
     dense = torch.randn(16, 32)
     qw = QuantizedWeight(scheme="test_q8", data=b"", shape=(16, 32), dequantize=lambda: dense.clone())
-    gemm = CpuGemmBackend()
+    gemm = CpuGemmBackend(prepack=False)  # a plain tensor to compare (a prepacked one is opaque)
     prepared = gemm.prepare_weight(qw, "bfloat16")
     assert prepared.dtype == torch.bfloat16 and torch.equal(prepared, dense.to(torch.bfloat16))
     assert "test_q8" not in gemm.supported_quant_schemes

@@ -111,6 +111,25 @@ def test_prepacked_dense_copy_is_bit_identical_to_linear() -> None:
         assert torch.equal(dense_linear(x, packed, None), torch.nn.functional.linear(x, weight))
 
 
+def test_plain_bf16_weights_are_prepacked_and_multiply_bit_identically(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense bf16 weight is kept in oneDNN's layout (with its bias fused into the product); float32
+    weights, weights above the size limit and a backend without prepacking keep the plain tensor."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    weight, bias = torch.randn(96, 128, generator=gen), torch.randn(96, generator=gen).to(torch.bfloat16)
+    backend = CpuGemmBackend()
+    prepared = backend.prepare_weight(weight, torch.bfloat16)
+    if torch.backends.mkldnn.is_available():
+        assert prepared.is_mkldnn
+    plain = weight.to(torch.bfloat16)
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
+        assert torch.equal(backend.linear(x, prepared, bias), torch.nn.functional.linear(x, plain, bias))
+    assert not backend.prepare_weight(weight, torch.float32).is_mkldnn
+    assert not CpuGemmBackend(prepack=False).prepare_weight(weight, torch.bfloat16).is_mkldnn
+    monkeypatch.setattr(gemm_module, "PREPACK_MAX_ELEMENTS", 96 * 128 - 1)
+    assert not backend.prepare_weight(weight, torch.bfloat16).is_mkldnn
+
+
 def test_small_batches_run_single_threaded_and_restore_the_pool() -> None:
     original = torch.get_num_threads()
     torch.set_num_threads(2)
