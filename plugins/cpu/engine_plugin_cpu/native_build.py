@@ -68,7 +68,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64], _INT),
     "amx_request": ([], _INT),
     "encoder_attention_bf16": (
-        [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT], _INT
+        [_P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT], _INT
     ),
     "paged_decode_bf16": (
         [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,

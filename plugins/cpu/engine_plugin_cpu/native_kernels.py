@@ -9,6 +9,7 @@ callers check :meth:`NativeKernels.accepts` first and keep their torch path for 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import torch
@@ -187,6 +188,46 @@ def tile_q8(data: torch.Tensor, shape: tuple[int, int]) -> TiledWeight:
     return TiledWeight(8, records, out, width)
 
 
+class OmpTeam(ctypes.Structure):
+    """The C kernels' ``omp_team_t``: three entry points of the OpenMP runtime torch runs its ops on."""
+
+    _fields_ = [("parallel", ctypes.c_void_p), ("thread_num", ctypes.c_void_p), ("num_threads", ctypes.c_void_p)]
+
+
+#: names of OpenMP runtimes that export GNU's ``GOMP_parallel`` (Intel's and LLVM's do, for compatibility)
+OMP_LIBRARY_PREFIXES = ("libgomp", "libiomp5", "libomp")
+
+
+def torch_omp_team(maps_path: str = "/proc/self/maps") -> OmpTeam | None:
+    """torch's OpenMP runtime, already loaded in this process, or None (another parallel backend, no
+    /proc, or several runtimes and none of them torch's own).
+
+    Why: right after a parallel op, that runtime's workers spin on the cores for milliseconds waiting for
+    the next region; a kernel run on another pool shares the cores with them, one run as a region of
+    that same team starts on all of them at once.
+    """
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open(maps_path, encoding="utf-8", errors="replace") as fh:
+            paths = {line.split()[-1] for line in fh if line.count("/") and ".so" in line}
+    except OSError:
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(OMP_LIBRARY_PREFIXES))
+    torch_dir = os.path.dirname(torch.__file__)
+    own = [p for p in found if p.startswith(torch_dir)]
+    chosen = own[0] if own else found[0] if len(found) == 1 else None
+    if chosen is None:
+        return None
+    try:
+        lib = ctypes.CDLL(chosen, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+        entry = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names]
+    except (OSError, AttributeError):
+        return None
+    return OmpTeam(*entry)
+
+
 class NativeKernels:
     """The loaded C library, a thread pool sized to torch's intra-op threads, and typed calls.
 
@@ -195,7 +236,9 @@ class NativeKernels:
         threads: pool size; None uses ``torch.get_num_threads()``.
     """
 
-    def __init__(self, lib: ctypes.CDLL, threads: int | None = None, amx: bool = False) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, threads: int | None = None, amx: bool = False, torch_threads: bool = True
+    ) -> None:
         self.lib = lib
         self.threads = max(1, threads or torch.get_num_threads())
         self._pool = lib.pool_create(self.threads)
@@ -203,6 +246,8 @@ class NativeKernels:
             raise RuntimeError("the CPU kernels could not create their thread pool")
         #: the AMX tile kernels may run (the CPU has AMX-BF16 and the OS granted the tile state)
         self.amx = amx and lib.amx_request() == 0
+        #: torch's OpenMP team, which the encoder attention runs on where found (else the pool)
+        self.team = torch_omp_team() if torch_threads else None
 
     def close(self) -> None:
         if self._pool:
@@ -313,8 +358,9 @@ class NativeKernels:
         if out is None:
             out = torch.empty((tokens, heads, dim), dtype=torch.bfloat16)
         failed = self.lib.encoder_attention_bf16(
-            self._pool, query.data_ptr(), key.data_ptr(), value.data_ptr(), query.stride(0), key.stride(0),
-            value.stride(0), out.data_ptr(), out.stride(0), starts.data_ptr(), starts.numel() - 1, max_len,
+            self._pool, None if self.team is None else ctypes.byref(self.team), query.data_ptr(), key.data_ptr(),
+            value.data_ptr(), query.stride(0), key.stride(0), value.stride(0), out.data_ptr(), out.stride(0),
+            starts.data_ptr(), starts.numel() - 1, max_len,
             heads, key.shape[1], dim, scale, threads or self.threads,
         )  # fmt: skip
         if failed:

@@ -8,7 +8,7 @@ import torch
 from amx_test_kernels import amx_kernels
 
 from engine_plugin_cpu.native_build import AMX_CPU_FLAGS, amx_usable
-from engine_plugin_cpu.native_kernels import NativeKernels
+from engine_plugin_cpu.native_kernels import NativeKernels, torch_omp_team
 
 #: bf16 inputs, probabilities and outputs: a few bf16 steps of an output of magnitude ~1
 TOL = {"atol": 2e-2, "rtol": 2e-2}
@@ -75,3 +75,35 @@ def test_amx_env_switch_and_flags() -> None:
     assert not amx_usable(AMX_CPU_FLAGS, {"ENGINE_CPU_AMX": "0"})
     assert amx_usable(AMX_CPU_FLAGS | {"avx512f"}, {})
     assert not amx_usable(frozenset({"amx_tile"}), {})
+
+
+def test_torch_threads_and_the_pool_give_the_same_result(tiles: NativeKernels) -> None:
+    """The kernel runs as a region of torch's OpenMP team where one is found (its workers are the ones a
+    torch op left spinning), else on the plugin's own pool: the tasks are the same either way."""
+    pool = amx_kernels(torch_threads=False)
+    own = next(pool)
+    assert own.team is None
+    lens = [40, 128, 3]
+    q, k, v = _fused_qkv(sum(lens), 6, 3, 64, seed=9)
+    starts = torch.tensor([0, 40, 168, 171], dtype=torch.int64)
+    torch.nn.functional.linear(torch.randn(512, 512), torch.randn(512, 512))  # torch's team is now awake
+    assert torch.equal(
+        tiles.encoder_attention(q, k, v, starts, 128, 0.125),
+        own.encoder_attention(q, k, v, starts, 128, 0.125),
+    )
+    pool.close()
+
+
+def test_torch_omp_team_is_found_only_when_unambiguous(tmp_path) -> None:
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch does not run its ops on OpenMP")
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libfoo.so\n")
+    assert torch_omp_team(str(maps)) is None
+    maps.write_text(
+        "7f00-7f01 r-xp 0 08:01 1 /opt/a/libgomp.so.1\n7f02-7f03 r-xp 0 08:01 2 /opt/b/libomp.so\n"
+    )
+    assert torch_omp_team(str(maps)) is None  # two runtimes, neither torch's: which one torch uses is unknown
+    assert torch_omp_team(str(tmp_path / "absent")) is None
+    found = torch_omp_team()
+    assert found is not None and found.parallel and found.thread_num and found.num_threads

@@ -30,6 +30,17 @@ typedef void (*task_fn)(void *ctx, int tid, int nthreads);
 /* Run fn(ctx, tid, nthreads) on the caller (tid 0) and nthreads - 1 pool workers; returns when all are done. */
 void pool_run(void *pool, task_fn fn, void *ctx, int nthreads);
 
+/* The OpenMP runtime torch runs its ops on, by three of its entry points (found by the caller). */
+typedef struct {
+    void (*parallel)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags); /* GOMP_parallel */
+    int (*thread_num)(void);                                                               /* omp_get_thread_num */
+    int (*num_threads)(void);                                                              /* omp_get_num_threads */
+} omp_team_t;
+
+/* Run fn(ctx, tid, nthreads) as one parallel region of that runtime's team (its workers are the ones
+ * torch's last op left spinning); the pool's threads when team is NULL. */
+void team_run(const omp_team_t *team, void *pool, task_fn fn, void *ctx, int nthreads);
+
 static inline void split_range(int64_t n, int tid, int nthreads, int64_t *lo, int64_t *hi) {
     int64_t chunk = (n + nthreads - 1) / nthreads;
     *lo = chunk * tid;

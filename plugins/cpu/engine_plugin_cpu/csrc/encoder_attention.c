@@ -287,7 +287,7 @@ AMX_TARGET static void encoder_worker(void *ctx, int tid, int nthreads) {
 /* Bidirectional attention of whole prompts; q/k/v rows may be strided (a fused projection's output),
  * each token's heads contiguous. Needs head_dim a multiple of 32 and amx_request() done.
  * Returns 0, or -1 when a thread could not allocate its scratch. */
-int encoder_attention_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
+int encoder_attention_bf16(void *pool, const omp_team_t *team, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
                            int64_t k_stride, int64_t v_stride, bf16_t *out, int64_t out_stride, const int64_t *starts,
                            int64_t seqs, int64_t max_len, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
                            int nthreads) {
@@ -295,6 +295,6 @@ int encoder_attention_bf16(void *pool, const bf16_t *q, const bf16_t *k, const b
                         seqs, heads, kv_heads, head_dim, max_len, scale, 0, 0};
     int64_t tasks = seqs * kv_heads;
     if (nthreads > tasks) nthreads = (int)(tasks > 0 ? tasks : 1);
-    pool_run(pool, encoder_worker, &a, nthreads);
+    team_run(team, pool, encoder_worker, &a, nthreads);
     return atomic_load(&a.failed) ? -1 : 0;
 }

@@ -116,3 +116,23 @@ void pool_run(void *raw, task_fn fn, void *ctx, int nthreads) {
     fn(ctx, 0, nthreads);
     while (atomic_load(&p->pending) > 0) _mm_pause();
 }
+
+typedef struct {
+    const omp_team_t *team;
+    task_fn fn;
+    void *ctx;
+} team_task_t;
+
+static void team_trampoline(void *raw) {
+    team_task_t *t = raw;
+    t->fn(t->ctx, t->team->thread_num(), t->team->num_threads());
+}
+
+void team_run(const omp_team_t *team, void *pool, task_fn fn, void *ctx, int nthreads) {
+    if (!team || nthreads <= 1) {
+        pool_run(pool, fn, ctx, nthreads);
+        return;
+    }
+    team_task_t t = {team, fn, ctx};
+    team->parallel(team_trampoline, &t, (unsigned)nthreads, 0);
+}
