@@ -11,7 +11,12 @@ from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
-from engine_plugin_sdk.reference_ops import ref_gated_linear, ref_linear, ref_quantized_linear
+from engine_plugin_sdk.reference_ops import (
+    ref_gated_linear,
+    ref_linear,
+    ref_linear_activation,
+    ref_quantized_linear,
+)
 from engine_plugin_sdk.tolerances import get_tolerance
 
 IN_FEATURES = 256
@@ -181,3 +186,32 @@ def test_gated_linear(platform: Platform, device: Any, dtype_name: str) -> None:
             label = f"{capability} {activation} M={rows}"
             check_output(gemm.gated_linear(x, prepared, activation), expected, x, tol, label)
             check_output(gemm.gated_linear(strided_rows(x), prepared, activation), expected, x, tol, f"{label} strided view")
+
+
+#: an encoder MLP's up projection, narrowed: 300 outputs (not a multiple of a row tile) over K=192
+ACTIVATION_K, ACTIVATION_N = 192, 300
+
+
+@pytest.mark.capability("gemm.linear_activation.{dtype_name}")
+def test_linear_activation(platform: Platform, device: Any, dtype_name: str) -> None:
+    """``linear_activation`` for each activation the backend claims, with and without a bias, at 1, 7 and
+    33 rows, contiguous and as a strided view, against the float64 product and activation."""
+    capability = f"gemm.linear_activation.{dtype_name}"
+    gemm = platform.make_gemm_backend()
+    if not gemm.fused_activations:
+        not_claimed("the GEMM backend fuses no activation into linear (the core runs linear and the activation op)")
+    dtype = torch_dtype(dtype_name)
+    gen = torch.Generator().manual_seed(71)
+    weight = (torch.randn(ACTIVATION_N, ACTIVATION_K, generator=gen) * ACTIVATION_K**-0.5).to(dtype).to(device)
+    bias = torch.randn(ACTIVATION_N, generator=gen).to(dtype).to(device)
+    prepared = gemm.prepare_weight(weight, dtype)
+    tol = get_tolerance(dtype)
+    for activation in sorted(gemm.fused_activations):
+        for rows in QUANT_ROWS:
+            for b in (bias, None):
+                x = torch.randn(rows, ACTIVATION_K, generator=gen).to(dtype).to(device)
+                expected = ref_linear_activation(x, weight, b, activation)
+                label = f"{capability} {activation} M={rows} bias={b is not None}"
+                check_output(gemm.linear_activation(x, prepared, b, activation), expected, x, tol, label)
+                strided = gemm.linear_activation(strided_rows(x), prepared, b, activation)
+                check_output(strided, expected, x, tol, f"{label} strided view")

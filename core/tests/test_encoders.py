@@ -1,6 +1,7 @@
 """Encoder models (BERT, XLM-RoBERTa) on tiny seeded checkpoints with a real WordPiece tokenizer built
 here: embeddings against sentence-transformers (cosine >= 0.9999) and cross-encoder scores against HF
-transformers (within 1e-4), in float32; prompts computed whole in one step, batched together."""
+transformers (within 1e-4), in float32, and the CPU's bf16 fast path; prompts computed whole in one step,
+batched together."""
 
 from __future__ import annotations
 
@@ -87,6 +88,31 @@ def test_encoder_embeddings_match_sentence_transformers(kind, pooling, tmp_path)
     with pytest.raises(InvalidRequestError, match="no LM head"):
         llm.generate(TEXTS[0], SamplingParams(max_tokens=2), use_tqdm=False)
     assert_all_blocks_free(llm)
+
+
+def test_bf16_embeddings_on_the_cpu_fast_path(tmp_path, monkeypatch):
+    """bf16 on the CPU: prepacked products with the up projection's GELU fused in and, on a CPU with AMX,
+    attention on tiles; against sentence-transformers in float32 (a bf16 model's cosine) and against the
+    same engine with the tile kernels turned off."""
+    from engine_plugin_cpu.native_build import amx_usable
+
+    path = save_encoder("bert", str(tmp_path), pooling="mean_tokens")
+    expected = st_embeddings(path, TEXTS)
+
+    def embed() -> tuple[torch.Tensor, LLM]:
+        llm = LLM(model=path, device="cpu", dtype="bfloat16", kv_cache_memory_bytes=16 << 20)
+        outputs = llm.embed(TEXTS, use_tqdm=False)
+        return torch.stack([torch.tensor(o.outputs.embedding) for o in outputs]).double(), llm
+
+    got, llm = embed()
+    native = llm.llm_engine.model.attention.native
+    assert (native is not None and native.amx) == (amx_usable() and native is not None)
+    assert torch.nn.functional.cosine_similarity(got, expected.double()).min() >= 0.999
+    assert_all_blocks_free(llm)
+    monkeypatch.setenv("ENGINE_CPU_AMX", "0")
+    plain, llm = embed()
+    assert llm.llm_engine.model.attention.native is None or not llm.llm_engine.model.attention.native.amx
+    assert torch.nn.functional.cosine_similarity(got, plain).min() >= 0.9995
 
 
 @pytest.mark.parametrize("kind", ["bert", "xlmr"])

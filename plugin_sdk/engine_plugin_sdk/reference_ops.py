@@ -278,6 +278,19 @@ def ref_gated_linear(x: torch.Tensor, weight: torch.Tensor, activation: str) -> 
     return gated(ref_linear(x, weight))
 
 
+def ref_linear_activation(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
+) -> torch.Tensor:
+    """``act(x @ weight.T + bias)`` in float64 (:meth:`GemmBackend.linear_activation`).
+
+    Raises:
+        ValueError: for an activation other than ``"gelu"`` (exact, erf).
+    """
+    if activation != "gelu":
+        raise ValueError(f"unknown fused activation {activation!r} (known: gelu)")
+    return torch.nn.functional.gelu(ref_linear(x, weight, bias))
+
+
 def ref_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim (biased variance) in float64; ``bias`` None for none."""
     xf = x.to(F64)

@@ -60,6 +60,9 @@ class GemmBackend(ABC):
     #: the gated activations (``"silu"``, ``"gelu_tanh"``) :meth:`gated_linear` runs; the core calls it
     #: only for these and otherwise runs :meth:`linear` and the op table's activation
     gated_activations: frozenset[str] = frozenset()
+    #: the activations (``"gelu"``: GELU with erf) :meth:`linear_activation` applies to the product before
+    #: writing it; the core calls it only for these and otherwise runs :meth:`linear` and the activation
+    fused_activations: frozenset[str] = frozenset()
 
     @abstractmethod
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
@@ -113,6 +116,28 @@ class GemmBackend(ABC):
         """
         raise ValueError(
             f"{type(self).__name__} does not fuse gated activations (asked for {activation!r}); "
+            "the core runs linear() and the activation op instead"
+        )
+
+    def linear_activation(self, x: Any, weight: Any, bias: Any | None, activation: str) -> Any:
+        """``act(x @ W.T + bias)`` in one pass: the activation applied to the product's float32 accumulator
+        before the output is rounded and written (a BERT MLP's up projection: one write of ``[rows, 4h]``
+        instead of a write, a read and a write). The core calls this only for :attr:`fused_activations`.
+
+        Args:
+            x: ``[..., in_features]`` activations.
+            weight: a weight returned by :meth:`prepare_weight`.
+            bias: optional ``[out_features]``.
+            activation: ``"gelu"`` (exact, with erf).
+
+        Returns:
+            ``[..., out_features]`` in ``x``'s dtype.
+
+        Raises:
+            ValueError: for an activation not in :attr:`fused_activations`.
+        """
+        raise ValueError(
+            f"{type(self).__name__} does not fuse activations into linear (asked for {activation!r}); "
             "the core runs linear() and the activation op instead"
         )
 

@@ -151,7 +151,10 @@ class BertModel(CausalLM):
             shape = (x.shape[0], heads, d)
             attn = self.attention.forward(q.reshape(shape), k.reshape(shape), v.reshape(shape), cache, meta)
             x = ops.add_layer_norm(gemm.linear(attn.reshape(x.shape[0], heads * d), *layer["o"]), x, *layer["attn_norm"], eps)
-            hidden = torch.nn.functional.gelu(gemm.linear(x, *layer["up"]))
+            if "gelu" in gemm.fused_activations:
+                hidden = gemm.linear_activation(x, *layer["up"], "gelu")
+            else:
+                hidden = torch.nn.functional.gelu(gemm.linear(x, *layer["up"]))
             x = ops.add_layer_norm(gemm.linear(hidden, *layer["down"]), x, *layer["out_norm"], eps)
         return x
 

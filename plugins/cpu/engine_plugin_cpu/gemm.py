@@ -116,6 +116,7 @@ class CpuGemmBackend(GemmBackend):
     """
 
     gated_activations: frozenset[str] = frozenset({"silu", "gelu_tanh"})
+    fused_activations: frozenset[str] = frozenset({"gelu"})
     #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
     supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | GROUPED_SCHEMES
 
@@ -234,6 +235,16 @@ class CpuGemmBackend(GemmBackend):
         if self.native is not None and self.native.accepts(projected) and projected.shape[-1] % 2 == 0:
             return self.native.silu_and_mul(projected)
         return silu_and_mul(projected)
+
+    def linear_activation(self, x: Any, weight: Any, bias: Any | None, activation: str) -> torch.Tensor:
+        """GELU as a post-op of oneDNN's product on a prepacked bf16 weight, applied to the float32
+        accumulator (bge-small's up projection, 8,192 rows: 5.7 ms against 8.0 for the product, then
+        torch's GELU reading it back); other weights: the product, then torch's GELU."""
+        if activation not in self.fused_activations:
+            return super().linear_activation(x, weight, bias, activation)
+        if isinstance(weight, torch.Tensor) and weight.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
+        return torch.nn.functional.gelu(self.linear(x, weight, bias))
 
     def add_lora(self, y: Any, x: Any, weights: Any, plan: Any) -> None:
         """The SDK's grouped products, on one thread when small: a step's adapters add a few tiny products
