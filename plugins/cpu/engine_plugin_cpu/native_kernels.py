@@ -362,7 +362,8 @@ class NativeKernels:
             threads: threads to split the (prompt, kv head) pairs over; None: the pool's size.
 
         Raises:
-            ValueError: without AMX, or a head dimension that is not a multiple of 32.
+            ValueError: without AMX, a head dimension that is not a multiple of 32, or a prompt longer
+                than ``max_len``.
             MemoryError: if a thread cannot allocate its scratch.
         """
         tokens, heads, dim = query.shape
@@ -376,6 +377,8 @@ class NativeKernels:
             starts.data_ptr(), starts.numel() - 1, max_len,
             heads, key.shape[1], dim, scale, threads or self.threads,
         )  # fmt: skip
+        if failed == -2:
+            raise ValueError(f"a prompt is longer than max_len={max_len} given to the encoder attention")
         if failed:
             raise MemoryError("the CPU encoder attention could not allocate its scratch")
         return out

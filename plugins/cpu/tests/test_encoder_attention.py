@@ -65,10 +65,13 @@ def test_encoder_attention_against_float64(
     assert torch.equal(tiles.encoder_attention(q, k, v, starts, max(lens), scale, threads=1), got)
 
 
-def test_encoder_attention_refuses_head_dims_off_its_tiles(tiles: NativeKernels) -> None:
+def test_encoder_attention_refuses_head_dims_off_its_tiles_and_prompts_past_max_len(tiles: NativeKernels) -> None:
     q, k, v = _fused_qkv(8, 2, 2, 48, seed=1)
     with pytest.raises(ValueError, match="head dimension in 32s"):
         tiles.encoder_attention(q, k, v, torch.tensor([0, 8]), 8, 0.1)
+    q, k, v = _fused_qkv(40, 2, 2, 32, seed=2)
+    with pytest.raises(ValueError, match="longer than max_len=16"):  # its scratch would overflow
+        tiles.encoder_attention(q, k, v, torch.tensor([0, 40]), 16, 0.1)
 
 
 def test_amx_env_switch_and_flags() -> None:

@@ -4,7 +4,7 @@
  * with a small head dimension (32 or 64). torch's flash kernel spends most of its time there in
  * per-block bookkeeping and a float32 exp; on a 2-core AMX Xeon one bge-small layer's attention took 6-8
  * ms of a 25 ms layer. Here one (prompt, kv head) task packs its keys and values once into the tiles'
- * layouts, then takes its queries 16 rows at a time: scores S = Q K^T by tiles into float32, the row's
+ * layouts, then takes its queries 32 rows at a time: scores S = Q K^T by tiles into float32, the row's
  * softmax in float32 (whole rows: no running maximum is needed, a prompt fits), the unnormalised
  * probabilities rounded to bf16, P V by tiles, and the rows divided by their sums in float32 (as
  * torch's kernel does for bf16).
@@ -226,6 +226,10 @@ AMX_TARGET static void weighted_values(const bf16_t *p, const bf16_t *vt, const 
 AMX_TARGET static void encoder_task(const encoder_args_t *a, int64_t seq, int64_t g, scratch_t *sc) {
     const int64_t start = a->starts[seq], len = a->starts[seq + 1] - start, d = a->d;
     if (len <= 0) return;
+    if (len > a->max_len) { /* the scratch is sized for max_len: a longer prompt is the caller's error */
+        atomic_store(&a->failed, 2);
+        return;
+    }
     const int64_t len16 = (len + 15) / 16 * 16, len32 = (len + 31) / 32 * 32, group = a->heads / a->kv_heads;
     pack_keys(a, a->k + start * a->k_stride + g * d, len, len16, sc->kt);
     pack_values(a, a->v + start * a->v_stride + g * d, len, len32, sc->vt);
@@ -257,7 +261,7 @@ AMX_TARGET static void encoder_worker(void *ctx, int tid, int nthreads) {
     const size_t p = (size_t)QROWS * len32 * 2, qpad = (size_t)QROWS * d * 2, o = (size_t)QROWS * 32 * 4;
     char *buf = aligned_alloc(64, (kt + vt + s + p + qpad + o + 63) / 64 * 64 + 6 * 64);
     if (!buf) {
-        atomic_store(&a->failed, 1);
+        atomic_store(&a->failed, 1); /* the other threads take the remaining tasks; the call still fails */
         return;
     }
     char *at = buf;
@@ -286,7 +290,7 @@ AMX_TARGET static void encoder_worker(void *ctx, int tid, int nthreads) {
 
 /* Bidirectional attention of whole prompts; q/k/v rows may be strided (a fused projection's output),
  * each token's heads contiguous. Needs head_dim a multiple of 32 and amx_request() done.
- * Returns 0, or -1 when a thread could not allocate its scratch. */
+ * Returns 0; -1 when a thread could not allocate its scratch; -2 when a prompt is longer than max_len. */
 int encoder_attention_bf16(void *pool, const omp_team_t *team, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
                            int64_t k_stride, int64_t v_stride, bf16_t *out, int64_t out_stride, const int64_t *starts,
                            int64_t seqs, int64_t max_len, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
@@ -296,5 +300,5 @@ int encoder_attention_bf16(void *pool, const omp_team_t *team, const bf16_t *q, 
     int64_t tasks = seqs * kv_heads;
     if (nthreads > tasks) nthreads = (int)(tasks > 0 ? tasks : 1);
     team_run(team, pool, encoder_worker, &a, nthreads);
-    return atomic_load(&a.failed) ? -1 : 0;
+    return -atomic_load(&a.failed);
 }
