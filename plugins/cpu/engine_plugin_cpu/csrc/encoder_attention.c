@@ -170,23 +170,33 @@ AMX_TARGET static inline __m512 exp2_nonpositive(__m512 t) {
 }
 
 /* softmax numerators of each score row in bf16 (zero past len, up to len32); inv[i] = 1 / row sum.
- * The scale (positive) is applied with the maximum subtracted, in base 2: one FMA a vector. */
+ * The scale (positive) is applied with the maximum subtracted, in base 2: one FMA a vector. Rows go
+ * SOFTMAX_ROWS at a time, so that one row's reductions overlap the others' arithmetic. */
+#define SOFTMAX_ROWS 4
 AMX_TARGET static void row_softmax(const float *s, int64_t len, int64_t len16, int64_t len32, float scale, bf16_t *p, float *inv) {
     const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f);
-    for (int i = 0; i < QROWS; i++) {
-        const float *row = s + i * len16;
-        bf16_t *prow = p + i * len32;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t c = 0; c < len; c += 16) mx = _mm512_mask_max_ps(mx, tail_mask(len - c), mx, _mm512_loadu_ps(row + c));
-        const __m512 shift = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(mx)), vscale);
-        __m512 sum = _mm512_setzero_ps();
+    for (int i = 0; i < QROWS; i += SOFTMAX_ROWS) {
+        __m512 mx[SOFTMAX_ROWS], shift[SOFTMAX_ROWS], sum[SOFTMAX_ROWS];
+        for (int r = 0; r < SOFTMAX_ROWS; r++) mx[r] = _mm512_set1_ps(-INFINITY);
+        for (int64_t c = 0; c < len; c += 16) {
+            const __mmask16 m = tail_mask(len - c);
+            for (int r = 0; r < SOFTMAX_ROWS; r++)
+                mx[r] = _mm512_mask_max_ps(mx[r], m, mx[r], _mm512_loadu_ps(s + (i + r) * len16 + c));
+        }
+        for (int r = 0; r < SOFTMAX_ROWS; r++) {
+            shift[r] = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(mx[r])), vscale);
+            sum[r] = _mm512_setzero_ps();
+        }
         for (int64_t c = 0; c < len32; c += 16) {
             const __mmask16 m = c < len ? tail_mask(len - c) : 0;
-            const __m512 e = _mm512_maskz_mov_ps(m, exp2_nonpositive(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, row + c), vscale, shift)));
-            sum = _mm512_add_ps(sum, e);
-            _mm256_storeu_si256((__m256i *)(prow + c), to_bf16x16(e));
+            for (int r = 0; r < SOFTMAX_ROWS; r++) {
+                const __m512 x = _mm512_maskz_loadu_ps(m, s + (i + r) * len16 + c);
+                const __m512 e = _mm512_maskz_mov_ps(m, exp2_nonpositive(_mm512_fmsub_ps(x, vscale, shift[r])));
+                sum[r] = _mm512_add_ps(sum[r], e);
+                _mm256_storeu_si256((__m256i *)(p + (i + r) * len32 + c), to_bf16x16(e));
+            }
         }
-        inv[i] = 1.0f / _mm512_reduce_add_ps(sum);
+        for (int r = 0; r < SOFTMAX_ROWS; r++) inv[i + r] = 1.0f / _mm512_reduce_add_ps(sum[r]);
     }
 }
 
