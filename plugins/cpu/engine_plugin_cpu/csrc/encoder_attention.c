@@ -114,45 +114,50 @@ AMX_TARGET static void pack_values(const encoder_args_t *a, const bf16_t *v, int
     }
 }
 
-/* scores of 32 query rows (two A tiles) against all keys: s[32][len16]; two key blocks at a time, so four
- * accumulators are in flight (one accumulator's products wait for each other) */
+/* A 2 x 2 block of tile products: A tiles in tmm0 / tmm7, B tiles in tmm1 / tmm4, accumulators tmm2
+ * (A0 B0), tmm3 (A0 B1), tmm5 (A1 B0) and tmm6 (A1 B1). Four independent accumulators keep the tile unit
+ * busy, where one accumulator's products would each wait for the last. */
+AMX_TARGET static inline void block_zero(void) {
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(5);
+    _tile_zero(6);
+}
+
+AMX_TARGET static inline void block_step(const void *a0, const void *a1, int64_t a_bytes, const void *b0, const void *b1) {
+    _tile_loadd(0, a0, a_bytes);
+    _tile_loadd(7, a1, a_bytes);
+    _tile_loadd(1, b0, 64);
+    _tile_loadd(4, b1, 64);
+    _tile_dpbf16ps(2, 0, 1);
+    _tile_dpbf16ps(3, 0, 4);
+    _tile_dpbf16ps(5, 7, 1);
+    _tile_dpbf16ps(6, 7, 4);
+}
+
+/* the accumulators to c[A][B] (rows c_bytes apart); the B1 column only when `both` */
+AMX_TARGET static inline void block_store(float *c00, float *c01, float *c10, float *c11, int64_t c_bytes, int both) {
+    _tile_stored(2, c00, c_bytes);
+    _tile_stored(5, c10, c_bytes);
+    if (both) {
+        _tile_stored(3, c01, c_bytes);
+        _tile_stored(6, c11, c_bytes);
+    }
+}
+
+/* scores of 32 query rows (two A tiles) against all keys, two key blocks at a time: s[32][len16] */
 AMX_TARGET static void query_scores(const bf16_t *q, int64_t q_bytes, const bf16_t *kt, int64_t d, int64_t len16, float *s) {
     const int64_t blocks = len16 / TROWS, kchunks = d / 32, s_bytes = len16 * 4;
     const char *q_low = (const char *)q + TROWS * q_bytes;
     float *s_low = s + TROWS * len16;
-    int64_t j = 0;
-    for (; j + 1 < blocks; j += 2) {
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_zero(5);
-        _tile_zero(6);
+    for (int64_t j = 0; j < blocks; j += 2) {
+        const int both = j + 1 < blocks; /* an odd last block is multiplied twice and stored once */
+        block_zero();
         for (int64_t kc = 0; kc < kchunks; kc++) {
-            _tile_loadd(0, q + kc * 32, q_bytes);
-            _tile_loadd(7, q_low + kc * 64, q_bytes);
-            _tile_loadd(1, kt + (kc * blocks + j) * 512, 64);
-            _tile_loadd(4, kt + (kc * blocks + j + 1) * 512, 64);
-            _tile_dpbf16ps(2, 0, 1);
-            _tile_dpbf16ps(3, 0, 4);
-            _tile_dpbf16ps(5, 7, 1);
-            _tile_dpbf16ps(6, 7, 4);
+            const bf16_t *b0 = kt + (kc * blocks + j) * 512;
+            block_step(q + kc * 32, q_low + kc * 64, q_bytes, b0, both ? b0 + 512 : b0);
         }
-        _tile_stored(2, s + j * TROWS, s_bytes);
-        _tile_stored(3, s + (j + 1) * TROWS, s_bytes);
-        _tile_stored(5, s_low + j * TROWS, s_bytes);
-        _tile_stored(6, s_low + (j + 1) * TROWS, s_bytes);
-    }
-    if (j < blocks) {
-        _tile_zero(2);
-        _tile_zero(5);
-        for (int64_t kc = 0; kc < kchunks; kc++) {
-            _tile_loadd(0, q + kc * 32, q_bytes);
-            _tile_loadd(7, q_low + kc * 64, q_bytes);
-            _tile_loadd(1, kt + (kc * blocks + j) * 512, 64);
-            _tile_dpbf16ps(2, 0, 1);
-            _tile_dpbf16ps(5, 7, 1);
-        }
-        _tile_stored(2, s + j * TROWS, s_bytes);
-        _tile_stored(5, s_low + j * TROWS, s_bytes);
+        block_store(s + j * TROWS, s + (j + 1) * TROWS, s_low + j * TROWS, s_low + (j + 1) * TROWS, s_bytes, both);
     }
 }
 
@@ -206,24 +211,12 @@ AMX_TARGET static void weighted_values(const bf16_t *p, const bf16_t *vt, const 
     const int64_t chunks = len32 / 32, dchunks = d / 16, p_bytes = len32 * 2;
     const bf16_t *p_low = p + TROWS * len32;
     for (int64_t e = 0; e < dchunks; e += 2) {
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_zero(5);
-        _tile_zero(6);
+        block_zero();
         for (int64_t c = 0; c < chunks; c++) {
-            _tile_loadd(0, p + c * 32, p_bytes);
-            _tile_loadd(7, p_low + c * 32, p_bytes);
-            _tile_loadd(1, vt + (c * dchunks + e) * 512, 64);
-            _tile_loadd(4, vt + (c * dchunks + e + 1) * 512, 64);
-            _tile_dpbf16ps(2, 0, 1);
-            _tile_dpbf16ps(3, 0, 4);
-            _tile_dpbf16ps(5, 7, 1);
-            _tile_dpbf16ps(6, 7, 4);
+            const bf16_t *b0 = vt + (c * dchunks + e) * 512;
+            block_step(p + c * 32, p_low + c * 32, p_bytes, b0, b0 + 512);
         }
-        _tile_stored(2, o, 128);
-        _tile_stored(3, o + 16, 128);
-        _tile_stored(5, o + TROWS * 32, 128);
-        _tile_stored(6, o + TROWS * 32 + 16, 128);
+        block_store(o, o + 16, o + TROWS * 32, o + TROWS * 32 + 16, 128, 1);
         for (int64_t i = 0; i < rows; i++) {
             const __m512 w = _mm512_set1_ps(inv[i]);
             bf16_t *dst = out + i * out_stride + e * 16;
