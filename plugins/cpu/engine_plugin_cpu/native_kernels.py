@@ -248,6 +248,8 @@ class NativeKernels:
         self.amx = amx and lib.amx_request() == 0
         #: torch's OpenMP team, which the encoder attention runs on where found (else the pool)
         self.team = torch_omp_team() if torch_threads else None
+        # the kernels' team argument, built once: a pointer to the team, or NULL for the pool
+        self._team_arg = None if self.team is None else ctypes.byref(self.team)
 
     def close(self) -> None:
         if self._pool:
@@ -312,7 +314,7 @@ class NativeKernels:
         out = torch.empty_like(x)
         rows, h = x.numel() // x.shape[-1], x.shape[-1]
         self.lib.add_layer_norm_bf16(
-            self._pool, None if self.team is None else ctypes.byref(self.team), x.data_ptr(), residual.data_ptr(),
+            self._pool, self._team_arg, x.data_ptr(), residual.data_ptr(),
             weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), rows, h, eps, self.threads,
         )  # fmt: skip
         return out
@@ -372,7 +374,7 @@ class NativeKernels:
         if out is None:
             out = torch.empty((tokens, heads, dim), dtype=torch.bfloat16)
         failed = self.lib.encoder_attention_bf16(
-            self._pool, None if self.team is None else ctypes.byref(self.team), query.data_ptr(), key.data_ptr(),
+            self._pool, self._team_arg, query.data_ptr(), key.data_ptr(),
             value.data_ptr(), query.stride(0), key.stride(0), value.stride(0), out.data_ptr(), out.stride(0),
             starts.data_ptr(), starts.numel() - 1, max_len,
             heads, key.shape[1], dim, scale, threads or self.threads,
