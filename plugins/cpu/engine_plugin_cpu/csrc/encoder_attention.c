@@ -9,30 +9,21 @@
  * probabilities rounded to bf16, P V by tiles, and the rows divided by their sums in float32 (as
  * torch's kernel does for bf16).
  *
- * Tiles: every tile is 16 rows x 64 bytes. A (left) tiles are 16 rows of 32 bf16; B (right) tiles hold
- * 32 rows of the product's inner dimension as 16 rows of pairs (VNNI); C tiles 16 x 16 float32. Keys are
- * packed as B tiles of K^T (pairs of head dims per key), values as B tiles of V (pairs of keys per dim).
+ * Keys are packed as B tiles of K^T (pairs of head dims per key), values as B tiles of V (pairs of keys
+ * per dim); see amx.h for the tiles' shapes.
  */
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "amx.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define TROWS 16
 #define QROWS 32 /* query rows a block takes: two tiles */
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* Ask the kernel for the AMX tile state (once per process; every thread then may use it).
  * Returns 0 on success, -1 when the kernel refuses it (old kernel, or no AMX). */
 int amx_request(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1; }
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config_t;
 
 typedef struct {
     const bf16_t *q, *k, *v;
@@ -161,25 +152,27 @@ AMX_TARGET static void query_scores(const bf16_t *q, int64_t q_bytes, const bf16
     }
 }
 
-/* 2^t for t <= 0: 2^n p(t - n), n = round(t), p a degree-4 fit of 2^f on |f| <= 1/2 (relative error
- * below 3e-6, far under the bf16 rounding of the probabilities it feeds) */
-AMX_TARGET static inline __m512 exp2_nonpositive(__m512 t) {
-    t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.009560510f), f, _mm512_set1_ps(0.05591704f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24024981f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69312197f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999917f));
-    return _mm512_scalef_ps(p, n);
-}
+/* one 16-column step of SOFTMAX_ROWS rows: numerators to p (bf16), added to the row sums */
+#define SOFTMAX_ROWS 4
+#define EXP_STEP(LOAD, MASK)                                                                  \
+    for (int r = 0; r < SOFTMAX_ROWS; r++) {                                                  \
+        const __m512 x = LOAD(s + (i + r) * len16 + c);                                       \
+        const __m512 e = MASK(exp2_fast(_mm512_fmsub_ps(x, vscale, shift[r])));               \
+        sum[r] = _mm512_add_ps(sum[r], e);                                                    \
+        _mm256_storeu_si256((__m256i *)(p + (i + r) * len32 + c), to_bf16x16(e));             \
+    }
+#define LOAD_FULL(ptr) _mm512_loadu_ps(ptr)
+#define LOAD_TAIL(ptr) _mm512_maskz_loadu_ps(m, ptr)
+#define KEEP_ALL(e) (e)
+#define KEEP_TAIL(e) _mm512_maskz_mov_ps(m, e)
 
 /* softmax numerators of each score row in bf16 (zero past len, up to len32); inv[i] = 1 / row sum.
  * The scale (positive) is applied with the maximum subtracted, in base 2: one FMA a vector. Rows go
- * SOFTMAX_ROWS at a time, so that one row's reductions overlap the others' arithmetic. */
-#define SOFTMAX_ROWS 4
+ * SOFTMAX_ROWS at a time, so that one row's reductions overlap the others' arithmetic; whole vectors
+ * go unmasked, the last partial one masked. */
 AMX_TARGET static void row_softmax(const float *s, int64_t len, int64_t len16, int64_t len32, float scale, bf16_t *p, float *inv) {
     const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f);
+    const int64_t whole = len / 16 * 16;
     for (int i = 0; i < QROWS; i += SOFTMAX_ROWS) {
         __m512 mx[SOFTMAX_ROWS], shift[SOFTMAX_ROWS], sum[SOFTMAX_ROWS];
         for (int r = 0; r < SOFTMAX_ROWS; r++) mx[r] = _mm512_set1_ps(-INFINITY);
@@ -192,15 +185,15 @@ AMX_TARGET static void row_softmax(const float *s, int64_t len, int64_t len16, i
             shift[r] = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(mx[r])), vscale);
             sum[r] = _mm512_setzero_ps();
         }
-        for (int64_t c = 0; c < len32; c += 16) {
-            const __mmask16 m = c < len ? tail_mask(len - c) : 0;
-            for (int r = 0; r < SOFTMAX_ROWS; r++) {
-                const __m512 x = _mm512_maskz_loadu_ps(m, s + (i + r) * len16 + c);
-                const __m512 e = _mm512_maskz_mov_ps(m, exp2_nonpositive(_mm512_fmsub_ps(x, vscale, shift[r])));
-                sum[r] = _mm512_add_ps(sum[r], e);
-                _mm256_storeu_si256((__m256i *)(p + (i + r) * len32 + c), to_bf16x16(e));
-            }
+        int64_t c = 0;
+        for (; c < whole; c += 16) EXP_STEP(LOAD_FULL, KEEP_ALL)
+        if (c < len) {
+            const __mmask16 m = tail_mask(len - c);
+            EXP_STEP(LOAD_TAIL, KEEP_TAIL)
+            c += 16;
         }
+        for (; c < len32; c += 16)
+            for (int r = 0; r < SOFTMAX_ROWS; r++) _mm256_storeu_si256((__m256i *)(p + (i + r) * len32 + c), _mm256_setzero_si256());
         for (int r = 0; r < SOFTMAX_ROWS; r++) inv[i + r] = 1.0f / _mm512_reduce_add_ps(sum[r]);
     }
 }
@@ -271,14 +264,7 @@ AMX_TARGET static void encoder_worker(void *ctx, int tid, int nthreads) {
 #define TAKE(field, type, bytes) sc.field = (type *)at; at += ((bytes) + 63) / 64 * 64;
     TAKE(kt, bf16_t, kt) TAKE(vt, bf16_t, vt) TAKE(s, float, s) TAKE(p, bf16_t, p) TAKE(qpad, bf16_t, qpad) TAKE(o, float, o)
 #undef TAKE
-    tile_config_t cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette_id = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = TROWS;
-    }
-    _tile_loadconfig(&cfg);
+    amx_configure();
     /* tasks are taken one at a time rather than split in equal ranges: right after a torch op, its
      * OpenMP workers spin on their cores for milliseconds, and a thread sharing a core with one would
      * otherwise hold back the whole call (measured on 2 cores: 8.2 ms against 4.2 with idle workers) */
