@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from engine_plugin_cpu.amx_kernels import AmxWeight, amx_packable, pack_amx_weight
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
 from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
@@ -152,6 +153,8 @@ class CpuGemmBackend(GemmBackend):
         # contiguous so that every linear() hits the fast BLAS layout without a hidden copy
         weight = weight.to(device="cpu", dtype=target).contiguous()
         if self.prepack and weight.dtype == torch.bfloat16 and weight.numel() <= PREPACK_MAX_ELEMENTS:
+            if self.native is not None and self.native.amx and amx_packable(weight):
+                return pack_amx_weight(weight)
             return prepack_dense(weight)
         return weight
 
@@ -201,6 +204,8 @@ class CpuGemmBackend(GemmBackend):
         return PackedWeight("tiled", None, None, out, width, dense, max_rows, tiled)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> torch.Tensor:
+        if isinstance(weight, AmxWeight):
+            return self._amx(x, weight, bias, "none")
         if not isinstance(weight, PackedWeight):
             return dense_linear(x, weight, bias)
         rows = x.numel() // weight.in_features
@@ -242,6 +247,8 @@ class CpuGemmBackend(GemmBackend):
         torch's GELU reading it back); other weights: the product, then torch's GELU."""
         if activation not in self.fused_activations:
             return super().linear_activation(x, weight, bias, activation)
+        if isinstance(weight, AmxWeight):
+            return self._amx(x, weight, bias, "gelu")
         if isinstance(weight, torch.Tensor) and weight.is_mkldnn:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
         return torch.nn.functional.gelu(self.linear(x, weight, bias))
@@ -273,6 +280,12 @@ class CpuGemmBackend(GemmBackend):
         ):
             return self.native.linear(x.contiguous(), weight.tiled, torch.float32)
         return self.linear(x, weight).float()
+
+    def _amx(self, x: torch.Tensor, weight: AmxWeight, bias: Any | None, activation: str) -> torch.Tensor:
+        assert self.native is not None  # only an instance with the AMX kernels packs AmxWeights
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"AMX-packed bf16 weights run with bf16 activations, got {x.dtype}")
+        return self.native.dense(x if x.stride(-1) == 1 else x.contiguous(), weight, bias, activation)
 
     @staticmethod
     def _packed_linear(x: torch.Tensor, weight: PackedWeight, bias: Any | None, rows: int) -> torch.Tensor:

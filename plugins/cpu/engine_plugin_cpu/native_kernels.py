@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_plugin_cpu.amx_kernels import AmxKernels
 from engine_plugin_cpu.quant_pack import gguf_blocks, nibbles
 
 #: output rows per weight tile (one per 32-bit lane of a 512-bit register)
@@ -228,7 +229,7 @@ def torch_omp_team(maps_path: str = "/proc/self/maps") -> OmpTeam | None:
     return OmpTeam(*entry)
 
 
-class NativeKernels:
+class NativeKernels(AmxKernels):
     """The loaded C library, a thread pool sized to torch's intra-op threads, and typed calls.
 
     Args:
@@ -339,50 +340,6 @@ class NativeKernels:
             x.shape[0], heads, head_dim,
         ):  # fmt: skip
             raise ValueError(f"a position is outside the rotary table of {cos_sin.shape[0]} rows")
-        return out
-
-    def encoder_attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        starts: torch.Tensor,
-        max_len: int,
-        scale: float,
-        out: torch.Tensor | None = None,
-        threads: int | None = None,
-    ) -> torch.Tensor:
-        """Bidirectional attention of whole prompts on AMX tiles; bf16 ``[tokens, heads, dim]``.
-
-        Args:
-            query: ``[tokens, heads, dim]`` bf16; key / value ``[tokens, kv_heads, dim]``. Rows may be
-                strided views (a fused q/k/v output) but each token's heads must be contiguous.
-            starts: int64 ``[prompts + 1]`` token offsets of the prompts (a prompt attends to its own rows).
-            max_len: the longest prompt's tokens.
-            scale: the scores' scale.
-            out: where to write (rows may be strided), or None for a new tensor.
-            threads: threads to split the (prompt, kv head) pairs over; None: the pool's size.
-
-        Raises:
-            ValueError: without AMX, a head dimension that is not a multiple of 32, or a prompt longer
-                than ``max_len``.
-            MemoryError: if a thread cannot allocate its scratch.
-        """
-        tokens, heads, dim = query.shape
-        if not self.amx or dim % 32:
-            raise ValueError(f"the AMX encoder attention needs AMX and a head dimension in 32s (got {dim})")
-        if out is None:
-            out = torch.empty((tokens, heads, dim), dtype=torch.bfloat16)
-        failed = self.lib.encoder_attention_bf16(
-            self._pool, self._team_arg, query.data_ptr(), key.data_ptr(),
-            value.data_ptr(), query.stride(0), key.stride(0), value.stride(0), out.data_ptr(), out.stride(0),
-            starts.data_ptr(), starts.numel() - 1, max_len,
-            heads, key.shape[1], dim, scale, threads or self.threads,
-        )  # fmt: skip
-        if failed == -2:
-            raise ValueError(f"a prompt is longer than max_len={max_len} given to the encoder attention")
-        if failed:
-            raise MemoryError("the CPU encoder attention could not allocate its scratch")
         return out
 
     def paged_decode(
