@@ -10,7 +10,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.decode_graphs import DecodeGraphs
-from engine.host_copy import copy_to_host_async
+from engine.host_copy import copy_to_device_async, copy_to_host_async
 from engine.hybrid_block_manager import HybridBlockManager
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.block_cache import BlockCache, apply_block_moves
@@ -21,7 +21,7 @@ from engine.launched_step import DeferredSampling, LaunchedStep
 from engine.lora.manager import LoraManager
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
-from engine.pooling.pooler import PooledStep, pool_chunks
+from engine.pooling.pooler import PooledStep, pool_chunks, pooled_row_index
 from engine.prompt_logprobs import PromptLogprobs, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
@@ -180,10 +180,16 @@ class ModelRunner:
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)
-                hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
+                pruned = self._pooled_rows(inputs, has_rows, store)
+                if pruned is not None:
+                    hidden = self.model.forward(
+                        inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata, output_rows=pruned
+                    )  # fmt: skip
+                else:
+                    hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
             if store is not None:
                 store.keep(step, hidden, inputs.metadata)
-            pooled = pool_chunks(hidden, inputs.pool_rows) if inputs.pool_rows else None
+            pooled = pool_chunks(hidden, inputs.pool_rows, pruned is not None) if inputs.pool_rows else None
             if self.lora is not None:
                 self.model.use_lora_logits(inputs.lora_logits)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
@@ -216,6 +222,14 @@ class ModelRunner:
             launched = LaunchedStep(targets, result=self._sample(logits, rows, generator, token_bitmask, targets))
         launched.prompt_logprobs, launched.pooled, launched.verified = scored, pooled, verified
         return launched
+
+    def _pooled_rows(self, inputs: StepInputs, has_rows: bool, store: Any) -> torch.Tensor | None:
+        """The rows a pooling-only step reads, for a model that can skip the others' last-layer work
+        (:attr:`~engine.models.base.CausalLM.prunes_to_output_rows`); None to compute every row."""
+        if not inputs.pool_rows or has_rows or store is not None or not getattr(self.model, "prunes_to_output_rows", False):
+            return None
+        index = pooled_row_index(inputs.pool_rows)
+        return None if index is None else copy_to_device_async(index, inputs.input_ids.device)
 
     def _verify(
         self,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_embeddings import st_embeddings
 
-from engine import LLM, SamplingParams
+from engine import LLM, PoolingParams, SamplingParams
 from engine.errors import InvalidRequestError
 from engine_test_utils import assert_all_blocks_free, write_sentence_transformers_files
 
@@ -146,3 +146,38 @@ def test_an_encoder_prompt_is_never_chunked(tmp_path, tiny_llama_dir):
     assert len(short[0].outputs.embedding) == 128
     with pytest.raises(InvalidRequestError, match="computes a prompt in one step"):
         llm.embed([TEXTS[0]], use_tqdm=False)
+
+
+def test_a_cls_pooled_step_runs_the_last_layer_past_attention_for_its_cls_rows_only(tmp_path, monkeypatch):
+    """CLS pooling reads one row a prompt: the model's last layer takes only those rows past its attention,
+    with the same embeddings as the whole step; MEAN pooling (every row) computes every row."""
+    path = save_encoder("bert", str(tmp_path), pooling="cls_token")
+    llm = _llm(path)
+    model = llm.llm_engine.model
+    seen: list[torch.Tensor | None] = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("output_rows"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+
+    lengths: list[int] = []
+
+    def embed(params: PoolingParams | None = None) -> torch.Tensor:
+        outputs = llm.embed(TEXTS, pooling_params=params, use_tqdm=False)
+        lengths[:] = [len(o.prompt_token_ids) for o in outputs]
+        return torch.stack([torch.tensor(o.outputs.embedding) for o in outputs]).double()
+
+    pruned = embed()
+    assert seen and seen[-1] is not None
+    assert seen[-1].tolist() == [sum(lengths[:i]) for i in range(len(TEXTS))]  # each prompt's first row
+    seen.clear()
+    embed(PoolingParams(pooling_type="MEAN"))
+    assert seen and all(rows is None for rows in seen)
+    monkeypatch.setattr(type(model), "prunes_to_output_rows", False)
+    whole = embed()
+    assert torch.allclose(pruned, whole, atol=1e-6)
+    assert torch.nn.functional.cosine_similarity(pruned, st_embeddings(path, TEXTS).double()).min() >= 0.9999
+    assert_all_blocks_free(llm)

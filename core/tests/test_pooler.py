@@ -10,7 +10,7 @@ import torch
 from dense_model_utils import PROMPTS
 
 from engine import LLM, PoolingParams
-from engine.pooling.pooler import PoolRows, pool_chunks
+from engine.pooling.pooler import PoolRows, pool_chunks, pooled_row_index
 from engine_test_utils import assert_all_blocks_free
 
 
@@ -52,6 +52,26 @@ def test_pool_chunks_match_per_chunk_sums(layout, dtype):
     rows[1] = PoolRows(_seq(layout[1][1], "ALL"), layout[1][0], 0, layout[1][1])
     _check(hidden, rows)
     assert pool_chunks(hidden, rows).ending() == [rows[1].seq]  # the only chunk that ends its prompt
+
+
+def test_pooled_row_index_names_the_row_each_chunk_reads_and_pooling_takes_those_rows():
+    rows = [
+        PoolRows(_seq(4, "CLS"), first_row=0, first_position=0, count=4),
+        PoolRows(_seq(9, "LAST"), first_row=4, first_position=3, count=6),
+        PoolRows(_seq(2, "CLS"), first_row=10, first_position=0, count=2),
+    ]
+    assert pooled_row_index(rows) == [0, 9, 10]
+    torch.manual_seed(7)
+    hidden = torch.randn(12, 8)
+    picked = hidden[pooled_row_index(rows)]
+    for r, c in zip(rows, pool_chunks(picked, rows, one_row_each=True).chunks(), strict=True):
+        read = c.first if r.seq.pooling.pooling_type == "CLS" else c.last
+        torch.testing.assert_close(read, hidden[r.first_row if r.seq.pooling.pooling_type == "CLS" else r.first_row + r.count - 1])
+        assert (c.first_position, c.count) == (r.first_position, r.count)
+    # any chunk that reads more than one row (MEAN, a per-token type) or an unresolved type: every row
+    for kind in ("MEAN", "ALL", None):
+        other = PoolRows(SimpleNamespace(prompt_token_ids=[0] * 3, pooling=PoolingParams(pooling_type=kind)), 12, 0, 3)
+        assert pooled_row_index([*rows, other]) is None
 
 
 def test_pooled_outputs_arrive_a_step_later_and_an_abort_between_is_honoured(tiny_llama_dir):

@@ -51,6 +51,10 @@ class CausalLM(ABC):
     hf_layer_prefix: ClassVar[str] = "model.layers.{}."
     #: suffixes of checkpoint tensors the model recomputes (buffers, not parameters); the loader skips them
     ignored_weight_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+    #: :meth:`forward` takes ``output_rows`` (int64, the step's rows whose final hidden states are read,
+    #: one per pooled prompt) and then returns only those rows, skipping the last layer's work past its
+    #: attention for the others (a pooling step that reads each prompt's CLS or last row)
+    prunes_to_output_rows: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -36,6 +36,8 @@ class BertModel(CausalLM):
     default_pooling_type: ClassVar[str] = "CLS"
     #: bidirectional attention: a prompt is computed in one step
     needs_whole_prompt: ClassVar[bool] = True
+    #: a CLS-pooled step computes the last layer's output and MLP for the CLS rows only
+    prunes_to_output_rows: ClassVar[bool] = True
     #: the tensor names' prefix (``bert.`` in a classifier's checkpoint)
     prefix: ClassVar[str] = ""
     #: a BERT pooler (dense + tanh on CLS) is in the checkpoint
@@ -137,8 +139,17 @@ class BertModel(CausalLM):
         base = before[starts].repeat_interleave(lengths, output_size=input_ids.shape[0])
         return ((before - base) > 0).to(torch.int64)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[Any], metadata: Any) -> torch.Tensor:
-        """Final hidden states ``[tokens, hidden]`` of whole prompts (one step each)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[Any],
+        metadata: Any,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ``[tokens, hidden]`` of whole prompts (one step each); with ``output_rows``,
+        only those rows ``[len(output_rows), hidden]``: the last layer attends from every row (its keys
+        and values need them all) and takes only these past its attention."""
         ops, gemm, eps = self.ops, self.gemm, self.config.rms_norm_eps
         meta = dataclasses.replace(metadata, causal=False)
         offset = self.position_offset(self.config.hf_config)
@@ -146,17 +157,21 @@ class BertModel(CausalLM):
         x = x + self.token_type.index_select(0, self._token_types(input_ids, metadata))
         x = ops.layer_norm(x, *self.embed_norm, eps)
         heads, d = self.config.num_heads, self.config.head_dim
-        for layer, cache in zip(self.layers, kv_caches):
+        last = len(self.layers) - 1
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
             q, k, v = gemm.linear(x, *layer["qkv"]).split(heads * d, dim=-1)
             shape = (x.shape[0], heads, d)
             attn = self.attention.forward(q.reshape(shape), k.reshape(shape), v.reshape(shape), cache, meta)
-            x = ops.add_layer_norm(gemm.linear(attn.reshape(x.shape[0], heads * d), *layer["o"]), x, *layer["attn_norm"], eps)
+            attn = attn.reshape(x.shape[0], heads * d)
+            if i == last and output_rows is not None:
+                attn, x = attn.index_select(0, output_rows), x.index_select(0, output_rows)
+            x = ops.add_layer_norm(gemm.linear(attn, *layer["o"]), x, *layer["attn_norm"], eps)
             if "gelu" in gemm.fused_activations:
                 hidden = gemm.linear_activation(x, *layer["up"], "gelu")
             else:
                 hidden = torch.nn.functional.gelu(gemm.linear(x, *layer["up"]))
             x = ops.add_layer_norm(gemm.linear(hidden, *layer["down"]), x, *layer["out_norm"], eps)
-        return x
+        return x if output_rows is None or self.layers else x.index_select(0, output_rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """An encoder has no LM head.

@@ -52,6 +52,8 @@ class PoolingSteps:
         if params.task == "classify" and self.pooling.head is None:
             raise InvalidRequestError(f"{self.model_config.architecture} has no classification head (classify, score and rerank need a sequence-classification model)")
         check_per_token_params(params, hidden, self.model_config.hf_config)
+        if params.pooling_type is None:  # the model's own, resolved now: a step reads which rows it pools
+            params = params.model_copy(update={"pooling_type": self.pooling.defaults.pooling_type})
         source = prompt if prompt_token_ids is None else prompt_token_ids
         step_params = self._pooling_step_params
         token_ids = self.validate_request(source, step_params, cache_salt)

@@ -85,9 +85,33 @@ class PooledStep:
         return out
 
 
-def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows]) -> PooledStep:
+def pooled_row_index(rows: list[PoolRows]) -> list[int] | None:
+    """The one row of the step each chunk's pooling reads, when each reads one: its first for ``CLS``, its
+    last for ``LAST`` (a chunk that does not hold the prompt's first or last row gives one that is read
+    and then overwritten or ignored); None when any chunk needs more (``MEAN``, the per-token types) or
+    its pooling type is not resolved yet."""
+    index = []
+    for r in rows:
+        kind = r.seq.pooling.pooling_type
+        if kind == "CLS":
+            index.append(r.first_row)
+        elif kind == "LAST":
+            index.append(r.first_row + r.count - 1)
+        else:
+            return None
+    return index
+
+
+def pool_chunks(hidden: torch.Tensor, rows: list[PoolRows], one_row_each: bool = False) -> PooledStep:
     """Each chunk's reduction of ``hidden [tokens, width]`` in float32, in a few device operations for the
-    whole step, and one copy to the host that the caller need not wait for."""
+    whole step, and one copy to the host that the caller need not wait for.
+
+    ``one_row_each``: ``hidden`` holds only the row each chunk's pooling reads (:func:`pooled_row_index`,
+    in order), which then stands for the chunk's sum, first and last rows alike."""
+    if one_row_each:
+        picked = hidden.float()
+        reduced, ready = copy_to_host_async(torch.stack([picked, picked, picked]))
+        return PooledStep(rows, reduced, None, ready)
     counts = [r.count for r in rows]
     firsts = [r.first_row for r in rows]
     lasts = [f + c - 1 for f, c in zip(firsts, counts, strict=True)]
