@@ -9,10 +9,13 @@ bits a weight instead of 16): the plugin's own VNNI kernels (``native_kernels``,
 kept) where the CPU and a C compiler allow, else torch's int4 / int8 kernels. Large batches are bound by arithmetic, where torch's bf16 GEMM
 beats its weight-only kernels on CPUs without AMX, so a packed weight also keeps a bf16 copy and rows
 above a per-kind threshold go to it (``ENGINE_CPU_DENSE_COPY=0`` drops the copies to save memory).
-The copy, and every plain bf16 weight, is prepacked in oneDNN's blocked layout where torch has oneDNN
-(bit-identical to ``F.linear``; measured on a 2-core AMX Xeon: 1.5-2x faster at 1-32 rows, 1.1-1.6x at
-8,192 rows of an encoder's batch, where ``F.linear`` also spends a pass broadcasting the bias), and small
-batches run on one thread: the packed kernels gain
+The copy is prepacked in oneDNN's blocked layout where torch has oneDNN (bit-identical to ``F.linear``;
+measured on a 2-core AMX Xeon: 1.5-2x faster at 1-32 rows, 1.1-1.6x at 8,192 rows of an encoder's batch,
+where ``F.linear`` also spends a pass broadcasting the bias), and so is every plain bf16 weight, unless the
+C kernels have AMX tiles: it is then packed as tiles (``amx_kernels.AmxWeight``) for the plugin's own
+product, whose epilogue applies the bias and GELU while the tile unit computes (the up projection of an
+encoder with GELU 1.4x oneDNN's post-op; a bf16 decoder's steps 1.1-1.25x). Small batches run on one
+thread: the packed kernels gain
 nothing from a second thread at 1-4 rows, and waking it costs more than it saves.
 Packed kernels need bf16 activations; in a float32 model a quantized weight is dequantised exactly,
 so that the float32 path stays bit-for-bit what a dequantised checkpoint gives.
@@ -86,8 +89,8 @@ class PackedWeight:
             None for ``"tiled"``.
         out_features: rows of the logical weight.
         in_features: columns of the logical weight.
-        dense: a bf16 ``[out, in]`` copy for batches above ``max_packed_rows`` (an oneDNN-prepacked
-            tensor where available, see :func:`prepack_dense`), or None.
+        dense: a bf16 ``[out, in]`` copy for batches above ``max_packed_rows`` (AMX tiles or an
+            oneDNN-prepacked tensor where available, see ``CpuGemmBackend._dense_layout``), or None.
         max_packed_rows: most activation rows sent to the packed kernel when ``dense`` exists.
         tiled: the C kernels' weight, for ``"tiled"``.
     """
@@ -97,7 +100,7 @@ class PackedWeight:
     scales: torch.Tensor | None
     out_features: int
     in_features: int
-    dense: torch.Tensor | None
+    dense: torch.Tensor | AmxWeight | None
     max_packed_rows: int
     tiled: TiledWeight | None = None
 
@@ -152,11 +155,18 @@ class CpuGemmBackend(GemmBackend):
             )
         # contiguous so that every linear() hits the fast BLAS layout without a hidden copy
         weight = weight.to(device="cpu", dtype=target).contiguous()
-        if self.prepack and weight.dtype == torch.bfloat16 and weight.numel() <= PREPACK_MAX_ELEMENTS:
-            if self.native is not None and self.native.amx and amx_packable(weight):
-                return pack_amx_weight(weight)
-            return prepack_dense(weight)
+        if weight.dtype == torch.bfloat16 and weight.numel() <= PREPACK_MAX_ELEMENTS:
+            return self._dense_layout(weight)
         return weight
+
+    def _dense_layout(self, weight: torch.Tensor) -> torch.Tensor | AmxWeight:
+        """A bf16 weight (or a packed weight's bf16 copy) in the layout its products read fastest: the AMX
+        kernels' tiles where granted, else oneDNN's blocked layout (without ``prepack``: as it is)."""
+        if not self.prepack:
+            return weight
+        if self.native is not None and self.native.amx and amx_packable(weight):
+            return pack_amx_weight(weight)
+        return prepack_dense(weight)
 
     def _pack(self, weight: QuantizedWeight) -> PackedWeight:
         type_name = self.type_names[weight.scheme]
@@ -176,7 +186,7 @@ class CpuGemmBackend(GemmBackend):
         dense = None
         if self.dense_copy and dense32 is not None:
             dense = dense32.to(PACKED_DTYPE).contiguous()
-            dense = prepack_dense(dense) if self.prepack else dense
+            dense = self._dense_layout(dense)
         return PackedWeight(kind, packed, scales, out, width, dense, max_rows)
 
     def _tile(
@@ -200,7 +210,7 @@ class CpuGemmBackend(GemmBackend):
         dense = None
         if dense32 is not None:
             dense = dense32.to(PACKED_DTYPE).contiguous()
-            dense = prepack_dense(dense) if self.prepack else dense
+            dense = self._dense_layout(dense)
         return PackedWeight("tiled", None, None, out, width, dense, max_rows, tiled)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> torch.Tensor:
@@ -210,7 +220,7 @@ class CpuGemmBackend(GemmBackend):
             return dense_linear(x, weight, bias)
         rows = x.numel() // weight.in_features
         if weight.dense is not None and rows > weight.max_packed_rows:
-            return dense_linear(x, weight.dense, bias)
+            return self.linear(x, weight.dense, bias)
         if x.dtype != PACKED_DTYPE:
             raise ValueError(f"packed weights run with {PACKED_DTYPE} activations, got {x.dtype}")
         if weight.tiled is not None and self.native is not None:

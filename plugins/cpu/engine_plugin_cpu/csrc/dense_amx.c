@@ -17,6 +17,7 @@
 #include "amx.h"
 
 #define MROWS 32 /* rows of x a block takes: two A tiles */
+#define PANEL_BYTES (1 << 20) /* most weight bytes one column split reads */
 #define EPILOGUE_NONE 0
 #define EPILOGUE_GELU 1
 
@@ -149,7 +150,8 @@ AMX_TARGET static void dense_worker(void *ctx, int tid, int nthreads) {
     /* tasks taken one at a time: a thread sharing its core with a spinning OpenMP worker (see
      * encoder_attention.c) must not hold back a fixed share */
     for (long long t; (t = atomic_fetch_add(&a->next, 1)) < tasks;) {
-        const int64_t block = t / a->splits, split = t % a->splits, row0 = block * MROWS;
+        /* column split by column split: the threads share one split's weight tiles, read from L2 */
+        const int64_t split = t / blocks, block = t % blocks, row0 = block * MROWS;
         const int64_t p0 = split * a->pairs_per_split, p1 = p0 + a->pairs_per_split < a->pairs ? p0 + a->pairs_per_split : a->pairs;
         if (p0 < p1) dense_task(a, &sc, row0, a->m - row0 < MROWS ? a->m - row0 : MROWS, p0, p1);
     }
@@ -164,12 +166,14 @@ int dense_amx_bf16(void *pool, const omp_team_t *team, const bf16_t *x, int64_t 
                    const bf16_t *w, int64_t n, const bf16_t *bias, int epilogue, bf16_t *out, int64_t out_stride,
                    int nthreads) {
     const int64_t pairs = (n + 31) / 32, blocks = (m + MROWS - 1) / MROWS;
-    /* few row blocks (a small batch) split their columns too, so that every thread has work */
-    int64_t splits = 1;
-    if (blocks < 4 * (int64_t)nthreads) {
-        splits = (4 * (int64_t)nthreads + blocks - 1) / blocks;
-        if (splits > pairs) splits = pairs;
-    }
+    /* the columns split so that a split's weight tiles stay in L2 while every row block reads them
+     * (SmolLM2's 3072 x 576 gate/up projection, 3.5 MB, read whole per block: 8.3 ms for 4,096 rows,
+     * against 4.3 for oneDNN); few row blocks (a small batch) split their columns further, so that every
+     * thread has work */
+    const int64_t pair_bytes = k / 32 * 2048, panel_pairs = PANEL_BYTES / pair_bytes > 0 ? PANEL_BYTES / pair_bytes : 1;
+    int64_t splits = (pairs + panel_pairs - 1) / panel_pairs;
+    if (blocks * splits < 4 * (int64_t)nthreads) splits = (4 * (int64_t)nthreads + blocks - 1) / blocks;
+    if (splits > pairs) splits = pairs;
     const int64_t per_split = (pairs + splits - 1) / splits;
     dense_args_t a = {x, w, bias, out, x_stride, out_stride, m, n, k, pairs, splits, per_split, epilogue, 0, 0};
     int64_t tasks = blocks * splits;
