@@ -31,9 +31,10 @@ typedef struct {
     bf16_t *out;
     const int64_t *starts; /* [seqs + 1] token offsets of the prompts */
     int64_t seqs, heads, kv_heads, d, max_len;
+    int64_t group_heads; /* kv heads a task takes (of one prompt) */
     float scale;
     atomic_int failed;
-    atomic_llong next; /* the next (prompt, kv head) task to take */
+    atomic_llong next; /* the next (prompt, kv head group) task to take */
 } encoder_args_t;
 
 typedef struct {
@@ -270,9 +271,12 @@ AMX_TARGET static void encoder_worker(void *ctx, int tid, int nthreads) {
      * otherwise hold back the whole call (measured on 2 cores: 8.2 ms against 4.2 with idle workers) */
     (void)tid;
     (void)nthreads;
-    const long long tasks = a->seqs * a->kv_heads;
-    for (long long task; (task = atomic_fetch_add(&a->next, 1)) < tasks;)
-        encoder_task(a, task / a->kv_heads, task % a->kv_heads, &sc);
+    const int64_t groups = (a->kv_heads + a->group_heads - 1) / a->group_heads;
+    const long long tasks = a->seqs * groups;
+    for (long long task; (task = atomic_fetch_add(&a->next, 1)) < tasks;) {
+        const int64_t seq = task / groups, g0 = task % groups * a->group_heads;
+        for (int64_t g = g0; g < g0 + a->group_heads && g < a->kv_heads; g++) encoder_task(a, seq, g, &sc);
+    }
     _tile_release();
     free(buf);
 }
@@ -284,9 +288,15 @@ int encoder_attention_bf16(void *pool, const omp_team_t *team, const bf16_t *q, 
                            int64_t k_stride, int64_t v_stride, bf16_t *out, int64_t out_stride, const int64_t *starts,
                            int64_t seqs, int64_t max_len, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
                            int nthreads) {
+    /* a task takes a prompt's kv heads together (its rows' lines are read once, by one core: 4% faster
+     * for bge-small's 64 x 128 tokens), split into groups only where the prompts are too few to keep
+     * every thread busy */
+    int64_t per_seq = seqs > 0 ? (4 * (int64_t)nthreads + seqs - 1) / seqs : 1;
+    if (per_seq > kv_heads) per_seq = kv_heads;
+    const int64_t group_heads = (kv_heads + per_seq - 1) / per_seq;
     encoder_args_t a = {q, k, v, q_stride, k_stride, v_stride, out_stride, out, starts,
-                        seqs, heads, kv_heads, head_dim, max_len, scale, 0, 0};
-    int64_t tasks = seqs * kv_heads;
+                        seqs, heads, kv_heads, head_dim, max_len, group_heads, scale, 0, 0};
+    int64_t tasks = seqs * ((kv_heads + group_heads - 1) / group_heads);
     if (nthreads > tasks) nthreads = (int)(tasks > 0 ? tasks : 1);
     team_run(team, pool, encoder_worker, &a, nthreads);
     return -atomic_load(&a.failed);
