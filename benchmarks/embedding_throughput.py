@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="bge-large's shape instead of bge-small's")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both run on it)")
     parser.add_argument("--engine-step-texts", type=int, default=None,
-                        help="texts per engine step (default: --batch-size); the engine batches as it likes")
+                        help="texts per engine step (its max_num_batched_tokens); default: the engine's own "
+                        "budget for encoders on the device (Platform.default_encoder_step_tokens)")
     parser.add_argument("--rounds", type=int, default=3, help="timed runs of each, in turn (medians reported)")
     parser.add_argument("--queue-all", action="store_true",
                         help="queue every text before the first step (as before the engine queued them in chunks)")
@@ -130,7 +131,6 @@ def main() -> None:
         return
     st_process = args.st_process or ("child" if args.device == "cpu" else "same")
     out_path = args.out or f"benchmarks/results/embedding_throughput_{args.device}.json"
-    step_texts = args.engine_step_texts or args.batch_size
 
     def now() -> float:
         # the GPU's queued work counts: wait for it before reading the clock
@@ -150,9 +150,12 @@ def main() -> None:
     child_out = os.path.join(path, "st_embeddings.pt")
     if args.queue_all:
         LLM.QUEUE_CHUNK = args.num_texts
-    llm = LLM(model=path, device=args.device, dtype=args.dtype, max_num_batched_tokens=step_texts * args.text_tokens,
-              max_num_seqs=max(256, step_texts))  # fmt: skip
-    llm.embed(batch[: 2 * step_texts], use_tqdm=False)  # warm-up
+    step: dict[str, int] = {}
+    if args.engine_step_texts is not None:
+        step["max_num_batched_tokens"] = args.engine_step_texts * args.text_tokens
+    llm = LLM(model=path, device=args.device, dtype=args.dtype, max_num_seqs=max(256, args.engine_step_texts or 0), **step)
+    step_tokens = llm.llm_engine.config.scheduler.max_num_batched_tokens
+    llm.embed(batch[: 2 * max(1, step_tokens // args.text_tokens)], use_tqdm=False)  # warm-up
     # both in turn, --rounds times (a host's speed moves between runs), each after a full collection
     st_times, engine_times = [], []
     for _ in range(args.rounds):
@@ -183,7 +186,7 @@ def main() -> None:
     report = {
         "model": "bge-large-shaped BERT" if args.large else "bge-small-shaped BERT", "dtype": args.dtype,
         "device": torch.cuda.get_device_name(0) if args.device != "cpu" else "cpu", "texts": args.num_texts,
-        "text_tokens": args.text_tokens, "st_batch_size": args.batch_size, "engine_step_texts": step_texts,
+        "text_tokens": args.text_tokens, "st_batch_size": args.batch_size, "engine_step_tokens": step_tokens,
         "queued": "all up front" if args.queue_all else f"in chunks of {max(LLM.QUEUE_CHUNK, llm.llm_engine.config.scheduler.max_num_seqs)}",
         "sentence_transformers_texts_per_s": round(args.num_texts / st_s, 1),
         "engine_texts_per_s": round(args.num_texts / engine_s, 1), "ratio": round(st_s / engine_s, 2),

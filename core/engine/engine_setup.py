@@ -166,21 +166,27 @@ def build_engine_parts(config: EngineConfig, platform: Platform, plugin_manager:
     return parts
 
 
-#: the step budget of encoder-only models (embeddings, cross-encoders) unless one is given
+#: the step budget of encoder-only models (embeddings, cross-encoders) unless the user or the platform
+#: gives one (``Platform.default_encoder_step_tokens``)
 ENCODER_STEP_TOKENS = 32768
 
 
-def with_step_budget(config: EngineConfig, platform: Platform, model_class: type[CausalLM]) -> EngineConfig:
+def with_step_budget(
+    config: EngineConfig, platform: Platform, model_class: type[CausalLM], context_len: int | None = None
+) -> EngineConfig:
     """``config`` with the step token budget filled in where the user set none.
 
-    An encoder's step is one forward over whole prompts and nothing decodes, so a larger step only spreads
-    the per-step host work over more texts (H200, bge-large, 128-token texts: 64 a step ran at 0.99x
-    sentence-transformers, 256 a step at 1.69x); other models take the platform's budget, if it has one.
+    An encoder's step is one forward over whole prompts and nothing decodes: on a GPU a larger step only
+    spreads the per-step host work over more texts (H200, bge-large, 128-token texts: 64 a step ran at
+    0.99x sentence-transformers, 256 a step at 1.69x), on a CPU a smaller one keeps its activations in
+    cache; so it takes the platform's encoder budget, else the core's, and at least ``context_len``. Other
+    models take the platform's budget, if it has one.
     """
     if "max_num_batched_tokens" in config.scheduler.model_fields_set:
         return config
     if getattr(model_class, "needs_whole_prompt", False):
-        budget: int | None = ENCODER_STEP_TOKENS
+        # at least the context: a step must hold any prompt the model takes
+        budget: int | None = max(platform.default_encoder_step_tokens() or ENCODER_STEP_TOKENS, context_len or 0)
     else:
         budget = platform.default_max_num_batched_tokens()
     if budget is None:
@@ -211,7 +217,7 @@ def resolve_model(
     model_class = registry.resolve(model_config.architecture, model_path)
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
-    config = with_step_budget(config, platform, model_class)
+    config = with_step_budget(config, platform, model_class, config.max_model_len or model_config.max_position_embeddings)
     _check_config(config, platform, model_config, model_class)
     parallel = config.parallel
     if parallel.world_size > 1:

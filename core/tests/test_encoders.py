@@ -134,9 +134,9 @@ def test_cross_encoder_scores_match_hf(kind, tmp_path):
 
 def test_an_encoder_prompt_is_never_chunked(tmp_path, tiny_llama_dir):
     path = save_encoder("bert", str(tmp_path))
-    # an encoder's step budget is large unless given (a step is one forward over whole prompts); a
-    # decoder's stays the default
-    from engine.engine_setup import ENCODER_STEP_TOKENS
+    # an encoder's step budget is the platform's encoder budget unless given (a step is one forward over
+    # whole prompts); a decoder's stays the default
+    from engine_plugin_cpu.platform import ENCODER_STEP_TOKENS
 
     assert _llm(path).llm_engine.config.scheduler.max_num_batched_tokens == ENCODER_STEP_TOKENS
     assert _llm(tiny_llama_dir, runner="pooling").llm_engine.config.scheduler.max_num_batched_tokens == 2048

@@ -18,11 +18,15 @@ class Encoder:
 class BudgetPlatform:
     """Just the one method ``with_step_budget`` asks of a platform."""
 
-    def __init__(self, budget: int | None) -> None:
+    def __init__(self, budget: int | None, encoder_budget: int | None = None) -> None:
         self.budget = budget
+        self.encoder_budget = encoder_budget
 
     def default_max_num_batched_tokens(self) -> int | None:
         return self.budget
+
+    def default_encoder_step_tokens(self) -> int | None:
+        return self.encoder_budget
 
 
 def budget(config: EngineConfig, platform: BudgetPlatform, model_class: type) -> int:
@@ -37,16 +41,23 @@ def test_the_platform_budget_applies_unless_the_user_set_one():
     assert budget(EngineConfig(scheduler={"max_num_batched_tokens": 2048}), BudgetPlatform(8192), Decoder) == 2048
 
 
-def test_encoders_take_their_own_budget_on_any_platform():
+def test_encoders_take_the_platforms_encoder_budget_else_the_cores_and_at_least_their_context():
     assert budget(EngineConfig(), BudgetPlatform(8192), Encoder) == ENCODER_STEP_TOKENS
     assert budget(EngineConfig(), BudgetPlatform(None), Encoder) == ENCODER_STEP_TOKENS
+    assert budget(EngineConfig(), BudgetPlatform(8192, 4096), Encoder) == 4096
+    # a step holds any prompt the model takes: the context length raises a smaller budget
+    assert with_step_budget(EngineConfig(), BudgetPlatform(None, 4096), Encoder, 8192).scheduler.max_num_batched_tokens == 8192
+    assert budget(EngineConfig(scheduler={"max_num_batched_tokens": 512}), BudgetPlatform(None, 4096), Encoder) == 512
 
 
-def test_the_base_platform_and_the_cpu_keep_the_core_default():
+def test_the_cpu_keeps_the_core_decoder_budget_and_takes_a_smaller_encoder_step():
     from engine_plugin_cpu.platform import CpuPlatform
 
     assert Platform.default_max_num_batched_tokens(CpuPlatform()) is None
     assert budget(EngineConfig(), CpuPlatform(), Decoder) == 2048
+    # encoders take the CPU's own, smaller step (a step's activations stay in cache)
+    assert Platform.default_encoder_step_tokens(CpuPlatform()) is None
+    assert budget(EngineConfig(), CpuPlatform(), Encoder) == CpuPlatform().default_encoder_step_tokens() < ENCODER_STEP_TOKENS
 
 
 def test_another_process_of_the_engine_applies_the_same_budget():

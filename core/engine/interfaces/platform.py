@@ -255,6 +255,18 @@ class Platform(ABC):
         """
         return None
 
+    def default_encoder_step_tokens(self) -> int | None:
+        """The step token budget of encoder-only models (embeddings, cross-encoders) when the user sets none.
+
+        An encoder's step is whole prompts and nothing decodes, so its best size is the device's own.
+
+        Returns:
+            Tokens a step, or None for the core's default (32768), which suits a large GPU: fewer, fuller
+            steps spread the per-step host work. The engine raises it to the model's context length, so
+            that any prompt fits one step.
+        """
+        return None
+
     def seed(self, seed: int) -> None:
         """Seed the device's random generators."""
         import torch
