@@ -99,12 +99,22 @@ def test_the_test_prompts_run_past_a_local_window(tmp_path):
 
 
 @pytest.mark.parametrize("pooling", ["mean_tokens", "cls_token"])
-def test_embeddings_match_sentence_transformers(pooling, tmp_path):
+def test_embeddings_match_sentence_transformers(pooling, tmp_path, monkeypatch):
     path = save_modernbert(str(tmp_path), pooling=pooling)
     expected = st_embeddings(path, TEXTS)
     llm = _llm(path)
+    model, pruned = llm.llm_engine.model, []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        pruned.append(kwargs.get("output_rows") is not None)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
     got = torch.stack([torch.tensor(o.outputs.embedding) for o in llm.embed(TEXTS, use_tqdm=False)])
     assert got.shape == (len(TEXTS), HIDDEN)
+    # CLS pooling reads one row a prompt: the last layer runs past its attention on those rows only
+    assert pruned and all(pruned) == (pooling == "cls_token")
     assert torch.nn.functional.cosine_similarity(got.double(), expected.double()).min() >= 0.9999
     with pytest.raises(InvalidRequestError, match="no LM head"):
         llm.generate(TEXTS[0], SamplingParams(max_tokens=2), use_tqdm=False)

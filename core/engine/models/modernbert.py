@@ -82,6 +82,8 @@ class ModernBertModel(CausalLM):
     default_pooling_type: str = "CLS"
     #: bidirectional attention: a prompt is computed in one step
     needs_whole_prompt: ClassVar[bool] = True
+    #: a CLS-pooled step computes the last layer's output and MLP for the CLS rows only
+    prunes_to_output_rows: ClassVar[bool] = True
     #: the tensor names' prefix (``model.`` in a classifier's checkpoint)
     prefix: ClassVar[str] = ""
 
@@ -193,9 +195,16 @@ class ModernBertModel(CausalLM):
         """Keep the classification head's tensors (none for the bare encoder)."""
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[Any], metadata: Any
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[Any],
+        metadata: Any,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states ``[tokens, hidden]`` of whole prompts (one step each)."""
+        """Final-normed hidden states ``[tokens, hidden]`` of whole prompts (one step each); with
+        ``output_rows``, only those rows: the last layer attends from every row and takes only these past
+        its attention."""
         ops, gemm, eps = self.ops, self.gemm, self.config.rms_norm_eps
         # one metadata copy per layer kind, each with its own extras, so a backend's per-step plan is built
         # once per kind rather than rebuilt whenever the window changes between layers
@@ -207,15 +216,21 @@ class ModernBertModel(CausalLM):
         x = ops.layer_norm(self.embeddings.index_select(0, input_ids), *self.embed_norm, eps)
         heads, d = self.config.num_heads, self.config.head_dim
         shape = (x.shape[0], heads, d)
-        for layer, cache in zip(self.layers, kv_caches):
+        last = len(self.layers) - 1
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
             h = x if layer["attn_norm"] is None else ops.layer_norm(x, *layer["attn_norm"], eps)
             q, k, v = gemm.linear(h, *layer["qkv"]).split(heads * d, dim=-1)
             table = self.rope_tables[layer["kind"]]
             q, k = ops.rotary_embedding(positions, q.reshape(shape), k.reshape(shape), table)
             attn = self.attention.forward(q, k, v.reshape(shape), cache, metas[layer["kind"]])
-            x = x + gemm.linear(attn.reshape(x.shape[0], heads * d), *layer["o"])
+            attn = attn.reshape(x.shape[0], heads * d)
+            if i == last and output_rows is not None:
+                attn, x = attn.index_select(0, output_rows), x.index_select(0, output_rows)
+            x = x + gemm.linear(attn, *layer["o"])
             inputs, gate = gemm.linear(ops.layer_norm(x, *layer["mlp_norm"], eps), *layer["wi"]).chunk(2, dim=-1)
             x = x + gemm.linear(self.act(inputs) * gate, *layer["wo"])
+        if output_rows is not None and not self.layers:
+            x = x.index_select(0, output_rows)
         return ops.layer_norm(x, *self.final_norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
