@@ -79,8 +79,9 @@ def test_a_result_does_not_depend_on_the_thread_count(tiles: NativeKernels) -> N
     one = next(single)
     assert torch.equal(one.dense(x, packed, bias, "gelu"), tiles.dense(x, packed, bias, "gelu"))
     single.close()
-    # batched rows keep their leading shape
+    # batched rows keep their leading shape; no rows give no rows
     assert tiles.dense(x.view(2, 100, 256), packed, bias).shape == (2, 100, 160)
+    assert tiles.dense(x[:0], packed, bias).shape == (0, 160)
 
 
 def test_bad_operands_are_refused(tiles: NativeKernels) -> None:
