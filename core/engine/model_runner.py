@@ -169,6 +169,7 @@ class ModelRunner:
             )  # fmt: skip
         else:
             hidden = None
+            pruned: torch.Tensor | None = None  # the rows a pooling step's forward returned, when it pruned
             if graphs is not None and bucket is not None:  # run finds the same bucket again
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
             elif verifying is not None and verify_bucket is not None:
@@ -181,12 +182,8 @@ class ModelRunner:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)
                 pruned = self._pooled_rows(inputs, has_rows, store)
-                if pruned is not None:
-                    hidden = self.model.forward(
-                        inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata, output_rows=pruned
-                    )  # fmt: skip
-                else:
-                    hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata)
+                rows = {} if pruned is None else {"output_rows": pruned}  # only models that prune take it
+                hidden = self.model.forward(inputs.input_ids, inputs.positions, self.layer_caches, inputs.metadata, **rows)
             if store is not None:
                 store.keep(step, hidden, inputs.metadata)
             pooled = pool_chunks(hidden, inputs.pool_rows, pruned is not None) if inputs.pool_rows else None

@@ -171,7 +171,9 @@ class BertModel(CausalLM):
             else:
                 hidden = torch.nn.functional.gelu(gemm.linear(x, *layer["up"]))
             x = ops.add_layer_norm(gemm.linear(hidden, *layer["down"]), x, *layer["out_norm"], eps)
-        return x if output_rows is None or self.layers else x.index_select(0, output_rows)
+        if output_rows is not None and not self.layers:
+            x = x.index_select(0, output_rows)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """An encoder has no LM head.
