@@ -156,7 +156,7 @@ def format_markdown(
 #: published reports run everything)
 QUICK_OP_LEVEL = (
     "attention.decode", "attention.prefill", "attention.chunked_prefill", "attention.decode_rows_first",
-    "attention.short_rows", "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
+    "attention.short_rows", "attention.recorded_prefill", "attention.gqa", "attention.mqa", "attention.head_size", "attention.block_size", "attention.dtype",
     "attention.kv_cache_dtype", "attention.sliding_window", "attention.logits_soft_cap",
     "attention.non_causal", "attention.rotary", "attention.rotary.head_norm", "attention.large_block_index", "kv_write", "block_cache", "ops",
     "gemm", "moe", "lora", "graph_capture", "contract", "distributed",

@@ -7,7 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
+import torch.nn.functional as F
 
+from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import (
     check_unclaimed_attention_feature,
@@ -17,6 +20,7 @@ from engine_conformance.helpers import (
 )
 from engine_conformance.pytest_plugin import not_claimed
 from engine_plugin_sdk.problems import AttentionProblem, make_attention_problem
+from engine_plugin_sdk.tolerances import compare
 
 NUM_BLOCKS = 512
 # (query_lens, context_lens) batches; every one mixes lengths that are not multiples of a block
@@ -30,6 +34,9 @@ DECODE_ROWS_FIRST = ([1, 1, 1, 1, 7, 1, 12], [40, 9, 77, 33, 7, 30, 60])
 #: (a GPU backend may run such rows as one decode row per token), with the sliding-window variant's context
 #: longer than its window
 SHORT_ROWS = ([5, 1, 3, 8, 2], [40, 9, 77, 33, 100])
+#: a lone prompt chunk over a cached prefix, recorded in a bucket of 64 rows (the engine's prompt graphs)
+RECORDED_CHUNK = ([37], [100])
+RECORDED_BUCKET = 64
 #: an encoder step: whole prompts, nothing cached. A one-token prompt (which a backend may run as a decode
 #: row), prompts within a block and over several, two of one length (batched prefill paths group those), and
 #: one longer than the widest query tile of the GPU tunings (128 rows), so that a tile's rows must see keys
@@ -97,6 +104,61 @@ def test_short_rows_over_cached_contexts(platform: Platform, caps: Capabilities,
             problem.metadata.graph_capture = recorded
             context = ", ".join([f"window {window}"] * bool(window) + ["recorded"] * recorded)
             run_attention_problem(platform, problem, "attention.short_rows", context)
+
+
+@pytest.mark.capability("attention.recorded_prefill")
+def test_recorded_prompt_chunk(platform: Platform, caps: Capabilities, device: Any) -> None:
+    """One sequence's prompt chunk as the engine records it (``graph_capture_prefill``, :mod:`engine.prefill_graphs`):
+    padded to a bucket of ``RECORDED_BUCKET`` rows whose padding writes nowhere (slot -1) and extends the
+    context, the host lists describing the bucket rather than the data. The chunk's own rows must match the
+    float64 reference, whatever the cache holds past them (the problem's cache is random)."""
+    if not caps.graph_capture_prefill:
+        not_claimed("recorded prompt chunks (graph_capture_prefill) are not claimed")
+    problems = [build(caps, device, RECORDED_CHUNK, num_heads=8, num_kv_heads=2, seed=18)]
+    if caps.sliding_window:
+        problems.append(build(caps, device, RECORDED_CHUNK, num_heads=8, num_kv_heads=2, seed=19, sliding_window=9))
+    for problem in problems:
+        backend = platform.make_attention_backend()
+        cache = problem.allocate_cache(backend)
+        problem.fill_cache(backend, cache)
+        query, key, value, metadata = recorded_chunk(problem, RECORDED_BUCKET, max_model_len=NUM_BLOCKS)
+        out = backend.forward(query, key, value, cache, metadata)[: problem.query.shape[0]]
+        mismatch = compare(out, problem.reference_output(), problem.tolerance(), "attention.recorded_prefill")
+        if mismatch:
+            pytest.fail(f"{mismatch} [window {problem.metadata.sliding_window}]", pytrace=False)
+
+
+def recorded_chunk(
+    problem: AttentionProblem, bucket: int, max_model_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """``problem``'s single chunk padded to ``bucket`` rows as :class:`engine.prefill_graphs.PrefillGraphs`
+    records it: random padding rows, slot -1, the context counting them, the block table widened with
+    zeros to ``max_model_len`` (block 0 then stands for the padding's keys), host lists of the bucket."""
+    md = problem.metadata
+    q = problem.query.shape[0]
+    pad = bucket - q
+    gen = torch.Generator().manual_seed(bucket)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        extra = torch.randn((pad, *t.shape[1:]), generator=gen).to(device=t.device, dtype=t.dtype)
+        return torch.cat((t, extra))
+
+    width = -(-max_model_len // md.block_size)
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor([0, bucket], dtype=torch.int32, device=problem.device),
+        seq_lens=md.seq_lens + pad,
+        block_tables=F.pad(md.block_tables, (0, width - md.block_tables.shape[1])),
+        slot_mapping=F.pad(md.slot_mapping, (0, pad), value=-1),
+        query_lens_cpu=[bucket],
+        seq_lens_cpu=[max_model_len],
+        max_query_len=bucket,
+        max_seq_len=max_model_len,
+        block_size=md.block_size,
+        scale=md.scale,
+        sliding_window=md.sliding_window,
+        graph_capture=True,
+    )
+    return padded(problem.query), padded(problem.key), padded(problem.value), metadata
 
 
 @pytest.mark.capability("attention.gqa")

@@ -22,6 +22,7 @@ from engine.lora.manager import LoraManager
 from engine.parallel.micro_batches import forward_logits
 from engine.parallel.step_mirror import StepMessage, step_message
 from engine.pooling.pooler import PooledStep, pool_chunks, pooled_row_index
+from engine.prefill_graphs import PrefillGraphs
 from engine.prompt_logprobs import PromptLogprobs, score_prompt_rows
 from engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from engine.scheduler import SchedulerOutput
@@ -68,6 +69,7 @@ class ModelRunner:
         #: set by the engine under speculative decoding when the platform records graphs: verification
         #: steps (rows of up to ``k + 1`` tokens) replay through it
         self.verify_graphs: VerifyGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         #: set by the engine under tensor parallelism: sends each step to the other ranks before it runs here
         self.mirror: Callable[[StepMessage], None] | None = None
         #: pipeline parallelism: the micro-batches each step is cut into (1: the whole step at once)
@@ -147,6 +149,10 @@ class ModelRunner:
         # (never under tensor parallelism: the other ranks record no verification graphs)
         verifying = self.verify_graphs if graphs is not None and bucket is None and self.mirror is None else None
         verify_bucket = verifying.bucket_for(inputs.metadata) if verifying is not None else None
+        # a lone prompt chunk (not a pooling step's: its rows are pruned eagerly)
+        unrecorded = graphs is not None and bucket is None and verify_bucket is None and self.mirror is None
+        prefilling = self.prefill_graphs if unrecorded and not inputs.pool_rows else None
+        prompt_bucket = prefilling.bucket_for(inputs.metadata) if prefilling is not None else None
         if self.mirror is not None:
             self.mirror(step_message(
                 step.swap_out, step.copies, step.swap_in, inputs.input_ids, inputs.positions, inputs.metadata,
@@ -178,6 +184,8 @@ class ModelRunner:
                 # every row verified greedily from the graph's picks: no logits to compute here
                 if not (inputs.sample_targets or inputs.prompt_rows) and greedy_verify:
                     has_rows = False
+            elif prefilling is not None and prompt_bucket is not None:
+                hidden = prefilling.run(inputs.input_ids, inputs.positions, inputs.metadata, prompt_bucket)
             if hidden is None:
                 if self.lora is not None:
                     self.model.use_lora_step(inputs.lora)

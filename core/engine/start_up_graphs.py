@@ -1,5 +1,6 @@
 """Start-up work on the loaded model, after the KV pool: the decode graphs (on every rank), the speculative
-verification graphs, and the warm-up steps that compile the platform's kernels before the first request."""
+verification graphs, the graphs of lone prompt chunks, and the warm-up steps that compile the platform's
+kernels before the first request."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from engine.models.config import ModelConfig
 from engine.parallel.rank_graphs import GraphPlan, build_decode_graphs
 from engine.parallel.rank_workers import RankWorkers
 from engine.phases import timed_phase
+from engine.prefill_graphs import MAX_PREFILL_GRAPH_TOKENS, PrefillGraphs
 from engine.verify_graphs import VerifyGraphs
 from engine.warm_up import run_warm_up, warm_up_batches
 
@@ -61,6 +63,14 @@ def capture_and_warm_up(
                 greedy=runner.sampler.greedy_on_device,
             )  # fmt: skip
             runner.verify_graphs.capture()
+        prompt_tokens = min(MAX_PREFILL_GRAPH_TOKENS, config.scheduler.max_num_batched_tokens, max_model_len)
+        recorded_prompts = platform.capabilities().graph_capture_prefill and prompt_tokens >= 2
+        if recorded_prompts and workers is None and runner.lora is None and runner.kv_layout is None:
+            runner.prefill_graphs = PrefillGraphs(
+                model, kv_caches, platform.make_graph_capture(), prompt_tokens, max_model_len, block_size,
+                runner.device, model_config.sliding_window,
+            )  # fmt: skip
+            runner.prefill_graphs.capture()
     # (other ranks skip the warm-up: its dummy steps would have to run on every rank)
     if platform.capabilities().warm_up and workers is None:
         batches = warm_up_batches(

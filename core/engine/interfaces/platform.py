@@ -69,6 +69,11 @@ class Capabilities:
             ``k + 1``) may be recorded too: the attention backend then runs a recorded step's rows from
             the device tensors alone (``AttentionMetadata.graph_capture``; its host lists describe the
             bucket: every row ``k + 1`` tokens). Without it verification steps run eagerly.
+        graph_capture_prefill: with ``graph_capture``, whether a step of one sequence's prompt chunk (up to
+            512 tokens, over any cached prefix) may be recorded too, padded to a token bucket
+            (:mod:`engine.prefill_graphs`): the attention backend then runs it from the device tensors
+            alone (``AttentionMetadata.graph_capture``; its host lists describe the bucket: one row of
+            the bucket's tokens over a context of the model's length). Without it such steps run eagerly.
     """
 
     dtypes: tuple[str, ...] = ("float32",)
@@ -89,6 +94,7 @@ class Capabilities:
     extra: dict[str, Any] = field(default_factory=dict)
     graph_capture_collectives: bool = False
     graph_capture_verify: bool = False
+    graph_capture_prefill: bool = False
 
 
 class Platform(ABC):

@@ -216,6 +216,7 @@ class TorchGpuPlatform(Platform):
                 lora=True,
                 # no graphs, but the backend's recorded-step path runs as on the GPU (conformance checks it)
                 graph_capture_verify=True,
+                graph_capture_prefill=True,
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
@@ -249,6 +250,9 @@ class TorchGpuPlatform(Platform):
             # the Triton backend runs a recorded step's rows from its device tensors alone (short rows as
             # decode rows, longer ones through the prefill kernel's device offsets)
             graph_capture_verify=True,
+            # a lone prompt chunk the same way: the prefill kernel's grid follows the bucket, its rows and
+            # context come from the device offsets
+            graph_capture_prefill=True,
         )
 
     def validate(self, config: EngineConfig) -> list[str]:

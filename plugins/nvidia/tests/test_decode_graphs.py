@@ -103,3 +103,31 @@ def test_padded_verification_graph_path_matches_eager(
     stats = llm.llm_engine.stats()
     assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_proposed_tokens"]
     assert {0, 1, 2, 3} <= set(lengths)
+
+
+@pytest.mark.slow
+def test_padded_prompt_graph_path_matches_eager(
+    tiny_llama: tuple[dict[str, object], list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts run one at a time go through the prompt graphs' token buckets (padding rows that write
+    nowhere and extend the context), a chunk over a cached prefix too, and give the eager engine's tokens."""
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    common, _ = tiny_llama
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    long_prompt = [1, *range(80, 119)]  # two whole blocks are cached after it runs
+    prompts = [*PROMPTS, long_prompt, [*long_prompt, 5, 6, 7, 8, 9]]
+
+    def one_at_a_time(llm: LLM) -> list[list[int]]:
+        return [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids) for p in prompts]
+
+    eager = one_at_a_time(LLM(**common, enforce_eager=True))
+    claims = CudaPlatform.capabilities
+    monkeypatch.setattr(CudaPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), graph_capture=True))
+    llm = LLM(**common, enable_prefix_caching=True)
+    prompt_graphs = llm.llm_engine.runner.prefill_graphs
+    assert prompt_graphs is not None and prompt_graphs.buckets == [16, 32, 64, 128, 256, 512]
+    calls = count_runs(prompt_graphs.graphs)
+    assert one_at_a_time(llm) == eager
+    # every prompt in the 16-token bucket but the long one (40 tokens) and its successor's uncached 13
+    assert calls == [16, 16, 16, 16, 64, 16], calls
+    assert llm.llm_engine.stats()["prefix_cache_hit_tokens"] == 32
