@@ -25,6 +25,12 @@ from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_me
 logger = logging.getLogger(__name__)
 
 
+#: the most block-table cells (rows x the graphs' width) the host lays out itself for a replayed decode
+#: (8 rows of an 8k context over blocks of 16); past it a padding op on the device costs less than the
+#: host's list work, which grows with the batch
+HOST_TABLE_CELLS = 4096
+
+
 def decode_buckets(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16 up to ``max_batch`` (which is always included)."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
@@ -103,6 +109,17 @@ class DecodeGraphs:
             return None
         return next(b for b in self.buckets if b >= n)
 
+    def padded_shape(self, num_seqs: int, widths: list[int]) -> tuple[int, int | None] | None:
+        """The rows and block-table width a pure decode of ``num_seqs`` rows, whose KV groups' tables are
+        ``widths`` wide, is replayed with (:meth:`bucket_for`'s bucket; the width None when a table of
+        the graphs' width would cost the host more to lay out than a padding op costs the device), or
+        None when it runs eagerly. The host lays such a step out in that shape already
+        (:func:`engine.step_inputs.prepare_step_inputs`)."""
+        if num_seqs > self.buckets[-1] or len(widths) != self.num_groups or max(widths) > self.max_blocks:
+            return None
+        bucket = next(b for b in self.buckets if b >= num_seqs)
+        return bucket, self.max_blocks if bucket * self.max_blocks <= HOST_TABLE_CELLS else None
+
     def run(
         self,
         input_ids: torch.Tensor,
@@ -110,11 +127,13 @@ class DecodeGraphs:
         metadata: AttentionMetadata | GroupedAttentionMetadata,
         lora: LoraStep | None = None,
         bucket: int | None = None,
+        padded: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor | None:
         """Hidden states ``[num_seqs, hidden]`` of a decode step through its bucket's graph, or None when the
         step is not a pure decode or does not fit a bucket (the caller then runs it eagerly). ``lora``
         gives each row's adapter slot (None: no row has one); ``bucket`` is :meth:`bucket_for`'s answer
-        for this step when the caller has it already."""
+        for this step when the caller has it already; ``padded`` the step's inputs the host laid out in
+        the bucket's shape (``StepInputs.graph_inputs``), which replace the padding ops."""
         bucket = bucket if bucket is not None else self.bucket_for(input_ids, metadata)
         if bucket is None:
             return None
@@ -122,10 +141,16 @@ class DecodeGraphs:
         first = groups[0]
         n = first.num_seqs
         pad = bucket - n
-        inputs = [F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(first.seq_lens, (0, pad))]
-        for meta in groups:
-            inputs.append(F.pad(meta.slot_mapping, (0, pad), value=-1))
-            inputs.append(F.pad(meta.block_tables, (0, self.max_blocks - meta.block_tables.shape[1], 0, pad)))
+        if padded is not None and padded[0].shape[0] == bucket:
+            inputs = list(padded)
+            for i in range(4, len(inputs), 2):  # a table the host left at its own width
+                if inputs[i].shape[1] != self.max_blocks:
+                    inputs[i] = F.pad(inputs[i], (0, self.max_blocks - inputs[i].shape[1], 0, pad))
+        else:
+            inputs = [F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(first.seq_lens, (0, pad))]
+            for meta in groups:
+                inputs.append(F.pad(meta.slot_mapping, (0, pad), value=-1))
+                inputs.append(F.pad(meta.block_tables, (0, self.max_blocks - meta.block_tables.shape[1], 0, pad)))
         if self.lora_slots:
             slots = lora.token_slots if lora is not None else torch.full((n,), -1, dtype=torch.int32, device=self.device)
             inputs.append(F.pad(slots, (0, pad), value=-1))

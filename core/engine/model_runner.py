@@ -92,8 +92,11 @@ class ModelRunner:
             raise ValueError(f"the block manager keeps {len(self.block_manager.groups)} groups, the layout has {len(layout.groups)}")
         self.kv_layout = layout
 
-    def prepare(self, step: SchedulerOutput, previous: LaunchedStep | None = None) -> StepInputs:
-        """The step's flat batch on the runner's device (see :func:`engine.step_inputs.prepare_step_inputs`)."""
+    def prepare(
+        self, step: SchedulerOutput, previous: LaunchedStep | None = None, graphs: DecodeGraphs | None = None
+    ) -> StepInputs:
+        """The step's flat batch on the runner's device (see :func:`engine.step_inputs.prepare_step_inputs`),
+        a pure decode in the shape of ``graphs``' bucket."""
         return prepare_step_inputs(
             step,
             previous,
@@ -103,6 +106,7 @@ class ModelRunner:
             sliding_window=self.sliding_window,
             kv_layout=self.kv_layout,
             lora_manager=self.lora,
+            decode_shape=graphs.padded_shape if graphs is not None else None,
         )
 
     @torch.inference_mode()
@@ -137,13 +141,13 @@ class ModelRunner:
             The launched step; :meth:`LaunchedStep.resolve` gives its tokens.
         """
         apply_block_moves(self.block_cache, step.swap_out, step.copies, step.swap_in)
-        inputs = self.prepare(step, previous)
-        # rows whose logits are needed: the sampled ones, the verified ones, those scoring prompt tokens
-        has_rows = bool(inputs.sample_targets or inputs.prompt_rows or inputs.spec_rows)
         store = self.hidden_store
         # the core's model runs the whole step here (not a platform's runner, not pipeline micro-batches)
         whole_step = not isinstance(self.model, PlatformModelRunner) and self.micro_batches == 1
         graphs = self.decode_graphs if whole_step and (store is None or not store.needs_eager) else None
+        inputs = self.prepare(step, previous, graphs)
+        # rows whose logits are needed: the sampled ones, the verified ones, those scoring prompt tokens
+        has_rows = bool(inputs.sample_targets or inputs.prompt_rows or inputs.spec_rows)
         # chosen before the step is mirrored: every rank must replay the same bucket's graph
         bucket = graphs.bucket_for(inputs.input_ids, inputs.metadata) if graphs is not None else None
         # (never under tensor parallelism: the other ranks record no verification graphs)
@@ -177,7 +181,9 @@ class ModelRunner:
             hidden = None
             pruned: torch.Tensor | None = None  # the rows a pooling step's forward returned, when it pruned
             if graphs is not None and bucket is not None:  # run finds the same bucket again
-                hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora)
+                hidden = graphs.run(
+                    inputs.input_ids, inputs.positions, inputs.metadata, inputs.lora, bucket, inputs.graph_inputs
+                )
             elif verifying is not None and verify_bucket is not None:
                 assert isinstance(inputs.metadata, AttentionMetadata)
                 hidden, picks = verifying.run(inputs.input_ids, inputs.positions, inputs.metadata, verify_bucket)
@@ -197,7 +203,8 @@ class ModelRunner:
             pooled = pool_chunks(hidden, inputs.pool_rows, pruned is not None) if inputs.pool_rows else None
             if self.lora is not None:
                 self.model.use_lora_logits(inputs.lora_logits)
-            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)) if has_rows else None
+            rows_kept = hidden if inputs.logits_all_rows else hidden.index_select(0, inputs.logits_indices)
+            logits = self.model.compute_logits(rows_kept) if has_rows else None
         scored: list[PromptLogprobs] = []
         verified: list[tuple[Sequence, Verified]] = []
         sampled = len(inputs.sample_targets)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -47,6 +48,12 @@ class StepInputs:
     lora: LoraStep | None = None
     #: each logits row's adapter slot (the rows ``logits_indices`` picks), None likewise
     lora_logits: LoraStep | None = None
+    #: a pure decode's graph inputs, already in its bucket's shape (see ``decode_shape``): the input ids,
+    #: positions and context lengths, then each KV group's slots and block table (a table may keep its
+    #: own width); ``input_ids``, ``positions`` and ``metadata`` are views of their real rows
+    graph_inputs: tuple[torch.Tensor, ...] | None = None
+    #: ``logits_indices`` is every row in order (a decode step's usual case): the logits need no gather
+    logits_all_rows: bool = False
 
 
 def prepare_step_inputs(
@@ -59,10 +66,14 @@ def prepare_step_inputs(
     sliding_window: int | None,
     kv_layout: KVGroupLayout | None,
     lora_manager: LoraManager | None,
+    decode_shape: Callable[[int, list[int]], tuple[int, int | None] | None] | None = None,
 ) -> StepInputs:
     """The flat batch of ``step`` on ``device``: rows fed by ``previous`` (the overlapped step in flight)
     take its sampled tokens on the device; ``kv_layout`` gives one table per KV group; ``lora_manager``
-    names each row's adapter slot."""
+    names each row's adapter slot; ``decode_shape`` (the decode graphs'
+    :meth:`~engine.decode_graphs.DecodeGraphs.padded_shape`) gives, for a pure decode of so many rows
+    with tables of these widths, the rows and table width its graph reads (width None: the tables keep
+    theirs), or None when no graph will replay it."""
     # Host work here is per sequence and per step, so at a few hundred sequences it competes with the
     # GPU's step time: one-token rows (decodes) take a short path, and tensors cross in two copies.
     bm = block_manager
@@ -152,29 +163,67 @@ def prepare_step_inputs(
     for q in query_lens:
         qsl.append(qsl[-1] + q)
     widths = [max(len(t) for t in rows) for rows in tables]
+    # a pure decode the decode graphs will replay is laid out in its bucket's shape already, so that the
+    # graph reads it without a padding op per input (each a fixed cost at batch 1)
+    pure_decode = decode_shape is not None and all(q == 1 for q in query_lens)
+    shape = decode_shape(len(query_lens), widths) if pure_decode else None
+    rows = len(query_lens)
+    if shape is not None:
+        rows, table_width = shape
+        pad = rows - len(query_lens)
+        input_ids += [0] * pad
+        positions += [0] * pad
+        seq_lens_padded = chain(seq_lens, [0] * pad)
+        slots = [out + [-1] * pad for out in slots]
+        if table_width is not None:
+            widths = [table_width] * len(widths)
+            tables = [rows_ + [[]] * pad for rows_ in tables]
+    else:
+        seq_lens_padded = iter(seq_lens)
     padded_tables = [
-        chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in rows)
-        for rows, width in zip(tables, widths)
+        chain.from_iterable(t + [0] * (width - len(t)) if len(t) < width else t for t in rows_)
+        for rows_, width in zip(tables, widths)
     ]
-    # Everything crosses in one int64 transfer (each copy is a fixed cost that batch-1 decode pays
-    # every token); the int32 fields are cast on the device.
-    parts = (input_ids, positions, logits_indices, qsl, seq_lens, fill_rows, fill_from, *slots)
-    sizes = [len(p) for p in parts] + [len(query_lens) * width for width in widths]
+    table_rows = len(tables[0])
+    # Everything crosses in one transfer (each copy is a fixed cost that batch-1 decode pays every token):
+    # the int64 fields, then the int32 ones as int32 (views on the device, no cast op), each of those
+    # starting 16 bytes aligned
+    parts64 = (input_ids, positions, logits_indices, fill_rows, fill_from, *slots)
+    sizes64 = [len(p) for p in parts64]
+    parts32 = (qsl, seq_lens_padded, *padded_tables)
+    sizes32 = [len(qsl), rows, *(table_rows * width for width in widths)]
+    rooms32 = [-(-n // 4) * 4 for n in sizes32]
+    head = -(-sum(sizes64) // 2) * 2
+    flat = np.empty(head + sum(rooms32) // 2, dtype=np.int64)
     # numpy reads the ints straight from the iterator: a fifth of torch.tensor's time on a list (an
     # embedding step of 256 x 128 tokens packs about 100,000 of them)
-    flat = np.fromiter(chain(*parts, *padded_tables), dtype=np.int64, count=sum(sizes))
+    flat[: sum(sizes64)] = np.fromiter(chain(*parts64), dtype=np.int64, count=sum(sizes64))
+    flat32 = flat[head:].view(np.int32)
+    offset32 = 0
+    for part, size, room in zip(parts32, sizes32, rooms32):
+        flat32[offset32 : offset32 + size] = np.fromiter(part, dtype=np.int32, count=size)
+        offset32 += room
     packed = tensor_to_device_async(torch.from_numpy(flat), device)  # pinned: queued behind the step in flight
-    ids_t, pos_t, logits_t, qsl_t, seq_lens_t, fill_rows_t, fill_from_t, *rest = packed.split(sizes)
-    slots_t, tables_t = rest[: len(slots)], rest[len(slots) :]
+    ids_t, pos_t, logits_t, fill_rows_t, fill_from_t, *slots_t = packed[: sum(sizes64)].split(sizes64)
+    regions32 = [r[:n] for r, n in zip(packed[head:].view(torch.int32).split(rooms32), sizes32)]
+    qsl_t, seq_lens_t, *tables_t = regions32
     if fill_rows:
         assert previous is not None and previous.token_ids is not None
-        ids_t[fill_rows_t] = previous.token_ids[fill_from_t]
-    table_tensors = [t.view(len(query_lens), width).to(torch.int32) for t, width in zip(tables_t, widths)]
+        if fill_rows == fill_from == list(range(len(fill_rows))):
+            # the usual decode: every row continues the same row of the step in flight
+            ids_t[: len(fill_rows)].copy_(previous.token_ids[: len(fill_rows)])
+        else:
+            ids_t[fill_rows_t] = previous.token_ids[fill_from_t]
+    table_tensors = [t.view(table_rows, width) for t, width in zip(tables_t, widths)]
+    n, tokens = len(query_lens), qsl[-1]
+    graph_inputs = None
+    if shape is not None:
+        graph_inputs = (ids_t, pos_t, seq_lens_t, *chain.from_iterable(zip(slots_t, table_tensors)))
     metadata: AttentionMetadata | GroupedAttentionMetadata = AttentionMetadata(
-        query_start_loc=qsl_t.to(torch.int32),
-        seq_lens=seq_lens_t.to(torch.int32),
-        block_tables=table_tensors[0],
-        slot_mapping=slots_t[0],
+        query_start_loc=qsl_t,
+        seq_lens=seq_lens_t[:n],
+        block_tables=table_tensors[0][:n],
+        slot_mapping=slots_t[0][:tokens],
         query_lens_cpu=query_lens,
         seq_lens_cpu=seq_lens,
         max_query_len=max(query_lens),
@@ -184,11 +233,11 @@ def prepare_step_inputs(
         sliding_window=sliding_window,
     )
     if kv_layout is not None:
-        metadata = grouped_metadata(metadata, kv_layout, table_tensors, slots_t)
+        metadata = grouped_metadata(metadata, kv_layout, [t[:n] for t in table_tensors], [t[:tokens] for t in slots_t])
     lora, lora_logits = lora_rows(lora_manager, step, device, logits_indices) if lora_manager is not None else (None, None)
     return StepInputs(
-        input_ids=ids_t,
-        positions=pos_t,
+        input_ids=ids_t[:tokens],
+        positions=pos_t[:tokens],
         metadata=metadata,
         logits_indices=logits_t,
         sample_targets=targets,
@@ -197,4 +246,6 @@ def prepare_step_inputs(
         spec_rows=speculated,
         lora=lora,
         lora_logits=lora_logits,
+        graph_inputs=graph_inputs,
+        logits_all_rows=len(logits_indices) == tokens and logits_indices == list(range(tokens)),
     )
