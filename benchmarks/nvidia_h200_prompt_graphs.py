@@ -22,13 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvidia_h200 import copy_bandwidth, decode_rates, make_llm, weight_bytes  # noqa: E402
 
 
-def first_token_ms(llm: Any, prompt_len: int, repeats: int = 7, fresh: bool = True) -> float:
+def first_token_ms(llm: Any, prompt_len: int, seed: int, repeats: int = 7, fresh: bool = True) -> float:
     """Median milliseconds of ``generate`` for one token of a ``prompt_len``-token prompt, a new one each
-    time (``fresh``: prefix caching cannot shorten the step) or the same one (its whole blocks cached)."""
+    time (``fresh``: prefix caching cannot shorten the step; each call needs its own ``seed``) or the same
+    one (its whole blocks cached)."""
     from engine.sampling.params import SamplingParams
 
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    rng = random.Random(prompt_len)
+    rng = random.Random(seed * 100_003 + prompt_len)
     prompt = [rng.randint(1000, 40000) for _ in range(prompt_len)]
     times = []
     for _ in range(repeats + 1):
@@ -41,16 +42,16 @@ def first_token_ms(llm: Any, prompt_len: int, repeats: int = 7, fresh: bool = Tr
     return sorted(times[1:])[repeats // 2] * 1e3
 
 
-def profile_prompt(llm: Any, prompt_len: int = 128) -> dict[str, float]:
-    """Wall time of one prompt step's ``generate`` and the summed device time of its kernels."""
+def profile_prompt(llm: Any, seed: int, prompt_len: int = 128) -> dict[str, float]:
+    """Wall time of one new prompt's step (``generate`` of one token) and the summed device time of its kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.sampling.params import SamplingParams
 
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    prompt = [random.Random(7).randint(1000, 40000) for _ in range(prompt_len)]
-    llm.generate([prompt], one, use_tqdm=False)
-    prompt = [random.Random(8).randint(1000, 40000) for _ in range(prompt_len)]
+    rng = random.Random(seed)
+    llm.generate([[rng.randint(1000, 40000) for _ in range(prompt_len)]], one, use_tqdm=False)
+    prompt = [rng.randint(1000, 40000) for _ in range(prompt_len)]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         llm.generate([prompt], one, use_tqdm=False)
@@ -79,13 +80,14 @@ def main() -> None:
     _, read_bytes = weight_bytes(llm)
     roofline = bandwidth / read_bytes
     rows: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for recorded in (True, False):
+            seed = 2 * round_ + recorded
             runner.prefill_graphs = graphs if recorded else None
             row: dict[str, Any] = {"prompt_graphs": recorded}
             for n in args.prompt_lens:
-                row[f"first_token_ms_{n}"] = first_token_ms(llm, n)
-            row["first_token_ms_128_cached"] = first_token_ms(llm, 128, fresh=False)
+                row[f"first_token_ms_{n}"] = first_token_ms(llm, n, seed)
+            row["first_token_ms_128_cached"] = first_token_ms(llm, 128, seed, fresh=False)
             steps, end_to_end = decode_rates(llm)
             row.update(decode_tok_s=steps, end_to_end_tok_s=end_to_end, end_to_end_ratio=end_to_end / roofline)
             rows.append(row)
@@ -93,7 +95,7 @@ def main() -> None:
     profiles = {}
     for recorded in (True, False):
         runner.prefill_graphs = graphs if recorded else None
-        profiles["graphs" if recorded else "eager"] = profile_prompt(llm)
+        profiles["graphs" if recorded else "eager"] = profile_prompt(llm, 1000 + recorded)
     result = {
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "weight_GB_read_per_step": read_bytes / 1e9,
