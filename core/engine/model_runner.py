@@ -69,6 +69,8 @@ class ModelRunner:
         #: set by the engine under speculative decoding when the platform records graphs: verification
         #: steps (rows of up to ``k + 1`` tokens) replay through it
         self.verify_graphs: VerifyGraphs | None = None
+        #: set at start-up where the platform claims ``graph_capture_prefill``: a lone prompt chunk of up
+        #: to 512 tokens replays through it
         self.prefill_graphs: PrefillGraphs | None = None
         #: set by the engine under tensor parallelism: sends each step to the other ranks before it runs here
         self.mirror: Callable[[StepMessage], None] | None = None
