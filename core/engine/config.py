@@ -73,6 +73,11 @@ class SchedulerConfig(BaseModel):
         async_scheduling: overlap the host's work (taking the last step's tokens, scheduling and building
             the next step) with the device running the current step, for steps whose rows all sample
             greedily on the device; the tokens are the same either way.
+        target_step_time_ms: a service target for the step: at start-up the engine times steps of
+            prompt tokens on this device and model and lowers ``max_num_batched_tokens`` to the largest
+            budget (powers of two up to it) whose step ran within this many milliseconds, so that running
+            streams wait about that long at most for a token while prompts are prefilled (None: the
+            budget as given).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -84,6 +89,7 @@ class SchedulerConfig(BaseModel):
     scheduler_delay_factor: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
     async_scheduling: bool = True
+    target_step_time_ms: float | None = Field(None, gt=0.0, allow_inf_nan=False)
 
 
 class ParallelConfig(BaseModel):

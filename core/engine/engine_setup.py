@@ -48,6 +48,7 @@ from engine.speculative.draft_model import DraftParts
 from engine.speculative.eagle import EagleParts
 from engine.speculative.proposer_setup import LoadedProposer, finish_proposer, load_proposer
 from engine.start_up_graphs import capture_and_warm_up
+from engine.step_time_budget import with_fitted_step_budget
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,9 @@ def resolve_model(
     _check_config(config, platform, model_config, model_class)
     parallel = config.parallel
     if parallel.world_size > 1:
+        if config.scheduler.target_step_time_ms is not None:
+            # checked before the weights load: the timing steps would have to run on every rank
+            raise EngineConfigError("--target-step-time-ms is not supported with tensor or pipeline parallelism yet")
         if not platform.capabilities().distributed:
             raise EngineConfigError(
                 f"{parallel.world_size} ranks (tensor/pipeline parallelism) need collectives, which "
@@ -360,8 +364,6 @@ def _finish_parts(
     max_model_len = longest_fitting_len(
         config, windows, config.max_model_len or model_config.max_position_embeddings, block_manager.num_total_blocks
     )
-    # a manager with a table per KV group never swaps: its sequences are recomputed
-    scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks if layout is None else 0)
     sampler = Sampler(eos_token_ids, model_config.vocab_size, ops.greedy_pick)
     runner = ModelRunner(
         model, block_cache, block_manager, sampler, device, model_config.sliding_window, ops.apply_token_bitmask
@@ -378,6 +380,15 @@ def _finish_parts(
         )
     if not isinstance(model, PlatformModelRunner):
         capture_and_warm_up(config, platform, model_config, runner, max_model_len, workers)
+    if config.scheduler.target_step_time_ms is not None:
+        if isinstance(model, PlatformModelRunner):
+            raise EngineConfigError(
+                f"--target-step-time-ms times steps on the core's model runner; {platform.name} runs its own"
+            )
+        with timed_phase("timing steps for the step-time target", "step budget chosen"):
+            config = with_fitted_step_budget(config, runner, max_model_len)
+    # a manager with a table per KV group never swaps: its sequences are recomputed
+    scheduler = Scheduler(config.scheduler, block_manager, block_cache.num_host_blocks if layout is None else 0)
     return EngineParts(
         config=config,
         platform=platform,

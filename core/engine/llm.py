@@ -44,7 +44,8 @@ class LLM:
             that pass no ``sampling_params`` (see :meth:`get_default_sampling_params`); ``"none"``: the
             engine's own ``SamplingParams()``.
         **kwargs: any :class:`EngineConfig` field, or a cache / scheduler field such as ``block_size``,
-            ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``;
+            ``kv_cache_memory_bytes``, ``num_blocks_override``, ``max_num_seqs``, ``max_num_batched_tokens``,
+            ``target_step_time_ms``;
             ``enable_lora=True`` with ``max_loras``, ``max_lora_rank``, ``max_cpu_loras`` serves LoRA
             adapters (``generate(..., lora_request=LoRARequest(...))``).
 

@@ -106,6 +106,7 @@ def run_warm_up(
     sliding_window: int | None = None,
     kv_layout: KVGroupLayout | None = None,
     greedy: Callable[[torch.Tensor], object] | None = None,
+    log: bool = True,
 ) -> float:
     """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
 
@@ -119,6 +120,7 @@ def run_warm_up(
         kv_layout: the model's KV groups, if it keeps a block table per group.
         greedy: the sampler's greedy pick on the device, run on each step's logits (a platform's fused
             pick compiles here rather than at the first greedy request).
+        log: log what ran and how long it took.
     """
     start = time.perf_counter()
     for batch in batches:
@@ -145,5 +147,6 @@ def run_warm_up(
         else:
             rows.cpu()
     seconds = time.perf_counter() - start
-    logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
+    if log:
+        logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
     return seconds

@@ -87,6 +87,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -110,6 +117,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="while requests run, admit new prompts only once the oldest has waited this many "
                              "times the last prompt step's length (or they fill a step), so that prompts arriving "
                              "over a few steps are prefilled together (default: 0, at once)")
+    parser.add_argument("--target-step-time-ms", type=positive_float, default=None,
+                        help="service target: at start-up, time steps of prompt tokens and lower the step "
+                             "budget (--max-num-batched-tokens) to the largest that runs within this many ms, "
+                             "so that streams wait about that long at most while prompts are prefilled")
     parser.add_argument("--block-size", type=positive_int, default=None, help="tokens per KV block")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not reuse the KV blocks of shared prompt prefixes (on by default)")
@@ -182,6 +193,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens is not None:
         scheduler["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if getattr(args, "target_step_time_ms", None) is not None:
+        scheduler["target_step_time_ms"] = args.target_step_time_ms
     try:
         return EngineConfig(
             model=args.model,
