@@ -1,7 +1,8 @@
 """The 4-bit products of a few rows on the H200. One row: the byte-reading GEMV against the word-reading one
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_gemv_kernels`) over its tiles; 2-16 rows
 (``--rows``): the grouped GEMM against the tensor-core kernel
-(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`). Llama-3-8B shapes, random codes in
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`); up to 8 rows, the fragment kernel
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`) with ``--fragment-warps``. Llama-3-8B shapes, random codes in
 groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64
 and time inside CUDA graphs over weight copies larger than the L2 cache.
 
@@ -49,14 +50,22 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def variants_for(rows: int, tiles_class: Any, h200: Any) -> dict[str, Any]:
-    """The kernels compared at ``rows`` activation rows, by label."""
+def variants_for(
+    rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], all_words: bool
+) -> dict[str, Any]:
+    """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
+    would take without the fragment kernel, and the fragment kernel with each of ``fragment_warps``."""
+    variants = {"default": h200}
     if rows > 1:
-        return {"grouped GEMM": tiles_class(), "tensor cores": h200}
-    # the byte GEMV: the word GEMV's minimum block put out of reach
-    variants = {"bytes 1024 B, 4 warps": tiles_class(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)}
-    for row_bytes, warps in WORD_TILES:
-        variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
+        variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
+    else:
+        # the byte GEMV: the word GEMV's minimum block put out of reach
+        variants["bytes 1024 B, 4 warps"] = tiles_class(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)
+        for row_bytes, warps in WORD_TILES if all_words else [tiles_class().gemv4[1:3]]:
+            variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
+    if rows <= 8:
+        for warps in fragment_warps:
+            variants[f"fragments, {warps} warps"] = tiles_class(mma_rows=16, fragment_rows=8, fragment_warps=warps)
     return variants
 
 
@@ -73,11 +82,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="activation rows (1-16)")
+    parser.add_argument("--fragment-warps", type=int, nargs="*", default=[4, 8], help="fragment kernel's warps")
+    parser.add_argument("--all-word-tiles", action="store_true", help="every word-GEMV tile at one row")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     results: dict[str, Any] = {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in ((name, SHAPES[name]) for name in args.shapes):
         nbytes = n * k // 2 + n * (k // 128) * 2
         copies = max(1, min(16, (384 << 20) // nbytes))
         xs = {m: torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for m in args.rows}
@@ -97,7 +109,9 @@ def main() -> None:
             for m, x in xs.items():
                 tag = f"{m} rows, " + ("zero scales" if zero_scales else "one zero point")
                 ref = x.double() @ dense.T
-                for label, tiles in variants_for(m, GroupedIntTiles, H200_GROUPED_INT_TILES).items():
+                for label, tiles in variants_for(
+                    m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.all_word_tiles
+                ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())
                     sec = timed(lambda w, tiles=tiles, x=x: grouped_int_linear(x, w, None, tiles), weights)

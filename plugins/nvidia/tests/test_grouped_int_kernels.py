@@ -173,7 +173,8 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
     calls = []
     monkeypatch.setattr(launchers, "_mma", lambda *a, _real=launchers._mma: calls.append(1) or _real(*a))
     for programs, splits in ((1, 1), (8, 4)):  # one split, and 8 blocks in 4 splits (80 rows: 2 row tiles)
-        tiles = dataclasses.replace(tiles_for(device), mma_programs=programs, min_split_blocks=2)
+        # the fragment kernel off: it takes 2-8 rows ahead of this one where it is on
+        tiles = dataclasses.replace(tiles_for(device), mma_programs=programs, min_split_blocks=2, fragment_rows=0)
         for dtype in [d for d in kernel_dtypes if d != torch.float32]:
             for rows in (2, 16):
                 x = torch.randn(rows, in_features, generator=gen).to(dtype)
@@ -184,6 +185,46 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
                 problem = compare(got, want, get_tolerance(dtype), f"mma {dtype} M={rows} splits={splits}")
                 assert not problem, problem
     assert len(calls) == 4 * len([d for d in kernel_dtypes if d != torch.float32])
+
+
+@pytest.mark.parametrize("zero_scales", [False, True], ids=["zero-point", "zero-scales"])
+@pytest.mark.parametrize("block", [128, 256])
+def test_fragment_kernel_reads_words_into_tensor_core_operands(
+    device, zero_scales: bool, block: int, monkeypatch
+) -> None:
+    """1 to 8 bf16 / fp16 rows over 4-bit codes in blocks of 128 columns or more take the fragment kernel (its
+    ``mma`` PTX on a GPU, the same slots emulated lane by lane in the interpreter; bf16 too, as no ``tl.dot``
+    runs there): against float64 with act-order, bias, a zero point or zero scales, an odd number of chunks
+    for its warps, and output features past the last full tile of 16."""
+    gen = torch.Generator().manual_seed(29)
+    in_features, out_features = 3 * block, 40
+    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out_features, in_features // block, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(out_features, in_features // block, generator=gen) * 0.2 if zero_scales else None
+    perm = torch.randperm(in_features, generator=gen) if block == 128 else None
+    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block, perm)
+    prepared = pack_grouped_codes(unpacked, block, device)
+    calls = []
+    monkeypatch.setattr(launchers, "_fragment", lambda *a, _real=launchers._fragment: calls.append(1) or _real(*a))
+    tiles = dataclasses.replace(tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2)
+    for dtype in (torch.float16, torch.bfloat16):
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, in_features, generator=gen).to(dtype)
+            bias = torch.randn(out_features, generator=gen).to(dtype)
+            got = grouped_int_linear(x.to(device), prepared, bias.to(device), tiles)
+            assert got.dtype == dtype and got.shape == (rows, out_features)
+            xs = x.double() if perm is None else x.double()[:, perm]
+            want = xs @ dequantize_packed(prepared).double().cpu().T + bias.double()
+            problem = compare(got, want, get_tolerance(dtype), f"fragments {dtype} M={rows} block={block}")
+            assert not problem, problem
+    assert len(calls) == 6
+    # 9 rows, float32 activations, and blocks of 64 columns take the other kernels
+    x = torch.randn(9, in_features, generator=gen).to(device)
+    grouped_int_linear(x.half(), prepared, None, tiles)
+    grouped_int_linear(x[:1], prepared, None, tiles)
+    narrow = pack_grouped_codes(GroupedCodes(codes, scales.repeat_interleave(block // 64, 1), None, 8, 4, 64), 64, device)
+    grouped_int_linear(x[:1].half(), narrow, None, tiles)
+    assert len(calls) == 6
 
 
 @pytest.mark.parametrize("zero_scales", [False, True], ids=["zero-point", "zero-scales"])

@@ -1,5 +1,5 @@
 """Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
-:mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int4_mma_kernels`): the load-time repacking, tiles, grids,
+:mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int4_mma_kernels`, :mod:`.grouped_int4_fragment_kernels`): the load-time repacking, tiles, grids,
 the split-K reduction, and the choice of a kernel by the number of activation rows."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
@@ -55,7 +56,17 @@ class GroupedIntTiles:
         mma: ``(block_n, num_warps, num_stages)`` of that kernel.
         mma_programs: it splits the reduction until its row tiles times the splits reach this many programs
             (at most ``max_split_k`` splits of ``min_split_blocks`` blocks or more).
-        mma_asm: it turns codes into floats in inline PTX (the interpreter runs plain integer ops instead).
+        mma_asm: the tensor-core kernels run their inline PTX (the interpreter runs plain ops instead).
+        fragment_rows: products of ``fragment_min_rows`` to this many (at most 8) bf16 / fp16 rows over
+            4-bit codes in blocks of 128 columns or more take the fragment kernel
+            (:mod:`.grouped_int4_fragment_kernels`: each word of codes read straight into a tensor-core
+            operand) ahead of the GEMVs and ``mma``; 0: never (the default: its fast path is NVIDIA PTX).
+        fragment_min_rows: see ``fragment_rows``.
+        fragment_warps: warps of its programs (each program 16 output features, its warps splitting the
+            reduction) ...
+        fragment_narrow_warps: ... or this many when the product has fewer than ``fragment_narrow_programs``
+            programs (fewer output features: more warps keep the GPU's memory busy).
+        fragment_narrow_programs: see ``fragment_narrow_warps``.
     """
 
     block_k: int = 128
@@ -74,6 +85,11 @@ class GroupedIntTiles:
     mma: tuple[int, int, int] = (64, 4, 3)
     mma_programs: int = 528
     mma_asm: bool = True
+    fragment_rows: int = 0
+    fragment_min_rows: int = 1
+    fragment_warps: int = 4
+    fragment_narrow_warps: int = 8
+    fragment_narrow_programs: int = 1024
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -104,13 +120,23 @@ class GroupedIntTiles:
 #: Llama-3-8B shapes at 4 rows, split as ``mma_programs`` picks) took 11.6 / 9.2 / 38.8 / 21.9 / 150 us
 #: (qkv / o_proj / gate_up / down / lm_head) against the grouped GEMM's 24.0 / 16.4 / 71.7 / 42.6 / 258. At
 #: one row it lost to the word GEMV (gate_up 37.7 against 34.1 us).
-H200_GROUPED_INT_TILES = GroupedIntTiles(mma_rows=16)
+#: The fragment kernel for 2-8 rows (2026-12-05, `benchmarks/nvidia_h200_word_gemv.py --rows 1 2 4 8`, one bf16
+#: product, CUDA graphs over weight copies past the L2 cache, us at 4 rows, one zero point / zero scales):
+#: qkv 10.6 / 11.1 against the tensor-core kernel's 14.7 / 17.1, o_proj 8.9 / 9.1 against 12.0 / 13.8, gate_up
+#: 28.1 / 36.8 against
+#: 43.0 / 54.1, down 19.2 / 19.2 against 25.0 / 32.7, lm_head 107.5 / 137.6 against 145.0 / 210.0; 4 warps
+#: a program where there are 1,024 programs or more (gate_up, lm_head: 8 warps took 41 / 155 us), 8 below
+#: (o_proj, down: 4 warps took 10.0 / 28.8 us). At one row it beat the word GEMV on gate_up and the LM head
+#: with one zero point (27.0 / 97.8 against 29.3 / 120.4) but lost on qkv, o_proj, down (10.3-10.7 / 8.5-9.8 /
+#: 18.7 against 8.5 / 6.2 / 17.3) and with zero scales, so one row stays on the word GEMV.
+H200_GROUPED_INT_TILES = GroupedIntTiles(mma_rows=16, fragment_rows=8, fragment_min_rows=2)
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
 #: a 4096-wide product's time there, each numpy call costing about the same whatever its tile)
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
-    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False,
+    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
+    fragment_warps=2, fragment_narrow_warps=2,
 )
 
 
@@ -261,7 +287,11 @@ def grouped_int_linear(
         dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
         return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if m == 1:
+    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and _fragment_fits(
+        rows, weight
+    ):
+        _fragment(rows, weight, bias, tiles, out)
+    elif m == 1:
         _gemv(rows, weight, bias, tiles, out)
     elif m <= tiles.mma_rows and _mma_fits(rows, weight, tiles):
         out = _mma(rows, weight, bias, tiles, out)
@@ -334,6 +364,36 @@ def _split_result(out: torch.Tensor, target: torch.Tensor, splits: int, bias: to
     if bias is not None:
         summed += bias.float()
     return summed.to(out.dtype)
+
+
+#: the fragment kernel's ``mma`` tiles have 8 activation columns
+FRAGMENT_MAX_ROWS = 8
+
+
+def _fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight) -> bool:
+    # a lane reads 16 bytes of a 128-column chunk of each of its rows: blocks of whole chunks
+    return weight.bits == 4 and weight.block_k % 128 == 0 and rows.dtype in _TILE_BASE
+
+
+def _fragment(
+    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+) -> None:
+    """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand."""
+    out_features, in_features = weight.shape
+    if rows.stride(0) % 2 or rows.data_ptr() % 4:
+        rows = rows.contiguous()  # the kernel reads activation pairs as 32-bit words
+    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
+    programs = triton.cdiv(out_features, 16)
+    warps = tiles.fragment_warps if programs >= tiles.fragment_narrow_programs else tiles.fragment_narrow_warps
+    g4f.grouped_int4_fragment_kernel[(programs,)](
+        rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
+        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
+        rows.shape[0], out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), out.stride(0),
+        NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
+        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
+        BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps,
+        num_stages=1, **pdl.launch_options(),
+    )  # fmt: skip
 
 
 def _mma_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
