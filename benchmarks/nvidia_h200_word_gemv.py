@@ -65,7 +65,9 @@ def variants_for(
             variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
     if rows <= 8:
         for warps in fragment_warps:
-            variants[f"fragments, {warps} warps"] = tiles_class(mma_rows=16, fragment_rows=8, fragment_warps=warps)
+            variants[f"fragments, {warps} warps"] = tiles_class(
+                mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps
+            )
     return variants
 
 
