@@ -54,15 +54,15 @@ def test_gptq_sequences_decode_together_on_the_fragment_kernel(
                          symmetric=symmetric, act_order=True)  # fmt: skip
     rows: list[int] = []
 
-    def counted(rows_in, *args, _real=launchers._fragment):
+    def counted(rows_in, *args, _real=launchers.fragment_linear):
         rows.append(rows_in.shape[0])
         return _real(rows_in, *args)
 
-    monkeypatch.setattr(launchers, "_fragment", counted)
+    monkeypatch.setattr(launchers, "fragment_linear", counted)
     tokens, logprobs, packed = _decode(path, "auto")
     assert packed == 4 and rows and max(rows) <= 8 and min(rows) >= 2
     assert 4 in rows  # the four sequences' decode steps
-    monkeypatch.setattr(launchers, "_fragment", None)  # the dequantized run must not reach it
+    monkeypatch.setattr(launchers, "fragment_linear", None)  # the dequantized run must not reach it
     want_tokens, want_logprobs, dense = _decode(path, "none")
     assert dense == 0
     assert tokens == want_tokens

@@ -14,6 +14,7 @@ from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
 from engine_plugin_sdk.gpu.gemm import GROUPED_INT_SCHEMES, GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_few_rows_launchers as few_rows
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
@@ -171,7 +172,7 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
     in_features, out_features = 1024, 80
     prepared, perm = _int4_groups_of_128(gen, out_features, in_features, zero_scales, device)
     calls = []
-    monkeypatch.setattr(launchers, "_mma", lambda *a, _real=launchers._mma: calls.append(1) or _real(*a))
+    monkeypatch.setattr(launchers, "mma_linear", lambda *a, _real=launchers.mma_linear: calls.append(1) or _real(*a))
     for programs, splits in ((1, 1), (8, 4)):  # one split, and 8 blocks in 4 splits (80 rows: 2 row tiles)
         # the fragment kernel off: it takes 2-8 rows ahead of this one where it is on
         tiles = dataclasses.replace(tiles_for(device), mma_programs=programs, min_split_blocks=2, fragment_rows=0)
@@ -205,7 +206,8 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
     unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block, perm)
     prepared = pack_grouped_codes(unpacked, block, device)
     calls = []
-    monkeypatch.setattr(launchers, "_fragment", lambda *a, _real=launchers._fragment: calls.append(1) or _real(*a))
+    real = launchers.fragment_linear
+    monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
     tiles = dataclasses.replace(tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2)
     for dtype in (torch.float16, torch.bfloat16):
         for rows in (1, 3, 8):
@@ -249,11 +251,11 @@ def test_tensor_core_asm_offsets_are_the_16_bit_floats_it_subtracts() -> None:
     ``-(128 + offset)`` / ``-(1024 + offset)`` exactly, as a signed int32."""
     for dtype, base in ((torch.bfloat16, 128), (torch.float16, 1024)):
         for offset in (0, 8, 127):
-            bits = launchers._sub_bits(dtype, offset)
+            bits = few_rows.sub_bits(dtype, offset)
             assert -(1 << 31) <= bits < 1 << 31
             halves = torch.tensor([bits & 0xFFFF, (bits >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16)
             assert halves.view(dtype).float().tolist() == [-(base + offset)] * 2
-    assert launchers._sub_bits(torch.bfloat16, 8) == 0xC308C308 - (1 << 32)
+    assert few_rows.sub_bits(torch.bfloat16, 8) == 0xC308C308 - (1 << 32)
 
 
 def test_int4_codes_pair_within_each_reduction_tile() -> None:

@@ -1,10 +1,10 @@
 """Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
-:mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int4_mma_kernels`, :mod:`.grouped_int4_fragment_kernels`): the load-time repacking, tiles, grids,
-the split-K reduction, and the choice of a kernel by the number of activation rows."""
+:mod:`.grouped_int4_gemv_kernels`): the load-time repacking, tiles, grids, and the choice of a kernel by the
+number of activation rows (the few-row tensor-core kernels' launchers and the split-K sums are in
+:mod:`.grouped_int4_few_rows_launchers`)."""
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import torch
@@ -14,11 +14,18 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
-from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
-from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_few_rows_launchers import (
+    FRAGMENT_MAX_ROWS,
+    fragment_fits,
+    fragment_linear,
+    mma_fits,
+    mma_linear,
+    split_result,
+    split_target,
+)
 
 #: ``tl.dot`` takes a reduction of 16 at least; a 4-bit tile holds two halves of it
 MIN_BLOCK_K = {4: 32, 8: 16}
@@ -287,14 +294,14 @@ def grouped_int_linear(
         dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
         return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and _fragment_fits(
+    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and fragment_fits(
         rows, weight
     ):
-        _fragment(rows, weight, bias, tiles, out)
+        fragment_linear(rows, weight, bias, tiles, out)
     elif m == 1:
         _gemv(rows, weight, bias, tiles, out)
-    elif m <= tiles.mma_rows and _mma_fits(rows, weight, tiles):
-        out = _mma(rows, weight, bias, tiles, out)
+    elif m <= tiles.mma_rows and mma_fits(rows, weight, tiles):
+        out = mma_linear(rows, weight, bias, tiles, out)
     elif m > 0:
         out = _gemm(rows, weight, bias, tiles, out)
     return out.reshape(*x.shape[:-1], out_features)
@@ -347,109 +354,6 @@ def _gemv(
         gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
 
 
-def _split_target(out: torch.Tensor, splits: int) -> torch.Tensor:
-    """Where a product's programs write: ``out`` itself, or float32 partial sums ``[splits, M, N]`` when its
-    reduction is split (added by :func:`_split_result`)."""
-    if splits == 1:
-        return out
-    return torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
-
-
-def _split_result(out: torch.Tensor, target: torch.Tensor, splits: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``out`` when unsplit (the kernel added the bias), else the partial sums added, plus the bias, in
-    ``out``'s dtype."""
-    if splits == 1:
-        return out
-    summed = target.sum(dim=0)
-    if bias is not None:
-        summed += bias.float()
-    return summed.to(out.dtype)
-
-
-#: the fragment kernel's ``mma`` tiles have 8 activation columns
-FRAGMENT_MAX_ROWS = 8
-
-
-def _fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight) -> bool:
-    # a lane reads 16 bytes of a 128-column chunk of each of its rows: blocks of whole chunks
-    return weight.bits == 4 and weight.block_k % 128 == 0 and rows.dtype in _TILE_BASE
-
-
-def _fragment(
-    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
-) -> None:
-    """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand."""
-    out_features, in_features = weight.shape
-    if rows.stride(0) % 2 or rows.data_ptr() % 4:
-        rows = rows.contiguous()  # the kernel reads activation pairs as 32-bit words
-    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    programs = triton.cdiv(out_features, 16)
-    warps = tiles.fragment_warps if programs >= tiles.fragment_narrow_programs else tiles.fragment_narrow_warps
-    g4f.grouped_int4_fragment_kernel[(programs,)](
-        rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
-        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
-        rows.shape[0], out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), out.stride(0),
-        NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
-        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-        BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps,
-        num_stages=1, **pdl.launch_options(),
-    )  # fmt: skip
-
-
-def _mma_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    # the asm's float bit trick holds codes minus an offset below 128 exactly in bf16
-    return (
-        weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and rows.dtype in _TILE_BASE
-        and 0 <= weight.zero_point < 128
-    )  # fmt: skip
-
-
-#: the 16-bit float dtypes of the tensor-core kernel's tiles, and what the asm's codes carry above the code
-_TILE_BASE = {torch.bfloat16: 128, torch.float16: 1024}
-
-
-def _sub_bits(dtype: torch.dtype, offset: int) -> int:
-    """``-(base + offset)`` in ``dtype`` twice over, as the signed int32 the kernel's asm takes (plain Python:
-    it runs at every launch)."""
-    value = -(_TILE_BASE[dtype] + offset)
-    if dtype == torch.float16:
-        half = int.from_bytes(struct.pack("<e", value), "little")
-    else:
-        # bf16 is float32's upper half, exact for these integers (at most 8 significant bits)
-        half = int.from_bytes(struct.pack("<f", value), "little") >> 16
-    word = half | (half << 16)
-    return word - (1 << 32) if word >= 1 << 31 else word
-
-
-def _mma(
-    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
-) -> torch.Tensor:
-    """``rows [M, K]`` (2 <= M <= 16) into ``out [M, N]`` on tensor cores (returned; a new tensor when the
-    reduction is split)."""
-    out_features, in_features = weight.shape
-    m = rows.shape[0]
-    block_n, warps, stages = tiles.mma
-    blocks = in_features // weight.block_k
-    row_tiles = triton.cdiv(out_features, block_n)
-    want = min(tiles.max_split_k, triton.cdiv(tiles.mma_programs, row_tiles))
-    splits = max(1, min(want, blocks // max(1, tiles.min_split_blocks)))
-    splits = triton.cdiv(blocks, triton.cdiv(blocks, splits))  # every split gets blocks
-    target = _split_target(out, splits)
-    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    g4m.grouped_int4_mma_kernel[(row_tiles, splits)](
-        rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
-        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, target,
-        m, out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), target.stride(-2),
-        target.stride(0) if splits > 1 else 0,
-        _sub_bits(rows.dtype, 0 if weight.zero_scales is not None else weight.zero_point),
-        NUM_BLOCKS=blocks, GROUP=weight.group_size, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
-        HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None and splits == 1, BLOCK=weight.block_k,
-        BLOCK_N=block_n, BLOCK_M=16, SPLIT=splits, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        num_warps=warps, num_stages=stages, **pdl.launch_options(),
-    )  # fmt: skip
-    return _split_result(out, target, splits, bias)
-
-
 def _gemm(
     rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
 ) -> torch.Tensor:
@@ -461,7 +365,7 @@ def _gemm(
     output_tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
     blocks_per_split = triton.cdiv(k_blocks, tiles.split_k(output_tiles, k_blocks))
     splits = triton.cdiv(k_blocks, blocks_per_split)
-    target = _split_target(out, splits)
+    target = split_target(out, splits)
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     gk.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
@@ -475,4 +379,4 @@ def _gemm(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=weight.block_k, num_warps=warps, num_stages=stages,
         **pdl.launch_options(),
     )  # fmt: skip
-    return _split_result(out, target, splits, bias)
+    return split_result(out, target, splits, bias)
