@@ -47,6 +47,8 @@ LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 #: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
 GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
+#: the 4-bit fragment kernel's warp-level ``mma.m16n8k16`` (bf16 and fp16) exists from Ampere on
+FRAGMENT_MIN_CAPABILITY = (8, 0)
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -69,10 +71,18 @@ class CudaGemmBackend(TorchGemmBackend):
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
 
     def _grouped_int_tiles(self) -> Any:
-        # NVIDIA's tiles add the tensor-core kernel for a few rows (its inline PTX runs on no other vendor)
-        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import H200_GROUPED_INT_TILES
+        # NVIDIA's tiles add the tensor-core kernels for a few rows (their inline PTX runs on no other vendor);
+        # the fragment kernel's mma.m16n8k16 needs Ampere or later
+        if self.grouped_int_tiles is None:
+            import dataclasses
 
-        return self.grouped_int_tiles or H200_GROUPED_INT_TILES
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import H200_GROUPED_INT_TILES
+
+            tiles = H200_GROUPED_INT_TILES
+            if torch.cuda.get_device_capability(self.device) < FRAGMENT_MIN_CAPABILITY:
+                tiles = dataclasses.replace(tiles, fragment_rows=0)
+            self.grouped_int_tiles = tiles
+        return self.grouped_int_tiles
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):

@@ -434,3 +434,13 @@ def test_gemv_in_a_graph_with_pdl_matches_eager() -> None:
             assert torch.equal(captured, eager)
     finally:
         pdl.configure(before)
+
+
+@pytest.mark.parametrize(("capability", "fragment_rows"), [((7, 5), 0), ((8, 0), 8), ((9, 0), 8)])
+def test_fragment_kernel_only_from_ampere(monkeypatch, capability: tuple[int, int], fragment_rows: int) -> None:
+    """The NVIDIA backend's few-row tiles keep the fragment kernel (``mma.m16n8k16``) off before sm_80, where
+    that instruction does not exist; the rest of the H200 tiles stay."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    tiles = CudaGemmBackend(torch.device("cpu"))._grouped_int_tiles()
+    assert tiles.fragment_rows == fragment_rows
+    assert dataclasses.replace(tiles, fragment_rows=8) == H200_GROUPED_INT_TILES
