@@ -93,6 +93,34 @@ def decode_rates(llm: Any, prompt_len: int = 128, new_tokens: int = 256, repeats
     return sorted(rates)[len(rates) // 2], sorted(end_to_end)[len(end_to_end) // 2]
 
 
+def batched_decode_rate(llm: Any, batch: int, prompt_len: int = 128, new_tokens: int = 256) -> float:
+    """Output tokens/s of ``batch`` sequences decoding together, the decode steps alone: ``batch * (new_tokens
+    - 1)`` over the time of ``new_tokens`` minus that of one (distinct prompts, median of three)."""
+    from engine.sampling.params import SamplingParams
+
+    rng = random.Random(batch)
+    prompts = [[rng.randint(1000, 40000) for _ in range(prompt_len)] for _ in range(batch)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    many = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate(prompts, many, use_tqdm=False)  # warm-up
+    rates = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate(prompts, one, use_tqdm=False)
+        t1 = time.perf_counter()
+        llm.generate(prompts, many, use_tqdm=False)
+        t2 = time.perf_counter()
+        rates.append(batch * (new_tokens - 1) / ((t2 - t1) - (t1 - t0)))
+    return sorted(rates)[1]
+
+
+def release() -> None:
+    """Return freed GPU memory (the caller has dropped its engine) before the next engine starts."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def override_tuning(**changes: Any) -> None:
     """Start the NVIDIA plugin's engines with these ``KernelTuning`` fields changed (the A/B of a default)."""
     import dataclasses

@@ -14,6 +14,8 @@ Subcommands (repository root, on the device machine after ``source benchmarks/nv
   Q4_K_M (Q4_K, and Q6_K where llama.cpp's Q4_K_M puts it: ``attn_v`` / ``ffn_down`` of its "more bits"
   layers and ``output``) and that GGUF dequantized to bf16 at load; then ``--num-prompts`` x (512 in /
   256 out) offline throughput for bf16, W4A16 and an FP8 checkpoint (per-channel ``fp8_e4m3``).
+  ``--decode-batch 2 4 8`` adds the total decode rate of that many sequences together, ``--fragment-ab`` each
+  decode variant again with the 4-bit fragment kernel off (its 2-8-row products on the older kernels).
 
     python benchmarks/nvidia_h200_quantized.py check --tokenizer .nvcarry/llama3-8b-dummy
     python benchmarks/nvidia_h200_quantized.py kernels
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gc
 import json
 import os
 import random
@@ -191,17 +192,9 @@ def llama3_folder(tokenizer: str, out: str) -> str:
     return folder
 
 
-def release() -> None:
-    """Return freed GPU memory (the caller has dropped its engine) before the next engine starts."""
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from nvidia_h200 import copy_bandwidth, decode_rate
+    from nvidia_h200 import batched_decode_rate, copy_bandwidth, decode_rate, release
 
     from engine import LLM, SamplingParams
 
@@ -209,21 +202,28 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = llama3_folder(args.tokenizer, os.path.join(tmp, "llama3-8b"))
+        fragment_settings = [True, False] if args.fragment_ab else [True]
         for variant in args.decode:
-            t0 = time.perf_counter()
-            with dummy_as(PLANS[variant]):
-                llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=8,
-                          kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
-            start = time.perf_counter() - t0
-            read, rate = step_bytes(llm), decode_rate(llm, new_tokens=args.decode_tokens)
-            roofline = bandwidth / read
-            results[f"decode_{variant}"] = {"GB_read_per_step": read / 1e9, "decode_tok_s": rate,
-                                            "roofline_tok_s": roofline, "ratio_to_roofline": rate / roofline,
-                                            "engine_start_s": start}  # fmt: skip
-            print(f"decode {variant:24s} {read / 1e9:6.2f} GB/step  {rate:7.1f} tok/s  roofline {roofline:7.1f}"
-                  f" ({rate / roofline:.2f})  start {start:.0f} s", flush=True)  # fmt: skip
-            del llm
-            release()
+            for fragments in fragment_settings:
+                label = variant if fragments else f"{variant}_no_fragment"
+                t0 = time.perf_counter()
+                with dummy_as(PLANS[variant]), fragment_kernel(fragments):
+                    llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=8,
+                              kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
+                start = time.perf_counter() - t0
+                read, rate = step_bytes(llm), decode_rate(llm, new_tokens=args.decode_tokens)
+                roofline = bandwidth / read
+                results[f"decode_{label}"] = {"GB_read_per_step": read / 1e9, "decode_tok_s": rate,
+                                              "roofline_tok_s": roofline, "ratio_to_roofline": rate / roofline,
+                                              "engine_start_s": start}  # fmt: skip
+                print(f"decode {label:24s} {read / 1e9:6.2f} GB/step  {rate:7.1f} tok/s  roofline {roofline:7.1f}"
+                      f" ({rate / roofline:.2f})  start {start:.0f} s", flush=True)  # fmt: skip
+                for batch in args.decode_batch:
+                    total = batched_decode_rate(llm, batch, new_tokens=args.decode_tokens)
+                    results[f"decode_{label}"][f"batch_{batch}_tok_s"] = total
+                    print(f"decode {label:24s} {batch} sequences: {total:7.1f} tok/s in all", flush=True)
+                del llm
+                release()
         rng = random.Random(0)
         prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
         params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
@@ -244,6 +244,21 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
             del llm, outputs
             release()
     return results
+
+
+@contextlib.contextmanager
+def fragment_kernel(enabled: bool) -> Iterator[None]:
+    """Within the block, engines start with the NVIDIA tiles' fragment kernel for 2-8 rows on or off (the
+    backend reads the tiles when its first grouped-integer product runs: at start-up, before the graphs)."""
+    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
+
+    saved = grouped_int_launchers.H200_GROUPED_INT_TILES
+    if not enabled:
+        grouped_int_launchers.H200_GROUPED_INT_TILES = dataclasses.replace(saved, fragment_rows=0)
+    try:
+        yield
+    finally:
+        grouped_int_launchers.H200_GROUPED_INT_TILES = saved
 
 
 def timed_rotating(fn: Callable[[Any], Any], inputs: list[Any], repeats: int = 10) -> float:
@@ -276,6 +291,7 @@ def timed_rotating(fn: Callable[[Any], Any], inputs: list[Any], repeats: int = 1
 
 def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from nvidia_h200 import release
 
     from engine_plugin_nvidia.gemm import CudaGemmBackend
     from engine_plugin_sdk.gpu.triton_kernels import pdl
@@ -339,55 +355,6 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
-    interpret = args.device == "cpu"
-    if interpret:
-        # the NVIDIA platform on the CPU: Triton's interpreter, set before any kernel module is imported
-        os.environ.update({"ENGINE_NVIDIA_INTERPRET": "1", "TRITON_INTERPRET": "1"})
-    from dense_model_utils import engine_prefill_logits, save_tiny
-    from gguf_test_models import write_tiny_llama_gguf
-    from nvidia_h200_dense import tokenizer_only
-    from prequantized_checkpoints import write_gptq
-
-    from engine import LLM, SamplingParams
-    from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-
-    prompts = [[5, 17, 300, 42, 7], [100, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [511, 0, 256, 9]]
-    params = SamplingParams(temperature=0.0, max_tokens=3 if interpret else 12, ignore_eos=True)
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        tok = tokenizer_only(args.tokenizer, os.path.join(tmp, "tokenizer"))
-        plain = save_tiny("LlamaForCausalLM", os.path.join(tmp, "plain"), tok, vocab_size=512, hidden_size=256,
-                          intermediate_size=512, head_dim=64)  # fmt: skip
-        gptq, _ = write_gptq(plain, os.path.join(tmp, "gptq"), os.path.join(tmp, "gptq-ref"), bits=4, group=128,
-                             symmetric=True, act_order=False)  # fmt: skip
-        gguf_path = os.path.join(tmp, "tiny-q4_k.gguf")
-        write_tiny_llama_gguf(Path(gguf_path))  # Q4_K matrices, Q6_K lm_head, 512 tokens
-        cases = {"gptq_w4a16": (gptq, {}), "gguf_q4_k": (gguf_path, {"tokenizer": tok})}
-        for case, (model, extra) in cases.items():
-            for dtype in ["float32"] if interpret else ["float32", "bfloat16"]:
-                runs = {}
-                for quantization in ("auto", "none"):
-                    llm = LLM(model=model, device="cuda", dtype=dtype, quantization=quantization, max_model_len=256,
-                              kv_cache_memory_bytes=64 << 20, **extra)  # fmt: skip
-                    layer = llm.llm_engine.model.layers[0]
-                    packed = sum(isinstance(getattr(layer, f), GroupedIntWeight) for f in ("qkv", "o_proj", "gate_up", "down"))
-                    tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-                    runs[quantization] = (tokens, engine_prefill_logits(llm, prompts).float().cpu(), packed)
-                    del llm
-                    release()
-                (got, got_logits, packed), (want, want_logits, dense) = runs["auto"], runs["none"]
-                equal = sum(a == b for a, b in zip(got, want, strict=True))
-                diff = float((got_logits - want_logits).abs().max())
-                ok = packed == 4 and dense == 0 and (dtype != "float32" or (equal == len(prompts) and diff < 1e-3))
-                results[f"{case}_{dtype}"] = {"greedy_equal": f"{equal}/{len(prompts)}", "max_logit_diff": diff,
-                                              "packed_projections": packed, "ok": ok}  # fmt: skip
-                print(f"{case:11s} {dtype:9s} packed projections {packed}/4 (dequantized run {dense}/4)  greedy equal "
-                      f"{equal}/{len(prompts)}  max prefill logit diff {diff:.2e}  {'ok' if ok else 'FAILED'}", flush=True)  # fmt: skip
-    results["ok"] = all(v["ok"] for v in results.values() if isinstance(v, dict))
-    return results
-
-
 def tile(text: str) -> tuple[int, ...]:
     """``"4,512,4,3"`` -> ``(4, 512, 4, 3)``."""
     return tuple(int(v) for v in text.split(","))
@@ -412,6 +379,10 @@ def main() -> None:
     bench.add_argument("--decode", nargs="*", default=["bf16", "w4a16", "gguf_q4_k_m", "gguf_q4_k_m_dequantized"],
                        choices=list(PLANS))
     bench.add_argument("--decode-tokens", type=int, default=256)
+    bench.add_argument("--decode-batch", type=int, nargs="*", default=[],
+                       help="also decode this many sequences together (up to 8) and report the total rate")
+    bench.add_argument("--fragment-ab", action="store_true",
+                       help="each decode variant also with the fragment kernel off (2-8 rows on the older kernels)")
     bench.add_argument("--throughput", nargs="*", default=["bf16", "w4a16", "fp8"], choices=list(PLANS))
     bench.add_argument("--num-prompts", type=int, default=1000)
     for p in (check, bench):
@@ -419,6 +390,8 @@ def main() -> None:
     for p in sub.choices.values():
         p.add_argument("--json", default=None)
     args = parser.parse_args()
+    from nvidia_h200_quantized_check import cmd_check
+
     result = {"check": cmd_check, "kernels": cmd_kernels, "bench": cmd_bench}[args.command](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
