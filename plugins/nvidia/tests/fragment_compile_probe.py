@@ -1,0 +1,62 @@
+"""Compiles the 4-bit fragment kernel for sm_90 and sm_80 (bf16 and fp16) without a GPU and prints, as one JSON
+line, how many ``mma`` instructions its PTX holds and the layouts of the tensors its inline asm takes.
+Run by ``test_fragment_kernel_compiles.py`` in a process without ``TRITON_INTERPRET``; exits 3 (with a reason)
+where this Triton has no bundled ``ptxas``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
+
+WARPS = 8
+CASES = [(90, False, False), (90, True, True), (80, False, True)]
+
+
+def compile_case(capability: int, fp16: bool, zero_scales: bool) -> dict:
+    act = "*fp16" if fp16 else "*bf16"
+    signature = {
+        "x_ptr": act, "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
+        "bias_ptr": act, "out_ptr": act, "M": "i32", "N": "i32", "stride_xm": "i32", "stride_wn": "i32",
+        "stride_sn": "i32", "stride_om": "i32",
+    }  # fmt: skip
+    constants = {
+        "NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
+        "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90,
+    }  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    aligned = [["tt.divisibility", 16]]
+    attrs = {(0,): aligned, (1,): aligned, (2,): aligned, (6,): aligned, (9,): aligned, (10,): aligned}
+    source = ASTSource(fn=g4f.grouped_int4_fragment_kernel, signature=signature, constexprs=constants, attrs=attrs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": WARPS})
+    kind = "f16" if fp16 else "bf16"
+    ttgir = kernel.asm["ttgir"]
+    layouts = dict(re.findall(r"^(#blocked\d*) = #ttg\.blocked<\{(.*)\}>", ttgir, flags=re.M))
+    asm_ops = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
+    used = sorted({layouts[name] for line in asm_ops for name in re.findall(r"tensor<\d+x4xi32, (#blocked\d*)>", line)})
+    return {
+        "case": [capability, fp16, zero_scales],
+        "mma": kernel.asm["ptx"].count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"),
+        "asm_ops": len(asm_ops),
+        "layouts": used,
+        "expected": f"sizePerThread = [1, 4], threadsPerWarp = [32, 1], warpsPerCTA = [{WARPS}, 1], order = [1, 0]",
+    }
+
+
+def main() -> None:
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not any((bundled / name).exists() for name in ("ptxas", "ptxas-blackwell")):
+        print(f"this Triton has no ptxas to assemble for the GPU (looked in {bundled})")
+        sys.exit(3)
+    print(json.dumps([compile_case(*case) for case in CASES]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The 4-bit fragment kernel compiled for the GPU on this machine (Triton's bundled ``ptxas``, no GPU needed):
+its inline PTX assembles for Ampere and Hopper in bf16 and fp16, and the tensors handed to the asm have the
+layout the PTX assumes (element ``i`` of ``[32 * warps, 4]`` on lane ``i % 32`` of warp ``i // 32``, four
+consecutive registers a lane). The interpreter, which runs the kernel elsewhere in these tests, emulates the
+``mma`` instead, so only a compile sees the asm and the layout Triton picks for it. The compile runs in a
+process of its own: this test process has Triton in interpreter mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("fragment_compile_probe.py")
+
+
+def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 3
+    for case in results:
+        # per word two products and two activation sums, four words a chunk
+        assert case["mma"] >= 16, case
+        assert case["asm_ops"] >= 1 and case["layouts"] == [case["expected"]], case
