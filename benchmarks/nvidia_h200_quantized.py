@@ -15,7 +15,8 @@ Subcommands (repository root, on the device machine after ``source benchmarks/nv
   layers and ``output``) and that GGUF dequantized to bf16 at load; then ``--num-prompts`` x (512 in /
   256 out) offline throughput for bf16, W4A16 and an FP8 checkpoint (per-channel ``fp8_e4m3``).
   ``--decode-batch 2 4 8`` adds the total decode rate of that many sequences together, ``--fragment-ab`` each
-  decode variant again with the 4-bit fragment kernel off (its 2-8-row products on the older kernels).
+  decode variant again with the 4-bit fragment kernel off (its 2-8-row products on the older kernels),
+  ``--fragment-tiles depth=3,min_rows=1`` again with those fragment-kernel fields (``GroupedIntTiles``).
 
     python benchmarks/nvidia_h200_quantized.py check --tokenizer .nvcarry/llama3-8b-dummy
     python benchmarks/nvidia_h200_quantized.py kernels
@@ -202,12 +203,13 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = llama3_folder(args.tokenizer, os.path.join(tmp, "llama3-8b"))
-        fragment_settings = [True, False] if args.fragment_ab else [True]
+        fragment_settings = [("", {})] + ([("_no_fragment", {"fragment_rows": 0})] if args.fragment_ab else [])
+        fragment_settings += [(f"_{spec}", fragment_overrides(spec)) for spec in args.fragment_tiles]
         for variant in args.decode:
-            for fragments in fragment_settings:
-                label = variant if fragments else f"{variant}_no_fragment"
+            for suffix, overrides in fragment_settings:
+                label = f"{variant}{suffix}"
                 t0 = time.perf_counter()
-                with dummy_as(PLANS[variant]), fragment_kernel(fragments):
+                with dummy_as(PLANS[variant]), fragment_kernel(overrides):
                     llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=8,
                               kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
                 start = time.perf_counter() - t0
@@ -246,15 +248,25 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def fragment_overrides(spec: str) -> dict[str, int]:
+    """``GroupedIntTiles`` fields of the fragment kernel from ``"depth=2,min_rows=1"`` (each key a
+    ``fragment_`` field)."""
+    overrides = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        overrides[f"fragment_{key.strip()}"] = int(value)
+    return overrides
+
+
 @contextlib.contextmanager
-def fragment_kernel(enabled: bool) -> Iterator[None]:
-    """Within the block, engines start with the NVIDIA tiles' fragment kernel for 2-8 rows on or off (the
-    backend reads the tiles when its first grouped-integer product runs: at start-up, before the graphs)."""
+def fragment_kernel(overrides: dict[str, int]) -> Iterator[None]:
+    """Within the block, engines start with the NVIDIA tiles' fragment-kernel fields replaced by ``overrides``
+    (``{"fragment_rows": 0}`` turns it off: 2-8 rows on the older kernels). The backend reads the tiles when
+    its first grouped-integer product runs: at start-up, before the graphs."""
     from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
 
     saved = grouped_int_launchers.H200_GROUPED_INT_TILES
-    if not enabled:
-        grouped_int_launchers.H200_GROUPED_INT_TILES = dataclasses.replace(saved, fragment_rows=0)
+    grouped_int_launchers.H200_GROUPED_INT_TILES = dataclasses.replace(saved, **overrides)
     try:
         yield
     finally:
@@ -383,6 +395,9 @@ def main() -> None:
                        help="also decode this many sequences together (up to 8) and report the total rate")
     bench.add_argument("--fragment-ab", action="store_true",
                        help="each decode variant also with the fragment kernel off (2-8 rows on the older kernels)")
+    bench.add_argument("--fragment-tiles", nargs="*", default=[],
+                       help="each decode variant also with these fragment-kernel fields, e.g. depth=2,min_rows=1 "
+                       "(GroupedIntTiles.fragment_depth / fragment_min_rows: 1 row takes it too)")
     bench.add_argument("--throughput", nargs="*", default=["bf16", "w4a16", "fp8"], choices=list(PLANS))
     bench.add_argument("--num-prompts", type=int, default=1000)
     for p in (check, bench):

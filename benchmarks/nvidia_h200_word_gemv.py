@@ -2,7 +2,8 @@
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_gemv_kernels`) over its tiles; 2-16 rows
 (``--rows``): the grouped GEMM against the tensor-core kernel
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`); up to 8 rows, the fragment kernel
-(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`) with ``--fragment-warps``. Llama-3-8B shapes, random codes in
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`) with ``--fragment-warps`` and
+``--fragment-depth``. Llama-3-8B shapes, random codes in
 groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64
 and time inside CUDA graphs over weight copies larger than the L2 cache.
 
@@ -51,10 +52,11 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 
 
 def variants_for(
-    rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], all_words: bool
+    rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
-    would take without the fragment kernel, and the fragment kernel with each of ``fragment_warps``."""
+    would take without the fragment kernel, and the fragment kernel with each of ``fragment_warps`` and
+    ``fragment_depth`` (iterations a warp reads its words ahead)."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
@@ -65,9 +67,11 @@ def variants_for(
             variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
     if rows <= 8:
         for warps in fragment_warps:
-            variants[f"fragments, {warps} warps"] = tiles_class(
-                mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps
-            )
+            for depth in fragment_depth:
+                variants[f"fragments, {warps} warps" + (f", {depth} ahead" if depth > 1 else "")] = tiles_class(
+                    mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
+                    fragment_depth=depth,
+                )
     return variants
 
 
@@ -85,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="activation rows (1-16)")
     parser.add_argument("--fragment-warps", type=int, nargs="*", default=[4, 8], help="fragment kernel's warps")
+    parser.add_argument("--fragment-depth", type=int, nargs="*", default=[1],
+                        help="iterations ahead the fragment kernel reads its words (GroupedIntTiles.fragment_depth)")
     parser.add_argument("--all-word-tiles", action="store_true", help="every word-GEMV tile at one row")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--json", default=None)
@@ -112,7 +118,8 @@ def main() -> None:
                 tag = f"{m} rows, " + ("zero scales" if zero_scales else "one zero point")
                 ref = x.double() @ dense.T
                 for label, tiles in variants_for(
-                    m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.all_word_tiles
+                    m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
+                    args.all_word_tiles,
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

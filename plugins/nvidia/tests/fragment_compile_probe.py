@@ -1,13 +1,16 @@
 """Compiles the 4-bit fragment kernel for sm_90 and sm_80 (bf16 and fp16) without a GPU and prints, as one JSON
 line, how many ``mma`` instructions its PTX holds and the layouts of the tensors its inline asm takes.
-Run by ``test_fragment_kernel_compiles.py`` in a process without ``TRITON_INTERPRET``; exits 3 (with a reason)
-where this Triton has no bundled ``ptxas``."""
+Also counts the 128-bit loads ptxas put before the loop over chunks (the read-ahead of ``DEPTH``). Run by
+``test_fragment_kernel_compiles.py`` in a process without ``TRITON_INTERPRET``; exits 3 (with a reason) where
+this Triton has no bundled ``ptxas``."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import triton
@@ -17,10 +20,11 @@ from triton.compiler import ASTSource
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
 
 WARPS = 8
-CASES = [(90, False, False), (90, True, True), (80, False, True)]
+#: (capability, fp16, zero scales, iterations a warp reads its words ahead)
+CASES = [(90, False, False, 1), (90, True, True, 3), (80, False, True, 2)]
 
 
-def compile_case(capability: int, fp16: bool, zero_scales: bool) -> dict:
+def compile_case(capability: int, fp16: bool, zero_scales: bool, depth: int) -> dict:
     act = "*fp16" if fp16 else "*bf16"
     signature = {
         "x_ptr": act, "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
@@ -28,8 +32,8 @@ def compile_case(capability: int, fp16: bool, zero_scales: bool) -> dict:
         "stride_sn": "i32", "stride_om": "i32",
     }  # fmt: skip
     constants = {
-        "NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
-        "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90,
+        "NUM_CHUNKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
+        "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
     }  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [["tt.divisibility", 16]]
@@ -42,12 +46,29 @@ def compile_case(capability: int, fp16: bool, zero_scales: bool) -> dict:
     asm_ops = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
     used = sorted({layouts[name] for line in asm_ops for name in re.findall(r"tensor<\d+x4xi32, (#blocked\d*)>", line)})
     return {
-        "case": [capability, fp16, zero_scales],
+        "case": [capability, fp16, zero_scales, depth],
+        "loads_before_loop": loads_before_loop(kernel.asm["cubin"]),
         "mma": kernel.asm["ptx"].count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"),
         "asm_ops": len(asm_ops),
         "layouts": used,
         "expected": f"sizePerThread = [1, 4], threadsPerWarp = [32, 1], warpsPerCTA = [{WARPS}, 1], order = [1, 0]",
     }
+
+
+def loads_before_loop(cubin: bytes) -> int:
+    """128-bit global loads ptxas issues before the kernel's loop over chunks (the words read ahead, two a
+    chunk, if the read-ahead survived scheduling; the activations are read inside the loop), or -1 where it
+    unrolled the loop away."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "kernel.cubin")
+        path.write_bytes(cubin)
+        sass = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+    for label in re.findall(r"^\s*(\.L_x_\d+):", sass, flags=re.M):
+        head, _, tail = sass.partition(f"{label}:")
+        if f"BRA `({label})" in tail:
+            return len(re.findall(r"\bLDG\.E\.128\b", head))
+    return -1
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The 4-bit fragment kernel compiled for the GPU on this machine (Triton's bundled ``ptxas``, no GPU needed):
 its inline PTX assembles for Ampere and Hopper in bf16 and fp16, and the tensors handed to the asm have the
 layout the PTX assumes (element ``i`` of ``[32 * warps, 4]`` on lane ``i % 32`` of warp ``i // 32``, four
-consecutive registers a lane). The interpreter, which runs the kernel elsewhere in these tests, emulates the
+consecutive registers a lane), and its words read ahead (``DEPTH``) are in flight before the first ``mma``.
+The interpreter, which runs the kernel elsewhere in these tests, emulates the
 ``mma`` instead, so only a compile sees the asm and the layout Triton picks for it. The compile runs in a
 process of its own: this test process has Triton in interpreter mode."""
 
@@ -30,3 +31,7 @@ def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
         # per word two products and two activation sums, four words a chunk
         assert case["mma"] >= 16, case
         assert case["asm_ops"] >= 1 and case["layouts"] == [case["expected"]], case
+        # words read DEPTH iterations ahead: two loads a chunk (rows g and g + 8) issued before the loop (a
+        # read-ahead written in Triton that ptxas sank into the loop would leave only the first chunk's)
+        depth = case["case"][3]
+        assert case["loads_before_loop"] == 2 * depth, case

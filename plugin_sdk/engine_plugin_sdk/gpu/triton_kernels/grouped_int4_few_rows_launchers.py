@@ -67,8 +67,8 @@ def fragment_linear(
         rows.shape[0], out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), out.stride(0),
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-        BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps,
-        num_stages=1, **pdl.launch_options(),
+        BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
+        DEPTH=tiles.fragment_depth, num_warps=warps, num_stages=1, **pdl.launch_options(),
     )  # fmt: skip
 
 

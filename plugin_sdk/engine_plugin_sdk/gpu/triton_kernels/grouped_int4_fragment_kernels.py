@@ -16,7 +16,10 @@ multiply-adds. The activations come as bf16 pairs whose halves a byte permute ma
 second ``mma`` with ones in place of the codes sums the activations, and ``(128 + zero) * sum`` comes off once
 a chunk, with the group scale, in float32.
 
-Each program takes 16 output features; its warps split the chunks and their sums are added at the end. The
+Each program takes 16 output features; its warps split the chunks and their sums are added at the end. A warp
+reads its chunks' words ``DEPTH`` iterations ahead (``GroupedIntTiles.fragment_depth``): ptxas places a loop's
+loads after most of its ``mma`` work, so a read-ahead of one iteration leaves a memory latency a chunk exposed
+(``benchmarks/sass_shape.py`` shows where the loads land). The
 PTX assumes that the lane holding element ``i`` of a ``[32 * warps, 4]`` tensor is ``i % 32`` of warp
 ``i // 32`` (Triton's blocked layout for those loads); the H200 checks compare the result with a float64
 reference. The interpreter cannot run PTX: there (``ASM`` off) :func:`_fragment_products_emulated` computes
@@ -148,20 +151,35 @@ def _x_pairs(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constex
 
 
 @triton.jit
+def _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS: tl.constexpr, EVEN: tl.constexpr):
+    """The lanes' words ``[LANES, 4]`` of rows ``g`` and ``g + 8`` in chunk ``c0 + warp`` (zero past the last
+    chunk; unless ``EVEN``, where every chunk is real)."""
+    offs = (words + 16 * c0)[:, None] + tl.arange(0, 4)[None, :]
+    if EVEN:
+        return tl.load(w32 + row_g[:, None] * stride_w + offs), tl.load(w32 + row_h[:, None] * stride_w + offs)
+    else:
+        ok = (c0 + warp < NUM_CHUNKS)[:, None]
+        wg = tl.load(w32 + row_g[:, None] * stride_w + offs, mask=ok, other=0)
+        return wg, tl.load(w32 + row_h[:, None] * stride_w + offs, mask=ok, other=0)
+
+
+@triton.jit
 def grouped_int4_fragment_kernel(
     x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
     M, N, stride_xm, stride_wn, stride_sn, stride_om,
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
-    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows.
 
     ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
     ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
     of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
-    ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``.
+    ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
+    its chunks' words.
     """
+    tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
     LANES: tl.constexpr = 32 * WARPS
     BASE: tl.constexpr = 1024 if FP16 else 128
     # the codes come as BASE + code: the offset (zero point, or BASE alone with zero scales) off the sums
@@ -185,27 +203,25 @@ def grouped_int4_fragment_kernel(
     # sums are never stored (a column of the product depends on its own column of activations alone)
     x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm
     acc = tl.zeros((LANES, 4), dtype=tl.float32)
-    chunk = warp
-    ok = chunk < NUM_CHUNKS
     if USE_PDL:
         gdc_launch_dependents()
-    # the weight is constant: the first chunk's words are read before the wait for x
-    if EVEN:
-        wg = tl.load(w32 + row_g[:, None] * stride_w + words[:, None] + j)
-        wh = tl.load(w32 + row_h[:, None] * stride_w + words[:, None] + j)
-    else:
-        wg = tl.load(w32 + row_g[:, None] * stride_w + words[:, None] + j, mask=ok[:, None], other=0)
-        wh = tl.load(w32 + row_h[:, None] * stride_w + words[:, None] + j, mask=ok[:, None], other=0)
+    # the weight is constant: the first chunks' words are read before the wait for x, DEPTH iterations' worth.
+    # ptxas issues a loop's loads near the end of its body, after most of the mma work, so words read one
+    # iteration ahead arrive barely before their use (a warp then waits a memory latency a chunk); read
+    # DEPTH iterations ahead, DEPTH - 1 chunks stay in flight through an iteration's mma work
+    wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, EVEN)
+    wg1, wh1, wg2, wh2 = wg, wh, wg, wh
+    if DEPTH > 1:
+        wg1, wh1 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, WARPS, NUM_CHUNKS, False)
+    if DEPTH > 2:
+        wg2, wh2 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 2 * WARPS, NUM_CHUNKS, False)
     if USE_PDL:
         gdc_wait()
     for c0 in range(0, NUM_CHUNKS, WARPS):
         chunk = c0 + warp
         ok = chunk < NUM_CHUNKS
-        nxt = chunk + WARPS
-        nxt_ok = nxt < NUM_CHUNKS
-        nxt_words = (words + 16 * (c0 + WARPS))[:, None] + j
-        wg_next = tl.load(w32 + row_g[:, None] * stride_w + nxt_words, mask=nxt_ok[:, None], other=0)
-        wh_next = tl.load(w32 + row_h[:, None] * stride_w + nxt_words, mask=nxt_ok[:, None], other=0)
+        wg_next, wh_next = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0 + DEPTH * WARPS, NUM_CHUNKS,
+                                        False)  # fmt: skip
         # lane t's low columns: 16 t .. 16 t + 15 of the chunk's 64 within its block; high ones BLOCK / 2 on
         if PER_BLOCK == 1:
             cols = chunk * BLOCK + 16 * t
@@ -237,8 +253,12 @@ def grouped_int4_fragment_kernel(
         if HAS_ZS:
             zs = tl.load(zs_ptr + row_j * stride_sn + group, mask=ok[:, None], other=0.0).to(tl.float32)
             acc -= zs * s
-        wg = wg_next
-        wh = wh_next
+        if DEPTH == 1:
+            wg, wh = wg_next, wh_next
+        elif DEPTH == 2:
+            wg, wh, wg1, wh1 = wg1, wh1, wg_next, wh_next
+        else:
+            wg, wh, wg1, wh1, wg2, wh2 = wg1, wh1, wg2, wh2, wg_next, wh_next
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     n_out = 2 * (lane32 % 4) + j % 2

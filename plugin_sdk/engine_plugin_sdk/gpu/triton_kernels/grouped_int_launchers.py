@@ -74,6 +74,8 @@ class GroupedIntTiles:
         fragment_narrow_warps: ... or this many when the product has fewer than ``fragment_narrow_programs``
             programs (fewer output features: more warps keep the GPU's memory busy).
         fragment_narrow_programs: see ``fragment_narrow_warps``.
+        fragment_depth: how many of its warp's iterations ahead the fragment kernel reads a chunk's words
+            (1-3; each further one holds a chunk more in flight through an iteration, for 8 registers a lane).
     """
 
     block_k: int = 128
@@ -97,6 +99,7 @@ class GroupedIntTiles:
     fragment_warps: int = 4
     fragment_narrow_warps: int = 8
     fragment_narrow_programs: int = 1024
+    fragment_depth: int = 1
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""

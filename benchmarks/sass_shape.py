@@ -1,0 +1,207 @@
+"""Where a Triton kernel's loads land among its tensor-core and FMA work once ptxas has scheduled it, without a
+GPU: compiles the 4-bit fragment kernel or the word GEMV for sm_90 with the bundled ``ptxas``, disassembles the
+cubin with the bundled ``nvdisasm`` and prints its registers, its loop body's length and one letter an
+instruction of interest, in program order:
+
+    W  a 128-bit load whose value first feeds a LOP3 / shift (the fragment kernel's words of codes)
+    X  a 128-bit load whose value first feeds a PRMT (the fragment kernel's activation pairs)
+    L  another 128-bit load; l a 64-bit one; s a narrower one; A an async copy (cp.async); d a shared-memory read
+    M  an HMMA; f an FFMA; | a branch
+
+Why: a read-ahead written in Triton is only what ptxas makes of it. The fragment kernel's words read one
+iteration ahead were issued after most of an iteration's ``mma`` work (``...MMMMMWWMMM|``): each warp waited a
+memory latency a chunk. ``--set DEPTH=2`` shows the prologue's two chunks and one in flight through the loop.
+
+    python benchmarks/sass_shape.py fragment --set NUM_CHUNKS=112 DEPTH=2 --warps 8
+    python benchmarks/sass_shape.py word-gemv --set NUM_BLOCKS=32 SUBS=32 --warps 4 --stages 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: the pointer and scalar arguments' types (bf16 activations, fp16 scales), shared by both kernels
+POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
+            "bias_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+#: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
+ALIGNED = ("x_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_wn")
+FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
+            "BLOCK": 128, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
+WORD_GEMV = {"NUM_BLOCKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
+             "BLOCK": 128, "ROWS": 4, "SUBS": 32, "EVEN": True, "USE_PDL": True, "HIGH": True}  # fmt: skip
+
+
+def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int) -> Any:
+    """The compiled kernel (``triton.compile``'s result) for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels, grouped_int4_gemv_kernels
+
+    if kind == "fragment":
+        fn, constants = grouped_int4_fragment_kernels.grouped_int4_fragment_kernel, {**FRAGMENT, "WARPS": warps}
+    else:
+        fn, constants = grouped_int4_gemv_kernels.grouped_int4_gemv_kernel, dict(WORD_GEMV)
+    constants.update(settings)
+    parameters = inspect.signature(fn.fn).parameters
+    signature = {}
+    for name, parameter in parameters.items():
+        if name in POINTERS:
+            signature[name] = POINTERS[name]
+        elif name not in constants and parameter.default is inspect.Parameter.empty:
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+            constants.setdefault(name, parameter.default)
+    index = {name: i for i, name in enumerate(parameters)}
+    attrs = {(index[name],): [["tt.divisibility", 16]] for name in ALIGNED if name in index}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    options = {"num_warps": warps, "num_stages": stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def disassemble(cubin: bytes) -> tuple[list[str], str, str]:
+    """The instructions (without addresses), the text with labels, and ``cuobjdump``'s resource line."""
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "kernel.cubin")
+        path.write_bytes(cubin)
+        text = subprocess.run([str(tools / "nvdisasm"), "-c", str(path)], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    instructions = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(.*?);", text)]
+    resources = " ".join(re.findall(r"(?:REG|SHARED):\d+", usage))
+    return instructions, text, resources
+
+
+def _opcode(instruction: str) -> str:
+    words = instruction.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def _registers(operand_text: str, width: int) -> set[str]:
+    base = re.match(r"R(\d+)", operand_text)
+    return {f"R{int(base.group(1)) + i}" for i in range(width)} if base else set()
+
+
+def _reads(instruction: str) -> set[str]:
+    sources = instruction.split(",", 1)[1] if "," in instruction else ""
+    return set(re.findall(r"(?<![A-Z])R\d+", sources))
+
+
+def _first_consumer(instructions: list[str], order: list[int], loaded: set[str], hops: int = 4) -> str:
+    """The opcode of the first instruction of ``order`` reading ``loaded``, through register moves (a read-ahead's
+    rotation)."""
+    for position, i in enumerate(order):
+        if not _reads(instructions[i]) & loaded:
+            continue
+        opcode = _opcode(instructions[i])
+        if hops and (opcode.startswith("MOV") or opcode.startswith("IMAD.MOV")):
+            target = instructions[i].split()[2 if instructions[i].startswith("@") else 1].rstrip(",")
+            return _first_consumer(instructions, order[position + 1 :], {target}, hops - 1)
+        return opcode
+    return ""
+
+
+def _after(index: int, count: int, loop_spans: list[tuple[int, int]]) -> list[int]:
+    """The instructions that run after ``index``, each loop three times round (a value read ahead may wait
+    that long to be used)."""
+    order = []
+    for start, end in loop_spans:
+        if start <= index <= end:
+            order += list(range(index + 1, end + 1)) + list(range(start, end + 1)) * 3
+            index = end
+    position = index + 1
+    while position < count:
+        span = next(((start, end) for start, end in loop_spans if start == position), None)
+        if span:
+            order += list(range(span[0], span[1] + 1)) * 3
+            position = span[1] + 1
+        else:
+            order.append(position)
+            position += 1
+    return order
+
+
+def shape(instructions: list[str], loop_spans: list[tuple[int, int]]) -> str:
+    """One letter an instruction of interest (see the module's docstring)."""
+    letters = []
+    for index, instruction in enumerate(instructions):
+        opcode = _opcode(instruction)
+        if opcode.startswith("HMMA"):
+            letters.append("M")
+        elif opcode.startswith("FFMA"):
+            letters.append("f")
+        elif opcode.startswith("BRA"):
+            letters.append("|")
+        elif opcode.startswith("LDGSTS"):
+            letters.append("A")
+        elif opcode.startswith("LDS"):
+            letters.append("d")
+        elif opcode.startswith("LDG"):
+            if ".128" not in opcode:
+                letters.append("l" if ".64" in opcode else "s")
+                continue
+            target = instruction.split()[2 if instruction.startswith("@") else 1].rstrip(",")
+            order = _after(index, len(instructions), loop_spans)
+            consumer = _first_consumer(instructions, order, _registers(target, 4))
+            letters.append("W" if consumer.startswith(("LOP3", "SHF")) else "X" if consumer.startswith("PRMT") else "L")
+    return "".join(letters)
+
+
+def loops(text: str) -> list[tuple[int, int]]:
+    """``(first, last)`` instruction of each loop: from a label to a later branch back to it."""
+    labels: dict[str, int] = {}
+    spans = []
+    position = 0
+    for line in text.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = position
+            continue
+        instruction = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
+        if not instruction:
+            continue
+        target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", instruction.group(1))
+        if target and labels.get(target.group(1), position) < position:
+            spans.append((labels[target.group(1)], position))
+        position += 1
+    return spans
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    lowered = value.lower()
+    return key, (lowered == "true") if lowered in ("true", "false") else int(value)
+
+
+def main() -> None:
+    import triton
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kernel", choices=["fragment", "word-gemv"])
+    parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
+                        help="the kernel's constexpr arguments (integers, true / false)")
+    parser.add_argument("--warps", type=int, default=8)
+    parser.add_argument("--stages", type=int, default=1)
+    args = parser.parse_args()
+    kernel = compile_kernel(args.kernel, dict(args.set), args.warps, args.stages)
+    instructions, text, resources = disassemble(kernel.asm["cubin"])
+    spans = loops(text)
+    bodies = ", ".join(str(end - start + 1) for start, end in spans) or "none"
+    print(f"triton {triton.__version__}, sm_90: {resources}, {len(instructions)} instructions, loop body {bodies}")
+    print(shape(instructions, spans))
+
+
+if __name__ == "__main__":
+    main()
