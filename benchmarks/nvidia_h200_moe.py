@@ -97,6 +97,11 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     print(f"batch 1: router GEMM {results['router_us']:.1f} us, top-k kernel {results['topk_us']:.1f} us", flush=True)
     variants = {f"gemv{gu}{dn}p{pf}": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn, down_prefetch=pf)
                 for gu in args.gate_up_gemv for dn in args.down_gemv for pf in args.down_prefetch}  # fmt: skip
+    if args.down_at_once:
+        # the down GEMV with a token's experts as a tile dimension (MoeTiles.down_experts_at_once)
+        variants |= {f"gemv{gu}{dn}all": MoeTiles(gemv_max_slots=1 << 30, gate_up_gemv=gu, down_gemv=dn,
+                                                  down_experts_at_once=True)
+                     for gu in args.gate_up_gemv for dn in args.down_gemv}  # fmt: skip
     for bm, bn, bk, warps, stages in args.tiles:
         variants[f"gemm{bm}x{bn}x{bk}w{warps}s{stages}"] = MoeTiles(
             gemv_max_slots=0, gemm=((0, bm, bn, bk, warps, stages),)
@@ -171,13 +176,19 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         override_tuning(decode_merge_last=True)
     if args.late_kv:
         override_tuning(decode_early_kv=False)
+    overrides: dict[str, Any] = {}
     if args.down_prefetch is not None:
+        overrides["down_prefetch"] = args.down_prefetch  # the down GEMV's PDL prefetch depth: the A/B
+    if args.down_at_once:
+        overrides["down_experts_at_once"] = True
+    if args.down_gemv is not None:
+        overrides["down_gemv"] = args.down_gemv
+    if overrides:
         from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
 
-        # the down GEMV's PDL prefetch depth (MoeTiles.down_prefetch): the A/B
         run = moe_launchers.fused_moe
         moe_launchers.fused_moe = lambda x, gu, dn, w, i, tiles, **kw: run(  # type: ignore[assignment]
-            x, gu, dn, w, i, dataclasses.replace(tiles, down_prefetch=args.down_prefetch), **kw
+            x, gu, dn, w, i, dataclasses.replace(tiles, **overrides), **kw
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -275,6 +286,8 @@ def main() -> None:
     k.add_argument("--down-gemv", type=ints, nargs="+", default=[(4, 1024, 4)], help="block_n,block_k,warps")
     k.add_argument("--down-prefetch", type=int, nargs="+", default=[MoeTiles().down_prefetch],
                    help="experts whose first down tile loads before the PDL wait")
+    k.add_argument("--down-at-once", action="store_true",
+                   help="also each down tile with a token's experts gathered together (MoeTiles.down_experts_at_once)")
     for name in ("decode", "throughput"):
         p = sub.add_parser(name)
         p.add_argument("--tokenizer", required=True, help="a folder holding a HF tokenizer (its other files are ignored)")
@@ -282,6 +295,9 @@ def main() -> None:
             p.add_argument("--profile", action="store_true", help="then GPU time by kernel of eager decode steps")
             p.add_argument("--down-prefetch", type=int, default=None,
                            help="experts whose first down tile loads before the PDL wait (default: the tiles')")
+            p.add_argument("--down-at-once", action="store_true",
+                           help="the down GEMV gathers a token's experts together (MoeTiles.down_experts_at_once)")
+            p.add_argument("--down-gemv", type=ints, default=None, help="the down GEMV's block_n,block_k,warps")
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",

@@ -3,10 +3,14 @@ GPU: compiles the 4-bit fragment kernel or the word GEMV for sm_90 with the bund
 cubin with the bundled ``nvdisasm`` and prints its registers, its loop body's length and one letter an
 instruction of interest, in program order:
 
-    W  a 128-bit load whose value first feeds a LOP3 / shift (the fragment kernel's words of codes)
-    X  a 128-bit load whose value first feeds a PRMT (the fragment kernel's activation pairs)
-    L  another 128-bit load; l a 64-bit one; s a narrower one; A an async copy (cp.async); d a shared-memory read
+    W  a 128-bit load whose value first feeds a LOP3 / shift (in the fragment kernel, its words of codes)
+    X  a 128-bit load whose value first feeds anything else (there, a PRMT of activation pairs)
+    L  a 128-bit load whose use was not found; l a 64-bit load; s a narrower one; A an async copy
+       (cp.async); d a shared-memory read
     M  an HMMA; f an FFMA; | a branch
+
+The MoE down GEMV (``moe-down``, one expert after another) issues each expert's id load and then its tile's
+loads late, past the experts it loaded before its PDL wait; ``moe-down-experts`` gathers them all at once.
 
 Why: a read-ahead written in Triton is only what ptxas makes of it. The fragment kernel's words read one
 iteration ahead were issued after most of an iteration's ``mma`` work (``...MMMMMWWMMM|``): each warp waited a
@@ -14,6 +18,7 @@ memory latency a chunk. ``--set DEPTH=2`` shows the prologue's two chunks and on
 
     python benchmarks/sass_shape.py fragment --set NUM_CHUNKS=112 DEPTH=2 --warps 8
     python benchmarks/sass_shape.py word-gemv --set NUM_BLOCKS=32 SUBS=32 --warps 4 --stages 2
+    python benchmarks/sass_shape.py moe-down-experts --set BLOCK_N=2 --warps 4
 """
 
 from __future__ import annotations
@@ -26,15 +31,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-#: the pointer and scalar arguments' types (bf16 activations, fp16 scales), shared by both kernels
+#: the pointer arguments' types: bf16 activations, fp16 scales, 4-bit codes as bytes
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
             "bias_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+#: ... and of the MoE down GEMVs (bf16 experts, float32 routing weights)
+MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
+                "topw_ptr": "*fp32", "out_ptr": "*bf16"}  # fmt: skip
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
-ALIGNED = ("x_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_wn")
+ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn")
 FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
             "BLOCK": 128, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
 WORD_GEMV = {"NUM_BLOCKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
              "BLOCK": 128, "ROWS": 4, "SUBS": 32, "EVEN": True, "USE_PDL": True, "HIGH": True}  # fmt: skip
+#: a Qwen3-30B-A3B layer's down experts at batch 1 (H200 tiles: 4 rows, 1,024 columns, PDL prefetch of 4)
+MOE_DOWN = {"K": 768, "TOP_K": 8, "K_P2": 8, "HAS_SCALE": False, "HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024,
+            "USE_PDL": True, "PREFETCH": 4}  # fmt: skip
 
 
 def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int) -> Any:
@@ -43,18 +54,26 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels, grouped_int4_gemv_kernels
+    from engine_plugin_sdk.gpu.triton_kernels import (
+        grouped_int4_fragment_kernels,
+        grouped_int4_gemv_kernels,
+        moe_kernels,
+    )
 
+    pointers = POINTERS
     if kind == "fragment":
         fn, constants = grouped_int4_fragment_kernels.grouped_int4_fragment_kernel, {**FRAGMENT, "WARPS": warps}
-    else:
+    elif kind == "word-gemv":
         fn, constants = grouped_int4_gemv_kernels.grouped_int4_gemv_kernel, dict(WORD_GEMV)
-    constants.update(settings)
+    else:
+        fn = moe_kernels.moe_gemv_down_kernel if kind == "moe-down" else moe_kernels.moe_gemv_down_experts_kernel
+        pointers, constants = MOE_POINTERS, dict(MOE_DOWN)
     parameters = inspect.signature(fn.fn).parameters
+    constants = {name: value for name, value in {**constants, **settings}.items() if name in parameters}
     signature = {}
     for name, parameter in parameters.items():
-        if name in POINTERS:
-            signature[name] = POINTERS[name]
+        if name in pointers:
+            signature[name] = pointers[name]
         elif name not in constants and parameter.default is inspect.Parameter.empty:
             signature[name] = "i32"
         else:
@@ -155,7 +174,7 @@ def shape(instructions: list[str], loop_spans: list[tuple[int, int]]) -> str:
             target = instruction.split()[2 if instruction.startswith("@") else 1].rstrip(",")
             order = _after(index, len(instructions), loop_spans)
             consumer = _first_consumer(instructions, order, _registers(target, 4))
-            letters.append("W" if consumer.startswith(("LOP3", "SHF")) else "X" if consumer.startswith("PRMT") else "L")
+            letters.append("W" if consumer.startswith(("LOP3", "SHF")) else "L" if not consumer else "X")
     return "".join(letters)
 
 
@@ -189,7 +208,7 @@ def main() -> None:
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["fragment", "word-gemv"])
+    parser.add_argument("kernel", choices=["fragment", "word-gemv", "moe-down", "moe-down-experts"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")
     parser.add_argument("--warps", type=int, default=8)

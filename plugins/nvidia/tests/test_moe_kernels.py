@@ -3,19 +3,28 @@ grouped GEMM for many), FP8 experts, and the grouping of slots by expert (interp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk import QuantizedWeight
 from engine_plugin_sdk.gpu.moe import StackedExperts
-from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES, MoeTiles, align_slots
+from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import (
+    INTERPRETER_MOE_TILES,
+    MoeTiles,
+    align_slots,
+    fused_moe,
+)
 from engine_plugin_sdk.reference_ops import ref_fused_moe
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 HIDDEN, INTER, EXPERTS = 64, 48, 5
 #: the grouped GEMM for every batch (no GEMV), with interpreter-sized tiles
 GEMM_ONLY = MoeTiles(gemv_max_slots=0, gemm=((0, 16, 16, 16, 4, 1),), align_block_t=16)
+#: the GEMV, its down kernel taking a token's experts together
+AT_ONCE = dataclasses.replace(INTERPRETER_MOE_TILES, down_experts_at_once=True)
 
 
 def backend(device: torch.device, tiles: MoeTiles) -> CudaGemmBackend:
@@ -38,7 +47,9 @@ def routing(gen: torch.Generator, tokens: int, top_k: int) -> tuple[torch.Tensor
     return torch.rand(tokens, top_k, generator=gen), ids
 
 
-@pytest.mark.parametrize("tiles", [INTERPRETER_MOE_TILES, GEMM_ONLY], ids=["gemv", "grouped_gemm"])
+@pytest.mark.parametrize(
+    "tiles", [INTERPRETER_MOE_TILES, AT_ONCE, GEMM_ONLY], ids=["gemv", "gemv_experts_at_once", "grouped_gemm"]
+)
 def test_fp8_experts_stay_fp8_and_match_their_dequantized_values(device, tiles) -> None:
     gen = torch.Generator().manual_seed(11)
     pairs_gu = [fp8_expert(torch.randn(2 * INTER, HIDDEN, generator=gen) * HIDDEN**-0.5) for _ in range(EXPERTS)]
@@ -51,6 +62,33 @@ def test_fp8_experts_stay_fp8_and_match_their_dequantized_values(device, tiles) 
     out = gemm.fused_moe(x.to(device), experts, weights.to(device), ids.to(device))
     want = ref_fused_moe(x, [e for _, e in pairs_gu], [e for _, e in pairs_d], weights, ids)
     problem = compare(out.cpu(), want, get_tolerance(torch.float16), f"fp8 experts ({tiles.gemv_max_slots})")
+    assert not problem, problem
+
+
+@pytest.mark.parametrize("at_once", [False, True], ids=["expert_by_expert", "experts_at_once"])
+def test_down_gemv_with_biases_over_several_reduction_tiles(device, at_once: bool) -> None:
+    """Both down GEMVs (a token's experts one after another, or together as a tile dimension) against float64:
+    biases on both projections, gpt-oss's activation, three reduction tiles of the expert width, top 3 (a
+    padded expert dimension), a token naming one expert twice."""
+    gen = torch.Generator().manual_seed(14)
+    gate_up = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) * HIDDEN**-0.5
+    down = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) * INTER**-0.5
+    gate_up_bias = torch.randn(EXPERTS, 2 * INTER, generator=gen) * 0.1
+    down_bias = torch.randn(EXPERTS, HIDDEN, generator=gen) * 0.1
+    x = torch.randn(3, HIDDEN, generator=gen)
+    weights, ids = routing(gen, 3, 3)
+    tiles = dataclasses.replace(INTERPRETER_MOE_TILES, down_gemv=(32, 16, 4), down_experts_at_once=at_once)
+    got = fused_moe(x.to(device), gate_up.to(device), down.to(device), weights.to(device), ids.to(device), tiles,
+                    activation="swigluoai", gate_up_bias=gate_up_bias.to(device), down_bias=down_bias.to(device))
+    want = torch.zeros(3, HIDDEN, dtype=torch.float64)
+    for t in range(3):
+        for j in range(3):
+            e = int(ids[t, j])
+            gate, up = (gate_up[e].double() @ x[t].double() + gate_up_bias[e].double()).split(INTER)
+            g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+            act = (u + 1.0) * g * torch.sigmoid(1.702 * g)
+            want[t] += weights[t, j].double() * (down[e].double() @ act + down_bias[e].double())
+    problem = compare(got.cpu(), want, get_tolerance(torch.float32), f"down GEMV (experts at once: {at_once})")
     assert not problem, problem
 
 

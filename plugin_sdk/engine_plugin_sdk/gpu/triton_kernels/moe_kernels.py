@@ -5,8 +5,9 @@ along the reduced dimension. A *slot* is one (token, choice) pair, ``slot = toke
 
 - **Few slots (decode)**: GEMV-style kernels, one program per slot and tile of output rows. The first fuses
   both halves of ``gate_up`` with SiLU-and-mul; the second reads the ``top_k`` experts of one token and
-  sums their weighted outputs in registers (no atomics, so the sum's order is fixed). Weights stream at the
-  GEMV's bandwidth, and nothing needs sorting.
+  sums their weighted outputs in registers (no atomics, so the sum's order is fixed), expert by expert or
+  (``moe_gemv_down_experts_kernel``) all its experts' tiles in one gather. Weights stream at the GEMV's
+  bandwidth, and nothing needs sorting.
 - **Many slots (prefill, large batches)**: slots are grouped by expert (``moe_align_kernel``, one program
   per expert, every group padded to ``BLOCK_M`` rows), then ``moe_gemm_kernel`` runs one tensor-core tile
   per (group block, output tile), gathering its activation rows and scattering its results by slot.
@@ -213,6 +214,58 @@ def moe_gemv_down_kernel(
         if HAS_BIAS:
             part += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
         y += tl.load(topw_ptr + slot).to(tl.float32) * part
+    tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def moe_gemv_down_experts_kernel(
+    act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
+    H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
+    K: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+):  # fmt: skip
+    """What :func:`moe_gemv_down_kernel` computes, with the token's ``TOP_K`` experts as one dimension of the
+    tiles (``K_P2`` its power of two): their ids are one load and their first tiles one gather, so no expert's
+    weights wait behind another's id. The loop over experts there compiles to an id load and a dependent
+    tile load an expert, issued late for the experts past its early ones; here every tile of the first
+    ``BLOCK_K`` columns is in flight at once (more registers a program: fewer programs per SM).
+
+    Under PDL it reads the ids and first tiles before it waits (as the other kernel's early tiles: the
+    gate/up kernel lets it start only once the routing is complete).
+    """
+    t = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_j = tl.arange(0, K_P2)
+    j_ok = offs_j < TOP_K
+    slots = t * TOP_K + offs_j
+    offs_k = tl.arange(0, BLOCK_K)
+    if USE_PDL:
+        gdc_launch_dependents()
+    # past L1: an SM's L1 may still hold the previous layer's routing
+    experts = tl.load(ids_ptr + slots, mask=j_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    w_rows = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn
+    first = tl.load(w_rows + offs_k[None, None, :], mask=j_ok[:, None, None] & (offs_k < K)[None, None, :], other=0.0)
+    if USE_PDL:
+        gdc_wait()
+    acc = tl.zeros((K_P2, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        cols = k0 + offs_k
+        k_ok = cols < K
+        a = tl.load(act_ptr + slots[:, None] * stride_a + cols[None, :], mask=j_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        w = first
+        if k0 > 0:
+            w = tl.load(w_rows + cols[None, None, :], mask=j_ok[:, None, None] & k_ok[None, None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + experts[:, None] * stride_se + rows[None, :], mask=j_ok[:, None], other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + experts[:, None] * stride_be + rows[None, :], mask=j_ok[:, None],
+                       other=0.0).to(tl.float32)  # fmt: skip
+    # the weighted sum over the token's experts in one reduction (its order fixed by the tile, run to run)
+    y = tl.sum(acc * tl.load(topw_ptr + slots, mask=j_ok, other=0.0).to(tl.float32)[:, None], axis=0)
     tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 

@@ -26,6 +26,9 @@ class MoeTiles:
             then cost more programs per SM than the early loads save (H200, one Qwen3-30B-A3B layer in graphs
             with PDL, 2026-12-04: 4 experts 23.1 us against 24.8 at 1 token, 76.5 against 71.5 at 4, 134.3
             against 128.0 at 8; batch-1 decode 392.3 tok/s against 382.2 / 383.0 without).
+        down_experts_at_once: the down GEMV takes a token's experts as one dimension of its tiles
+            (``moe_gemv_down_experts_kernel``: their ids one load, their first tiles one gather, all in flight
+            together) instead of one after another (``down_prefetch`` does not apply).
         gemm: the grouped GEMM's ``(max_slots, block_m, block_n, block_k, num_warps, num_stages)`` by batch
             size: the first entry whose ``max_slots`` covers the batch's slots (the last one past them all).
             ``block_m`` is slots per block (each expert's group is padded to a multiple of it), ``block_n``
@@ -37,6 +40,7 @@ class MoeTiles:
     gate_up_gemv: tuple[int, int, int] = (2, 1024, 4)
     down_gemv: tuple[int, int, int] = (4, 1024, 4)
     down_prefetch: int = 4
+    down_experts_at_once: bool = False
     gemm: tuple[tuple[int, int, int, int, int, int], ...] = (
         (2048, 32, 64, 64, 4, 3), (8192, 64, 64, 64, 4, 3), (0, 128, 128, 64, 8, 3),
     )  # fmt: skip
@@ -191,6 +195,15 @@ def fused_moe(
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
         launch = pdl.launch_options()
+        if tiles.down_experts_at_once:
+            mk.moe_gemv_down_experts_kernel[(tokens, triton_cdiv(hidden, bn))](
+                hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
+                hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
+                K=inter, TOP_K=top_k, K_P2=next_power_of_2(top_k), HAS_SCALE=down_scale is not None,
+                HAS_BIAS=down_bias is not None, BLOCK_N=bn, BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps,
+                **launch,
+            )  # fmt: skip
+            return out
         # the early tiles exist only under PDL: elsewhere a prefetch depth would be one more variant to compile
         prefetch = tiles.down_prefetch if tokens == 1 and launch["USE_PDL"] else 0
         mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
