@@ -16,7 +16,7 @@ Subcommands (repository root, on the device machine after ``source benchmarks/nv
   256 out) offline throughput for bf16, W4A16 and an FP8 checkpoint (per-channel ``fp8_e4m3``).
   ``--decode-batch 2 4 8`` adds the total decode rate of that many sequences together, ``--fragment-ab`` each
   decode variant again with the 4-bit fragment kernel off (its 2-8-row products on the older kernels),
-  ``--fragment-tiles depth=3,min_rows=1`` again with those fragment-kernel fields (``GroupedIntTiles``).
+  ``--grouped-tiles fragment_depth=3,fragment_min_rows=1`` again with those ``GroupedIntTiles`` fields.
 
     python benchmarks/nvidia_h200_quantized.py check --tokenizer .nvcarry/llama3-8b-dummy
     python benchmarks/nvidia_h200_quantized.py kernels
@@ -203,13 +203,13 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = llama3_folder(args.tokenizer, os.path.join(tmp, "llama3-8b"))
-        fragment_settings = [("", {})] + ([("_no_fragment", {"fragment_rows": 0})] if args.fragment_ab else [])
-        fragment_settings += [(f"_{spec}", fragment_overrides(spec)) for spec in args.fragment_tiles]
+        tile_settings = [("", {})] + ([("_no_fragment", {"fragment_rows": 0})] if args.fragment_ab else [])
+        tile_settings += [(f"_{spec}", tile_overrides(spec)) for spec in args.grouped_tiles]
         for variant in args.decode:
-            for suffix, overrides in fragment_settings:
+            for suffix, overrides in tile_settings:
                 label = f"{variant}{suffix}"
                 t0 = time.perf_counter()
-                with dummy_as(PLANS[variant]), fragment_kernel(overrides):
+                with dummy_as(PLANS[variant]), grouped_tiles(overrides):
                     llm = LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=8,
                               kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
                 start = time.perf_counter() - t0
@@ -248,21 +248,20 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def fragment_overrides(spec: str) -> dict[str, int]:
-    """``GroupedIntTiles`` fields of the fragment kernel from ``"depth=2,min_rows=1"`` (each key a
-    ``fragment_`` field)."""
+def tile_overrides(spec: str) -> dict[str, int]:
+    """``GroupedIntTiles`` fields from ``"fragment_depth=2,fragment_min_rows=1"``."""
     overrides = {}
     for item in spec.split(","):
         key, _, value = item.partition("=")
-        overrides[f"fragment_{key.strip()}"] = int(value)
+        overrides[key.strip()] = int(value)
     return overrides
 
 
 @contextlib.contextmanager
-def fragment_kernel(overrides: dict[str, int]) -> Iterator[None]:
-    """Within the block, engines start with the NVIDIA tiles' fragment-kernel fields replaced by ``overrides``
-    (``{"fragment_rows": 0}`` turns it off: 2-8 rows on the older kernels). The backend reads the tiles when
-    its first grouped-integer product runs: at start-up, before the graphs."""
+def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
+    """Within the block, engines start with the NVIDIA grouped-integer tiles' fields replaced by ``overrides``
+    (``{"fragment_rows": 0}`` turns the fragment kernel off: 2-8 rows on the older kernels). The backend reads
+    the tiles when its first grouped-integer product runs: at start-up, before the graphs."""
     from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
 
     saved = grouped_int_launchers.H200_GROUPED_INT_TILES
@@ -328,13 +327,14 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
         for kind in args.kinds:
             weights = [gemm.prepare_weight(random_weight(kind, n, k, "cuda", gen), torch.bfloat16) for _ in range(copies)]
             ref = x.double() @ dequantize_packed(weights[0]).double().T
-            for tile in args.gemv:
-                gemm.grouped_int_tiles = GroupedIntTiles(gemv=tile, gemv4=tile)
+            for tile, loop_stages in ((t, s) for t in args.gemv for s in args.gemv_loop_stages):
+                gemm.grouped_int_tiles = GroupedIntTiles(gemv=tile, gemv4=tile, gemv_loop_stages=loop_stages)
                 got = gemm.linear(x, weights[0]).double()
                 err = float((got - ref).norm() / ref.norm())
                 with pdl.for_capture():
                     sec = timed_rotating(lambda w, x=x: gemm.linear(x, w), weights)
-                row[f"{kind} gemv{tile}"] = {"us": sec * 1e6, "TBps": weights[0].nbytes / sec / 1e12, "rel_err": err}
+                label = f"{kind} gemv{tile}" + (f" loop stages {loop_stages}" if loop_stages > 1 else "")
+                row[label] = {"us": sec * 1e6, "TBps": weights[0].nbytes / sec / 1e12, "rel_err": err}
             gemm.grouped_int_tiles = None
             # the default tiles, each --gemm-tiles entry, then the dense copy and the vendor GEMM
             variants = {"": None, **{f" {t}": GroupedIntTiles(gemm=((0, *t),)) for t in args.gemm_tiles},
@@ -384,6 +384,8 @@ def main() -> None:
     kernels.add_argument("--gemv", type=tile, nargs="+", default=[(4, 1024, 4, 2), (4, 2048, 4, 2)],
                          help="GEMV tiles as rows,row_bytes,num_warps,num_stages (GroupedIntTiles.gemv and "
                          "gemv4)")
+    kernels.add_argument("--gemv-loop-stages", type=int, nargs="+", default=[1],
+                         help="GroupedIntTiles.gemv_loop_stages of each GEMV tile (3: pipelined past the first tile)")
     kernels.add_argument("--gemm-rows", type=int, nargs="*", default=[16, 256])
     kernels.add_argument("--gemm-tiles", type=tile, nargs="*", default=[],
                          help="block_m,block_n,warps,stages of the grouped GEMM to time besides the defaults")
@@ -395,9 +397,10 @@ def main() -> None:
                        help="also decode this many sequences together (up to 8) and report the total rate")
     bench.add_argument("--fragment-ab", action="store_true",
                        help="each decode variant also with the fragment kernel off (2-8 rows on the older kernels)")
-    bench.add_argument("--fragment-tiles", nargs="*", default=[],
-                       help="each decode variant also with these fragment-kernel fields, e.g. depth=2,min_rows=1 "
-                       "(GroupedIntTiles.fragment_depth / fragment_min_rows: 1 row takes it too)")
+    bench.add_argument("--grouped-tiles", nargs="*", default=[],
+                       help="each decode variant also with these GroupedIntTiles fields of the H200, e.g. "
+                       "fragment_depth=2,fragment_min_rows=1 (1 row takes the fragment kernel too) or "
+                       "gemv_loop_stages=3")
     bench.add_argument("--throughput", nargs="*", default=["bf16", "w4a16", "fp8"], choices=list(PLANS))
     bench.add_argument("--num-prompts", type=int, default=1000)
     for p in (check, bench):

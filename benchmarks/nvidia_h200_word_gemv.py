@@ -52,19 +52,26 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 
 
 def variants_for(
-    rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool
+    rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
+    loop_stages: tuple[int, ...] = (1,),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
-    would take without the fragment kernel, and the fragment kernel with each of ``fragment_warps`` and
-    ``fragment_depth`` (iterations a warp reads its words ahead)."""
+    would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
+    with each of ``fragment_warps`` and ``fragment_depth`` (iterations a warp reads its words ahead)."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
     else:
-        # the byte GEMV: the word GEMV's minimum block put out of reach
-        variants["bytes 1024 B, 4 warps"] = tiles_class(gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30)
-        for row_bytes, warps in WORD_TILES if all_words else [tiles_class().gemv4[1:3]]:
-            variants[f"words {row_bytes} B, {warps} warps"] = tiles_class(gemv4=(4, row_bytes, warps, 2))
+        for stages in loop_stages:
+            tag = f", loop stages {stages}" if stages > 1 else ""
+            # the byte GEMV: the word GEMV's minimum block put out of reach
+            variants[f"bytes 1024 B, 4 warps{tag}"] = tiles_class(
+                gemv=(4, 1024, 4, 2), gemv4_min_block=1 << 30, gemv_loop_stages=stages
+            )
+            for row_bytes, warps in WORD_TILES if all_words else [tiles_class().gemv4[1:3]]:
+                variants[f"words {row_bytes} B, {warps} warps{tag}"] = tiles_class(
+                    gemv4=(4, row_bytes, warps, 2), gemv_loop_stages=stages
+                )
     if rows <= 8:
         for warps in fragment_warps:
             for depth in fragment_depth:
@@ -92,6 +99,8 @@ def main() -> None:
     parser.add_argument("--fragment-depth", type=int, nargs="*", default=[1],
                         help="iterations ahead the fragment kernel reads its words (GroupedIntTiles.fragment_depth)")
     parser.add_argument("--all-word-tiles", action="store_true", help="every word-GEMV tile at one row")
+    parser.add_argument("--gemv-loop-stages", type=int, nargs="+", default=[1],
+                        help="the GEMVs' loop pipelining at one row (GroupedIntTiles.gemv_loop_stages)")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -119,7 +128,7 @@ def main() -> None:
                 ref = x.double() @ dense.T
                 for label, tiles in variants_for(
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
-                    args.all_word_tiles,
+                    args.all_word_tiles, tuple(args.gemv_loop_stages),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

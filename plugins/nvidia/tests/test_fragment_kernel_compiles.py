@@ -17,15 +17,21 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("fragment_compile_probe.py")
+GEMV_PROBE = Path(__file__).with_name("gemv_compile_probe.py")
 
 
-def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
+def run_probe(probe: Path) -> object:
+    """What ``probe`` printed, run without ``TRITON_INTERPRET`` (skips where Triton has no ``ptxas``)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode == 3:
         pytest.skip(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
+    results = run_probe(PROBE)
     assert len(results) == 3
     for case in results:
         # per word two products and two activation sums, four words a chunk
@@ -35,3 +41,12 @@ def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
         # read-ahead written in Triton that ptxas sank into the loop would leave only the first chunk's)
         depth = case["case"][3]
         assert case["loads_before_loop"] == 2 * depth, case
+
+
+def test_gemv_loops_pipeline_only_when_asked() -> None:
+    """The word GEMV's and the byte GEMV's reduction loops past their first tile: plain (``LOOP_STAGES=1``, no
+    ``cp.async``: the launch's ``num_stages`` does not reach a loop without a ``tl.dot``) and pipelined by
+    Triton when ``GroupedIntTiles.gemv_loop_stages`` asks (copies ahead through shared memory)."""
+    copies = run_probe(GEMV_PROBE)
+    assert copies["word 1"] == 0 and copies["byte 1"] == 0, copies
+    assert copies["word 3"] > 0 and copies["byte 3"] > 0, copies

@@ -251,6 +251,30 @@ def test_word_gemv_takes_16_bit_rows_without_a_subtraction(device, kernel_dtypes
         assert not problem, problem
 
 
+@pytest.mark.parametrize("scheme", ["w4_g128", "gguf_q4_k"])
+def test_gemv_loops_pipelined_past_the_first_tile(device, scheme: str) -> None:
+    """The unrolled GEMVs with their reduction loop pipelined (``gemv_loop_stages=3``; the interpreter runs it
+    as a plain loop, the GPU through ``cp.async``): the word GEMV (4-bit, blocks of 128) and the byte GEMV
+    (Q4_K's 32-column blocks with zero scales), iterations enough that the pipeline fills and drains, a
+    partial last one, bf16 / fp16 activations, against float64."""
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int = True
+    # 192 bytes a row a step, rounded to a power of two of blocks: 18 blocks of 128 columns (word GEMV, 4 a step)
+    # or 72 of 32 (byte GEMV, 16 a step): five steps, the last partial
+    weight = make_quantized_weight("int4_grouped" if scheme == "w4_g128" else scheme, 12, 2304, seed=31)
+    gemm.grouped_int_tiles = dataclasses.replace(
+        tiles_for(device), gemv=(4, 192, 4, 1), gemv4=(4, 192, 4, 1), gemv_loop_stages=3
+    )
+    for dtype in (torch.bfloat16, torch.float16):
+        prepared = gemm.prepare_weight(weight, dtype)
+        assert isinstance(prepared, GroupedIntWeight)
+        x = torch.randn(1, 2304).to(dtype)
+        bias = torch.randn(12).to(dtype)
+        got = gemm.linear(x.to(device), prepared, bias.to(device))
+        problem = compare(got, ref_quantized_linear(x, weight, bias), get_tolerance(dtype, quantized=True), scheme)
+        assert not problem, problem
+
+
 def test_tensor_core_asm_offsets_are_the_16_bit_floats_it_subtracts() -> None:
     """The asm adds ``sub_bits``' two halves to ``128 + code`` (bf16) or ``1024 + code`` (fp16): they must be
     ``-(128 + offset)`` / ``-(1024 + offset)`` exactly, as a signed int32."""

@@ -208,7 +208,7 @@ def grouped_int4_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HIGH: tl.constexpr = False,
+    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
 
@@ -251,7 +251,9 @@ def grouped_int4_gemv_kernel(
             EVEN, ROWS, OFFSET, HIGH,
         )  # fmt: skip
         first = SUBS
-    for b0 in range(first, NUM_BLOCKS, SUBS):
+    # past the first tile, Triton's pipeliner reads LOOP_STAGES - 1 iterations' tiles ahead (cp.async through
+    # shared memory); a plain loop waits for each iteration's tiles
+    for b0 in tl.range(first, NUM_BLOCKS, SUBS, num_stages=LOOP_STAGES):
         blocks = b0 + offs_j
         l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = _tiles(
             w32, scale_ptr, zs_ptr, row0, N, stride_w, stride_sn, blocks, offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK,

@@ -288,7 +288,7 @@ def grouped_int_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HIGH: tl.constexpr = False,
+    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
 
@@ -318,7 +318,9 @@ def grouped_int_gemv_kernel(
             offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS, HIGH,
         )  # fmt: skip
         first = SUBS
-    for b0 in range(first, NUM_BLOCKS, SUBS):
+    # past the first tile, Triton's pipeliner reads LOOP_STAGES - 1 iterations' tiles ahead (cp.async through
+    # shared memory); a plain loop waits for each iteration's tiles
+    for b0 in tl.range(first, NUM_BLOCKS, SUBS, num_stages=LOOP_STAGES):
         blocks = b0 + offs_j
         c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
             w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP,

@@ -54,6 +54,10 @@ class GroupedIntTiles:
         gemv4: the same for 4-bit codes packed in blocks of ``gemv4_min_block`` columns or more (their own
             kernel, :mod:`.grouped_int4_gemv_kernels`); narrower blocks take ``gemv`` and the byte kernel.
         gemv4_min_block: see ``gemv4``.
+        gemv_loop_stages: the unrolled GEMVs' reduction loop past its first tile pipelined this deep by Triton
+            (``tl.range``'s ``num_stages``: ``cp.async`` copies through shared memory, ``stages - 1`` iterations
+            ahead). The launch's ``num_stages`` in ``gemv`` / ``gemv4`` does not reach a loop without a
+            ``tl.dot``, so with 1 each iteration waits for its own tiles.
         dense_rows: products of at least this many rows dequantize the weight into a dense copy in the
             activations' dtype and run the vendor's GEMM on it (0: never). Past some hundreds of rows the
             copy's bytes cost less than dequantizing a tile once per tile of rows inside the grouped GEMM.
@@ -89,6 +93,7 @@ class GroupedIntTiles:
     gemv: tuple[int, int, int, int] = (4, 1024, 4, 2)
     gemv4: tuple[int, int, int, int] = (4, 2048, 4, 2)
     gemv4_min_block: int = 128
+    gemv_loop_stages: int = 1
     dense_rows: int = 128
     mma_rows: int = 0
     mma: tuple[int, int, int] = (64, 4, 3)
@@ -347,6 +352,7 @@ def _gemv(
     high = weight.bits == 4 and row.dtype in (torch.bfloat16, torch.float16)
     if rows <= 4:
         common["HIGH"] = high
+        common["LOOP_STAGES"] = tiles.gemv_loop_stages
     grid = (triton.cdiv(out_features, rows),)
     # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
     if rows > 4:
