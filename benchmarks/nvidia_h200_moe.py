@@ -279,7 +279,7 @@ def main() -> None:
     k = sub.add_parser("kernels")
     ints = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
     k.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096])
-    k.add_argument("--tiles", type=ints, nargs="+",
+    k.add_argument("--tiles", type=ints, nargs="*",
                    default=[(16, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3)],
                    help="grouped-GEMM tiles as block_m,block_n,block_k,warps,stages")
     k.add_argument("--gate-up-gemv", type=ints, nargs="+", default=[(2, 1024, 4)], help="block_n,block_k,warps")

@@ -135,6 +135,9 @@ PLANS: dict[str, Callable[[str, int], str | None]] = {
     "fp8_weight_only": lambda name, layers: "fp8_weight_only" if name.split(".")[-2] in PROJECTIONS else None,
 }
 
+#: the decode variants whose products run the grouped-integer kernels (the others ignore their tiles)
+GROUPED_DECODE = ("w4a16", "w4a16_zp", "gguf_q4_k_m")
+
 
 @contextlib.contextmanager
 def dummy_as(plan: Callable[[str, int], str | None]) -> Iterator[None]:
@@ -207,6 +210,8 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
         tile_settings += [(f"_{spec}", tile_overrides(spec)) for spec in args.grouped_tiles]
         for variant in args.decode:
             for suffix, overrides in tile_settings:
+                if suffix and variant not in GROUPED_DECODE:
+                    continue  # no grouped-integer product to change
                 label = f"{variant}{suffix}"
                 t0 = time.perf_counter()
                 with dummy_as(PLANS[variant]), grouped_tiles(overrides):

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The variants written without a device (sessions 33-34, each off by default) measured in two device calls of
+# under ten minutes: `kernels` checks them on the GPU and times them one product or layer at a time, `decode`
+# end to end. What each variant is: BENCHMARKS.md, "session 34".
+#   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel read 1-3
+#            iterations ahead (fragment_depth) at 1 and 4 rows, the GEMVs' pipelined loop (gemv_loop_stages);
+#            Q4_K / W4A16 GEMVs with and without the pipelined loop; the MoE down GEMV with a token's experts
+#            at once (down_experts_at_once).
+#   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 4 sequences) with those settings against
+#            the defaults and bf16; Qwen3-30B-A3B batch-1 decode with the MoE down GEMV's experts at once.
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode OUT_DIR
+PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
+source benchmarks/nvidia_h200_setup.sh
+if [ "$PART" = kernels ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
+    plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
+  tail -6 $LOGS/pending_tests.log
+  timeout 200 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 1 2 3 \
+    --gemv-loop-stages 1 3 --json "$OUT/word_gemv_depth.json" > $LOGS/word_gemv.log 2>&1
+  grep -E "rows" $LOGS/word_gemv.log | tail -120
+  timeout 90 python3 benchmarks/nvidia_h200_quantized.py kernels --kinds int4_g128 gguf_q4_k \
+    --gemv "4,1024,4,2" "4,2048,4,2" --gemv-loop-stages 1 3 --gemm-rows --json "$OUT/quantized_kernels.json" \
+    > $LOGS/quantized_kernels.log 2>&1
+  tail -20 $LOGS/quantized_kernels.log
+  timeout 90 python3 benchmarks/nvidia_h200_moe.py kernels --tokens 1 4 8 --tiles --down-gemv 2,1024,4 4,1024,4 \
+    --down-at-once --json "$OUT/moe_kernels.json" > $LOGS/moe_kernels.log 2>&1
+  tail -8 $LOGS/moe_kernels.log
+else
+  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --decode-batch 4 --grouped-tiles fragment_depth=2,fragment_min_rows=1 fragment_depth=3,fragment_min_rows=1 \
+    gemv_loop_stages=3 --throughput --json "$OUT/quantized_decode.json" > $LOGS/quantized_decode.log 2>&1
+  grep -E "^decode" $LOGS/quantized_decode.log
+  for variant in "" "--down-at-once --down-gemv 2,1024,4"; do
+    timeout 110 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL $variant > $LOGS/moe_decode.log 2>&1
+    echo "moe decode [$variant]"; tail -3 $LOGS/moe_decode.log
+  done
+fi
+cp $LOGS/*.log "$OUT/" 2>/dev/null
