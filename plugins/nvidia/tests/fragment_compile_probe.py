@@ -71,11 +71,16 @@ def loads_before_loop(cubin: bytes) -> int:
     return -1
 
 
-def main() -> None:
+def require_bundled_ptxas() -> None:
+    """Exit 3 with a reason (the tests' skip) where this Triton bundles no ``ptxas`` to assemble with."""
     bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     if not any((bundled / name).exists() for name in ("ptxas", "ptxas-blackwell")):
         print(f"this Triton has no ptxas to assemble for the GPU (looked in {bundled})")
         sys.exit(3)
+
+
+def main() -> None:
+    require_bundled_ptxas()
     print(json.dumps([compile_case(*case) for case in CASES]))
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
-from pathlib import Path
 
 import triton
+from fragment_compile_probe import require_bundled_ptxas  # run as a script: its folder is on sys.path
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -37,10 +36,7 @@ def async_copies(fn: object, constants: dict, stages: int) -> int:
 
 
 def main() -> None:
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    if not any((bundled / name).exists() for name in ("ptxas", "ptxas-blackwell")):
-        print(f"this Triton has no ptxas to assemble for the GPU (looked in {bundled})")
-        sys.exit(3)
+    require_bundled_ptxas()
     kernels = {"word": (grouped_int4_gemv_kernels.grouped_int4_gemv_kernel, WORD),
                "byte": (grouped_int_kernels.grouped_int_gemv_kernel, BYTE)}  # fmt: skip
     print(json.dumps({f"{name} {stages}": async_copies(fn, constants, stages)

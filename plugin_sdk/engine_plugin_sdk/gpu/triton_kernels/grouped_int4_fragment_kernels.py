@@ -205,10 +205,8 @@ def grouped_int4_fragment_kernel(
     acc = tl.zeros((LANES, 4), dtype=tl.float32)
     if USE_PDL:
         gdc_launch_dependents()
-    # the weight is constant: the first chunks' words are read before the wait for x, DEPTH iterations' worth.
-    # ptxas issues a loop's loads near the end of its body, after most of the mma work, so words read one
-    # iteration ahead arrive barely before their use (a warp then waits a memory latency a chunk); read
-    # DEPTH iterations ahead, DEPTH - 1 chunks stay in flight through an iteration's mma work
+    # the weight is constant: the first DEPTH iterations' words are read before the wait for x (why DEPTH:
+    # the module's docstring)
     wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, EVEN)
     wg1, wh1, wg2, wh2 = wg, wh, wg, wh
     if DEPTH > 1:
