@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import random
 import time
 from typing import Any
@@ -196,6 +197,7 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         memory_fraction=args.memory_fraction, max_model_len=1024,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        enable_dbo=args.enable_dbo, dbo_decode_token_threshold=args.dbo_decode_token_threshold,
     )  # fmt: skip
     rng = random.Random(0)
     prompts = [[rng.randint(1000, 40000) for _ in range(512)] for _ in range(args.num_prompts)]
@@ -220,6 +222,9 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "memory_fraction": args.memory_fraction,
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "enable_dbo": args.enable_dbo,
+        "dbo_decode_token_threshold": args.dbo_decode_token_threshold,
+        "dbo_attention_sms": os.environ.get("ENGINE_NVIDIA_DBO_ATTENTION_SMS", "0"),
         "kv_blocks": llm.llm_engine.block_manager.num_total_blocks,
         # Triton kernels compiled inside the timed run (each a stall of about a second); should be none
         "kernels_compiled_during_run": compiled_during_run or "none",
@@ -273,6 +278,9 @@ def main() -> None:
             # the FP8 options (W8A8 projections, FP8 KV cache); the figure is plain bf16
             p.add_argument("--quantization", default="auto", choices=["auto", "fp8"])
             p.add_argument("--kv-cache-dtype", default="auto")
+            # dual-batch overlap (SMs left to attention: ENGINE_NVIDIA_DBO_ATTENTION_SMS)
+            p.add_argument("--enable-dbo", action="store_true")
+            p.add_argument("--dbo-decode-token-threshold", type=int, default=256)
     args = parser.parse_args()
     result = {"decode": cmd_decode, "throughput": cmd_throughput, "hf": cmd_hf}[args.command](args)
     for key, value in result.items():

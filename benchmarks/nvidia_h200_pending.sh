@@ -8,7 +8,10 @@
 #            at once (down_experts_at_once).
 #   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 4 sequences) with those settings against
 #            the defaults and bf16; Qwen3-30B-A3B batch-1 decode with the MoE down GEMV's experts at once.
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode OUT_DIR
+#   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
+#            then issue 32's offline run (1000 x 512 / 256, bf16) whole and overlapped, the products leaving
+#            0 / 16 / 32 SMs to the attention lane; every run in its own process, one after the other.
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap OUT_DIR
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then
@@ -25,6 +28,16 @@ if [ "$PART" = kernels ]; then
   timeout 90 python3 benchmarks/nvidia_h200_moe.py kernels --tokens 1 4 8 --tiles --down-gemv 2,1024,4 4,1024,4 \
     --down-at-once --json "$OUT/moe_kernels.json" > $LOGS/moe_kernels.log 2>&1
   tail -8 $LOGS/moe_kernels.log
+elif [ "$PART" = overlap ]; then
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
+  tail -4 $LOGS/overlap_tests.log
+  for variant in "whole" "dbo 0" "dbo 16" "dbo 32"; do
+    set -- $variant; tag="$1${2:+_sms$2}"
+    flags=""; [ "$1" = dbo ] && flags="--enable-dbo"
+    ENGINE_NVIDIA_DBO_ATTENTION_SMS=${2:-0} timeout 110 python3 benchmarks/nvidia_h200.py throughput --model $MODEL \
+      --hf-batch $flags --json "$OUT/throughput_$tag.json" > $LOGS/throughput_$tag.log 2>&1
+    echo "throughput [$variant]"; grep -E "engine_output_tok_s|kernels_compiled" $LOGS/throughput_$tag.log
+  done
 else
   timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     --decode-batch 4 --grouped-tiles fragment_depth=2,fragment_min_rows=1 fragment_depth=3,fragment_min_rows=1 \

@@ -11,7 +11,7 @@ import torch
 
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import default_geometry
-from engine_conformance.pytest_plugin import PlatformTarget, plugin_manager_of
+from engine_conformance.pytest_plugin import PlatformTarget, not_claimed, plugin_manager_of
 from engine_plugin_sdk.testing import (
     MAX_TOKENS,
     PROMPTS,
@@ -24,17 +24,28 @@ from engine_plugin_sdk.tolerances import get_tolerance
 
 
 def engine_generate(
-    platform_target: PlatformTarget, manager: Any, folder: Path, dtype: str, block_size: int, n: int = 1
+    platform_target: PlatformTarget,
+    manager: Any,
+    folder: Path,
+    dtype: str,
+    block_size: int,
+    n: int = 1,
+    parallel: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Run the prompts through the engine on this plugin's platform (the same path as ``engine.LLM``)."""
+    """Run the prompts through the engine on this plugin's platform (the same path as ``engine.LLM``);
+    ``parallel`` holds ``ParallelConfig`` fields."""
     try:
-        from engine.config import CacheConfig, EngineConfig
+        from engine.config import CacheConfig, EngineConfig, ParallelConfig
         from engine.llm_engine import LLMEngine
         from engine.sampling.params import SamplingParams
     except ImportError as exc:
         pytest.skip(f"engine.LLM not available: {exc}")
     config = EngineConfig(
-        model=str(folder), device=platform_target.name, dtype=dtype, cache=CacheConfig(block_size=block_size)
+        model=str(folder),
+        device=platform_target.name,
+        dtype=dtype,
+        cache=CacheConfig(block_size=block_size),
+        parallel=ParallelConfig(**(parallel or {})),
     )
     engine = LLMEngine.from_config(config, manager)
     params = SamplingParams(
@@ -59,15 +70,42 @@ def test_tiny_llama_matches_transformers(
     outputs = engine_generate(
         platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size
     )
-    atol = get_tolerance(dtype_name).logits_atol
+    assert_matches_transformers(model, outputs, get_tolerance(dtype_name).logits_atol, "e2e")
+
+
+@pytest.mark.slow
+@pytest.mark.capability("e2e.step_overlap")
+def test_overlapped_decode_steps_match_transformers(
+    platform: Platform,
+    caps: Capabilities,
+    platform_target: PlatformTarget,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """``enable_dbo``: decode steps of the three prompts cut into two nano-batches (one and two rows), each
+    layer's attention on the platform's second lane; the tokens and logprobs are transformers' still."""
+    if not caps.step_overlap:
+        not_claimed("overlapped steps (step_overlap) are not claimed")
+    geo = default_geometry(caps)
+    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+    model = build_tiny_llama(tmp_path, geo.head_size)
+    outputs = engine_generate(
+        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size,
+        parallel={"enable_dbo": True, "dbo_decode_token_threshold": len(PROMPTS)},
+    )  # fmt: skip
+    assert_matches_transformers(model, outputs, get_tolerance(dtype_name).logits_atol, "e2e.step_overlap")
+
+
+def assert_matches_transformers(model: Any, outputs: list[Any], atol: float, row: str) -> None:
+    """Each prompt's greedy tokens and logprobs against transformers' (``row`` names the failing row)."""
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         expected_tokens, expected_logprobs = hf_greedy(model, prompt)
         got = out.outputs[0]
         assert list(out.prompt_token_ids) == prompt, (
-            f"e2e.greedy: prompt ids changed to {out.prompt_token_ids}"
+            f"{row}.greedy: prompt ids changed to {out.prompt_token_ids}"
         )
         assert got.logprobs is not None and len(got.logprobs) == MAX_TOKENS, (
-            "e2e.logprobs: missing per-step logprobs"
+            f"{row}.logprobs: missing per-step logprobs"
         )
         # Tokens must equal transformers' except where transformers' own top two are within the dtype's
         # tolerance of each other (a near-tie that rounding may legitimately flip); after such a flip the
@@ -78,7 +116,7 @@ def test_tiny_llama_matches_transformers(
                 top2 = torch.topk(reference, 2).values
                 margin = float(top2[0] - top2[1])
                 assert margin < 2 * atol, (
-                    f"e2e.greedy: prompt {prompt[:4]}... generated {list(got.token_ids)}, transformers "
+                    f"{row}.greedy: prompt {prompt[:4]}... generated {list(got.token_ids)}, transformers "
                     f"{expected_tokens} (first difference at step {step}, top-2 margin {margin:.4f})"
                 )
                 compared = step + 1
@@ -87,7 +125,7 @@ def test_tiny_llama_matches_transformers(
             for token_id, logprob in reported.items():
                 want = float(reference[token_id])
                 assert math.isclose(logprob.logprob, want, abs_tol=atol), (
-                    f"e2e.logprobs: step {step} token {token_id}: logprob {logprob.logprob:.6f}, "
+                    f"{row}.logprobs: step {step} token {token_id}: logprob {logprob.logprob:.6f}, "
                     f"transformers {want:.6f} (atol {atol})"
                 )
 

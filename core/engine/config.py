@@ -114,6 +114,13 @@ class ParallelConfig(BaseModel):
         enable_expert_parallel: a mixture of experts' experts are divided among the tensor-parallel ranks
             (each runs its own experts, whole, for every token; the ranks' outputs are summed) instead of
             every expert being split across them.
+        enable_dbo: dual-batch overlap: a pure decode step of at least ``dbo_decode_token_threshold``
+            sequences is cut into two nano-batches, and each layer's attention over one runs on the
+            platform's second lane while the other's matrix products run (platforms that claim
+            ``step_overlap``; refused elsewhere, and with tensor or pipeline parallelism). Steps with a
+            prompt or adapter rows run whole.
+        dbo_decode_token_threshold: the fewest sequences of a decode step that ``enable_dbo`` cuts in two
+            (in smaller steps the weights' bytes outweigh the KV cache's: little to overlap).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -125,6 +132,8 @@ class ParallelConfig(BaseModel):
     data_parallel_rank: int = Field(0, ge=0)
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     enable_expert_parallel: bool = False
+    enable_dbo: bool = False
+    dbo_decode_token_threshold: int = Field(256, ge=2)
 
     @property
     def world_size(self) -> int:

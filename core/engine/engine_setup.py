@@ -36,6 +36,7 @@ from engine.lora.setup import attach_lora, lora_config_problems
 from engine.model_runner import ModelRunner
 from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
+from engine.models.layers.nano_batches import attach_step_overlap
 from engine.models.registry import ModelRegistry
 from engine.parallel.pipeline_parallel import PipelineStage, stage_layers
 from engine.parallel.rank_workers import RankWorkers, start_rank_workers
@@ -348,6 +349,8 @@ def _finish_parts(
     draft: LoadedProposer | None = None,
 ) -> EngineParts:
     lora = attach_lora(config, model)
+    if config.parallel.enable_dbo:
+        attach_step_overlap(platform, model, config.parallel.dbo_decode_token_threshold)
     layout = kv_group_layout(model)
     windows = layout.windows if layout is not None else [model_config.sliding_window]
     block_cache, num_blocks = make_kv_pool(
@@ -425,6 +428,11 @@ def _check_config(
             if not getattr(caps, feature, False):
                 reasons.append(f"{model_config.architecture} needs {description}, which {platform.name} does not support")
     reasons += lora_config_problems(config, platform, model_class)
+    if config.parallel.enable_dbo:
+        if not caps.step_overlap:
+            reasons.append(f"enable_dbo overlaps a step's attention with its products on two lanes, which {platform.name} does not run (it does not claim step_overlap)")
+        if config.parallel.world_size > 1:
+            reasons.append("enable_dbo runs on one rank: it does not combine with tensor or pipeline parallelism yet")
     method = config.quantization
     if method in PRE_QUANTIZED_METHODS:
         found = model_config.hf_config.get("quantization_config") or {}

@@ -110,6 +110,11 @@ def test_engine_config_from_args():
     assert config.scheduler.scheduler_delay_factor == 0.0
     delayed = cli.engine_config_from_args(cli.build_parser().parse_args(["serve", "--scheduler-delay-factor", "2.5"]))
     assert delayed.scheduler.scheduler_delay_factor == 2.5
+    assert not config.parallel.enable_dbo and config.parallel.dbo_decode_token_threshold == 256
+    dbo = cli.engine_config_from_args(
+        cli.build_parser().parse_args(["serve", "--enable-dbo", "--dbo-decode-token-threshold", "64"])
+    )
+    assert dbo.parallel.enable_dbo and dbo.parallel.dbo_decode_token_threshold == 64
 
 
 def test_stream_interval_option(capsys):
@@ -142,6 +147,7 @@ def test_kv_cache_dtype_and_fp8_quantization_options():
     [
         (["--kv-cache-dtype", "fp8"], "error: KV cache dtype 'float8_e4m3fn' is not supported on cpu"),
         (["--quantization", "fp8"], "error: quantization 'fp8' needs FP8 (fp8_e4m3) matmuls, which cpu does not run"),
+        (["--enable-dbo"], "error: enable_dbo overlaps a step's attention with its products on two lanes, which cpu"),
     ],
 )
 def test_fp8_options_on_a_device_without_them_are_one_line_errors(tiny_llama_dir, options, message):

@@ -3,8 +3,8 @@
 A plugin package imports ``engine_plugin_sdk`` and nothing else of the project (a test enforces it):
 
 - the contract: :class:`Platform`, :class:`Capabilities`, :class:`AttentionBackend`, :class:`GemmBackend`,
-  :class:`BlockCache`, :class:`GraphCapture`, :class:`PlatformModelRunner`, :class:`Communicator` and their
-  data types;
+  :class:`BlockCache`, :class:`GraphCapture`, :class:`StepOverlap`, :class:`PlatformModelRunner`,
+  :class:`Communicator` and their data types;
 - the hook marker :data:`hookimpl`, the plugin API version this core implements and the range a new
   plugin declares (:data:`DEFAULT_API_SPEC`);
 - dtype helpers (:func:`torch_dtype`, :func:`dtype_name`, :func:`as_copyable`) and the one torch block pool
@@ -41,8 +41,11 @@ from engine.interfaces import (
     GemmBackend,
     GraphCapture,
     KVCacheSpec,
+    Lane,
     Platform,
     QuantizedWeight,
+    SerialStepOverlap,
+    StepOverlap,
 )
 from engine.plugins.hookspecs import hookimpl
 from engine.plugins.manager import PLUGIN_API_VERSION, check_api_compatibility
@@ -161,6 +164,7 @@ __all__ = [
     "GroupedLoraRows",
     "HeadNorm",
     "KVCacheSpec",
+    "Lane",
     "LoraStep",
     "LoraWeights",
     "OpTable",
@@ -170,6 +174,8 @@ __all__ = [
     "ReferencePlatform",
     "RotaryInput",
     "RowQuantizedActivations",
+    "SerialStepOverlap",
+    "StepOverlap",
     "Tolerance",
     "TorchBlockCache",
     "TorchDistributedCommunicator",

@@ -159,6 +159,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-expert-parallel", action="store_true",
                         help="divide a mixture of experts' experts among the tensor-parallel ranks instead of "
                              "splitting every expert across them")
+    parser.add_argument("--enable-dbo", action="store_true",
+                        help="dual-batch overlap: cut large decode steps into two nano-batches whose attention "
+                             "and matrix products run at once (platforms that claim step_overlap: GPUs)")
+    parser.add_argument("--dbo-decode-token-threshold", type=positive_int, default=256,
+                        help="the fewest sequences of a decode step that --enable-dbo cuts in two (default 256)")
     parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
                         help="how the tensor/pipeline-parallel ranks start: 'mp', local processes (the "
                              "default); 'ray', Ray actors on the hosts of this host's Ray cluster")
@@ -217,6 +222,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 data_parallel_size=getattr(args, "data_parallel_size", 1),
                 distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
                 enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
+                enable_dbo=getattr(args, "enable_dbo", False),
+                dbo_decode_token_threshold=getattr(args, "dbo_decode_token_threshold", 256),
             ),
         )
     except ValidationError as exc:

@@ -11,6 +11,7 @@ from engine.interfaces.communicator import Communicator
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 from engine.interfaces.platform import Capabilities, DetectResult, Platform
+from engine.interfaces.step_overlap import Lane, SerialStepOverlap, StepOverlap
 
 if TYPE_CHECKING:
     from engine.interfaces.ops import OP_NAMES, OpTable, reference_ops
@@ -31,9 +32,12 @@ __all__ = [
     "GemmBackend",
     "GraphCapture",
     "KVCacheSpec",
+    "Lane",
     "OpTable",
     "Platform",
     "QuantizedWeight",
+    "SerialStepOverlap",
+    "StepOverlap",
     "reference_ops",
 ]
 

@@ -11,6 +11,7 @@ from engine.interfaces.attention import AttentionBackend
 from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend
 from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
+from engine.interfaces.step_overlap import StepOverlap
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -95,6 +96,7 @@ class Capabilities:
     graph_capture_collectives: bool = False
     graph_capture_verify: bool = False
     graph_capture_prefill: bool = False
+    step_overlap: bool = False
 
 
 class Platform(ABC):
@@ -218,6 +220,14 @@ class Platform(ABC):
     def make_graph_capture(self) -> GraphCapture:
         """The graph capture for decode steps; eager unless the platform overrides it."""
         return EagerGraphCapture()
+
+    def make_step_overlap(self) -> StepOverlap:
+        """The two lanes of an overlapped step (claim ``step_overlap``).
+
+        Raises:
+            NotImplementedError: the platform does not claim ``step_overlap``.
+        """
+        raise NotImplementedError(f"platform {self.name!r} runs no overlapped steps (it does not claim 'step_overlap')")
 
     def make_model_runner(self, model_config: ModelConfig, dtype: str) -> PlatformModelRunner | None:
         """A runner for the whole forward on this device, or None to run the core's torch model on the

@@ -33,6 +33,7 @@ from engine.interfaces.block_cache import BlockCache, KVCacheSpec
 from engine.interfaces.gemm import GemmBackend
 from engine.interfaces.graph_capture import EagerGraphCapture, GraphCapture
 from engine.interfaces.platform import Capabilities, DetectResult, Platform
+from engine.interfaces.step_overlap import SerialStepOverlap, StepOverlap
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -174,6 +175,12 @@ class TorchGpuPlatform(Platform):
     def communicator_class(self) -> type[TorchDistCommunicator]:
         """The communicator class, built with ``(world_size, rank, init_method, local_rank)``."""
 
+    def step_overlap_attention_sms(self) -> int:
+        """SMs (compute units) the matrix products leave to the attention lane in an overlapped step
+        (:class:`~engine_plugin_sdk.gpu.step_overlap.TorchStreamStepOverlap`); 0, the default, leaves the
+        products whole."""
+        return 0
+
     # --- detection and claims -----------------------------------------------------------------------
 
     @classmethod
@@ -217,6 +224,8 @@ class TorchGpuPlatform(Platform):
                 # no graphs, but the backend's recorded-step path runs as on the GPU (conformance checks it)
                 graph_capture_verify=True,
                 graph_capture_prefill=True,
+                # no streams: the lanes are the one queue (SerialStepOverlap), the nano-batches run as on the GPU
+                step_overlap=True,
                 extra=self.interpreter_extra(),
             )
         dtypes = self.device_dtypes()
@@ -253,6 +262,9 @@ class TorchGpuPlatform(Platform):
             # a lone prompt chunk the same way: the prefill kernel's grid follows the bucket, its rows and
             # context come from the device offsets
             graph_capture_prefill=True,
+            # a second stream for the attention lane (engine_plugin_sdk.gpu.step_overlap), forked and joined
+            # by events, which a graph being recorded takes as branches
+            step_overlap=True,
         )
 
     def validate(self, config: EngineConfig) -> list[str]:
@@ -350,6 +362,13 @@ class TorchGpuPlatform(Platform):
         if self.interpret:
             return EagerGraphCapture()
         return self.graph_capture_class()()
+
+    def make_step_overlap(self) -> StepOverlap:
+        if self.interpret:
+            return SerialStepOverlap()
+        from engine_plugin_sdk.gpu.step_overlap import TorchStreamStepOverlap
+
+        return TorchStreamStepOverlap(self.device_index, self.step_overlap_attention_sms())
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_sdk.torch_block_cache import TorchBlockCache

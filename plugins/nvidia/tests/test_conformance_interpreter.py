@@ -43,8 +43,8 @@ def test_op_level_suite_in_interpreter() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(HAS_GPU, reason="on a GPU, run `engine conformance --device cuda` instead")
 def test_tiny_llama_in_interpreter_matches_transformers() -> None:
-    # e2e.greedy (and e2e.greedy.n2); e2e.long_prompt's 217-token prefill of a 576-wide model is too slow
+    # e2e.greedy (and e2e.greedy.n2) and e2e.step_overlap; e2e.long_prompt's 217-token prefill of a 576-wide model is too slow
     # for the interpreter and runs on the GPU suite
-    proc = run_suite(["e2e.greedy"])
+    proc = run_suite(["e2e.greedy", "e2e.step_overlap"])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
     assert proc.returncode == 0 and " passed" in tail and "failed" not in tail, f"e2e (interpreter) failed:\n{tail}"

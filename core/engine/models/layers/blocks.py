@@ -21,6 +21,22 @@ if TYPE_CHECKING:
     from engine.models.layers.decoder import DenseDecoder
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionCall:
+    """One layer's attention inputs, ready for the backend (:meth:`DecoderLayer.attend`)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    #: the rotation the backend applies itself (None: the query and key arrive rotated)
+    rotary: RotaryInput | None
+    meta: AttentionMetadata
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The step's tensors the backend reads (the ones another lane must wait for)."""
+        return [self.query, self.key, self.value]
+
+
 @dataclass(slots=True)
 class DecoderLayer:
     """The loaded weights of one layer (norm scales already in their applied form) and its options."""
@@ -110,6 +126,14 @@ class DecoderLayer:
         if self.mla is not None:
             assert self.rope is not None
             return self.mla.forward(model, x, model.rotaries[self.rope], tables[self.rope], kv_cache, meta)
+        call = self.attention_inputs(model, x, tables, meta)
+        return self.attention_output(model, self.attend(model, call, kv_cache))
+
+    def attention_inputs(
+        self, model: DenseDecoder, x: Any, tables: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata
+    ) -> AttentionCall:
+        """The attention block up to the backend: the fused projection, q/k norms and the rotary (or its
+        table, where the backend rotates)."""
         cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
         qkv = self._project(model, x, self.qkv, self.qkv_bias, "qkv")
         num_tokens = qkv.shape[0]
@@ -147,11 +171,18 @@ class DecoderLayer:
         if self.sinks is not None:
             # the copy shares the step's extras, so a backend's per-step plan is still built once
             meta = dataclasses.replace(meta, sinks=self.sinks)
-        if rotary is not None:
-            attn = model.attention.forward_rotary(q, k, v, kv_cache, meta, rotary)
-        else:
-            attn = model.attention.forward(q, k, v, kv_cache, meta)
-        out = self._project(model, attn.reshape(num_tokens, model.q_size), self.o_proj, self.o_bias, "o")
+        return AttentionCall(q, k, v, rotary, meta)
+
+    def attend(self, model: DenseDecoder, call: AttentionCall, kv_cache: Any) -> torch.Tensor:
+        """The backend's paged attention (which writes the new keys and values first)."""
+        if call.rotary is not None:
+            return model.attention.forward_rotary(call.query, call.key, call.value, kv_cache, call.meta, call.rotary)
+        return model.attention.forward(call.query, call.key, call.value, kv_cache, call.meta)
+
+    def attention_output(self, model: DenseDecoder, attn: torch.Tensor) -> torch.Tensor:
+        """The output projection of the backend's ``[tokens, heads, head_dim]`` result (summed over the
+        tensor-parallel ranks)."""
+        out = self._project(model, attn.reshape(attn.shape[0], model.q_size), self.o_proj, self.o_bias, "o")
         return out if model.tp is None else model.tp.reduce(out)
 
     def mlp(self, model: DenseDecoder, x: Any) -> torch.Tensor:
@@ -191,14 +222,30 @@ class DecoderLayer:
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer: returns the layer's last branch output and the residual stream it is added to."""
-        x, residual = self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
-        hidden = self._branch_out(model, self.attention(model, x, tables, kv_cache, meta), self.post_attn, self.post_attn_bias)
+        x, residual = self.attention_norm(model, hidden, residual)
+        return self.finish(model, x, self.attention(model, x, tables, kv_cache, meta), residual)
+
+    def attention_norm(
+        self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[Any, torch.Tensor]:
+        """The previous branch added to the residual stream, normalised for the attention block."""
+        return self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
+
+    def finish(
+        self, model: DenseDecoder, x: Any, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer past its attention block (``attn_out``, after the output projection): the MLP
+        branch, reading ``x`` too where both branches read one norm's output.
+
+        Returns:
+            The layer's last branch output and the residual stream it is added to.
+        """
+        hidden = self._branch_out(model, attn_out, self.post_attn, self.post_attn_bias)
         if model.spec.parallel:
             # both branches read the one norm's output; their sum is the layer's branch
             return hidden + self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
         x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
         return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
-
 
     def forward_post_normed(
         self,

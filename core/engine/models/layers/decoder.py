@@ -19,6 +19,7 @@ from engine.interfaces.attention import AttentionBackend, AttentionMetadata
 from engine.interfaces.gemm import GemmBackend, QuantizedWeight
 from engine.interfaces.lora import LoraStep
 from engine.interfaces.ops import OpTable
+from engine.interfaces.step_overlap import StepOverlap
 from engine.kv_groups import GroupedAttentionMetadata
 from engine.loader.lazy_tensor import materialize
 from engine.loader.weight_slices import dense, weight_rows
@@ -28,6 +29,7 @@ from engine.models.layers.blocks import DecoderLayer
 from engine.models.layers.layer_loader import LayerLoader
 from engine.models.layers.moe_block import moe_tensor_parallel_problems
 from engine.models.layers.names import decoder_weight_shapes
+from engine.models.layers.nano_batches import forward_overlapped, overlaps_step
 from engine.models.layers.rope import RotaryEmbedding
 from engine.models.layers.spec import DecoderSpec
 from engine.models.rotary import rope_type
@@ -105,6 +107,11 @@ class DenseDecoder(CausalLM):
         #: layer order (an EAGLE-3 head reads them; empty: none kept)
         self.aux_hidden_layers: tuple[int, ...] = ()
         self.aux_hidden_states: list[torch.Tensor] = []
+        #: the platform's lanes when large decode steps run as two overlapped nano-batches
+        #: (``enable_dbo``, :mod:`engine.models.layers.nano_batches`), None: every step runs whole
+        self.step_overlap: StepOverlap | None = None
+        #: the fewest sequences of a decode step that runs overlapped (``dbo_decode_token_threshold``)
+        self.dbo_threshold = 0
 
     # --- what the loader asks of the class ----------------------------------------------------------
 
@@ -287,7 +294,8 @@ class DenseDecoder(CausalLM):
             return self.ops.layer_norm(x, weight, bias, self.config.rms_norm_eps)
         return self.ops.rms_norm(x, weight, self.config.rms_norm_eps)
 
-    def _layer_metadata(self, metadata: AttentionMetadata) -> list[AttentionMetadata]:
+    def layer_metadata(self, metadata: AttentionMetadata) -> list[AttentionMetadata]:
+        """Each layer's metadata: the step's, or a copy with the layer's window and soft-cap."""
         # each distinct (window, cap) gets its own metadata copy with its own extras, so a backend's
         # per-step plan is built once per variant, not once per layer
         cap = self.spec.attn_soft_cap
@@ -315,20 +323,22 @@ class DenseDecoder(CausalLM):
         :mod:`engine.kv_groups`; :attr:`supports_kv_groups`), and ``kv_caches`` then holds each layer's
         tensor of the shared pool."""
         ops, eps = self.ops, self.config.rms_norm_eps
+        overlap = self.step_overlap
+        if overlap is not None and overlaps_step(self, input_ids.shape[0], metadata, self.dbo_threshold):
+            assert isinstance(metadata, AttentionMetadata)  # overlaps_step checked it
+            return forward_overlapped(self, input_ids, positions, kv_caches, metadata, overlap)
         pp = self.pp
         residual: torch.Tensor | None = None
         if pp is not None and not pp.is_first:
             hidden, residual = pp.recv_activations(input_ids.shape[0], self.config.hidden_size, self.dtype, self.device)
         else:
-            hidden = self._embed(input_ids)
-            if self.embed_scale is not None:
-                hidden = hidden * self.embed_scale
+            hidden = self.embed_step(input_ids)
         if isinstance(metadata, GroupedAttentionMetadata):
             # one table per KV group: each layer attends with its group's tables and window
             layer_metadata = metadata.for_layers(self.spec.attn_soft_cap)
             metadata = metadata.primary
         else:
-            layer_metadata = self._layer_metadata(metadata)
+            layer_metadata = self.layer_metadata(metadata)
         tables = [rotary.step_table(positions, metadata) for rotary in self.rotaries]
         if self.fuses_post_norms:
             pending: torch.Tensor | None = None
@@ -349,10 +359,21 @@ class DenseDecoder(CausalLM):
             assert residual is not None  # every stage runs at least one layer
             pp.send_activations(hidden, residual)
             return hidden  # stage 0 reads only its rows' count (the logits come from the last stage)
+        assert residual is not None  # every model has a layer
+        return self.final_norm_of(hidden, residual)
+
+    def final_norm_of(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's branch added to the residual stream, through the final norm."""
+        eps = self.config.rms_norm_eps
         if self.spec.norm == "layer":
-            return ops.layer_norm(hidden + residual, self.final_norm, self.final_norm_bias, eps)
-        out, _ = ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
+            return self.ops.layer_norm(hidden + residual, self.final_norm, self.final_norm_bias, eps)
+        out, _ = self.ops.fused_add_rms_norm(hidden, residual, self.final_norm, eps)
         return out
+
+    def embed_step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings as the first layer takes them (scaled where the spec says so)."""
+        hidden = self._embed(input_ids)
+        return hidden if self.embed_scale is None else hidden * self.embed_scale
 
     @property
     def fuses_post_norms(self) -> bool:

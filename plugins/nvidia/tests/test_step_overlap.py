@@ -1,0 +1,76 @@
+"""Dual-batch overlap on this plugin (``enable_dbo``), through the public ``LLM`` API.
+
+In the interpreter the platform's lanes are one queue (``SerialStepOverlap``): the test checks this
+plugin's kernels on the nano-batches (half the rows, each half's own block tables and offsets) against
+whole steps. On a GPU the lanes are two CUDA streams, eagerly and inside the decode graphs, with and
+without SMs left to the attention lane: greedy tokens must equal the whole steps' either way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine_plugin_nvidia.platform import INTERPRET_ENV
+from engine_plugin_sdk import Lane
+from engine_plugin_sdk.testing import build_tiny_llama
+
+HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
+PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 7, 8], [1, 3, 4, 5, 6, 7]]
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], list[list[int]]]:
+    """The tiny Llama's engine settings on this plugin, and its greedy tokens from whole steps."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_llama(folder, head_dim=64)
+    common = {"model": str(folder), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 8}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(INTERPRET_ENV, "1")
+        return common, generate(LLM(**common, enforce_eager=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "eager,attention_sms",
+    [(True, 0)] + ([(False, 0), (True, 8), (False, 8)] if HAS_GPU else []),
+)
+def test_overlapped_decode_steps_match_whole_ones(
+    tiny_llama: tuple[dict[str, object], list[list[int]]], monkeypatch: pytest.MonkeyPatch, eager: bool, attention_sms: int
+) -> None:
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    monkeypatch.setenv("ENGINE_NVIDIA_DBO_ATTENTION_SMS", str(attention_sms))
+    common, whole = tiny_llama
+    # five sequences decode together: steps of 5 rows (2 + 3), later of fewer
+    llm = LLM(**common, enforce_eager=eager, enable_dbo=True, dbo_decode_token_threshold=3)
+    model = llm.llm_engine.runner.model
+    assert model.step_overlap is not None and model.dbo_threshold == 3
+    assert generate(llm) == whole
+    if HAS_GPU:
+        assert model.step_overlap.attention_sms == attention_sms
+        assert torch._C._get_sm_carveout_experimental() is None  # each step restores the products' SMs
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="two CUDA streams need an NVIDIA GPU")
+def test_stream_lanes_order_cross_lane_reads() -> None:
+    from engine_plugin_sdk.gpu.step_overlap import TorchStreamStepOverlap
+
+    overlap = TorchStreamStepOverlap(0)
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(3):
+        overlap.begin()
+        x = a @ a
+        overlap.hand_over(Lane.ATTENTION, [x])
+        with overlap.lane(Lane.ATTENTION):
+            y = x @ a  # long enough that a read not ordered after it would see stale memory
+            y = y @ a
+        overlap.hand_over(Lane.COMPUTE, [y])
+        z = y.sum()
+        overlap.end()
+        torch.testing.assert_close(z, ((a @ a) @ a @ a).sum(), rtol=1e-3, atol=1e-1)
