@@ -9,9 +9,11 @@
 #   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 4 sequences) with those settings against
 #            the defaults and bf16; Qwen3-30B-A3B batch-1 decode with the MoE down GEMV's experts at once.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
-#            then issue 32's offline run (1000 x 512 / 256, bf16) whole and overlapped, the products leaving
-#            0 / 16 / 32 SMs to the attention lane; every run in its own process, one after the other.
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap OUT_DIR
+#            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
+#            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
+#   overlap-e2e: issue 32's offline run (1000 x 512 / 256, bf16) whole and with --enable-dbo at 0 / 16 / 32
+#            SMs left to attention, each run in its own process.
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap|overlap-e2e OUT_DIR
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then
@@ -29,12 +31,16 @@ if [ "$PART" = kernels ]; then
     --down-at-once --json "$OUT/moe_kernels.json" > $LOGS/moe_kernels.log 2>&1
   tail -8 $LOGS/moe_kernels.log
 elif [ "$PART" = overlap ]; then
-  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log
+  timeout 300 python3 benchmarks/nvidia_h200_overlap.py --tokenizer $MODEL --json "$OUT/overlap_steps.json" \
+    > $LOGS/overlap_steps.log 2>&1
+  tail -8 $LOGS/overlap_steps.log
+elif [ "$PART" = overlap-e2e ]; then
   for variant in "whole" "dbo 0" "dbo 16" "dbo 32"; do
     set -- $variant; tag="$1${2:+_sms$2}"
     flags=""; [ "$1" = dbo ] && flags="--enable-dbo"
-    ENGINE_NVIDIA_DBO_ATTENTION_SMS=${2:-0} timeout 110 python3 benchmarks/nvidia_h200.py throughput --model $MODEL \
+    ENGINE_NVIDIA_DBO_ATTENTION_SMS=${2:-0} timeout 140 python3 benchmarks/nvidia_h200.py throughput --model $MODEL \
       --hf-batch $flags --json "$OUT/throughput_$tag.json" > $LOGS/throughput_$tag.log 2>&1
     echo "throughput [$variant]"; grep -E "engine_output_tok_s|kernels_compiled" $LOGS/throughput_$tag.log
   done
