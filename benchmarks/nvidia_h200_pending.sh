@@ -14,6 +14,9 @@
 #   overlap-e2e: issue 32's offline run (1000 x 512 / 256, bf16) whole and with --enable-dbo at 0 / 16 / 32
 #            SMs left to attention, each run in its own process.
 # Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap|overlap-e2e OUT_DIR
+# Each part fits one call of under ten minutes; four do not fit a session's 30 minutes. In order of what
+# they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
+# kernels (why, product by product), overlap-e2e (only where overlap gained on steps of 512+ sequences).
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then
