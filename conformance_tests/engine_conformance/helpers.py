@@ -43,6 +43,12 @@ def default_geometry(caps: Capabilities) -> Geometry:
     return Geometry(torch_dtype(dtype), head, block)
 
 
+def most_precise_dtype(caps: Capabilities) -> str:
+    """The most precise model dtype the plugin claims: float32, then fp16 before bf16 (10 mantissa bits
+    against 7), else its first claim; the end-to-end rows compare against transformers in it."""
+    return next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+
+
 def assert_close(actual: Any, expected: Any, tol: Tolerance, capability: str) -> None:
     """Fail with a message that starts with the capability name when ``actual`` is out of tolerance."""
     problem = compare(actual, expected, tol, capability)

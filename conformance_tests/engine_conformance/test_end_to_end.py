@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.interfaces.platform import Capabilities, Platform
-from engine_conformance.helpers import default_geometry
+from engine_conformance.helpers import default_geometry, most_precise_dtype
 from engine_conformance.pytest_plugin import PlatformTarget, not_claimed, plugin_manager_of
 from engine_plugin_sdk.testing import (
     MAX_TOKENS,
@@ -57,43 +57,41 @@ def engine_generate(
 @pytest.mark.slow
 @pytest.mark.capability("e2e.greedy")
 def test_tiny_llama_matches_transformers(
-    platform: Platform,
-    caps: Capabilities,
-    platform_target: PlatformTarget,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
+    caps: Capabilities, platform_target: PlatformTarget, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    geo = default_geometry(caps)
-    # The most precise dtype the plugin claims; fp16 before bf16 (10 mantissa bits against 7).
-    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
-    model = build_tiny_llama(tmp_path, geo.head_size)
-    outputs = engine_generate(
-        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size
-    )
-    assert_matches_transformers(model, outputs, get_tolerance(dtype_name).logits_atol, "e2e")
+    check_tiny_llama(caps, platform_target, tmp_path, request, "e2e")
 
 
 @pytest.mark.slow
 @pytest.mark.capability("e2e.step_overlap")
 def test_overlapped_decode_steps_match_transformers(
-    platform: Platform,
-    caps: Capabilities,
-    platform_target: PlatformTarget,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
+    caps: Capabilities, platform_target: PlatformTarget, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """``enable_dbo``: decode steps of the three prompts cut into two nano-batches (one and two rows), each
     layer's attention on the platform's second lane; the tokens and logprobs are transformers' still."""
     if not caps.step_overlap:
         not_claimed("overlapped steps (step_overlap) are not claimed")
+    parallel = {"enable_dbo": True, "dbo_decode_token_threshold": len(PROMPTS)}
+    check_tiny_llama(caps, platform_target, tmp_path, request, "e2e.step_overlap", parallel)
+
+
+def check_tiny_llama(
+    caps: Capabilities,
+    platform_target: PlatformTarget,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    row: str,
+    parallel: dict[str, Any] | None = None,
+) -> None:
+    """A tiny random Llama in the most precise claimed dtype, through the engine on the plugin, against
+    transformers (``parallel``: ``ParallelConfig`` fields)."""
     geo = default_geometry(caps)
-    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+    dtype_name = most_precise_dtype(caps)
     model = build_tiny_llama(tmp_path, geo.head_size)
     outputs = engine_generate(
-        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size,
-        parallel={"enable_dbo": True, "dbo_decode_token_threshold": len(PROMPTS)},
-    )  # fmt: skip
-    assert_matches_transformers(model, outputs, get_tolerance(dtype_name).logits_atol, "e2e.step_overlap")
+        platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size, parallel=parallel
+    )
+    assert_matches_transformers(model, outputs, get_tolerance(dtype_name).logits_atol, row)
 
 
 def assert_matches_transformers(model: Any, outputs: list[Any], atol: float, row: str) -> None:
@@ -142,7 +140,7 @@ def test_two_greedy_samples_agree(
     """``n=2`` at temperature 0: both samples share the prompt's blocks (forked copy-on-write when the
     last one is partly filled) and must generate the same tokens with the same logprobs."""
     geo = default_geometry(caps)
-    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+    dtype_name = most_precise_dtype(caps)
     build_tiny_llama(tmp_path, geo.head_size)
     outputs = engine_generate(
         platform_target, plugin_manager_of(request.config), tmp_path, dtype_name, geo.block_size, n=2

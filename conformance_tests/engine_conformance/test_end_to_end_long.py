@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.interfaces.platform import Capabilities, Platform
-from engine_conformance.helpers import default_geometry
+from engine_conformance.helpers import default_geometry, most_precise_dtype
 from engine_conformance.pytest_plugin import PlatformTarget, not_claimed, plugin_manager_of
 from engine_plugin_sdk.testing import (
     LONG_PROMPT,
@@ -91,8 +91,7 @@ def test_long_prompt_on_a_non_power_of_two_model(
     if HEAD_DIM not in caps.head_sizes:
         not_claimed(f"head size {HEAD_DIM} (claimed: {list(caps.head_sizes)})")
     block_size = default_geometry(caps).block_size
-    # the most precise claimed dtype, as in test_end_to_end.py (fp16 before bf16: more mantissa bits)
-    dtype_name = next((d for d in ("float32", "float16", "bfloat16") if d in caps.dtypes), caps.dtypes[0])
+    dtype_name = most_precise_dtype(caps)
     model = build_tiny_llama(
         tmp_path, HEAD_DIM, seed=5, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS,
         intermediate_size=INTERMEDIATE, max_position_embeddings=512,
