@@ -11,29 +11,23 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from interpreted_llama import greedy_tokens, tiny_llama_reference
 
 from engine import LLM, SamplingParams
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import Capabilities, GraphCapture
-from engine_plugin_sdk.testing import build_tiny_llama
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1, 100], [1, 7, 8]]
 
 
 def generate(llm: LLM) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+    return greedy_tokens(llm, PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], list[list[int]]]:
     """The tiny Llama's engine settings on this plugin in the interpreter, and its eager greedy tokens."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    build_tiny_llama(folder, head_dim=64)
-    common = {"model": str(folder), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": 6}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(INTERPRET_ENV, "1")
-        return common, generate(LLM(**common, enforce_eager=True))
+    return tiny_llama_reference(tmp_path_factory.mktemp("tiny-llama"), PROMPTS, max_num_seqs=6)
 
 
 def count_runs(capture: GraphCapture) -> list[int]:
