@@ -14,6 +14,7 @@ import pytest
 import torch
 from dense_model_utils import save_tiny
 from overlap_lanes_plugin import DEVICE, AuditedStepOverlap, write_entry_point
+from test_dense_models import ARCHITECTURES
 
 from engine import LLM, SamplingParams
 from engine.errors import EngineConfigError
@@ -56,13 +57,22 @@ def _same_outputs(got: list, want: list) -> None:
                 assert abs(step_a[token].logprob - step_b[token].logprob) < 1e-4
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM", "CohereForCausalLM"])
+OVERRIDES = {
+    "LlamaForCausalLM": {},
+    # a mixture of experts with per-head q/k norms
+    "Qwen3MoeForCausalLM": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    # attention and MLP in parallel branches from one norm
+    "CohereForCausalLM": {},
+    # KV groups (a sliding layer and a global one: a block table per group), attention sinks, experts
+    "GptOssForCausalLM": ARCHITECTURES["GptOssForCausalLM"],
+}
+
+
+@pytest.mark.parametrize("architecture", list(OVERRIDES))
 def test_overlapped_decode_steps_equal_whole_ones_and_hand_over_before_every_cross_lane_read(
     architecture, overlap_plugin, hf_tokenizer_dir, tmp_path
 ):
-    # a dense model, a mixture of experts (head norms, routed MLP) and parallel attention / MLP branches
-    extra = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64} if "Moe" in architecture else {}
-    path = save_tiny(architecture, str(tmp_path / architecture), hf_tokenizer_dir, seed=3, **extra)
+    path = save_tiny(architecture, str(tmp_path / architecture), hf_tokenizer_dir, seed=3, **OVERRIDES[architecture])
     want = _run(_llm(path))
     # five sequences decode together: the threshold of 3 cuts those steps (2 + 3 rows), not the later ones
     llm = _llm(path, enable_dbo=True, dbo_decode_token_threshold=3)
@@ -70,7 +80,10 @@ def test_overlapped_decode_steps_equal_whole_ones_and_hand_over_before_every_cro
     assert isinstance(overlap, AuditedStepOverlap)
     got = _run(llm)
     _same_outputs(got, want)
-    layers = len(llm.llm_engine.runner.model.layers)
+    model = llm.llm_engine.runner.model
+    layers = len(model.layers)
+    if architecture == "GptOssForCausalLM":
+        assert llm.llm_engine.runner.kv_layout is not None  # the steps carry one metadata per KV group
     assert overlap.steps >= GREEDY.max_tokens - 1  # every decode step of the five sequences
     # each nano-batch hands each layer's q/k/v to the attention lane and its result back
     assert overlap.hand_overs == {Lane.ATTENTION: 2 * layers * overlap.steps, Lane.COMPUTE: 2 * layers * overlap.steps}

@@ -325,7 +325,6 @@ class DenseDecoder(CausalLM):
         ops, eps = self.ops, self.config.rms_norm_eps
         overlap = self.step_overlap
         if overlap is not None and overlaps_step(self, input_ids.shape[0], metadata, self.dbo_threshold):
-            assert isinstance(metadata, AttentionMetadata)  # overlaps_step checked it
             return forward_overlapped(self, input_ids, positions, kv_caches, metadata, overlap)
         pp = self.pp
         residual: torch.Tensor | None = None

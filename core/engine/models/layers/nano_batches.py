@@ -14,9 +14,9 @@ where ``begin`` is a layer's input norm and q/k/v projection, ``attend`` the bac
 layer is under way, each half's attention runs while the other half's products do. The halves share no
 state, so the result is the whole step's, row for row (the products see half the rows each).
 
-Only the plain pre-norm decoder overlaps (one attention metadata per step, no latent attention, no
-post-norm fusion, no tensor or pipeline ranks, no layer inputs kept for a draft head); a step with adapter
-rows, a prompt, or fewer sequences than the threshold runs whole.
+Pre-norm decoders overlap, with or without KV groups (each group's tables cut alike); latent attention,
+post-norms fused across layers and models split over ranks are refused at start-up. A step with adapter
+rows, a prompt, layer inputs kept for a draft head, or fewer sequences than the threshold runs whole.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import torch
 from engine.errors import EngineConfigError
 from engine.interfaces.attention import AttentionMetadata
 from engine.interfaces.step_overlap import Lane, StepOverlap
+from engine.kv_groups import GroupedAttentionMetadata
 from engine.parallel.micro_batches import slice_metadata
 
 if TYPE_CHECKING:
     from engine.interfaces.platform import Platform
-    from engine.kv_groups import GroupedAttentionMetadata
     from engine.models.layers.decoder import DenseDecoder
 
 logger = logging.getLogger(__name__)
@@ -104,14 +104,23 @@ def overlaps_step(
     sequences, without adapter rows, on a model that overlaps (:func:`overlap_problems` checked at start-up)
     and keeps no layer inputs for a draft head.
     """
+    primary = metadata.primary if isinstance(metadata, GroupedAttentionMetadata) else metadata
     return (
-        isinstance(metadata, AttentionMetadata)
-        and metadata.is_pure_decode
-        and num_tokens == metadata.num_seqs
-        and metadata.num_seqs >= threshold
+        primary.is_pure_decode
+        and num_tokens == primary.num_seqs
+        and primary.num_seqs >= threshold
         and model.lora_step is None
         and not model.aux_hidden_layers
     )
+
+
+def _half(
+    metadata: AttentionMetadata | GroupedAttentionMetadata, first: int, last: int
+) -> AttentionMetadata | GroupedAttentionMetadata:
+    # each KV group's tables and slots cut alike: the groups share rows and lengths
+    if isinstance(metadata, GroupedAttentionMetadata):
+        return GroupedAttentionMetadata([slice_metadata(m, first, last) for m in metadata.by_group], metadata.layer_group)
+    return slice_metadata(metadata, first, last)
 
 
 def forward_overlapped(
@@ -119,7 +128,7 @@ def forward_overlapped(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     kv_caches: list[Any],
-    metadata: AttentionMetadata,
+    metadata: AttentionMetadata | GroupedAttentionMetadata,
     overlap: StepOverlap,
 ) -> torch.Tensor:
     """The step's hidden states ``[num_tokens, hidden]`` after the final norm, computed as two nano-batches.
@@ -129,21 +138,27 @@ def forward_overlapped(
         input_ids: int64 ``[num_tokens]`` (one token per sequence: a decode step).
         positions: int64 ``[num_tokens]``.
         kv_caches: one cache per layer.
-        metadata: the step's description (:func:`overlaps_step` holds).
+        metadata: the step's description, one per KV group where the model keeps groups
+            (:func:`overlaps_step` holds).
         overlap: the platform's lanes.
 
     Returns:
         The hidden states, rows in the step's order.
     """
-    half = metadata.num_seqs // 2
+    num_seqs = input_ids.shape[0]
+    half = num_seqs // 2
     overlap.begin()
     batches = []
-    for first, last in ((0, half), (half, metadata.num_seqs)):
-        meta = slice_metadata(metadata, first, last)
+    for first, last in ((0, half), (half, num_seqs)):
+        meta = _half(metadata, first, last)
+        if isinstance(meta, GroupedAttentionMetadata):
+            layer_metadata, primary = meta.for_layers(model.spec.attn_soft_cap), meta.primary
+        else:
+            layer_metadata, primary = model.layer_metadata(meta), meta
         rows = slice(first, last)
         hidden = model.embed_step(input_ids[rows])
-        tables = [rotary.step_table(positions[rows], meta) for rotary in model.rotaries]
-        batches.append(_NanoBatch(rows, model.layer_metadata(meta), tables, hidden))
+        tables = [rotary.step_table(positions[rows], primary) for rotary in model.rotaries]
+        batches.append(_NanoBatch(rows, layer_metadata, tables, hidden))
     layers = model.layers
     for i in range(len(layers) + 1):
         for batch in batches:
