@@ -148,17 +148,29 @@ def forward_overlapped(
     num_seqs = input_ids.shape[0]
     half = num_seqs // 2
     overlap.begin()
-    batches = []
-    for first, last in ((0, half), (half, num_seqs)):
-        meta = _half(metadata, first, last)
-        if isinstance(meta, GroupedAttentionMetadata):
-            layer_metadata, primary = meta.for_layers(model.spec.attn_soft_cap), meta.primary
-        else:
-            layer_metadata, primary = model.layer_metadata(meta), meta
-        rows = slice(first, last)
-        hidden = model.embed_step(input_ids[rows])
-        tables = [rotary.step_table(positions[rows], primary) for rotary in model.rotaries]
-        batches.append(_NanoBatch(rows, layer_metadata, tables, hidden))
+    try:  # the lanes are joined and the products given their SMs back whatever happens
+        batches = []
+        for first, last in ((0, half), (half, num_seqs)):
+            meta = _half(metadata, first, last)
+            if isinstance(meta, GroupedAttentionMetadata):
+                layer_metadata, primary = meta.for_layers(model.spec.attn_soft_cap), meta.primary
+            else:
+                layer_metadata, primary = model.layer_metadata(meta), meta
+            rows = slice(first, last)
+            hidden = model.embed_step(input_ids[rows])
+            tables = [rotary.step_table(positions[rows], primary) for rotary in model.rotaries]
+            batches.append(_NanoBatch(rows, layer_metadata, tables, hidden))
+        _run_layers(model, batches, kv_caches, overlap)
+        hidden = torch.cat([batch.hidden for batch in batches])
+        residual = torch.cat([batch.residual for batch in batches if batch.residual is not None])
+    finally:
+        overlap.end()
+    return model.final_norm_of(hidden, residual)
+
+
+def _run_layers(model: DenseDecoder, batches: list[_NanoBatch], kv_caches: list[Any], overlap: StepOverlap) -> None:
+    # layer by layer, half by half: each half's attention is queued on the attention lane right after its
+    # projections, so that the other half's products follow it on the compute lane
     layers = model.layers
     for i in range(len(layers) + 1):
         for batch in batches:
@@ -178,7 +190,3 @@ def forward_overlapped(
             overlap.hand_over(Lane.ATTENTION, call.tensors())
             with overlap.lane(Lane.ATTENTION):
                 batch.attn = layer.attend(model, call, kv_caches[i])
-    hidden = torch.cat([batch.hidden for batch in batches])
-    residual = torch.cat([batch.residual for batch in batches if batch.residual is not None])
-    overlap.end()
-    return model.final_norm_of(hidden, residual)
