@@ -68,3 +68,17 @@ def test_stream_lanes_order_cross_lane_reads() -> None:
         z = y.sum()
         overlap.end()
         torch.testing.assert_close(z, ((a @ a) @ a @ a).sum(), rtol=1e-3, atol=1e-1)
+
+
+def test_stream_lanes_refuse_misuse() -> None:
+    from engine_plugin_sdk.gpu.step_overlap import TorchStreamStepOverlap
+
+    with pytest.raises(ValueError, match="attention_sms must be >= 0"):
+        TorchStreamStepOverlap(0, attention_sms=-1)
+    lanes = TorchStreamStepOverlap(0)
+    with pytest.raises(RuntimeError, match="outside begin"):
+        lanes.lane(Lane.ATTENTION)
+    with pytest.raises(RuntimeError, match="outside begin"):
+        lanes.hand_over(Lane.COMPUTE, [])
+    with pytest.raises(RuntimeError, match="without begin"):
+        lanes.end()
