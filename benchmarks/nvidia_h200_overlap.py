@@ -5,7 +5,7 @@ each with a context of C tokens (random block tables over the KV pool), recorded
 engine's decode graphs record it. For each (R, C) it prints the step's time whole, with the attention
 calls taken out (what the products and small ops take alone), the ideal overlap (the larger of that and
 the attention's share), and as two overlapped nano-batches with the products leaving each
-``--attention-sms`` count of SMs to the attention lane.
+``--attention-sms`` count of SMs to the attention lane, its stream at each ``--attention-priority``.
 
     python benchmarks/nvidia_h200_overlap.py --tokenizer .nvcarry/llama3-8b-dummy --rows 256 512 1024 \\
         --contexts 640 2048 --attention-sms 0 16 32
@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[256, 512, 1024])
     parser.add_argument("--contexts", type=int, nargs="+", default=[640, 2048])
     parser.add_argument("--attention-sms", type=int, nargs="+", default=[0, 16, 32])
+    parser.add_argument("--attention-priority", type=int, nargs="+", default=[0, -1],
+                        help="the attention stream's priorities to try (negative: higher than the products')")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"])
     parser.add_argument("--json", default=None)
@@ -98,8 +100,10 @@ def main() -> None:
         )  # fmt: skip
         runner = llm.llm_engine.runner
         model, caches = runner.model, runner.layer_caches
+        variants = [(sms, prio) for prio in args.attention_priority for sms in args.attention_sms]
         print(f"{'rows':>5s} {'ctx':>5s} {'whole':>9s} {'no attn':>9s} {'ideal':>9s} "
-              + " ".join(f"{'dbo ' + str(s):>9s}" for s in args.attention_sms) + "   (us a step)", flush=True)  # fmt: skip
+              + " ".join(f"{f's{sms}p{prio}':>9s}" for sms, prio in variants)
+              + "   (us a step; sN pP: dbo, N SMs left to attention, its stream at priority P)", flush=True)  # fmt: skip
         for rows in args.rows:
             for ctx in args.contexts:
                 inputs = decode_step(model, caches, rows, ctx)
@@ -113,15 +117,15 @@ def main() -> None:
                 products = timed(step, repeats=10, inner=1) * 1e6
                 undo()
                 overlapped = []
-                for sms in args.attention_sms:
-                    model.step_overlap, model.dbo_threshold = TorchStreamStepOverlap(0, sms), 2
+                for sms, prio in variants:
+                    model.step_overlap, model.dbo_threshold = TorchStreamStepOverlap(0, sms, prio), 2
                     overlapped.append(timed(step, repeats=10, inner=1) * 1e6)
                 model.step_overlap = None
                 # a perfect overlap hides the smaller of the attention's share and the rest behind the larger
                 ideal = max(products, whole - products)
                 key = f"rows{rows}_ctx{ctx}"
                 result[key] = {"whole_us": whole, "without_attention_us": products, "ideal_us": ideal,
-                               **{f"dbo_sms{s}_us": t for s, t in zip(args.attention_sms, overlapped)}}  # fmt: skip
+                               **{f"dbo_sms{sms}_prio{prio}_us": t for (sms, prio), t in zip(variants, overlapped)}}  # fmt: skip
                 print(f"{rows:5d} {ctx:5d} {whole:9.0f} {products:9.0f} {ideal:9.0f} " + " ".join(f"{t:9.0f}" for t in overlapped)
                       + f"   best {whole / min(overlapped):.3f}x whole", flush=True)  # fmt: skip
     if args.json:

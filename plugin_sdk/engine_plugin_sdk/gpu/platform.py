@@ -181,6 +181,11 @@ class TorchGpuPlatform(Platform):
         products whole."""
         return 0
 
+    def step_overlap_attention_priority(self) -> int:
+        """The attention lane's stream priority in an overlapped step (0, the default: the same as the
+        step's stream; negative: higher)."""
+        return 0
+
     # --- detection and claims -----------------------------------------------------------------------
 
     @classmethod
@@ -368,7 +373,9 @@ class TorchGpuPlatform(Platform):
             return SerialStepOverlap()
         from engine_plugin_sdk.gpu.step_overlap import TorchStreamStepOverlap
 
-        return TorchStreamStepOverlap(self.device_index, self.step_overlap_attention_sms())
+        return TorchStreamStepOverlap(
+            self.device_index, self.step_overlap_attention_sms(), self.step_overlap_attention_priority()
+        )
 
     def make_block_cache(self, spec: KVCacheSpec, num_blocks: int, attention: AttentionBackend) -> BlockCache:
         from engine_plugin_sdk.torch_block_cache import TorchBlockCache

@@ -10,7 +10,9 @@ Two kernels on two streams share the GPU only where the first leaves room: a mat
 every SM leaves the attention kernel none until its last wave drains. ``attention_sms`` asks the BLAS
 library's products (cuBLASLt, through torch's SM carveout) to leave that many SMs free while an
 overlapped step is queued, so that the attention of the other nano-batch always has some; 0 leaves the
-products as they are and the streams interleave at wave boundaries only.
+products as they are and the streams interleave at wave boundaries only. ``attention_priority`` (a
+negative number is higher) lets the attention stream's blocks take SMs as they free up before the
+products' waiting blocks do.
 
 Importing this module must stay cheap: torch is imported inside methods.
 """
@@ -30,13 +32,15 @@ class TorchStreamStepOverlap(StepOverlap):
     Args:
         device_index: the GPU whose streams these are.
         attention_sms: SMs the products leave to the attention lane while a step is queued (0: none).
+        attention_priority: the attention stream's priority (0, the default streams'; negative: higher, to
+            the limit the GPU has).
 
     Raises:
         ValueError: ``attention_sms`` is negative, or positive with a torch that cannot carve SMs out of its
             products.
     """
 
-    def __init__(self, device_index: int, attention_sms: int = 0) -> None:
+    def __init__(self, device_index: int, attention_sms: int = 0, attention_priority: int = 0) -> None:
         import torch
 
         if attention_sms < 0:
@@ -45,6 +49,7 @@ class TorchStreamStepOverlap(StepOverlap):
             raise ValueError(f"torch {torch.__version__} cannot leave SMs free from its matrix products (no SM carveout)")
         self.device_index = device_index
         self.attention_sms = attention_sms
+        self.attention_priority = attention_priority
         self._attention_stream: Any = None
         self._compute_stream: Any = None
         #: (carveout, BLAS library) in force before :meth:`begin` changed them, restored by :meth:`end`
@@ -54,7 +59,7 @@ class TorchStreamStepOverlap(StepOverlap):
         import torch
 
         if self._attention_stream is None:
-            self._attention_stream = torch.cuda.Stream(device=self.device_index)
+            self._attention_stream = torch.cuda.Stream(device=self.device_index, priority=self.attention_priority)
         self._compute_stream = torch.cuda.current_stream(self.device_index)
         self._attention_stream.wait_stream(self._compute_stream)
         if self.attention_sms:

@@ -115,11 +115,10 @@ class CudaPlatform(TorchGpuPlatform):
 
     def step_overlap_attention_sms(self) -> int:
         # not measured yet (no device since the overlap was written): products keep every SM unless asked
-        value = os.environ.get("ENGINE_NVIDIA_DBO_ATTENTION_SMS", "0").strip()
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"ENGINE_NVIDIA_DBO_ATTENTION_SMS must be a whole number of SMs, got {value!r}") from None
+        return _whole_number_env("ENGINE_NVIDIA_DBO_ATTENTION_SMS")
+
+    def step_overlap_attention_priority(self) -> int:
+        return _whole_number_env("ENGINE_NVIDIA_DBO_ATTENTION_PRIORITY")
 
     def default_max_num_batched_tokens(self) -> int | None:
         # H200, Llama-3-8B bf16, 256 streaming clients of 512 in / 256 out: 8,192-token steps served 9,641
@@ -141,6 +140,19 @@ class CudaPlatform(TorchGpuPlatform):
 
 #: ``interpreter_requested(environ=None)``: whether ``ENGINE_NVIDIA_INTERPRET=1`` is set
 interpreter_requested = CudaPlatform.interpreter_requested
+
+
+def _whole_number_env(name: str) -> int:
+    """An integer environment variable, 0 when unset.
+
+    Raises:
+        ValueError: it is set to something else than a whole number.
+    """
+    value = os.environ.get(name, "0").strip()
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
 
 
 def _has_cuda_gpu() -> bool:

@@ -3,7 +3,8 @@
 In the interpreter the platform's lanes are one queue (``SerialStepOverlap``): the test checks this
 plugin's kernels on the nano-batches (half the rows, each half's own block tables and offsets) against
 whole steps. On a GPU the lanes are two CUDA streams, eagerly and inside the decode graphs, with and
-without SMs left to the attention lane: greedy tokens must equal the whole steps' either way.
+without SMs left to the attention lane (and its stream at a higher priority): greedy tokens must equal the
+whole steps' either way.
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, obje
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "eager,attention_sms",
-    [(True, 0)] + ([(False, 0), (True, 8), (False, 8)] if HAS_GPU else []),
+    "eager,attention_sms,priority",
+    [(True, 0, 0)] + ([(False, 0, 0), (True, 8, -1), (False, 8, -1)] if HAS_GPU else []),
 )
 def test_overlapped_decode_steps_match_whole_ones(
-    tiny_llama: tuple[dict[str, object], list[list[int]]], monkeypatch: pytest.MonkeyPatch, eager: bool, attention_sms: int
+    tiny_llama: tuple[dict[str, object], list[list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
+    eager: bool,
+    attention_sms: int,
+    priority: int,
 ) -> None:
     monkeypatch.setenv(INTERPRET_ENV, "1")
     monkeypatch.setenv("ENGINE_NVIDIA_DBO_ATTENTION_SMS", str(attention_sms))
+    monkeypatch.setenv("ENGINE_NVIDIA_DBO_ATTENTION_PRIORITY", str(priority))
     common, whole = tiny_llama
     # five sequences decode together: steps of 5 rows (2 + 3), later of fewer
     llm = LLM(**common, enforce_eager=eager, enable_dbo=True, dbo_decode_token_threshold=3)
@@ -47,7 +53,7 @@ def test_overlapped_decode_steps_match_whole_ones(
     assert model.step_overlap is not None and model.dbo_threshold == 3
     assert generate(llm) == whole
     if HAS_GPU:
-        assert model.step_overlap.attention_sms == attention_sms
+        assert (model.step_overlap.attention_sms, model.step_overlap.attention_priority) == (attention_sms, priority)
         assert torch._C._get_sm_carveout_experimental() is None  # each step restores the products' SMs
 
 
