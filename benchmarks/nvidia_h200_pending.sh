@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The variants written without a device (sessions 33-34, each off by default) measured in two device calls of
+# The variants written without a device (sessions 33-35, each off by default) measured in device calls of
 # under ten minutes: `kernels` checks them on the GPU and times them one product or layer at a time, `decode`
-# end to end. What each variant is: BENCHMARKS.md, "session 34".
+# end to end. What each variant is: BENCHMARKS.md, "session 34" and "session 35".
 #   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel read 1-3
 #            iterations ahead (fragment_depth) at 1 and 4 rows, the GEMVs' pipelined loop (gemv_loop_stages);
 #            Q4_K / W4A16 GEMVs with and without the pipelined loop; the MoE down GEMV with a token's experts
@@ -13,10 +13,13 @@
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
 #   overlap-e2e: issue 32's offline run (1000 x 512 / 256, bf16) whole and with --enable-dbo at 0 / 16 / 32
 #            SMs left to attention, each run in its own process.
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap|overlap-e2e OUT_DIR
-# Each part fits one call of under ten minutes; four do not fit a session's 30 minutes. In order of what
+#   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
+#            left to attention (default 16: set SMS to the best of overlap-e2e).
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
-# kernels (why, product by product), overlap-e2e (only where overlap gained on steps of 512+ sequences).
+# kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
+# 512+ sequences).
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then
@@ -46,6 +49,15 @@ elif [ "$PART" = overlap-e2e ]; then
     ENGINE_NVIDIA_DBO_ATTENTION_SMS=${2:-0} timeout 140 python3 benchmarks/nvidia_h200.py throughput --model $MODEL \
       --hf-batch $flags --json "$OUT/throughput_$tag.json" > $LOGS/throughput_$tag.log 2>&1
     echo "throughput [$variant]"; grep -E "engine_output_tok_s|kernels_compiled" $LOGS/throughput_$tag.log
+  done
+elif [ "$PART" = overlap-fp8 ]; then
+  for variant in "whole" "dbo ${SMS:-16}"; do
+    set -- $variant; tag="fp8_$1${2:+_sms$2}"
+    flags=""; [ "$1" = dbo ] && flags="--enable-dbo"
+    ENGINE_NVIDIA_DBO_ATTENTION_SMS=${2:-0} timeout 200 python3 benchmarks/nvidia_h200.py throughput --model $MODEL \
+      --hf-batch --quantization fp8 --kv-cache-dtype fp8 $flags --json "$OUT/throughput_$tag.json" \
+      > $LOGS/throughput_$tag.log 2>&1
+    echo "throughput [fp8 $variant]"; grep -E "engine_output_tok_s|kernels_compiled" $LOGS/throughput_$tag.log
   done
 else
   timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
