@@ -19,7 +19,8 @@
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
-# 512+ sequences).
+# 512+ sequences). Session 35 ran overlap and kernels on an H100 (BENCHMARKS.md): the overlap lost, so
+# overlap-e2e / overlap-fp8 wait for attention kernels that share the GPU; decode is still to run on an H200.
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then

@@ -118,7 +118,8 @@ class ParallelConfig(BaseModel):
             sequences is cut into two nano-batches, and each layer's attention over one runs on the
             platform's second lane while the other's matrix products run (platforms that claim
             ``step_overlap``; refused elsewhere, and with tensor or pipeline parallelism). Steps with a
-            prompt or adapter rows run whole.
+            prompt or adapter rows run whole. Off by default: with today's GPU kernels the two lanes run
+            one after the other (BENCHMARKS.md, session 35).
         dbo_decode_token_threshold: the fewest sequences of a decode step that ``enable_dbo`` cuts in two
             (in smaller steps the weights' bytes outweigh the KV cache's: little to overlap).
     """
