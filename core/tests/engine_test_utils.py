@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def assert_all_blocks_free(llm) -> None:
@@ -88,3 +89,13 @@ def write_sentence_transformers_files(out: str, dim: int, pooling: str, normaliz
     flags = {f"pooling_mode_{m}": m == pooling for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
     with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
         json.dump({"word_embedding_dimension": dim, **flags}, f)
+
+
+def write_plugin_entry_point(site: Path, dist: str, device: str, module: str) -> None:
+    """A dist-info folder of distribution ``dist`` in ``site`` whose ``engine.plugins`` entry point names
+    ``module`` for ``device``: the engine (and any process that inherits ``sys.path``) finds a test-only
+    plugin the way it finds an installed one."""
+    info = site / f"{dist}-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[engine.plugins]\n{device} = {module}\n", encoding="utf-8")

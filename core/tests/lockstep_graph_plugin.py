@@ -29,6 +29,7 @@ from engine.interfaces.graph_capture import GraphCapture
 from engine.interfaces.platform import Capabilities
 from engine.plugins.hookspecs import hookimpl
 from engine_plugin_cpu.platform import CpuPlatform
+from engine_test_utils import write_plugin_entry_point
 
 ENGINE_PLUGIN_API = ">=2.0,<3"
 DEVICE = "cpu-graphs"
@@ -116,12 +117,7 @@ def engine_register_platforms() -> list[type]:
 
 def write_entry_point(site: Path) -> None:
     """A dist-info folder in ``site`` whose ``engine.plugins`` entry point is this module."""
-    info = site / "engine_test_lockstep_graphs-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: engine_test_lockstep_graphs\nVersion: 0.1.0\n", encoding="utf-8"
-    )
-    (info / "entry_points.txt").write_text(f"[engine.plugins]\n{DEVICE} = {__name__}\n", encoding="utf-8")
+    write_plugin_entry_point(site, "engine_test_lockstep_graphs", DEVICE, __name__)
 
 
 def read_log(path: Path) -> dict[int, list[tuple[str, int]]]:

@@ -28,6 +28,7 @@ from engine.interfaces.platform import Capabilities
 from engine.interfaces.step_overlap import Lane, StepOverlap
 from engine.plugins.hookspecs import hookimpl
 from engine_plugin_sdk.reference_platform import ReferencePlatform
+from engine_test_utils import write_plugin_entry_point
 
 ENGINE_PLUGIN_API = ">=2.0,<3"
 DEVICE = "reference-dbo"
@@ -151,9 +152,4 @@ def engine_register_platforms() -> list[type]:
 
 def write_entry_point(site: Path) -> None:
     """A dist-info folder in ``site`` whose ``engine.plugins`` entry point is this module."""
-    info = site / "engine_test_overlap_lanes-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: engine_test_overlap_lanes\nVersion: 0.1.0\n", encoding="utf-8"
-    )
-    (info / "entry_points.txt").write_text(f"[engine.plugins]\n{DEVICE} = {__name__}\n", encoding="utf-8")
+    write_plugin_entry_point(site, "engine_test_overlap_lanes", DEVICE, __name__)

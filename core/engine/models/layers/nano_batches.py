@@ -44,7 +44,6 @@ logger = logging.getLogger(__name__)
 class _NanoBatch:
     """One half of the step as it moves through the layers."""
 
-    rows: slice
     layer_metadata: list[AttentionMetadata]
     tables: list[tuple[torch.Tensor, torch.Tensor]]
     hidden: torch.Tensor
@@ -159,7 +158,7 @@ def forward_overlapped(
             rows = slice(first, last)
             hidden = model.embed_step(input_ids[rows])
             tables = [rotary.step_table(positions[rows], primary) for rotary in model.rotaries]
-            batches.append(_NanoBatch(rows, layer_metadata, tables, hidden))
+            batches.append(_NanoBatch(layer_metadata, tables, hidden))
         _run_layers(model, batches, kv_caches, overlap)
         hidden = torch.cat([batch.hidden for batch in batches])
         residual = torch.cat([batch.residual for batch in batches if batch.residual is not None])
