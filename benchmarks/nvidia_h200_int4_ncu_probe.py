@@ -1,15 +1,35 @@
-"""A short program for Nsight Compute: the 4-bit products of Llama-3-8B's gate_up (28,672 x 4,096, groups of
-128, one zero point) at one row (the word GEMV) and four rows (the tensor-core kernel), and bf16 cuBLAS at four
-rows beside them, each run twice. Profile it on the H200 (hardware counters are read there with the clocks
-left alone):
+"""A short program for Nsight Compute: Llama-3-8B's 4-bit products (groups of 128, one zero point) by the
+kernels and variants named on the command line, each launched once, in the order printed first (so the
+report's launches 0, 1, ... are those labels). Profile it on the H200 (hardware counters are read there with
+the clocks left alone), for example the stall reasons of each launch:
 
     source benchmarks/nvidia_h200_setup.sh
-    ncu --clock-control none -k regex:"grouped_int4|gemv|nvjet|gemm" -c 6 --section SpeedOfLight \\
-        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \\
-        --section SchedulerStats python benchmarks/nvidia_h200_int4_ncu_probe.py > $OUT/ncu.txt
+    ncu --clock-control none -k regex:"grouped_int4" --metrics \\
+        regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,gpu__time_duration.sum \\
+        python benchmarks/nvidia_h200_int4_ncu_probe.py --shapes gate_up down --variants word frag2 frag2a
+
+Variants: ``word`` the word GEMV (one row), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
+the same with its scales read with its words (``GroupedIntTiles.fragment_ahead``); ``--rows`` 1-8.
 """
 
 from __future__ import annotations
+
+import argparse
+import dataclasses
+
+SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def tiles_of(variant: str, h200: object) -> object:
+    """The ``GroupedIntTiles`` a variant label names."""
+    if variant == "word":
+        return dataclasses.replace(h200, fragment_rows=0, mma_rows=0)
+    if not variant.startswith("frag"):
+        raise SystemExit(f"unknown variant {variant!r}")
+    depth = int(variant[4])
+    return dataclasses.replace(
+        h200, fragment_rows=8, fragment_min_rows=1, fragment_depth=depth, fragment_ahead=variant.endswith("a")
+    )
 
 
 def main() -> None:
@@ -22,18 +42,30 @@ def main() -> None:
         pack_grouped_codes,
     )
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["gate_up"], choices=list(SHAPES))
+    parser.add_argument("--variants", nargs="+", default=["word", "frag2"])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1])
+    args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    n, k = 28672, 4096
-    codes = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
-    scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
-    weight = pack_grouped_codes(GroupedCodes(codes, scales, None, 8, 4, 128), 128, torch.device("cuda"))
-    one = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-    four = torch.randn(4, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-    dense = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-    for _ in range(2):
-        grouped_int_linear(one, weight, None, H200_GROUPED_INT_TILES)
-        grouped_int_linear(four, weight, None, H200_GROUPED_INT_TILES)
-        torch.nn.functional.linear(four, dense)
+    launches = []
+    work = []
+    for shape in args.shapes:
+        n, k = SHAPES[shape]
+        codes = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
+        scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
+        weight = pack_grouped_codes(GroupedCodes(codes, scales, None, 8, 4, 128), 128, torch.device("cuda"))
+        for rows in args.rows:
+            x = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+            for variant in args.variants:
+                if variant == "word" and rows > 1:
+                    continue
+                launches.append(f"{shape} {rows} rows {variant}")
+                work.append((x, weight, tiles_of(variant, H200_GROUPED_INT_TILES)))
+    for index, label in enumerate(launches):
+        print(f"launch {index}: {label}", flush=True)
+    for x, weight, tiles in work:
+        grouped_int_linear(x, weight, None, tiles)
     torch.cuda.synchronize()
 
 

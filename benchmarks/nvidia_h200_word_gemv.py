@@ -53,11 +53,12 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 
 def variants_for(
     rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
-    loop_stages: tuple[int, ...] = (1,),
+    loop_stages: tuple[int, ...] = (1,), fragment_ahead: tuple[bool, ...] = (False,),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
     would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
-    with each of ``fragment_warps`` and ``fragment_depth`` (iterations a warp reads its words ahead)."""
+    with each of ``fragment_warps``, ``fragment_depth`` (iterations a warp reads its words ahead) and
+    ``fragment_ahead`` (its scales with them, the activations an iteration ahead)."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
@@ -75,10 +76,12 @@ def variants_for(
     if rows <= 8:
         for warps in fragment_warps:
             for depth in fragment_depth:
-                variants[f"fragments, {warps} warps" + (f", {depth} ahead" if depth > 1 else "")] = tiles_class(
-                    mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
-                    fragment_depth=depth,
-                )
+                for ahead in fragment_ahead:
+                    label = f"fragments, {warps} warps" + (f", {depth} ahead" if depth > 1 else "")
+                    variants[label + (", scales ahead" if ahead else "")] = tiles_class(
+                        mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
+                        fragment_depth=depth, fragment_ahead=ahead,
+                    )
     return variants
 
 
@@ -98,6 +101,9 @@ def main() -> None:
     parser.add_argument("--fragment-warps", type=int, nargs="*", default=[4, 8], help="fragment kernel's warps")
     parser.add_argument("--fragment-depth", type=int, nargs="*", default=[1],
                         help="iterations ahead the fragment kernel reads its words (GroupedIntTiles.fragment_depth)")
+    parser.add_argument("--fragment-ahead", type=int, nargs="*", default=[0], choices=[0, 1],
+                        help="the fragment kernel reads its scales with its words, its activations an iteration "
+                        "ahead (GroupedIntTiles.fragment_ahead; 0 1 for both)")
     parser.add_argument("--all-word-tiles", action="store_true", help="every word-GEMV tile at one row")
     parser.add_argument("--gemv-loop-stages", type=int, nargs="+", default=[1],
                         help="the GEMVs' loop pipelining at one row (GroupedIntTiles.gemv_loop_stages)")
@@ -128,7 +134,7 @@ def main() -> None:
                 ref = x.double() @ dense.T
                 for label, tiles in variants_for(
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
-                    args.all_word_tiles, tuple(args.gemv_loop_stages),
+                    args.all_word_tiles, tuple(args.gemv_loop_stages), tuple(bool(a) for a in args.fragment_ahead),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

@@ -189,19 +189,26 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
 
 
 @pytest.mark.parametrize(
-    ("zero_scales", "block", "depth"),
-    [(False, 128, 1), (True, 128, 1), (False, 256, 1), (True, 256, 1), (False, 128, 3), (True, 256, 2)],
-)
+    ("zero_scales", "block", "depth", "ahead"),
+    [
+        (False, 128, 1, False), (True, 128, 1, False), (False, 256, 1, False), (True, 256, 1, False),
+        (False, 128, 3, False), (True, 256, 2, False), (False, 128, 2, True), (True, 128, 3, True),
+        (True, 256, 2, True), (False, 256, 1, True),
+    ],
+)  # fmt: skip
 def test_fragment_kernel_reads_words_into_tensor_core_operands(
-    device, zero_scales: bool, block: int, depth: int, monkeypatch
+    device, zero_scales: bool, block: int, depth: int, ahead: bool, monkeypatch
 ) -> None:
     """1 to 8 bf16 / fp16 rows over 4-bit codes in blocks of 128 columns or more take the fragment kernel (its
     ``mma`` PTX on a GPU, the same slots emulated lane by lane in the interpreter; bf16 too, as no ``tl.dot``
     runs there): against float64 with act-order, bias, a zero point or zero scales, an odd number of chunks
-    for its warps, output features past the last full tile of 16, and words read 1-3 iterations ahead."""
+    for its warps (or an even one), output features past the last full tile of 16, and words read 1-3
+    iterations ahead (with their scales, and the activations one ahead: ``ahead``)."""
     gen = torch.Generator().manual_seed(29)
-    # reading ahead: enough chunks that every register set of the read-ahead takes its turn
-    in_features, out_features = (3 if depth == 1 else 7) * block, 40
+    # reading ahead: enough chunks that every register set of the read-ahead takes its turn; with ``ahead`` and
+    # 128 columns a block an even number of chunks too (the read-ahead past the last chunk reads the last again)
+    blocks = 3 if depth == 1 else 8 if ahead and block == 128 and zero_scales else 7
+    in_features, out_features = blocks * block, 40
     codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
     scales = torch.rand(out_features, in_features // block, generator=gen) * 0.05 + 0.01
     zs = torch.rand(out_features, in_features // block, generator=gen) * 0.2 if zero_scales else None
@@ -212,7 +219,8 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
     real = launchers.fragment_linear
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
     tiles = dataclasses.replace(
-        tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2, fragment_depth=depth
+        tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2, fragment_depth=depth,
+        fragment_ahead=ahead,
     )
     for dtype in (torch.float16, torch.bfloat16):
         for rows in (1, 3, 8):

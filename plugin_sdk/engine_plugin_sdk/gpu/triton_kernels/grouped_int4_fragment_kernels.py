@@ -124,43 +124,85 @@ def _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr,
     return c, s4
 
 
+#: what the chunk loads give past the last chunk (``PAST``): every chunk they read is real, zeros, or anything
+#: (a read-ahead whose values are never used: the last chunk again, without the zeros and predicates of a mask)
+ALL_REAL: tl.constexpr = tl.constexpr(0)
+ZEROS: tl.constexpr = tl.constexpr(1)
+UNUSED: tl.constexpr = tl.constexpr(2)
+
+
 @triton.jit
-def _x_pairs(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
+def _masked(ptrs, ok, PAST: tl.constexpr):
+    if PAST == ZEROS:
+        return tl.load(ptrs, mask=ok, other=0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _x_pairs(x_row, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, PAST: tl.constexpr):
     """int32 ``[LANES, 4]``: the 16-bit floats of columns ``cols + 2j`` (low half) and ``cols + 2j + 1`` (high
-    half) of the activation row at ``x_row`` (``x[perm[..]]`` with ``HAS_PERM``); zero where not ``ok`` (a
-    chunk past the last; unless ``EVEN``, where every chunk is real)."""
+    half) of the activation row at ``x_row`` (``x[perm[..]]`` with ``HAS_PERM``), past the last chunk (not
+    ``ok``) as ``PAST`` says."""
     j = tl.arange(0, 4)[None, :]
     if HAS_PERM:
-        if EVEN:
-            c0 = tl.load(perm_ptr + cols[:, None] + 2 * j)
-            c1 = tl.load(perm_ptr + cols[:, None] + 2 * j + 1)
-        else:
-            c0 = tl.load(perm_ptr + cols[:, None] + 2 * j, mask=ok[:, None], other=0)
-            c1 = tl.load(perm_ptr + cols[:, None] + 2 * j + 1, mask=ok[:, None], other=0)
-        # past the last chunk the columns are 0: a real address, and those lanes' chunks are never scaled in
+        # past the last chunk the columns are 0 (a real address), whatever PAST says
+        c0 = _masked(perm_ptr + cols[:, None] + 2 * j, ok[:, None], ALL_REAL if PAST == ALL_REAL else ZEROS)
+        c1 = _masked(perm_ptr + cols[:, None] + 2 * j + 1, ok[:, None], ALL_REAL if PAST == ALL_REAL else ZEROS)
         lo = tl.load(x_row[:, None] + c0).to(tl.int16, bitcast=True)
         hi = tl.load(x_row[:, None] + c1).to(tl.int16, bitcast=True)
         return (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
     else:
         # cols is even: the pairs are whole 32-bit words
         x32 = x_row.to(tl.pointer_type(tl.int32))
-        if EVEN:
-            return tl.load(x32[:, None] + (cols // 2)[:, None] + j)
-        else:
-            return tl.load(x32[:, None] + (cols // 2)[:, None] + j, mask=ok[:, None], other=0)
+        return _masked(x32[:, None] + (cols // 2)[:, None] + j, ok[:, None], PAST)
 
 
 @triton.jit
-def _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS: tl.constexpr, EVEN: tl.constexpr):
-    """The lanes' words ``[LANES, 4]`` of rows ``g`` and ``g + 8`` in chunk ``c0 + warp`` (zero past the last
-    chunk; unless ``EVEN``, where every chunk is real)."""
+def _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS: tl.constexpr, PAST: tl.constexpr):
+    """The lanes' words ``[LANES, 4]`` of rows ``g`` and ``g + 8`` in chunk ``c0 + warp`` (past the last chunk as
+    ``PAST`` says)."""
+    ok = (c0 + warp < NUM_CHUNKS)[:, None]
+    if PAST == UNUSED:
+        c0 = tl.minimum(c0 + warp, NUM_CHUNKS - 1) - warp
     offs = (words + 16 * c0)[:, None] + tl.arange(0, 4)[None, :]
-    if EVEN:
-        return tl.load(w32 + row_g[:, None] * stride_w + offs), tl.load(w32 + row_h[:, None] * stride_w + offs)
+    return _masked(w32 + row_g[:, None] * stride_w + offs, ok, PAST), _masked(w32 + row_h[:, None] * stride_w + offs,
+                                                                                ok, PAST)  # fmt: skip
+
+
+@triton.jit
+def _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr,
+                  BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, PAST: tl.constexpr):  # fmt: skip
+    """float32 group scales (and zero scales; the scales again without) ``[LANES, 4]`` of the lanes' rows
+    ``row_j`` in chunk ``chunk`` ``[LANES]`` (past the last chunk as ``PAST`` says)."""
+    ok = (chunk < NUM_CHUNKS)[:, None]
+    if PAST == UNUSED:
+        chunk = tl.minimum(chunk, NUM_CHUNKS - 1)
+    group = ((chunk // PER_BLOCK) * BLOCK // GROUP)[:, None]
+    scale = _masked(scale_ptr + row_j * stride_sn + group, ok, PAST).to(tl.float32)
+    zs = scale
+    if HAS_ZS:
+        zs = _masked(zs_ptr + row_j * stride_sn + group, ok, ZEROS if PAST == ALL_REAL else PAST).to(tl.float32)
+    return scale, zs
+
+
+@triton.jit
+def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+             HAS_PERM: tl.constexpr, PAST: tl.constexpr):  # fmt: skip
+    """The four registers of activation pairs ``[LANES, 4]`` each of chunk ``chunk`` ``[LANES]``: lane ``t``'s low
+    columns are ``16 t .. 16 t + 15`` of the chunk's 64 within its block, its high ones ``BLOCK / 2`` on."""
+    ok = chunk < NUM_CHUNKS
+    if PAST == UNUSED:
+        chunk = tl.minimum(chunk, NUM_CHUNKS - 1)
+    if PER_BLOCK == 1:
+        cols = chunk * BLOCK + 16 * t
     else:
-        ok = (c0 + warp < NUM_CHUNKS)[:, None]
-        wg = tl.load(w32 + row_g[:, None] * stride_w + offs, mask=ok, other=0)
-        return wg, tl.load(w32 + row_h[:, None] * stride_w + offs, mask=ok, other=0)
+        cols = (chunk // PER_BLOCK) * BLOCK + (chunk % PER_BLOCK) * 64 + 16 * t
+    xl0 = _x_pairs(x_row, perm_ptr, cols, ok, HAS_PERM, PAST)
+    xl1 = _x_pairs(x_row, perm_ptr, cols + 8, ok, HAS_PERM, PAST)
+    xh0 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, PAST)
+    xh1 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, PAST)
+    return xl0, xl1, xh0, xh1
 
 
 @triton.jit
@@ -170,6 +212,7 @@ def grouped_int4_fragment_kernel(
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
+    AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows.
 
@@ -177,7 +220,7 @@ def grouped_int4_fragment_kernel(
     ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
     of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
     ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
-    its chunks' words.
+    its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead.
     """
     tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
     LANES: tl.constexpr = 32 * WARPS
@@ -186,6 +229,9 @@ def grouped_int4_fragment_kernel(
     OFFSET: tl.constexpr = BASE + (0 if HAS_ZS else ZERO)
     PER_BLOCK: tl.constexpr = BLOCK // 128
     EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
+    # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
+    NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
+    LATER: tl.constexpr = UNUSED if AHEAD and EVEN else ZEROS
     lane = tl.arange(0, LANES)
     warp = lane // 32
     g = (lane % 32) // 4
@@ -205,30 +251,41 @@ def grouped_int4_fragment_kernel(
     acc = tl.zeros((LANES, 4), dtype=tl.float32)
     if USE_PDL:
         gdc_launch_dependents()
-    # the weight is constant: the first DEPTH iterations' words are read before the wait for x (why DEPTH:
-    # the module's docstring)
-    wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, EVEN)
+    # the weight is constant: the first DEPTH iterations' words (and with AHEAD their scales) are read before
+    # the wait for x (why DEPTH: the module's docstring)
+    wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
     wg1, wh1, wg2, wh2 = wg, wh, wg, wh
     if DEPTH > 1:
-        wg1, wh1 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, WARPS, NUM_CHUNKS, False)
+        wg1, wh1 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, WARPS, NUM_CHUNKS, LATER)
     if DEPTH > 2:
-        wg2, wh2 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 2 * WARPS, NUM_CHUNKS, False)
+        wg2, wh2 = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 2 * WARPS, NUM_CHUNKS, LATER)
+    if AHEAD:
+        sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
+                               NOW)  # fmt: skip
+        sc1, zc1, sc2, zc2 = sc, zc, sc, zc
+    if AHEAD and DEPTH > 1:
+        sc1, zc1 = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp + WARPS, NUM_CHUNKS, PER_BLOCK, BLOCK,
+                                 GROUP, HAS_ZS, LATER)  # fmt: skip
+    if AHEAD and DEPTH > 2:
+        sc2, zc2 = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp + 2 * WARPS, NUM_CHUNKS, PER_BLOCK, BLOCK,
+                                 GROUP, HAS_ZS, LATER)  # fmt: skip
     if USE_PDL:
         gdc_wait()
+    if AHEAD:
+        xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, warp, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
     for c0 in range(0, NUM_CHUNKS, WARPS):
         chunk = c0 + warp
-        ok = chunk < NUM_CHUNKS
         wg_next, wh_next = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0 + DEPTH * WARPS, NUM_CHUNKS,
-                                        False)  # fmt: skip
-        # lane t's low columns: 16 t .. 16 t + 15 of the chunk's 64 within its block; high ones BLOCK / 2 on
-        if PER_BLOCK == 1:
-            cols = chunk * BLOCK + 16 * t
+                                        LATER)  # fmt: skip
+        if AHEAD:
+            # without it ptxas issues the scales' loads amid the iteration that multiplies by them and the
+            # activations' at its top: a memory latency each, every iteration
+            sc_next, zc_next = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk + DEPTH * WARPS, NUM_CHUNKS,
+                                             PER_BLOCK, BLOCK, GROUP, HAS_ZS, LATER)  # fmt: skip
+            xn0, xn1, xn2, xn3 = _chunk_x(x_row, perm_ptr, chunk + WARPS, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM,
+                                          LATER)  # fmt: skip
         else:
-            cols = (chunk // PER_BLOCK) * BLOCK + (chunk % PER_BLOCK) * 64 + 16 * t
-        xl0 = _x_pairs(x_row, perm_ptr, cols, ok, HAS_PERM, EVEN)
-        xl1 = _x_pairs(x_row, perm_ptr, cols + 8, ok, HAS_PERM, EVEN)
-        xh0 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
-        xh1 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
+            xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
         if ASM:
             if FP16:
                 c, s = tl.inline_asm_elementwise(
@@ -242,21 +299,26 @@ def grouped_int4_fragment_kernel(
                 )  # fmt: skip
         else:
             c, s = _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16)
-        group = ((chunk // PER_BLOCK) * BLOCK // GROUP)[:, None]
-        if EVEN:
-            scale = tl.load(scale_ptr + row_j * stride_sn + group).to(tl.float32)
-        else:
-            scale = tl.load(scale_ptr + row_j * stride_sn + group, mask=ok[:, None], other=0.0).to(tl.float32)
-        acc += scale * (c - OFFSET * s)
+        if not AHEAD:
+            sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP,
+                                   HAS_ZS, NOW)  # fmt: skip
+        acc += sc * (c - OFFSET * s)
         if HAS_ZS:
-            zs = tl.load(zs_ptr + row_j * stride_sn + group, mask=ok[:, None], other=0.0).to(tl.float32)
-            acc -= zs * s
+            acc -= zc * s
         if DEPTH == 1:
             wg, wh = wg_next, wh_next
         elif DEPTH == 2:
             wg, wh, wg1, wh1 = wg1, wh1, wg_next, wh_next
         else:
             wg, wh, wg1, wh1, wg2, wh2 = wg1, wh1, wg2, wh2, wg_next, wh_next
+        if AHEAD:
+            xl0, xl1, xh0, xh1 = xn0, xn1, xn2, xn3
+            if DEPTH == 1:
+                sc, zc = sc_next, zc_next
+            elif DEPTH == 2:
+                sc, zc, sc1, zc1 = sc1, zc1, sc_next, zc_next
+            else:
+                sc, zc, sc1, zc1, sc2, zc2 = sc1, zc1, sc2, zc2, sc_next, zc_next
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     n_out = 2 * (lane32 % 4) + j % 2

@@ -80,6 +80,9 @@ class GroupedIntTiles:
         fragment_narrow_programs: see ``fragment_narrow_warps``.
         fragment_depth: how many of its warp's iterations ahead the fragment kernel reads a chunk's words
             (1-3; each further one holds a chunk more in flight through an iteration, for 8 registers a lane).
+        fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
+            iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
+            loads amid the iteration that multiplies by them (about 10 registers a lane more at depth 2).
     """
 
     block_k: int = 128
@@ -105,6 +108,7 @@ class GroupedIntTiles:
     fragment_narrow_warps: int = 8
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
+    fragment_ahead: bool = False
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
