@@ -205,12 +205,20 @@ class TorchGemmBackend(GemmBackend):
         return torch.nn.functional.linear(x, weight, bias)
 
     def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
-        """The product, then the Triton gated activation (a vendor's backend fuses the single-row case)."""
+        """The product, then the Triton gated activation (a vendor's backend fuses the single-row case; 4-bit
+        grouped weights fuse it in the fragment kernel where that takes the rows)."""
         from engine_plugin_sdk.gpu.triton_kernels import launchers
+        from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import GATED_ACTIVATIONS
 
         act = {"silu": launchers.silu_and_mul, "gelu_tanh": launchers.gelu_tanh_and_mul}.get(activation)
         if act is None or activation not in self.gated_activations:
             return super().gated_linear(x, weight, activation)
+        if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_gated_linear
+
+            fused = grouped_int_gated_linear(x, weight, GATED_ACTIVATIONS[activation], self._grouped_int_tiles())
+            if fused is not None:
+                return fused
         return act(self.linear(x, weight))
 
     def logits(self, x: Any, weight: Any) -> Any:

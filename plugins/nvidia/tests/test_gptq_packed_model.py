@@ -1,7 +1,8 @@
-"""A tiny GPTQ W4A16 Llama (groups of 128, act-order, symmetric and not) on device ``cuda`` in Triton's
+"""A tiny GPTQ W4A16 Llama (groups of 128; symmetric with act-order, and zero points without) on device ``cuda`` in Triton's
 interpreter, in float16: several sequences decode together, so their steps' products of 2-8 rows take the
-fragment kernel (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`), and the greedy
-tokens and their log-probabilities match the same checkpoint dequantized at load."""
+fragment kernel (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`; gate/up with its
+SwiGLU in one launch), and the greedy tokens and their log-probabilities match the same checkpoint dequantized
+at load."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _decode(path: str, quantization: str) -> tuple[list[list[int]], list[list[fl
 
 
 @pytest.mark.slow  # four engines in the interpreter
-@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric-act-order", "zero-points"])
 def test_gptq_sequences_decode_together_on_the_fragment_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, symmetric: bool
 ) -> None:
@@ -50,18 +51,25 @@ def test_gptq_sequences_decode_together_on_the_fragment_kernel(
     monkeypatch.setenv(INTERPRET_ENV, "1")
     plain = tmp_path / "plain"
     build_tiny_llama(plain, head_dim=64, seed=5)  # hidden 256, MLP 256: two chunks of 128 columns a product
+    # act-order gives each projection its own column order (gate and up as two blocks of rows); without it
+    # the gate/up product is one weight, and takes its SwiGLU in the same launch
     path, _ = write_gptq(str(plain), str(tmp_path / "gptq"), str(tmp_path / "reference"), bits=4, group=128,
-                         symmetric=symmetric, act_order=True)  # fmt: skip
+                         symmetric=symmetric, act_order=symmetric)  # fmt: skip
     rows: list[int] = []
+    gated: list[int] = []
 
     def counted(rows_in, *args, _real=launchers.fragment_linear):
-        rows.append(rows_in.shape[0])
+        (gated if len(args) > 4 else rows).append(rows_in.shape[0])
         return _real(rows_in, *args)
 
     monkeypatch.setattr(launchers, "fragment_linear", counted)
     tokens, logprobs, packed = _decode(path, "auto")
     assert packed == 4 and rows and max(rows) <= 8 and min(rows) >= 2
     assert 4 in rows  # the four sequences' decode steps
+    if symmetric:
+        assert not gated
+    else:
+        assert 4 in gated and len(gated) * 3 == len(rows)
     monkeypatch.setattr(launchers, "fragment_linear", None)  # the dequantized run must not reach it
     want_tokens, want_logprobs, dense = _decode(path, "none")
     assert dense == 0

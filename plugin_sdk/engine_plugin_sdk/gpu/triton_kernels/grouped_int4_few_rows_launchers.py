@@ -52,14 +52,22 @@ def fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight) -> bool:
 
 
 def fragment_linear(
-    rows: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+    rows: torch.Tensor,
+    weight: GroupedIntWeight,
+    bias: torch.Tensor | None,
+    tiles: GroupedIntTiles,
+    out: torch.Tensor,
+    gated: int = g4f.NOT_GATED,
 ) -> None:
-    """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand."""
+    """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand; or with ``gated``
+    (:data:`.elementwise_kernels.SILU` / ``GELU_TANH``) ``act(gate) * up`` of a weight stacking gate rows over
+    up rows (``N`` even) into ``out [M, N / 2]``."""
     out_features, in_features = weight.shape
     if rows.stride(0) % 2 or rows.data_ptr() % 4:
         rows = rows.contiguous()  # the kernel reads activation pairs as 32-bit words
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    programs = triton.cdiv(out_features, 16)
+    # a program's 16 weight rows: 16 features, or 8 features' gate and up rows
+    programs = triton.cdiv(out_features, 16) if gated == g4f.NOT_GATED else triton.cdiv(out_features // 2, 8)
     warps = tiles.fragment_warps if programs >= tiles.fragment_narrow_programs else tiles.fragment_narrow_warps
     g4f.grouped_int4_fragment_kernel[(programs,)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
@@ -68,7 +76,8 @@ def fragment_linear(
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        DEPTH=tiles.fragment_depth, AHEAD=bool(tiles.fragment_ahead), num_warps=warps, num_stages=1, **pdl.launch_options(),
+        DEPTH=tiles.fragment_depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated, num_warps=warps, num_stages=1,
+        **pdl.launch_options(),
     )  # fmt: skip
 
 

@@ -31,7 +31,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
+
+#: ``GATED`` of a plain product (else :data:`.elementwise_kernels.SILU` or ``GELU_TANH``)
+NOT_GATED = -1
+_NOT_GATED = tl.constexpr(NOT_GATED)
 
 
 def _fragment_asm(float_bits: int, ones: int, kind: str) -> str:
@@ -212,9 +217,12 @@ def grouped_int4_fragment_kernel(
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
-    AHEAD: tl.constexpr = False,
+    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1,
 ):  # fmt: skip
-    """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows.
+    """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
+    ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
+    ``f`` whose gate rows ``f`` and up rows ``N / 2 + f`` the weight stacks (``out``: ``[M, N / 2]``), the lanes
+    holding gate and up rows where a plain product holds rows ``g`` and ``g + 8``: one launch, no round trip.
 
     ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
     ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
@@ -237,11 +245,16 @@ def grouped_int4_fragment_kernel(
     g = (lane % 32) // 4
     t = lane % 4
     j = tl.arange(0, 4)[None, :]
-    row0 = tl.program_id(0) * 16
-    row_g = tl.minimum(row0 + g, N - 1).to(tl.int64)
-    row_h = tl.minimum(row0 + g + 8, N - 1).to(tl.int64)
-    # registers j = 0, 1 hold row g's sums, 2, 3 row g + 8's
-    row_j = tl.minimum(row0 + g[:, None] + 8 * (j // 2), N - 1).to(tl.int64)
+    if GATED == _NOT_GATED:
+        row0 = tl.program_id(0) * 16
+        row_g = tl.minimum(row0 + g, N - 1).to(tl.int64)
+        row_h = tl.minimum(row0 + g + 8, N - 1).to(tl.int64)
+    else:
+        row0 = tl.program_id(0) * 8
+        row_g = tl.minimum(row0 + g, N // 2 - 1).to(tl.int64)
+        row_h = row_g + N // 2
+    # registers j = 0, 1 hold row g's sums, 2, 3 row h's
+    row_j = tl.where(j // 2 == 0, row_g[:, None], row_h[:, None])
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
     words = 16 * warp + 4 * t  # this lane's words in chunk 0 (each chunk 16 words a row)
@@ -321,9 +334,21 @@ def grouped_int4_fragment_kernel(
                 sc, zc, sc1, zc1, sc2, zc2 = sc1, zc1, sc2, zc2, sc_next, zc_next
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
-    n_out = 2 * (lane32 % 4) + j % 2
-    feature = row0 + lane32 // 4 + 8 * (j // 2)
-    store_ok = (n_out < M) & (feature < N)
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + feature, mask=feature < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + n_out.to(tl.int64) * stride_om + feature, total.to(out_ptr.dtype.element_ty), mask=store_ok)
+    if GATED == _NOT_GATED:
+        n_out = 2 * (lane32 % 4) + j % 2
+        feature = row0 + lane32 // 4 + 8 * (j // 2)
+        store_ok = (n_out < M) & (feature < N)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + feature, mask=feature < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + n_out.to(tl.int64) * stride_om + feature, total.to(out_ptr.dtype.element_ty),
+                 mask=store_ok)  # fmt: skip
+    else:
+        tl.static_assert(not HAS_BIAS, "a gated product takes no bias")
+        half = N // 2
+        feature = row0 + lane32 // 4
+        # [lane, j] as [lane, j % 2, j // 2]: the gate's sums (j // 2 == 0) beside the up rows'
+        gate, up = tl.split(tl.permute(tl.reshape(total, (32, 2, 2)), (0, 2, 1)))
+        n_out = 2 * (lane32 % 4) + tl.arange(0, 2)[None, :]
+        store_ok = (n_out < M) & (feature < half)
+        tl.store(out_ptr + n_out.to(tl.int64) * stride_om + feature,
+                 gated_product(gate, up, GATED).to(out_ptr.dtype.element_ty), mask=store_ok)  # fmt: skip

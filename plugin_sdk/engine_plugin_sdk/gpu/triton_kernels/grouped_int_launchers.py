@@ -83,6 +83,8 @@ class GroupedIntTiles:
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 10 registers a lane more at depth 2).
+        fragment_gated: a gate/up product the fragment kernel takes applies its gated activation in the same
+            launch (:func:`grouped_int_gated_linear`; off: the activation kernel after the product).
     """
 
     block_k: int = 128
@@ -109,6 +111,7 @@ class GroupedIntTiles:
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
     fragment_ahead: bool = False
+    fragment_gated: bool = True
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -321,6 +324,37 @@ def grouped_int_linear(
     elif m > 0:
         out = _gemm(rows, weight, bias, tiles, out)
     return out.reshape(*x.shape[:-1], out_features)
+
+
+def grouped_int_gated_linear(
+    x: torch.Tensor, weight: GroupedIntWeight, activation: int, tiles: GroupedIntTiles
+) -> torch.Tensor | None:
+    """``act(x @ G.T) * (x @ U.T)`` of a weight stacking the gate's rows ``G`` over the up rows ``U``, in one
+    launch of the fragment kernel where it takes ``x``'s rows (else None: the caller runs the product, then
+    the activation).
+
+    Args:
+        x: ``[..., in_features]`` activations.
+        weight: from :func:`pack_grouped_int`, an even number of output features.
+        activation: :data:`.elementwise_kernels.SILU` or ``GELU_TANH``.
+        tiles: launch parameters.
+
+    Returns:
+        ``[..., out_features / 2]`` in ``x``'s dtype, or None.
+    """
+    out_features, in_features = weight.shape
+    rows = x.reshape(-1, in_features)
+    m = rows.shape[0]
+    if not (
+        tiles.fragment_gated and max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS)
+        and out_features % 2 == 0 and x.shape[-1] == in_features and fragment_fits(rows, weight)
+    ):  # fmt: skip
+        return None
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((m, out_features // 2), dtype=x.dtype, device=x.device)
+    fragment_linear(rows, weight, None, tiles, out, activation)
+    return out.reshape(*x.shape[:-1], out_features // 2)
 
 
 def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:

@@ -1,0 +1,96 @@
+"""The gate/up product of 4-bit grouped weights with its gated activation in the fragment kernel's epilogue
+(``GemmBackend.gated_linear`` for a few bf16 / fp16 rows): lanes hold a feature's gate and up rows side by
+side, so one launch writes ``act(gate) * up``. Against float64, in Triton's interpreter on the CPU (its
+``mma`` emulated lane by lane) or on a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_plugin_nvidia.gemm import CudaGemmBackend
+from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
+from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    H200_GROUPED_INT_TILES,
+    INTERPRETER_GROUPED_INT_TILES,
+    dequantize_packed,
+    pack_grouped_codes,
+)
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+#: the activations' reference formulas, float64
+ACTIVATIONS = {
+    "silu": lambda g: g * torch.sigmoid(g),
+    "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+}
+
+
+def _stacked_weight(
+    features: int, in_features: int, zero_scales: bool, act_order: bool, device: torch.device, seed: int
+) -> GroupedIntWeight:
+    """A packed ``[2 * features, in_features]`` weight (gate rows over up rows), groups of 128."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, groups = 2 * features, in_features // 128
+    codes = torch.randint(0, 16, (rows, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(rows, groups, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(rows, groups, generator=gen) * 0.2 if zero_scales else None
+    perm = torch.randperm(in_features, generator=gen) if act_order else None
+    return pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(("zero_scales", "act_order"), [(False, True), (True, False)], ids=["gptq", "awq"])
+def test_gated_fragment_product_matches_float64(
+    device: torch.device, activation: str, zero_scales: bool, act_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1, 3 and 8 rows of bf16 / fp16 through the backend's ``gated_linear``: one fragment launch each (no
+    separate activation kernel), equal to ``act(x @ G.T) * (x @ U.T)`` in float64 within the dtype's
+    tolerance; 44 features, so the last program's gate and up rows run past the features' end."""
+    seed = int(torch.randint(0, 1 << 30, ()))
+    features, in_features = 44, 512
+    weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed)
+    gemm = CudaGemmBackend(device)
+    tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    gemm.triton_grouped_int = gemm.triton_gated = True
+    gemm.grouped_int_tiles = dataclasses.replace(tiles, fragment_min_rows=1)
+    launched = []
+    real = launchers.fragment_linear
+    monkeypatch.setattr(launchers, "fragment_linear", lambda *a: launched.append(a[5:]) or real(*a))
+    dense = dequantize_packed(weight).double().cpu()
+    gen = torch.Generator().manual_seed(seed + 1)
+    for dtype in (torch.float16, torch.bfloat16):
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, in_features, generator=gen).to(dtype)
+            got = gemm.gated_linear(x.to(device), weight, activation)
+            assert got.shape == (rows, features) and got.dtype == dtype
+            xs = x.double() if weight.perm is None else x.double()[:, weight.perm.cpu()]
+            y = xs @ dense.T
+            want = ACTIVATIONS[activation](y[:, :features]) * y[:, features:]
+            problem = compare(got, want, get_tolerance(dtype), f"gated {activation} {dtype} M={rows}")
+            assert not problem, problem
+    # every call fused: the gated launch (its activation code as the extra argument), nothing else
+    assert len(launched) == 6 and all(extra for extra in launched)
+
+
+def test_gated_product_falls_back_beyond_the_fragment_rows(device: torch.device) -> None:
+    """Past the fragment kernel's rows (and with float32 activations) the product runs, then the activation:
+    the same result as the fused launch."""
+    weight = _stacked_weight(24, 256, False, False, device, seed=3)
+    gemm = CudaGemmBackend(device)
+    tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    gemm.triton_grouped_int = gemm.triton_gated = True
+    gemm.grouped_int_tiles = tiles
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 256, generator=gen).half().to(device)
+    dense = dequantize_packed(weight).double().cpu()
+    for rows in (x, x.float()):
+        y = rows.double().cpu() @ dense.T
+        want = ACTIVATIONS["silu"](y[:, :24]) * y[:, 24:]
+        got = gemm.gated_linear(rows, weight, "silu")
+        problem = compare(got, want, get_tolerance(rows.dtype), f"unfused {rows.dtype}")
+        assert not problem, problem
+    assert launchers.grouped_int_gated_linear(x, weight, 0, tiles) is None
