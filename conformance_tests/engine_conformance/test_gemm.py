@@ -12,6 +12,7 @@ from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
 from engine_plugin_sdk.reference_ops import (
+    ref_dequantize,
     ref_gated_linear,
     ref_linear,
     ref_linear_activation,
@@ -186,6 +187,37 @@ def test_gated_linear(platform: Platform, device: Any, dtype_name: str) -> None:
             label = f"{capability} {activation} M={rows}"
             check_output(gemm.gated_linear(x, prepared, activation), expected, x, tol, label)
             check_output(gemm.gated_linear(strided_rows(x), prepared, activation), expected, x, tol, f"{label} strided view")
+
+
+@pytest.mark.capability("gemm.quant.{quant_scheme}.gated")
+def test_quantized_gated_linear(platform: Platform, caps: Capabilities, device: Any, quant_scheme: str) -> None:
+    """``gated_linear`` over a quantized weight stacking 200 gate rows over 200 up rows (K=512), for each
+    activation the backend claims, at 1, 7 and 33 rows in each claimed dtype (a GPU's few-row kernel applies
+    the activation in its own epilogue), against the float64 product of the dequantized weight."""
+    if quant_scheme == "any":
+        not_claimed("no quantization schemes are claimed (weights are dequantized at load)")
+    capability = f"gemm.quant.{quant_scheme}.gated"
+    gemm = platform.make_gemm_backend()
+    if not gemm.gated_activations:
+        not_claimed("the GEMM backend fuses no gated activation (the core runs linear and the activation op)")
+    try:
+        weight = make_quantized_weight(quant_scheme, 2 * GATED_D, 512, seed=71, device=device)
+    except UnknownSchemeError as exc:
+        not_runnable(str(exc))
+    dense = ref_dequantize(weight)
+    gen = torch.Generator().manual_seed(72)
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        prepared = gemm.prepare_weight(weight, dtype)
+        tol = get_tolerance(dtype, quantized=True)
+        for activation in sorted(gemm.gated_activations):
+            for rows in QUANT_ROWS:
+                # products of order one, as for the dense rows (the test weights are not scaled down): the
+                # gate's and up's roundings multiply, and a large up would magnify the gate's
+                x = (torch.randn(rows, 512, generator=gen) / 4).to(dtype).to(device)
+                label = f"{capability} {dtype_name} {activation} M={rows}"
+                check_output(gemm.gated_linear(x, prepared, activation), ref_gated_linear(x, dense, activation), x,
+                             tol, label)  # fmt: skip
 
 
 #: an encoder MLP's up projection, narrowed: 300 outputs (not a multiple of a row tile) over K=192
