@@ -1,6 +1,7 @@
-"""The gate/up product of 4-bit grouped weights with its gated activation in the fragment kernel's epilogue
-(``GemmBackend.gated_linear`` for a few bf16 / fp16 rows): lanes hold a feature's gate and up rows side by
-side, so one launch writes ``act(gate) * up``. Against float64, in Triton's interpreter on the CPU (its
+"""The gate/up product of 4-bit grouped weights with its gated activation in the kernel's epilogue
+(``GemmBackend.gated_linear``): in the fragment kernel for a few bf16 / fp16 rows (lanes hold a feature's gate
+and up rows side by side) and in the word GEMV for one row (a program's four rows are two features' gate and
+up rows), so one launch writes ``act(gate) * up``. Against float64, in Triton's interpreter on the CPU (the
 ``mma`` emulated lane by lane) or on a GPU."""
 
 from __future__ import annotations
@@ -74,6 +75,39 @@ def test_gated_fragment_product_matches_float64(
             assert not problem, problem
     # every call fused: the gated launch (its activation code as the extra argument), nothing else
     assert len(launched) == 6 and all(extra for extra in launched)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(("zero_scales", "act_order"), [(False, True), (True, False)], ids=["gptq", "awq"])
+def test_gated_word_gemv_matches_float64(
+    device: torch.device, activation: str, zero_scales: bool, act_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row of bf16 / fp16 / float32 through ``gated_linear`` with the fragment kernel from two rows: the word
+    GEMV (four rows a program, as on the GPU) writes ``act(gate) * up`` itself; 45 features, so the last
+    program's second feature is past the end."""
+    seed = int(torch.randint(0, 1 << 30, ()))
+    features, in_features = 45, 512
+    weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed)
+    gemm = CudaGemmBackend(device)
+    gemm.triton_grouped_int = gemm.triton_gated = True
+    gemm.grouped_int_tiles = dataclasses.replace(
+        H200_GROUPED_INT_TILES, gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu"
+    )
+    launched = []
+    real = launchers._gemv
+    monkeypatch.setattr(launchers, "_gemv", lambda *a: launched.append(a[5:]) or real(*a))
+    dense = dequantize_packed(weight).double().cpu()
+    gen = torch.Generator().manual_seed(seed + 1)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.randn(1, in_features, generator=gen).to(dtype)
+        got = gemm.gated_linear(x.to(device), weight, activation)
+        assert got.shape == (1, features) and got.dtype == dtype
+        xs = x.double() if weight.perm is None else x.double()[:, weight.perm.cpu()]
+        y = xs @ dense.T
+        want = ACTIVATIONS[activation](y[:, :features]) * y[:, features:]
+        problem = compare(got, want, get_tolerance(dtype), f"gated word GEMV {activation} {dtype}")
+        assert not problem, problem
+    assert len(launched) == 3 and all(extra for extra in launched)
 
 
 def test_gated_product_falls_back_beyond_the_fragment_rows(device: torch.device) -> None:

@@ -39,7 +39,7 @@ def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
         assert case["asm_ops"] >= 1 and case["layouts"] == [case["expected"]], case
         # words read DEPTH iterations ahead: two loads a chunk (rows g and g + 8) issued before the loop (a
         # read-ahead written in Triton that ptxas sank into the loop would leave only the first chunk's)
-        depth, ahead = case["case"][3:]
+        depth, ahead = case["case"][3:5]
         assert case["loads_before_loop"] == 2 * depth + (4 if ahead else 0), case
 
 
@@ -50,3 +50,4 @@ def test_gemv_loops_pipeline_only_when_asked() -> None:
     copies = run_probe(GEMV_PROBE)
     assert copies["word 1"] == 0 and copies["byte 1"] == 0, copies
     assert copies["word 3"] > 0 and copies["byte 3"] > 0, copies
+    assert copies["word gated 1"] == 0 and copies["word gated 3"] > 0, copies

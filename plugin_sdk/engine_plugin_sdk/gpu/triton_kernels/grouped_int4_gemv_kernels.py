@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _high_activations, _high_nibbles
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
@@ -32,6 +33,9 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_
 FLOAT_2_23_BITS = 0x4B000000
 #: the bits of 1.0, ``float_bits`` of the 16-bit activations' path (``HIGH``)
 FLOAT_ONE_BITS = 0x3F800000
+#: ``GATED`` of a plain product (else :data:`.elementwise_kernels.SILU` or ``GELU_TANH``)
+NOT_GATED = -1
+_NOT_GATED = tl.constexpr(NOT_GATED)
 
 
 @triton.jit
@@ -175,27 +179,46 @@ def _step(acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2
 
 
 @triton.jit
-def _tiles(w32, s_ptr, z_ptr, row0, N, stride_w, stride_s, blocks, offs_w, float_bits, NUM_BLOCKS,
+def _tiles(w32, s_ptr, z_ptr, r0, r1, r2, r3, stride_w, stride_s, blocks, offs_w, float_bits, NUM_BLOCKS,
            WPB: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
            ROWS: tl.constexpr, HIGH: tl.constexpr):  # fmt: skip
-    """The words of the program's ``ROWS`` rows (rows past ``N`` read row ``N - 1``, never stored)."""
-    l0, h0, s0, z0 = _row_halves(w32, s_ptr, z_ptr, row0, stride_w, stride_s, blocks, offs_w, float_bits,
+    """The words of the program's ``ROWS`` rows ``r0 .. r3`` (:func:`_program_rows`)."""
+    l0, h0, s0, z0 = _row_halves(w32, s_ptr, z_ptr, r0, stride_w, stride_s, blocks, offs_w, float_bits,
                                  NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = l0, h0, s0, z0, l0, h0, s0, z0, l0, h0, s0, z0
     if ROWS > 1:
-        l1, h1, s1, z1 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 1, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
+        l1, h1, s1, z1 = _row_halves(w32, s_ptr, z_ptr, r1, stride_w, stride_s, blocks, offs_w, float_bits,
+                                     NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     if ROWS > 2:
-        l2, h2, s2, z2 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 2, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
-        l3, h3, s3, z3 = _row_halves(w32, s_ptr, z_ptr, tl.minimum(row0 + 3, N - 1), stride_w, stride_s, blocks,
-                                     offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
+        l2, h2, s2, z2 = _row_halves(w32, s_ptr, z_ptr, r2, stride_w, stride_s, blocks, offs_w, float_bits,
+                                     NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
+        l3, h3, s3, z3 = _row_halves(w32, s_ptr, z_ptr, r3, stride_w, stride_s, blocks, offs_w, float_bits,
+                                     NUM_BLOCKS, WPB, BLOCK, GROUP, HAS_ZS, EVEN, HIGH)  # fmt: skip
     return l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3
 
 
 @triton.jit
+def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr):
+    """The weight rows of the program's accumulators, and the first output feature: ``ROWS`` consecutive
+    rows (past ``N`` row ``N - 1`` again, never stored); with ``GATED`` the gate rows of two features ``f``,
+    ``f + 1`` and then their up rows ``N / 2 + f``, ``N / 2 + f + 1`` (past the features' end the last again)."""
+    if GATED == _NOT_GATED:
+        row0 = tl.program_id(0) * ROWS
+        return row0, tl.minimum(row0 + 1, N - 1), tl.minimum(row0 + 2, N - 1), tl.minimum(row0 + 3, N - 1), row0
+    else:
+        f = tl.program_id(0) * 2
+        g1 = tl.minimum(f + 1, N // 2 - 1)
+        return f, g1, N // 2 + f, N // 2 + g1, f
+
+
+@triton.jit
+def _total(acc):
+    return tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
+
+
+@triton.jit
 def _store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
-    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
+    y = _total(acc)
     if HAS_BIAS:
         y += tl.load(bias_ptr + row, mask=row < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + row, y.to(out_ptr.dtype.element_ty), mask=row < N)
@@ -208,9 +231,12 @@ def grouped_int4_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
+    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1, GATED: tl.constexpr = -1,
 ):  # fmt: skip
-    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
+    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``; or,
+    with ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` 4, no bias),
+    ``out[f] = act(gate[f]) * up[f]`` for two features ``f`` of a weight stacking the gate's rows over the up
+    rows (``out``: ``N / 2`` features): the activation in the same launch.
 
     Arguments as :func:`~.grouped_int_kernels.grouped_int_gemv_kernel`'s for 4-bit codes, plus
     ``float_bits`` (:data:`FLOAT_2_23_BITS`, or :data:`FLOAT_ONE_BITS` with ``HIGH``). ``w_ptr`` and
@@ -218,7 +244,8 @@ def grouped_int4_gemv_kernel(
     a float's mantissa (``_codes_high``), which saves the subtraction per code; the products carry the ones
     of those floats, up to 256 times the activation, which float32 sums hold within about 2**-16 of it.
     """
-    row0 = tl.program_id(0) * ROWS
+    tl.static_assert(GATED == _NOT_GATED or (ROWS == 4 and not HAS_BIAS), "a gated GEMV runs 4 rows, no bias")
+    r0, r1, r2, r3, first_out = _program_rows(N, ROWS, GATED)
     WPB: tl.constexpr = BLOCK // 8
     # a weight with zero scales has its zero in them
     OFFSET: tl.constexpr = 0 if HAS_ZS else ZERO
@@ -241,8 +268,8 @@ def grouped_int4_gemv_kernel(
         # the weight is constant: its first words are read while the kernel that writes x drains
         gdc_launch_dependents()
         l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = _tiles(
-            w32, scale_ptr, zs_ptr, row0, N, stride_w, stride_sn, offs_j, offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK,
-            GROUP, HAS_ZS, EVEN, ROWS, HIGH,
+            w32, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_w, stride_sn, offs_j, offs_w, float_bits, NUM_BLOCKS, WPB,
+            BLOCK, GROUP, HAS_ZS, EVEN, ROWS, HIGH,
         )  # fmt: skip
         gdc_wait()
         acc0, acc1, acc2, acc3 = _step(
@@ -256,17 +283,23 @@ def grouped_int4_gemv_kernel(
     for b0 in tl.range(first, NUM_BLOCKS, SUBS, num_stages=LOOP_STAGES):
         blocks = b0 + offs_j
         l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3 = _tiles(
-            w32, scale_ptr, zs_ptr, row0, N, stride_w, stride_sn, blocks, offs_w, float_bits, NUM_BLOCKS, WPB, BLOCK,
-            GROUP, HAS_ZS, EVEN, ROWS, HIGH,
+            w32, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_w, stride_sn, blocks, offs_w, float_bits, NUM_BLOCKS, WPB,
+            BLOCK, GROUP, HAS_ZS, EVEN, ROWS, HIGH,
         )  # fmt: skip
         acc0, acc1, acc2, acc3 = _step(
             acc0, acc1, acc2, acc3, l0, h0, s0, z0, l1, h1, s1, z1, l2, h2, s2, z2, l3, h3, s3, z3, x_ptr, perm_ptr,
             blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, float_bits, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM,
             EVEN, ROWS, OFFSET, HIGH,
         )  # fmt: skip
-    _store(out_ptr, bias_ptr, row0, N, acc0, HAS_BIAS)
-    if ROWS > 1:
-        _store(out_ptr, bias_ptr, row0 + 1, N, acc1, HAS_BIAS)
-    if ROWS > 2:
-        _store(out_ptr, bias_ptr, row0 + 2, N, acc2, HAS_BIAS)
-        _store(out_ptr, bias_ptr, row0 + 3, N, acc3, HAS_BIAS)
+    if GATED == _NOT_GATED:
+        _store(out_ptr, bias_ptr, first_out, N, acc0, HAS_BIAS)
+        if ROWS > 1:
+            _store(out_ptr, bias_ptr, first_out + 1, N, acc1, HAS_BIAS)
+        if ROWS > 2:
+            _store(out_ptr, bias_ptr, first_out + 2, N, acc2, HAS_BIAS)
+            _store(out_ptr, bias_ptr, first_out + 3, N, acc3, HAS_BIAS)
+    else:
+        y0 = gated_product(_total(acc0), _total(acc2), GATED)
+        y1 = gated_product(_total(acc1), _total(acc3), GATED)
+        tl.store(out_ptr + first_out, y0.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + first_out + 1, y1.to(out_ptr.dtype.element_ty), mask=first_out + 1 < N // 2)

@@ -83,8 +83,9 @@ class GroupedIntTiles:
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 10 registers a lane more at depth 2).
-        fragment_gated: a gate/up product the fragment kernel takes applies its gated activation in the same
-            launch (:func:`grouped_int_gated_linear`; off: the activation kernel after the product).
+        gated_epilogue: a gate/up product applies its gated activation in the same launch where the fragment
+            kernel (1-8 rows) or the 4-bit word GEMV (one row, 4 rows a program) takes it
+            (:func:`grouped_int_gated_linear`; off: the activation kernel after the product).
     """
 
     block_k: int = 128
@@ -111,7 +112,7 @@ class GroupedIntTiles:
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
     fragment_ahead: bool = False
-    fragment_gated: bool = True
+    gated_epilogue: bool = True
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -330,8 +331,8 @@ def grouped_int_gated_linear(
     x: torch.Tensor, weight: GroupedIntWeight, activation: int, tiles: GroupedIntTiles
 ) -> torch.Tensor | None:
     """``act(x @ G.T) * (x @ U.T)`` of a weight stacking the gate's rows ``G`` over the up rows ``U``, in one
-    launch of the fragment kernel where it takes ``x``'s rows (else None: the caller runs the product, then
-    the activation).
+    launch of the fragment kernel or the word GEMV where they take ``x``'s rows (else None: the caller runs the
+    product, then the activation).
 
     Args:
         x: ``[..., in_features]`` activations.
@@ -343,17 +344,21 @@ def grouped_int_gated_linear(
         ``[..., out_features / 2]`` in ``x``'s dtype, or None.
     """
     out_features, in_features = weight.shape
-    rows = x.reshape(-1, in_features)
-    m = rows.shape[0]
-    if not (
-        tiles.fragment_gated and max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS)
-        and out_features % 2 == 0 and x.shape[-1] == in_features and fragment_fits(rows, weight)
-    ):  # fmt: skip
+    if not tiles.gated_epilogue or out_features % 2 or x.shape[-1] != in_features:
         return None
+    rows = x.reshape(-1, in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
+    m = rows.shape[0]
     out = torch.empty((m, out_features // 2), dtype=x.dtype, device=x.device)
-    fragment_linear(rows, weight, None, tiles, out, activation)
+    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and fragment_fits(
+        rows, weight
+    ):
+        fragment_linear(rows, weight, None, tiles, out, activation)
+    elif m == 1 and weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and tiles.gemv4[0] == 4:
+        _gemv(rows, weight, None, tiles, out, activation)
+    else:
+        return None
     return out.reshape(*x.shape[:-1], out_features // 2)
 
 
@@ -366,9 +371,15 @@ def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
 
 
 def _gemv(
-    row: torch.Tensor, weight: GroupedIntWeight, bias: torch.Tensor | None, tiles: GroupedIntTiles, out: torch.Tensor
+    row: torch.Tensor,
+    weight: GroupedIntWeight,
+    bias: torch.Tensor | None,
+    tiles: GroupedIntTiles,
+    out: torch.Tensor,
+    gated: int = g4.NOT_GATED,
 ) -> None:
-    """One activation row ``[1, K]`` into ``out [1, N]``."""
+    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, the 4-bit word GEMV at 4 rows a
+    program only: ``act(gate) * up`` into ``out [1, N / 2]``)."""
     out_features, in_features = weight.shape
     words = weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
     rows, row_bytes, warps, stages = tiles.gemv4 if words else tiles.gemv
@@ -396,6 +407,9 @@ def _gemv(
         common["HIGH"] = high
         common["LOOP_STAGES"] = tiles.gemv_loop_stages
     grid = (triton.cdiv(out_features, rows),)
+    if gated != g4.NOT_GATED:
+        # two features a program: their gate rows and their up rows
+        grid, common["GATED"] = (triton.cdiv(out_features // 2, 2),), gated
     # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
     if rows > 4:
         gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common)
