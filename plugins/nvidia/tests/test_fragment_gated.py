@@ -1,7 +1,7 @@
 """The gate/up product of 4-bit grouped weights with its gated activation in the kernel's epilogue
 (``GemmBackend.gated_linear``): in the fragment kernel for a few bf16 / fp16 rows (lanes hold a feature's gate
-and up rows side by side) and in the word GEMV for one row (a program's four rows are two features' gate and
-up rows), so one launch writes ``act(gate) * up``. Against float64, in Triton's interpreter on the CPU (the
+and up rows side by side) and in the word and byte GEMVs for one row (a program's four rows are two features'
+gate and up rows), so one launch writes ``act(gate) * up``. Against float64, in Triton's interpreter on the CPU (the
 ``mma`` emulated lane by lane) or on a GPU."""
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ ACTIVATIONS = {
 
 
 def _stacked_weight(
-    features: int, in_features: int, zero_scales: bool, act_order: bool, device: torch.device, seed: int
+    features: int, in_features: int, zero_scales: bool, act_order: bool, device: torch.device, seed: int,
+    group: int = 128, bits: int = 4,
 ) -> GroupedIntWeight:
-    """A packed ``[2 * features, in_features]`` weight (gate rows over up rows), groups of 128."""
+    """A packed ``[2 * features, in_features]`` weight (gate rows over up rows) of ``bits``-bit codes in groups
+    (and packed blocks) of ``group`` columns."""
     gen = torch.Generator().manual_seed(seed)
-    rows, groups = 2 * features, in_features // 128
-    codes = torch.randint(0, 16, (rows, in_features), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(rows, groups, generator=gen) * 0.05 + 0.01
+    rows, groups, top = 2 * features, in_features // group, 1 << bits
+    codes = torch.randint(0, top, (rows, in_features), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(rows, groups, generator=gen) * 0.05 + 0.01) * 16 / top
     zs = torch.rand(rows, groups, generator=gen) * 0.2 if zero_scales else None
     perm = torch.randperm(in_features, generator=gen) if act_order else None
-    return pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128, perm), 128, device)
+    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else top // 2, bits, group, perm)
+    return pack_grouped_codes(unpacked, group, device)  # fmt: skip
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
@@ -77,21 +80,29 @@ def test_gated_fragment_product_matches_float64(
     assert len(launched) == 6 and all(extra for extra in launched)
 
 
+#: (zero scales, act-order, group, bits): the word GEMV's 4-bit codes in blocks of 128 (GPTQ, AWQ), the byte
+#: GEMV's in blocks of 32 (GGUF's Q4_K repacked) and 8-bit codes
+GEMV_WEIGHTS = [(False, True, 128, 4), (True, False, 128, 4), (True, False, 32, 4), (False, False, 64, 8)]
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-@pytest.mark.parametrize(("zero_scales", "act_order"), [(False, True), (True, False)], ids=["gptq", "awq"])
-def test_gated_word_gemv_matches_float64(
-    device: torch.device, activation: str, zero_scales: bool, act_order: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(("zero_scales", "act_order", "group", "bits"), GEMV_WEIGHTS,
+                         ids=["gptq", "awq", "q4k-blocks", "int8"])  # fmt: skip
+def test_gated_gemv_matches_float64(
+    device: torch.device, activation: str, zero_scales: bool, act_order: bool, group: int, bits: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """One row of bf16 / fp16 / float32 through ``gated_linear`` with the fragment kernel from two rows: the word
-    GEMV (four rows a program, as on the GPU) writes ``act(gate) * up`` itself; 45 features, so the last
+    or byte GEMV (four rows a program, as on the GPU) writes ``act(gate) * up`` itself; 45 features, so the last
     program's second feature is past the end."""
     seed = int(torch.randint(0, 1 << 30, ()))
     features, in_features = 45, 512
-    weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed)
+    weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed, group, bits)
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int = gemm.triton_gated = True
+    # a few iterations past the first tile in each GEMV
     gemm.grouped_int_tiles = dataclasses.replace(
-        H200_GROUPED_INT_TILES, gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu"
+        H200_GROUPED_INT_TILES, gemv=(4, 128, 4, 1), gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu"
     )
     launched = []
     real = launchers._gemv
@@ -105,7 +116,7 @@ def test_gated_word_gemv_matches_float64(
         xs = x.double() if weight.perm is None else x.double()[:, weight.perm.cpu()]
         y = xs @ dense.T
         want = ACTIVATIONS[activation](y[:, :features]) * y[:, features:]
-        problem = compare(got, want, get_tolerance(dtype), f"gated word GEMV {activation} {dtype}")
+        problem = compare(got, want, get_tolerance(dtype), f"gated GEMV {activation} {dtype}")
         assert not problem, problem
     assert len(launched) == 3 and all(extra for extra in launched)
 

@@ -15,6 +15,7 @@ import triton
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def fragment_linear(
     bias: torch.Tensor | None,
     tiles: GroupedIntTiles,
     out: torch.Tensor,
-    gated: int = g4f.NOT_GATED,
+    gated: int = gk.NOT_GATED,
 ) -> None:
     """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand; or with ``gated``
     (:data:`.elementwise_kernels.SILU` / ``GELU_TANH``) ``act(gate) * up`` of a weight stacking gate rows over
@@ -67,7 +68,7 @@ def fragment_linear(
         rows = rows.contiguous()  # the kernel reads activation pairs as 32-bit words
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     # a program's 16 weight rows: 16 features, or 8 features' gate and up rows
-    programs = triton.cdiv(out_features, 16) if gated == g4f.NOT_GATED else triton.cdiv(out_features // 2, 8)
+    programs = triton.cdiv(out_features, 16) if gated == gk.NOT_GATED else triton.cdiv(out_features // 2, 8)
     warps = tiles.fragment_warps if programs >= tiles.fragment_narrow_programs else tiles.fragment_narrow_warps
     g4f.grouped_int4_fragment_kernel[(programs,)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,

@@ -32,11 +32,8 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _NOT_GATED
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
-
-#: ``GATED`` of a plain product (else :data:`.elementwise_kernels.SILU` or ``GELU_TANH``)
-NOT_GATED = -1
-_NOT_GATED = tl.constexpr(NOT_GATED)
 
 
 def _fragment_asm(float_bits: int, ones: int, kind: str) -> str:

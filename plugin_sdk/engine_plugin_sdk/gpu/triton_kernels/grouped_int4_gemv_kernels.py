@@ -25,17 +25,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _high_activations, _high_nibbles
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import (
+    _NOT_GATED,
+    _gated_store,
+    _high_activations,
+    _high_nibbles,
+    _program_rows,
+)
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: the bits of the float 2**23 (exponent 150, zero mantissa); the launcher passes them as ``float_bits``
 FLOAT_2_23_BITS = 0x4B000000
 #: the bits of 1.0, ``float_bits`` of the 16-bit activations' path (``HIGH``)
 FLOAT_ONE_BITS = 0x3F800000
-#: ``GATED`` of a plain product (else :data:`.elementwise_kernels.SILU` or ``GELU_TANH``)
-NOT_GATED = -1
-_NOT_GATED = tl.constexpr(NOT_GATED)
 
 
 @triton.jit
@@ -198,27 +200,8 @@ def _tiles(w32, s_ptr, z_ptr, r0, r1, r2, r3, stride_w, stride_s, blocks, offs_w
 
 
 @triton.jit
-def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr):
-    """The weight rows of the program's accumulators, and the first output feature: ``ROWS`` consecutive
-    rows (past ``N`` row ``N - 1`` again, never stored); with ``GATED`` the gate rows of two features ``f``,
-    ``f + 1`` and then their up rows ``N / 2 + f``, ``N / 2 + f + 1`` (past the features' end the last again)."""
-    if GATED == _NOT_GATED:
-        row0 = tl.program_id(0) * ROWS
-        return row0, tl.minimum(row0 + 1, N - 1), tl.minimum(row0 + 2, N - 1), tl.minimum(row0 + 3, N - 1), row0
-    else:
-        f = tl.program_id(0) * 2
-        g1 = tl.minimum(f + 1, N // 2 - 1)
-        return f, g1, N // 2 + f, N // 2 + g1, f
-
-
-@triton.jit
-def _total(acc):
-    return tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
-
-
-@triton.jit
 def _store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
-    y = _total(acc)
+    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
     if HAS_BIAS:
         y += tl.load(bias_ptr + row, mask=row < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + row, y.to(out_ptr.dtype.element_ty), mask=row < N)
@@ -299,7 +282,4 @@ def grouped_int4_gemv_kernel(
             _store(out_ptr, bias_ptr, first_out + 2, N, acc2, HAS_BIAS)
             _store(out_ptr, bias_ptr, first_out + 3, N, acc3, HAS_BIAS)
     else:
-        y0 = gated_product(_total(acc0), _total(acc2), GATED)
-        y1 = gated_product(_total(acc1), _total(acc3), GATED)
-        tl.store(out_ptr + first_out, y0.to(out_ptr.dtype.element_ty))
-        tl.store(out_ptr + first_out + 1, y1.to(out_ptr.dtype.element_ty), mask=first_out + 1 < N // 2)
+        _gated_store(out_ptr, first_out, N, acc0, acc1, acc2, acc3, GATED)

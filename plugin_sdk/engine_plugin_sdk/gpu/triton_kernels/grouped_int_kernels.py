@@ -48,7 +48,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
+
+#: ``GATED`` of the GEMVs' plain product (else :data:`.elementwise_kernels.SILU` or ``GELU_TANH``: a gate/up
+#: product with its activation in the epilogue)
+NOT_GATED = -1
+_NOT_GATED = tl.constexpr(NOT_GATED)
 
 
 @triton.jit
@@ -186,22 +192,36 @@ def _gemv_tile(w_ptr, scale_ptr, zs_ptr, row, stride_wn, stride_sn, blocks, offs
 
 
 @triton.jit
-def _gemv_tiles(w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr):
+    """The weight rows of the program's accumulators, and the first output feature: ``ROWS`` consecutive
+    rows (past ``N`` row ``N - 1`` again, never stored); with ``GATED`` the gate rows of two features ``f``,
+    ``f + 1`` and then their up rows ``N / 2 + f``, ``N / 2 + f + 1`` (past the features' end the last again)."""
+    if GATED == _NOT_GATED:
+        row0 = tl.program_id(0) * ROWS
+        return row0, tl.minimum(row0 + 1, N - 1), tl.minimum(row0 + 2, N - 1), tl.minimum(row0 + 3, N - 1), row0
+    else:
+        f = tl.program_id(0) * 2
+        g1 = tl.minimum(f + 1, N // 2 - 1)
+        return f, g1, N // 2 + f, N // 2 + g1, f
+
+
+@triton.jit
+def _gemv_tiles(w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
                 BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
                 EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
-    """The tiles of the program's ``ROWS`` rows (rows past ``N`` read row ``N - 1``: unmasked loads; their
-    sums are not stored); a row beyond ``ROWS`` repeats row 0's tile, never used."""
-    c0, s0, z0 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, row0, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+    """The tiles of the program's ``ROWS`` rows ``r0 .. r3`` (:func:`_program_rows`); a row beyond ``ROWS``
+    repeats row 0's tile, never used."""
+    c0, s0, z0 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r0, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
                             BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
     c1, s1, z1, c2, s2, z2, c3, s3, z3 = c0, s0, z0, c0, s0, z0, c0, s0, z0
     if ROWS > 1:
-        c1, s1, z1 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 1, N - 1), stride_wn, stride_sn,
-                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c1, s1, z1 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r1, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
     if ROWS > 2:
-        c2, s2, z2 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 2, N - 1), stride_wn, stride_sn,
-                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
-        c3, s3, z3 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, tl.minimum(row0 + 3, N - 1), stride_wn, stride_sn,
-                                blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c2, s2, z2 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r2, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c3, s3, z3 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
+                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
     return c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3
 
 
@@ -274,6 +294,16 @@ def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s
 
 
 @triton.jit
+def _gated_store(out_ptr, f, N, gate0, gate1, up0, up1, GATED: tl.constexpr):
+    """``act(gate) * up`` of features ``f`` and ``f + 1`` (the latter only before ``N / 2``) from their
+    accumulators (any shape: summed whole)."""
+    y0 = gated_product(tl.sum(tl.ravel(gate0), axis=0), tl.sum(tl.ravel(up0), axis=0), GATED)
+    y1 = gated_product(tl.sum(tl.ravel(gate1), axis=0), tl.sum(tl.ravel(up1), axis=0), GATED)
+    tl.store(out_ptr + f, y0.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + f + 1, y1.to(out_ptr.dtype.element_ty), mask=f + 1 < N // 2)
+
+
+@triton.jit
 def _gemv_store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
     y = tl.sum(tl.sum(acc, axis=1), axis=0)
     if HAS_BIAS:
@@ -288,9 +318,11 @@ def grouped_int_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
+    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1, GATED: tl.constexpr = -1,
 ):  # fmt: skip
-    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``.
+    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``;
+    with ``GATED`` (``ROWS`` 4, no bias) ``act(gate[f]) * up[f]`` for two features of a weight stacking its gate
+    rows over its up rows (``out``: ``N / 2``).
 
     Each row's ``NUM_BLOCKS`` sub-blocks of ``BLOCK`` columns (the packing's ``block_k``) are read ``SUBS``
     at a time, ``SUBS * BLOCK / 2`` contiguous bytes for 4 bits. ``EVEN`` says ``SUBS`` divides
@@ -298,7 +330,8 @@ def grouped_int_gemv_kernel(
     unrounded, as the logits want). ``HIGH`` (4-bit codes, 16-bit activations): codes go to the top of a
     float's mantissa, without a subtraction each (as in :mod:`.grouped_int4_gemv_kernels`).
     """
-    row0 = tl.program_id(0) * ROWS
+    tl.static_assert(GATED == _NOT_GATED or (ROWS == 4 and not HAS_BIAS), "a gated GEMV runs 4 rows, no bias")
+    r0, r1, r2, r3, first_out = _program_rows(N, ROWS, GATED)
     W_COLS: tl.constexpr = BLOCK // 2 if BITS == 4 else BLOCK
     offs_c = tl.arange(0, W_COLS)
     offs_j = tl.arange(0, SUBS)
@@ -309,7 +342,7 @@ def grouped_int_gemv_kernel(
         # the weight is constant: its first tiles are read while the kernel that writes x drains
         gdc_launch_dependents()
         c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
-            w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, offs_j, offs_c, NUM_BLOCKS, BLOCK, GROUP,
+            w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, offs_j, offs_c, NUM_BLOCKS, BLOCK, GROUP,
             W_COLS, HAS_ZS, EVEN, ROWS,
         )  # fmt: skip
         gdc_wait()
@@ -323,19 +356,22 @@ def grouped_int_gemv_kernel(
     for b0 in tl.range(first, NUM_BLOCKS, SUBS, num_stages=LOOP_STAGES):
         blocks = b0 + offs_j
         c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
-            w_ptr, scale_ptr, zs_ptr, row0, N, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP,
+            w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP,
             W_COLS, HAS_ZS, EVEN, ROWS,
         )  # fmt: skip
         acc0, acc1, acc2, acc3 = _gemv_step(
             acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
             offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS, HIGH,
         )  # fmt: skip
-    _gemv_store(out_ptr, bias_ptr, row0, N, acc0, HAS_BIAS)
-    if ROWS > 1:
-        _gemv_store(out_ptr, bias_ptr, row0 + 1, N, acc1, HAS_BIAS)
-    if ROWS > 2:
-        _gemv_store(out_ptr, bias_ptr, row0 + 2, N, acc2, HAS_BIAS)
-        _gemv_store(out_ptr, bias_ptr, row0 + 3, N, acc3, HAS_BIAS)
+    if GATED == _NOT_GATED:
+        _gemv_store(out_ptr, bias_ptr, first_out, N, acc0, HAS_BIAS)
+        if ROWS > 1:
+            _gemv_store(out_ptr, bias_ptr, first_out + 1, N, acc1, HAS_BIAS)
+        if ROWS > 2:
+            _gemv_store(out_ptr, bias_ptr, first_out + 2, N, acc2, HAS_BIAS)
+            _gemv_store(out_ptr, bias_ptr, first_out + 3, N, acc3, HAS_BIAS)
+    else:
+        _gated_store(out_ptr, first_out, N, acc0, acc1, acc2, acc3, GATED)
 
 
 @triton.jit

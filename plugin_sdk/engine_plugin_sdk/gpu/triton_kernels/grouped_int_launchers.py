@@ -355,7 +355,7 @@ def grouped_int_gated_linear(
         rows, weight
     ):
         fragment_linear(rows, weight, None, tiles, out, activation)
-    elif m == 1 and weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and tiles.gemv4[0] == 4:
+    elif m == 1 and _gemv_tile(weight, tiles)[0] == 4:
         _gemv(rows, weight, None, tiles, out, activation)
     else:
         return None
@@ -370,19 +370,25 @@ def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
     return max(1, min(triton.next_power_of_2(max(1, row_bytes // block_bytes)), triton.next_power_of_2(blocks)))
 
 
+def _gemv_tile(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> tuple[int, int, int, int]:
+    """``(rows, row_bytes, warps, stages)`` of the GEMV that takes ``weight``: the word GEMV's for 4-bit codes
+    in wide blocks, else the byte GEMV's."""
+    return tiles.gemv4 if weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block else tiles.gemv
+
+
 def _gemv(
     row: torch.Tensor,
     weight: GroupedIntWeight,
     bias: torch.Tensor | None,
     tiles: GroupedIntTiles,
     out: torch.Tensor,
-    gated: int = g4.NOT_GATED,
+    gated: int = gk.NOT_GATED,
 ) -> None:
-    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, the 4-bit word GEMV at 4 rows a
-    program only: ``act(gate) * up`` into ``out [1, N / 2]``)."""
+    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, at 4 rows a program only:
+    ``act(gate) * up`` into ``out [1, N / 2]``)."""
     out_features, in_features = weight.shape
     words = weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
-    rows, row_bytes, warps, stages = tiles.gemv4 if words else tiles.gemv
+    rows, row_bytes, warps, stages = _gemv_tile(weight, tiles)
     if rows not in (1, 2, 4) and (rows < 4 or rows & (rows - 1)):
         raise ValueError(f"the GEMV runs 1, 2, 4 or a larger power of two rows a program, not {rows}")
     subs = gemv_subs(weight, row_bytes)
@@ -407,7 +413,7 @@ def _gemv(
         common["HIGH"] = high
         common["LOOP_STAGES"] = tiles.gemv_loop_stages
     grid = (triton.cdiv(out_features, rows),)
-    if gated != g4.NOT_GATED:
+    if gated != gk.NOT_GATED:
         # two features a program: their gate rows and their up rows
         grid, common["GATED"] = (triton.cdiv(out_features // 2, 2),), gated
     # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
