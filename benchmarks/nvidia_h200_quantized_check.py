@@ -46,7 +46,12 @@ def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
                               kv_cache_memory_bytes=64 << 20, **extra)  # fmt: skip
                     layer = llm.llm_engine.model.layers[0]
                     packed = sum(isinstance(getattr(layer, f), GroupedIntWeight) for f in ("qkv", "o_proj", "gate_up", "down"))
-                    tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+                    if args.one_at_a_time:
+                        # each prompt alone: batch-1 decode steps, the GEMVs (their gated epilogue on gate/up)
+                        tokens = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
+                                  for p in prompts]  # fmt: skip
+                    else:
+                        tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
                     runs[quantization] = (tokens, engine_prefill_logits(llm, prompts).float().cpu(), packed)
                     del llm
                     release()
