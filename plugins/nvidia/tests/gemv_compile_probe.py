@@ -21,7 +21,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*
 WORD = {"NUM_BLOCKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
         "BLOCK": 128, "ROWS": 4, "SUBS": 32, "EVEN": False, "USE_PDL": True, "HIGH": True, "GATED": -1}  # fmt: skip
 BYTE = {"NUM_BLOCKS": 448, "GROUP": 32, "BITS": 4, "ZERO": 0, "HAS_ZS": True, "HAS_PERM": False, "HAS_BIAS": False,
-        "BLOCK": 32, "ROWS": 4, "SUBS": 64, "EVEN": True, "USE_PDL": True, "HIGH": True}  # fmt: skip
+        "BLOCK": 32, "ROWS": 4, "SUBS": 64, "EVEN": True, "USE_PDL": True, "HIGH": True, "GATED": -1}  # fmt: skip
 
 
 def async_copies(fn: object, constants: dict, stages: int) -> int:
@@ -39,8 +39,9 @@ def main() -> None:
     require_bundled_ptxas()
     word = grouped_int4_gemv_kernels.grouped_int4_gemv_kernel
     # the gate/up product with SwiGLU in its epilogue compiles too
+    byte = grouped_int_kernels.grouped_int_gemv_kernel
     kernels = {"word": (word, WORD), "word gated": (word, {**WORD, "GATED": 0}),
-               "byte": (grouped_int_kernels.grouped_int_gemv_kernel, BYTE)}  # fmt: skip
+               "byte": (byte, BYTE), "byte gated": (byte, {**BYTE, "GATED": 1})}  # fmt: skip
     print(json.dumps({f"{name} {stages}": async_copies(fn, constants, stages)
                       for name, (fn, constants) in kernels.items() for stages in (1, 3)}))  # fmt: skip
 

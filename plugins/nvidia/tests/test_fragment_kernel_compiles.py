@@ -51,3 +51,4 @@ def test_gemv_loops_pipeline_only_when_asked() -> None:
     assert copies["word 1"] == 0 and copies["byte 1"] == 0, copies
     assert copies["word 3"] > 0 and copies["byte 3"] > 0, copies
     assert copies["word gated 1"] == 0 and copies["word gated 3"] > 0, copies
+    assert copies["byte gated 1"] == 0 and copies["byte gated 3"] > 0, copies
