@@ -60,7 +60,7 @@ def test_gated_fragment_product_matches_float64(
     gemm = CudaGemmBackend(device)
     tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
     gemm.triton_grouped_int = gemm.triton_gated = True
-    gemm.grouped_int_tiles = dataclasses.replace(tiles, fragment_min_rows=1)
+    gemm.grouped_int_tiles = dataclasses.replace(tiles, fragment_min_rows=1, gated_epilogue=1)
     launched = []
     real = launchers.fragment_linear
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: launched.append(a[5:]) or real(*a))
@@ -102,7 +102,8 @@ def test_gated_gemv_matches_float64(
     gemm.triton_grouped_int = gemm.triton_gated = True
     # a few iterations past the first tile in each GEMV
     gemm.grouped_int_tiles = dataclasses.replace(
-        H200_GROUPED_INT_TILES, gemv=(4, 128, 4, 1), gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu"
+        H200_GROUPED_INT_TILES, gemv=(4, 128, 4, 1), gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu",
+        gated_epilogue=1,
     )
     launched = []
     real = launchers._gemv
@@ -139,3 +140,6 @@ def test_gated_product_falls_back_beyond_the_fragment_rows(device: torch.device)
         problem = compare(got, want, get_tolerance(rows.dtype), f"unfused {rows.dtype}")
         assert not problem, problem
     assert launchers.grouped_int_gated_linear(x, weight, 0, tiles) is None
+    # by default one row is not fused (the GEMVs ran slower with it), two rows are
+    assert launchers.grouped_int_gated_linear(x[:1], weight, 0, tiles) is None
+    assert launchers.grouped_int_gated_linear(x[:2], weight, 0, tiles) is not None

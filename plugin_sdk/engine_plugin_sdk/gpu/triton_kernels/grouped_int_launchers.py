@@ -83,9 +83,11 @@ class GroupedIntTiles:
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 10 registers a lane more at depth 2).
-        gated_epilogue: a gate/up product applies its gated activation in the same launch where the fragment
-            kernel (1-8 rows) or the 4-bit word GEMV (one row, 4 rows a program) takes it
-            (:func:`grouped_int_gated_linear`; off: the activation kernel after the product).
+        gated_epilogue: the fewest activation rows whose gate/up product applies its gated activation in the
+            product's own launch (:func:`grouped_int_gated_linear`: the fragment kernel's 1-8 rows, or with 1
+            the GEMVs' single row too; 0: never, the activation kernel after the product). At one row the GEMVs
+            ran slower with it (2026-12-05, an H100: W4A16 / Q4_K_M decode 1.0 / 1.0-1.7% slower: a program's
+            rows are two pairs far apart), 2-8 rows about as fast or 1.4-2.5% faster, hence 2.
     """
 
     block_k: int = 128
@@ -112,7 +114,7 @@ class GroupedIntTiles:
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
     fragment_ahead: bool = False
-    gated_epilogue: bool = True
+    gated_epilogue: int = 2
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
@@ -344,9 +346,9 @@ def grouped_int_gated_linear(
         ``[..., out_features / 2]`` in ``x``'s dtype, or None.
     """
     out_features, in_features = weight.shape
-    if not tiles.gated_epilogue or out_features % 2 or x.shape[-1] != in_features:
-        return None
     rows = x.reshape(-1, in_features)
+    if not 0 < tiles.gated_epilogue <= rows.shape[0] or out_features % 2 or x.shape[-1] != in_features:
+        return None
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
