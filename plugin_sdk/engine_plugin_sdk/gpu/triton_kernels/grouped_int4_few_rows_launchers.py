@@ -69,7 +69,9 @@ def fragment_linear(
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     # a program's 16 weight rows: 16 features, or 8 features' gate and up rows
     programs = triton.cdiv(out_features, 16) if gated == gk.NOT_GATED else triton.cdiv(out_features // 2, 8)
-    warps = tiles.fragment_warps if programs >= tiles.fragment_narrow_programs else tiles.fragment_narrow_warps
+    wide = programs >= tiles.fragment_narrow_programs
+    warps = tiles.fragment_warps if wide else tiles.fragment_narrow_warps
+    depth = tiles.fragment_depth if wide else tiles.fragment_narrow_depth or tiles.fragment_depth
     g4f.grouped_int4_fragment_kernel[(programs,)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
@@ -77,7 +79,7 @@ def fragment_linear(
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        DEPTH=tiles.fragment_depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated, num_warps=warps, num_stages=1,
+        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated, num_warps=warps, num_stages=1,
         **pdl.launch_options(),
     )  # fmt: skip
 

@@ -80,9 +80,15 @@ class GroupedIntTiles:
         fragment_narrow_programs: see ``fragment_narrow_warps``.
         fragment_depth: how many of its warp's iterations ahead the fragment kernel reads a chunk's words
             (1-3; each further one holds a chunk more in flight through an iteration, for 8 registers a lane).
+        fragment_narrow_depth: ... and this many for products of fewer than ``fragment_narrow_programs`` programs
+            (0: ``fragment_depth``). 1 made qkv / o_proj / down faster alone at 4 rows on an H100 but W4A16 decode
+            of 2 / 4 / 8 sequences 4-6% slower (2026-12-05): inside the graphs the PDL prologue's two chunks pay.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
-            loads amid the iteration that multiplies by them (about 10 registers a lane more at depth 2).
+            loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
+            on an H100 (2026-12-05) it gained 2-11% on down_proj alone but lost 4-13% on gate_up and the LM head,
+            and W4A16 decode of 4 sequences 4.5%; Nsight Compute put the kernel's stalls on the words' loads
+            (long scoreboard) at the low occupancy of narrow products, not on the scales.
         gated_epilogue: the fewest activation rows whose gate/up product applies its gated activation in the
             product's own launch (:func:`grouped_int_gated_linear`: the fragment kernel's 1-8 rows, or with 1
             the GEMVs' single row too; 0: never, the activation kernel after the product). At one row the GEMVs
@@ -113,6 +119,7 @@ class GroupedIntTiles:
     fragment_narrow_warps: int = 8
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
+    fragment_narrow_depth: int = 0
     fragment_ahead: bool = False
     gated_epilogue: int = 2
 
