@@ -86,8 +86,8 @@ class GroupedIntTiles:
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
-            on an H100 (2026-12-05) it gained 2-11% on down_proj alone but lost 4-13% on gate_up and the LM head,
-            and W4A16 decode of 4 sequences 4.5%; Nsight Compute put the kernel's stalls on the words' loads
+            on an H100 (2026-12-05) down_proj alone ran 6-13% faster, gate_up 1-18% and the LM head up to 9%
+            slower, and W4A16 decode of 4 sequences 4.5% slower; Nsight Compute put the kernel's stalls on the words' loads
             (long scoreboard) at the low occupancy of narrow products, not on the scales.
         gated_epilogue: the fewest activation rows whose gate/up product applies its gated activation in the
             product's own launch (:func:`grouped_int_gated_linear`: the fragment kernel's 1-8 rows, or with 1
