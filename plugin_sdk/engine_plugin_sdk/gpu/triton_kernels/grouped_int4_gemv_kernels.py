@@ -27,10 +27,10 @@ import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import (
     _NOT_GATED,
-    _gated_store,
     _high_activations,
     _high_nibbles,
     _program_rows,
+    _store_rows,
 )
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
@@ -200,11 +200,9 @@ def _tiles(w32, s_ptr, z_ptr, r0, r1, r2, r3, stride_w, stride_s, blocks, offs_w
 
 
 @triton.jit
-def _store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
-    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + row, mask=row < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row, y.to(out_ptr.dtype.element_ty), mask=row < N)
+def _total(acc):
+    """A row's sum of its ``[SUBS, WPB, 1 or 4]`` accumulator."""
+    return tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
 
 
 @triton.jit
@@ -274,12 +272,5 @@ def grouped_int4_gemv_kernel(
             blocks, offs_w, offs_q, keep_lo, keep_hi, sub_lo, sub_hi, float_bits, NUM_BLOCKS, BLOCK, HAS_ZS, HAS_PERM,
             EVEN, ROWS, OFFSET, HIGH,
         )  # fmt: skip
-    if GATED == _NOT_GATED:
-        _store(out_ptr, bias_ptr, first_out, N, acc0, HAS_BIAS)
-        if ROWS > 1:
-            _store(out_ptr, bias_ptr, first_out + 1, N, acc1, HAS_BIAS)
-        if ROWS > 2:
-            _store(out_ptr, bias_ptr, first_out + 2, N, acc2, HAS_BIAS)
-            _store(out_ptr, bias_ptr, first_out + 3, N, acc3, HAS_BIAS)
-    else:
-        _gated_store(out_ptr, first_out, N, acc0, acc1, acc2, acc3, GATED)
+    _store_rows(out_ptr, bias_ptr, first_out, N, _total(acc0), _total(acc1), _total(acc2), _total(acc3), ROWS,
+                HAS_BIAS, GATED)  # fmt: skip

@@ -294,18 +294,28 @@ def _gemv_step(acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s
 
 
 @triton.jit
-def _gated_store(out_ptr, f, N, gate0, gate1, up0, up1, GATED: tl.constexpr):
-    """``act(gate) * up`` of features ``f`` and ``f + 1`` (the latter only before ``N / 2``) from their
-    accumulators (any shape: summed whole)."""
-    y0 = gated_product(tl.sum(tl.ravel(gate0), axis=0), tl.sum(tl.ravel(up0), axis=0), GATED)
-    y1 = gated_product(tl.sum(tl.ravel(gate1), axis=0), tl.sum(tl.ravel(up1), axis=0), GATED)
-    tl.store(out_ptr + f, y0.to(out_ptr.dtype.element_ty))
-    tl.store(out_ptr + f + 1, y1.to(out_ptr.dtype.element_ty), mask=f + 1 < N // 2)
+def _store_rows(out_ptr, bias_ptr, first_out, N, y0, y1, y2, y3, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                GATED: tl.constexpr):  # fmt: skip
+    """A GEMV program's outputs from its rows' sums (:func:`_program_rows`' rows): ``ROWS`` consecutive features
+    from ``first_out`` (before ``N``), or with ``GATED`` ``act(gate) * up`` of features ``first_out`` and
+    ``first_out + 1`` (before ``N / 2``)."""
+    if GATED == _NOT_GATED:
+        _gemv_store(out_ptr, bias_ptr, first_out, N, y0, HAS_BIAS)
+        if ROWS > 1:
+            _gemv_store(out_ptr, bias_ptr, first_out + 1, N, y1, HAS_BIAS)
+        if ROWS > 2:
+            _gemv_store(out_ptr, bias_ptr, first_out + 2, N, y2, HAS_BIAS)
+            _gemv_store(out_ptr, bias_ptr, first_out + 3, N, y3, HAS_BIAS)
+    else:
+        g0 = gated_product(y0, y2, GATED)
+        g1 = gated_product(y1, y3, GATED)
+        tl.store(out_ptr + first_out, g0.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + first_out + 1, g1.to(out_ptr.dtype.element_ty), mask=first_out + 1 < N // 2)
 
 
 @triton.jit
-def _gemv_store(out_ptr, bias_ptr, row, N, acc, HAS_BIAS: tl.constexpr):
-    y = tl.sum(tl.sum(acc, axis=1), axis=0)
+def _gemv_store(out_ptr, bias_ptr, row, N, y, HAS_BIAS: tl.constexpr):
+    """Output feature ``row`` (before ``N``): the sum ``y``, plus its bias."""
     if HAS_BIAS:
         y += tl.load(bias_ptr + row, mask=row < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + row, y.to(out_ptr.dtype.element_ty), mask=row < N)
@@ -363,15 +373,9 @@ def grouped_int_gemv_kernel(
             acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
             offs_c, NUM_BLOCKS, BLOCK, BITS, ZERO, HAS_ZS, HAS_PERM, EVEN, ROWS, HIGH,
         )  # fmt: skip
-    if GATED == _NOT_GATED:
-        _gemv_store(out_ptr, bias_ptr, first_out, N, acc0, HAS_BIAS)
-        if ROWS > 1:
-            _gemv_store(out_ptr, bias_ptr, first_out + 1, N, acc1, HAS_BIAS)
-        if ROWS > 2:
-            _gemv_store(out_ptr, bias_ptr, first_out + 2, N, acc2, HAS_BIAS)
-            _gemv_store(out_ptr, bias_ptr, first_out + 3, N, acc3, HAS_BIAS)
-    else:
-        _gated_store(out_ptr, first_out, N, acc0, acc1, acc2, acc3, GATED)
+    _store_rows(out_ptr, bias_ptr, first_out, N, tl.sum(tl.sum(acc0, axis=1), axis=0),
+                tl.sum(tl.sum(acc1, axis=1), axis=0), tl.sum(tl.sum(acc2, axis=1), axis=0),
+                tl.sum(tl.sum(acc3, axis=1), axis=0), ROWS, HAS_BIAS, GATED)  # fmt: skip
 
 
 @triton.jit
