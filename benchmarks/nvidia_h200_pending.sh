@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The variants written without a device (sessions 33-35, each off by default) measured in device calls of
+# The variants written without a device (sessions 33-36) measured in device calls of
 # under ten minutes: `kernels` checks them on the GPU and times them one product or layer at a time, `decode`
 # end to end. What each variant is: BENCHMARKS.md, "session 34" and "session 35".
 #   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel read 1-3
 #            iterations ahead (fragment_depth) at 1 and 4 rows, the GEMVs' pipelined loop (gemv_loop_stages);
 #            Q4_K / W4A16 GEMVs with and without the pipelined loop; the MoE down GEMV with a token's experts
 #            at once (down_experts_at_once).
-#   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 4 sequences) with those settings against
-#            the defaults and bf16; Qwen3-30B-A3B batch-1 decode with the MoE down GEMV's experts at once.
+#   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 2 / 4 / 8 sequences) against bf16, the
+#            H200 defaults (fragment read-ahead of 2, session 35; the gated epilogue from two rows, session 36)
+#            against the gated epilogue off and at every row, and the fragment kernel at one row; Qwen3-30B-A3B
+#            batch-1 decode. Session 36 ran these on an H100 (BENCHMARKS.md); the issues' figures are the H200's.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -61,13 +63,11 @@ elif [ "$PART" = overlap-fp8 ]; then
     echo "throughput [fp8 $variant]"; grep -E "engine_output_tok_s|kernels_compiled" $LOGS/throughput_$tag.log
   done
 else
-  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --decode-batch 4 --grouped-tiles fragment_depth=2,fragment_min_rows=1 fragment_depth=3,fragment_min_rows=1 \
-    gemv_loop_stages=3 --throughput --json "$OUT/quantized_decode.json" > $LOGS/quantized_decode.log 2>&1
+  timeout 380 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --decode-batch 2 4 8 --grouped-tiles gated_epilogue=0 gated_epilogue=1 fragment_min_rows=1 \
+    --throughput --json "$OUT/quantized_decode.json" > $LOGS/quantized_decode.log 2>&1
   grep -E "^decode" $LOGS/quantized_decode.log
-  for variant in "" "--down-at-once --down-gemv 2,1024,4"; do
-    timeout 110 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL $variant > $LOGS/moe_decode.log 2>&1
-    echo "moe decode [$variant]"; tail -3 $LOGS/moe_decode.log
-  done
+  timeout 110 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL > $LOGS/moe_decode.log 2>&1
+  echo "moe decode"; tail -3 $LOGS/moe_decode.log
 fi
 cp $LOGS/*.log "$OUT/" 2>/dev/null
