@@ -2,8 +2,8 @@
 # The variants written without a device (sessions 33-36) measured in device calls of
 # under ten minutes: `kernels` checks them on the GPU and times them one product or layer at a time, `decode`
 # end to end. What each variant is: BENCHMARKS.md, "session 34" and "session 35".
-#   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel read 1-3
-#            iterations ahead (fragment_depth) at 1 and 4 rows, the GEMVs' pipelined loop (gemv_loop_stages);
+#   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel pipelined by
+#            Triton (fragment_stages 3, 4; session 36) against its register read-ahead at 1 and 4 rows;
 #            Q4_K / W4A16 GEMVs with and without the pipelined loop; the MoE down GEMV with a token's experts
 #            at once (down_experts_at_once).
 #   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 2 / 4 / 8 sequences) against bf16, the
@@ -29,8 +29,8 @@ if [ "$PART" = kernels ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
     plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
   tail -6 $LOGS/pending_tests.log
-  timeout 200 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 1 2 3 \
-    --gemv-loop-stages 1 3 --json "$OUT/word_gemv_depth.json" > $LOGS/word_gemv.log 2>&1
+  timeout 200 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
+    --fragment-stages 3 4 --json "$OUT/word_gemv_stages.json" > $LOGS/word_gemv.log 2>&1
   grep -E "rows" $LOGS/word_gemv.log | tail -120
   timeout 90 python3 benchmarks/nvidia_h200_quantized.py kernels --kinds int4_g128 gguf_q4_k \
     --gemv "4,1024,4,2" "4,2048,4,2" --gemv-loop-stages 1 3 --gemm-rows --json "$OUT/quantized_kernels.json" \

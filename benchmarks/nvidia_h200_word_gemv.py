@@ -54,11 +54,13 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 def variants_for(
     rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
     loop_stages: tuple[int, ...] = (1,), fragment_ahead: tuple[bool, ...] = (False,),
+    fragment_stages: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
     would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
     with each of ``fragment_warps``, ``fragment_depth`` (iterations a warp reads its words ahead) and
-    ``fragment_ahead`` (its scales with them, the activations an iteration ahead)."""
+    ``fragment_ahead`` (its scales with them, the activations an iteration ahead), and with each of
+    ``fragment_stages`` (Triton's pipeliner instead of the register read-ahead)."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
@@ -82,6 +84,11 @@ def variants_for(
                         mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
                         fragment_depth=depth, fragment_ahead=ahead,
                     )
+            for stages in fragment_stages:
+                variants[f"fragments, {warps} warps, {stages} stages"] = tiles_class(
+                    mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
+                    fragment_stages=stages,
+                )
     return variants
 
 
@@ -104,6 +111,8 @@ def main() -> None:
     parser.add_argument("--fragment-ahead", type=int, nargs="*", default=[0], choices=[0, 1],
                         help="the fragment kernel reads its scales with its words, its activations an iteration "
                         "ahead (GroupedIntTiles.fragment_ahead; 0 1 for both)")
+    parser.add_argument("--fragment-stages", type=int, nargs="*", default=[],
+                        help="the fragment kernel pipelined by Triton this deep (GroupedIntTiles.fragment_stages)")
     parser.add_argument("--all-word-tiles", action="store_true", help="every word-GEMV tile at one row")
     parser.add_argument("--gemv-loop-stages", type=int, nargs="+", default=[1],
                         help="the GEMVs' loop pipelining at one row (GroupedIntTiles.gemv_loop_stages)")
@@ -135,6 +144,7 @@ def main() -> None:
                 for label, tiles in variants_for(
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
                     args.all_word_tiles, tuple(args.gemv_loop_stages), tuple(bool(a) for a in args.fragment_ahead),
+                    tuple(args.fragment_stages),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

@@ -21,14 +21,16 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels a
 
 WARPS = 8
 #: (capability, fp16, zero scales, iterations a warp reads its words ahead, its scales with them, the gated
-#: activation of a gate/up product or -1)
+#: activation of a gate/up product or -1, Triton's pipeline stages or 0)
 CASES = [
-    (90, False, False, 1, False, -1), (90, True, True, 3, False, 1), (80, False, True, 2, False, -1),
-    (90, False, True, 2, True, 0),
+    (90, False, False, 1, False, -1, 0), (90, True, True, 3, False, 1, 0), (80, False, True, 2, False, -1, 0),
+    (90, False, True, 2, True, 0, 0), (90, False, False, 1, False, -1, 3),
 ]  # fmt: skip
 
 
-def compile_case(capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int) -> dict:
+def compile_case(
+    capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, stages: int
+) -> dict:
     act = "*fp16" if fp16 else "*bf16"
     signature = {
         "x_ptr": act, "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
@@ -38,7 +40,7 @@ def compile_case(capability: int, fp16: bool, zero_scales: bool, depth: int, ahe
     constants = {
         "NUM_CHUNKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
         "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
-        "AHEAD": ahead, "GATED": gated,
+        "AHEAD": ahead, "GATED": gated, "STAGES": stages,
     }  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [["tt.divisibility", 16]]
@@ -51,7 +53,8 @@ def compile_case(capability: int, fp16: bool, zero_scales: bool, depth: int, ahe
     asm_ops = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
     used = sorted({layouts[name] for line in asm_ops for name in re.findall(r"tensor<\d+x4xi32, (#blocked\d*)>", line)})
     return {
-        "case": [capability, fp16, zero_scales, depth, ahead, gated],
+        "case": [capability, fp16, zero_scales, depth, ahead, gated, stages],
+        "async_copies": kernel.asm["ptx"].count("cp.async.cg") + kernel.asm["ptx"].count("cp.async.ca"),
         "loads_before_loop": loads_before_loop(kernel.asm["cubin"]),
         "mma": kernel.asm["ptx"].count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"),
         "asm_ops": len(asm_ops),

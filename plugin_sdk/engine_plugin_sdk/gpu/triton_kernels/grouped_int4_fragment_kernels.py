@@ -208,59 +208,72 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
 
 
 @triton.jit
-def grouped_int4_fragment_kernel(
-    x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
-    M, N, stride_xm, stride_wn, stride_sn, stride_om,
-    NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
-    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
-    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
-    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1,
-):  # fmt: skip
-    """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
-    ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
-    ``f`` whose gate rows ``f`` and up rows ``N / 2 + f`` the weight stacks (``out``: ``[M, N / 2]``), the lanes
-    holding gate and up rows where a plain product holds rows ``g`` and ``g + 8``: one launch, no round trip.
-
-    ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
-    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
-    of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
-    ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
-    its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead.
-    """
-    tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
-    LANES: tl.constexpr = 32 * WARPS
-    BASE: tl.constexpr = 1024 if FP16 else 128
-    # the codes come as BASE + code: the offset (zero point, or BASE alone with zero scales) off the sums
-    OFFSET: tl.constexpr = BASE + (0 if HAS_ZS else ZERO)
-    PER_BLOCK: tl.constexpr = BLOCK // 128
-    EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
-    # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
-    NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
-    LATER: tl.constexpr = UNUSED if AHEAD and EVEN else ZEROS
-    lane = tl.arange(0, LANES)
-    warp = lane // 32
-    g = (lane % 32) // 4
-    t = lane % 4
-    j = tl.arange(0, 4)[None, :]
-    if GATED == _NOT_GATED:
-        row0 = tl.program_id(0) * 16
-        row_g = tl.minimum(row0 + g, N - 1).to(tl.int64)
-        row_h = tl.minimum(row0 + g + 8, N - 1).to(tl.int64)
+def _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr, BASE: tl.constexpr, FP16: tl.constexpr,
+                    ASM: tl.constexpr):  # fmt: skip
+    """A chunk's ``mma`` accumulators ``[LANES, 4]``: of ``(BASE + code) * x``, and of the activations' sums."""
+    if ASM:
+        if FP16:
+            c, s = tl.inline_asm_elementwise(
+                asm=_ASM_FP16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
+                dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
+            )  # fmt: skip
+        else:
+            c, s = tl.inline_asm_elementwise(
+                asm=_ASM_BF16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
+                dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
+            )  # fmt: skip
     else:
-        row0 = tl.program_id(0) * 8
-        row_g = tl.minimum(row0 + g, N // 2 - 1).to(tl.int64)
-        row_h = row_g + N // 2
-    # registers j = 0, 1 hold row g's sums, 2, 3 row h's
-    row_j = tl.where(j // 2 == 0, row_g[:, None], row_h[:, None])
-    w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    stride_w = stride_wn // 4
-    words = 16 * warp + 4 * t  # this lane's words in chunk 0 (each chunk 16 words a row)
-    # lane g holds activation row g as the mma's column g: lanes past M read row M - 1 into columns whose
-    # sums are never stored (a column of the product depends on its own column of activations alone)
-    x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm
-    acc = tl.zeros((LANES, 4), dtype=tl.float32)
+        c, s = _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16)
+    return c, s
+
+
+@triton.jit
+def _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
+                   stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                   GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
+                   WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr,
+                   ASM: tl.constexpr, USE_PDL: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """The kernel's reduction with Triton's pipeliner holding ``STAGES - 1`` chunks in flight a warp as
+    ``cp.async`` copies through shared memory (no registers held for them); the first chunk's words are read
+    before the PDL wait."""
+    wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
     if USE_PDL:
-        gdc_launch_dependents()
+        gdc_wait()
+    acc = _chunk_step(acc, wg, wh, warp, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn, NUM_CHUNKS,
+                      PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE, OFFSET, FP16, ASM)  # fmt: skip
+    for c0 in tl.range(WARPS, NUM_CHUNKS, WARPS, num_stages=STAGES):
+        wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS, NOW)
+        acc = _chunk_step(acc, wg, wh, c0 + warp, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn,
+                          NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE, OFFSET, FP16,
+                          ASM)  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _chunk_step(acc, wg, wh, chunk, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn, NUM_CHUNKS: tl.constexpr,
+                PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr,
+                HAS_PERM: tl.constexpr, NOW: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr,
+                OFFSET: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """``acc`` plus chunk ``chunk``'s scaled products, given its words ``wg`` / ``wh``."""
+    xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
+    c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
+    sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
+                           NOW)  # fmt: skip
+    acc += sc * (c - OFFSET * s)
+    if HAS_ZS:
+        acc -= zc * s
+    return acc
+
+
+@triton.jit
+def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
+                       stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                       GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
+                       LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
+                       FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr,
+                       AHEAD: tl.constexpr):  # fmt: skip
+    """The kernel's reduction with each warp's words read ``DEPTH`` iterations ahead in registers (with
+    ``AHEAD`` their scales too, the activations one iteration ahead)."""
     # the weight is constant: the first DEPTH iterations' words (and with AHEAD their scales) are read before
     # the wait for x (why DEPTH: the module's docstring)
     wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
@@ -296,19 +309,7 @@ def grouped_int4_fragment_kernel(
                                           LATER)  # fmt: skip
         else:
             xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
-        if ASM:
-            if FP16:
-                c, s = tl.inline_asm_elementwise(
-                    asm=_ASM_FP16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
-                    dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
-                )  # fmt: skip
-            else:
-                c, s = tl.inline_asm_elementwise(
-                    asm=_ASM_BF16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
-                    dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
-                )  # fmt: skip
-        else:
-            c, s = _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16)
+        c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
         if not AHEAD:
             sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP,
                                    HAS_ZS, NOW)  # fmt: skip
@@ -329,6 +330,72 @@ def grouped_int4_fragment_kernel(
                 sc, zc, sc1, zc1 = sc1, zc1, sc_next, zc_next
             else:
                 sc, zc, sc1, zc1, sc2, zc2 = sc1, zc1, sc2, zc2, sc_next, zc_next
+    return acc
+
+
+@triton.jit
+def grouped_int4_fragment_kernel(
+    x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
+    M, N, stride_xm, stride_wn, stride_sn, stride_om,
+    NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
+    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
+    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, STAGES: tl.constexpr = 0,
+):  # fmt: skip
+    """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
+    ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
+    ``f`` whose gate rows ``f`` and up rows ``N / 2 + f`` the weight stacks (``out``: ``[M, N / 2]``), the lanes
+    holding gate and up rows where a plain product holds rows ``g`` and ``g + 8``: one launch, no round trip.
+
+    ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
+    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
+    of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
+    ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
+    its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead. ``STAGES``
+    (2 or more): Triton's pipeliner keeps the chunks in flight instead (``DEPTH`` and ``AHEAD`` unread).
+    """
+    tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
+    LANES: tl.constexpr = 32 * WARPS
+    BASE: tl.constexpr = 1024 if FP16 else 128
+    # the codes come as BASE + code: the offset (zero point, or BASE alone with zero scales) off the sums
+    OFFSET: tl.constexpr = BASE + (0 if HAS_ZS else ZERO)
+    PER_BLOCK: tl.constexpr = BLOCK // 128
+    EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
+    # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
+    NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
+    LATER: tl.constexpr = UNUSED if AHEAD and EVEN else ZEROS
+    lane = tl.arange(0, LANES)
+    warp = lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    j = tl.arange(0, 4)[None, :]
+    if GATED == _NOT_GATED:
+        row0 = tl.program_id(0) * 16
+        row_g = tl.minimum(row0 + g, N - 1).to(tl.int64)
+        row_h = tl.minimum(row0 + g + 8, N - 1).to(tl.int64)
+    else:
+        row0 = tl.program_id(0) * 8
+        row_g = tl.minimum(row0 + g, N // 2 - 1).to(tl.int64)
+        row_h = row_g + N // 2
+    # registers j = 0, 1 hold row g's sums, 2, 3 row h's
+    row_j = tl.where(j // 2 == 0, row_g[:, None], row_h[:, None])
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    stride_w = stride_wn // 4
+    words = 16 * warp + 4 * t  # this lane's words in chunk 0 (each chunk 16 words a row)
+    # lane g holds activation row g as the mma's column g: lanes past M read row M - 1 into columns whose
+    # sums are never stored (a column of the product depends on its own column of activations alone)
+    x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm
+    acc = tl.zeros((LANES, 4), dtype=tl.float32)
+    if USE_PDL:
+        gdc_launch_dependents()
+    if STAGES > 0:
+        acc = _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
+                             zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE,
+                             OFFSET, FP16, ASM, USE_PDL, STAGES)  # fmt: skip
+    else:
+        acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
+                                 zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
+                                 WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD)  # fmt: skip
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     if GATED == _NOT_GATED:

@@ -83,6 +83,11 @@ class GroupedIntTiles:
         fragment_narrow_depth: ... and this many for products of fewer than ``fragment_narrow_programs`` programs
             (0: ``fragment_depth``). 1 made qkv / o_proj / down faster alone at 4 rows on an H100 but W4A16 decode
             of 2 / 4 / 8 sequences 4-6% slower (2026-12-05): inside the graphs the PDL prologue's two chunks pay.
+        fragment_stages: 2 or more: the fragment kernel's chunks past the first go through Triton's pipeliner
+            instead (``cp.async`` copies into shared memory ``stages - 1`` iterations ahead: bytes in flight
+            without registers; ``fragment_depth`` and ``fragment_ahead`` unread); 0: off. Nsight Compute on an
+            H100 (2026-12-05) found the kernel waiting on its words' loads at the occupancy its registers and
+            grid allow. Not yet timed.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
@@ -120,6 +125,7 @@ class GroupedIntTiles:
     fragment_narrow_programs: int = 1024
     fragment_depth: int = 1
     fragment_narrow_depth: int = 0
+    fragment_stages: int = 0
     fragment_ahead: bool = False
     gated_epilogue: int = 2
 
