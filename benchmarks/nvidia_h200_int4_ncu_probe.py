@@ -40,10 +40,10 @@ def main() -> None:
 
     from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-        H200_GROUPED_INT_TILES,
         grouped_int_linear,
         pack_grouped_codes,
     )
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["gate_up"], choices=list(SHAPES))

@@ -267,14 +267,14 @@ def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
     """Within the block, engines start with the NVIDIA grouped-integer tiles' fields replaced by ``overrides``
     (``{"fragment_rows": 0}`` turns the fragment kernel off: 2-8 rows on the older kernels). The backend reads
     the tiles when its first grouped-integer product runs: at start-up, before the graphs."""
-    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers
+    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_tiles
 
-    saved = grouped_int_launchers.H200_GROUPED_INT_TILES
-    grouped_int_launchers.H200_GROUPED_INT_TILES = dataclasses.replace(saved, **overrides)
+    saved = grouped_int_tiles.H200_GROUPED_INT_TILES
+    grouped_int_tiles.H200_GROUPED_INT_TILES = dataclasses.replace(saved, **overrides)
     try:
         yield
     finally:
-        grouped_int_launchers.H200_GROUPED_INT_TILES = saved
+        grouped_int_tiles.H200_GROUPED_INT_TILES = saved
 
 
 def timed_rotating(fn: Callable[[Any], Any], inputs: list[Any], repeats: int = 10) -> float:

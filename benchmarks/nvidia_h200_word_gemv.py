@@ -97,11 +97,10 @@ def main() -> None:
 
     from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-        H200_GROUPED_INT_TILES,
-        GroupedIntTiles,
         grouped_int_linear,
         pack_grouped_codes,
     )
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES, GroupedIntTiles
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="activation rows (1-16)")

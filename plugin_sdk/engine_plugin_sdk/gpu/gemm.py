@@ -149,7 +149,7 @@ class TorchGemmBackend(GemmBackend):
         #: quantized for the Triton weight-only kernels (on the GPU; the platform also turns this on in
         #: interpreter mode), else dequantize them at load
         self.triton_grouped_int = self.device.type == "cuda"
-        #: that GEMM's :class:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.GroupedIntTiles`,
+        #: that GEMM's :class:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles.GroupedIntTiles`,
         #: None for its H200 defaults (kept as None so that constructing a backend does not import Triton)
         self.grouped_int_tiles: Any = None
         #: run batched LoRA through the shared Triton kernels (on the GPU; the platform also turns this on in
@@ -279,7 +279,7 @@ class TorchGemmBackend(GemmBackend):
         return None
 
     def _grouped_int_tiles(self) -> Any:
-        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles
+        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
         return self.grouped_int_tiles or GroupedIntTiles()
 

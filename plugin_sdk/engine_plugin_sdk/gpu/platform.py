@@ -353,12 +353,12 @@ class TorchGpuPlatform(Platform):
         backend = self.gemm_backend_class()(self.torch_device(), fp8_dtype=self.fp8_dtype())
         if self.interpret:
             self.kernel_tuning()  # sets interpreter mode before the MoE kernels are imported
-            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers, lora_launchers
+            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_tiles, lora_launchers
             from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import INTERPRETER_MOE_TILES
 
             backend.triton_moe, backend.moe_tiles = True, INTERPRETER_MOE_TILES
             backend.triton_grouped_int = True
-            backend.grouped_int_tiles = grouped_int_launchers.INTERPRETER_GROUPED_INT_TILES
+            backend.grouped_int_tiles = grouped_int_tiles.INTERPRETER_GROUPED_INT_TILES
             backend.triton_lora, backend.lora_tiles = True, lora_launchers.INTERPRETER_LORA_TILES
             backend.triton_gated = True
         return backend

@@ -76,7 +76,7 @@ class CudaGemmBackend(TorchGemmBackend):
         if self.grouped_int_tiles is None:
             import dataclasses
 
-            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import H200_GROUPED_INT_TILES
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES
 
             tiles = H200_GROUPED_INT_TILES
             if torch.cuda.get_device_capability(self.device) < FRAGMENT_MIN_CAPABILITY:

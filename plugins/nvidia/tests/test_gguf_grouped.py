@@ -11,11 +11,10 @@ import torch
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import dequantize_packed, pack_grouped_int
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
-    dequantize_packed,
-    pack_grouped_int,
 )
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_quantized_linear

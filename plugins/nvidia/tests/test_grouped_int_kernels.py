@@ -18,9 +18,6 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_few_rows_launchers
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-    H200_GROUPED_INT_TILES,
-    INTERPRETER_GROUPED_INT_TILES,
-    GroupedIntTiles,
     dequantize_grouped,
     dequantize_packed,
     gemv_subs,
@@ -28,6 +25,11 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     grouped_int_linear,
     pack_grouped_codes,
     pack_grouped_int,
+)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
+    H200_GROUPED_INT_TILES,
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
 )
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_quantized_linear

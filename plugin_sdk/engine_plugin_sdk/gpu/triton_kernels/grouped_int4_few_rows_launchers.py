@@ -15,11 +15,11 @@ import triton
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels as g4f
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
-from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 
 if TYPE_CHECKING:
-    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
 #: the fragment kernel's ``mma`` tiles have 8 activation columns
 FRAGMENT_MAX_ROWS = 8
@@ -58,7 +58,7 @@ def fragment_linear(
     bias: torch.Tensor | None,
     tiles: GroupedIntTiles,
     out: torch.Tensor,
-    gated: int = gk.NOT_GATED,
+    gated: int = gated_rows.NOT_GATED,
 ) -> None:
     """``rows [M, K]`` (M <= 8) into ``out [M, N]``, each word of codes a tensor-core operand; or with ``gated``
     (:data:`.elementwise_kernels.SILU` / ``GELU_TANH``) ``act(gate) * up`` of a weight stacking gate rows over
@@ -68,7 +68,7 @@ def fragment_linear(
         rows = rows.contiguous()  # the kernel reads activation pairs as 32-bit words
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
     # a program's 16 weight rows: 16 features, or 8 features' gate and up rows
-    programs = triton.cdiv(out_features, 16) if gated == gk.NOT_GATED else triton.cdiv(out_features // 2, 8)
+    programs = triton.cdiv(out_features, 16) if gated == gated_rows.NOT_GATED else triton.cdiv(out_features // 2, 8)
     wide = programs >= tiles.fragment_narrow_programs
     warps = tiles.fragment_warps if wide else tiles.fragment_narrow_warps
     depth = tiles.fragment_depth if wide else tiles.fragment_narrow_depth or tiles.fragment_depth

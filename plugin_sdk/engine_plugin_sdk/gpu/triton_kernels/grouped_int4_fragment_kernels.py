@@ -19,10 +19,12 @@ a chunk, with the group scale, in float32.
 Each program takes 16 output features; its warps split the chunks and their sums are added at the end. A warp
 reads its chunks' words ``DEPTH`` iterations ahead (``GroupedIntTiles.fragment_depth``): ptxas places a loop's
 loads after most of its ``mma`` work, so a read-ahead of one iteration leaves a memory latency a chunk exposed
-(``benchmarks/sass_shape.py`` shows where the loads land). The
+(``benchmarks/sass_shape.py`` shows where the loads land); with ``STAGES`` Triton's pipeliner holds the chunks
+in flight as copies into shared memory instead. A gate/up product (``GATED``) takes 8 features a program, each
+lane holding a feature's gate row and its up row, and writes ``act(gate) * up``. The
 PTX assumes that the lane holding element ``i`` of a ``[32 * warps, 4]`` tensor is ``i % 32`` of warp
 ``i // 32`` (Triton's blocked layout for those loads); the H200 checks compare the result with a float64
-reference. The interpreter cannot run PTX: there (``ASM`` off) :func:`_fragment_products_emulated` computes
+reference. The interpreter cannot run PTX: there (``ASM`` off) :mod:`.grouped_int4_fragment_mma` computes
 what the ``mma`` instructions would from the same registers, lane by lane, which checks the slot mapping.
 """
 
@@ -32,99 +34,9 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _chunk_products
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
-
-
-def _fragment_asm(float_bits: int, ones: int, kind: str) -> str:
-    """PTX for one lane's 128-column chunk: ``$0..$3`` the ``mma`` accumulators of ``(128 + code) * x``,
-    ``$4..$7`` those of the activations' sums; inputs ``$8..$11`` words of row ``g``, ``$12..$15`` of row ``g + 8``,
-    ``$16..$23`` bf16 pairs of the low columns, ``$24..$31`` of the high ones."""
-    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"
-    lines = [".reg .b32 a0, a1, a2, a3, b0, b1, w, v, one;", f"mov.b32 one, {ones:#010x};"]
-    lines += [f"mov.b32 ${i}, 0;" for i in range(8)]
-    for u in range(4):
-        for shift, select in ((0, "0x5410"), (8, "0x7632")):
-            # bytes 0 and 2 (shift 0) or 1 and 3 (shift 8): low nibbles pair with the low columns' activations
-            for reg, src, extra in (("a0", 8, 0), ("a1", 12, 0), ("a2", 8, 4), ("a3", 12, 4)):
-                if shift + extra:
-                    tmp = "w" if src == 8 else "v"
-                    lines.append(f"shr.b32 {tmp}, ${src + u}, {shift + extra};")
-                    lines.append(f"lop3.b32 {reg}, {tmp}, 0x000F000F, {float_bits:#010x}, 0xEA;")
-                else:
-                    lines.append(f"lop3.b32 {reg}, ${src + u}, 0x000F000F, {float_bits:#010x}, 0xEA;")
-            lines.append(f"prmt.b32 b0, ${16 + 2 * u}, ${17 + 2 * u}, {select};")
-            lines.append(f"prmt.b32 b1, ${24 + 2 * u}, ${25 + 2 * u}, {select};")
-            lines.append(f"{mma} {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$0, $1, $2, $3}};")
-            lines.append(f"{mma} {{$4, $5, $6, $7}}, {{one, one, one, one}}, {{b0, b1}}, {{$4, $5, $6, $7}};")
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-_ASM_BF16 = tl.constexpr(_fragment_asm(0x43004300, 0x3F803F80, "bf16"))
-_ASM_FP16 = tl.constexpr(_fragment_asm(0x64006400, 0x3C003C00, "f16"))
-#: eight float32 outputs, 24 int32 inputs (four registers of each of six tensors)
-_CONSTRAINTS = tl.constexpr("=r," * 8 + ",".join(["r"] * 24))
-
-
-@triton.jit
-def _halves(pairs, FP16: tl.constexpr):
-    """float32 of the low and high 16-bit floats of int32 ``pairs``."""
-    if FP16:
-        lo = (pairs & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = ((pairs >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    else:
-        lo = (pairs << 16).to(tl.float32, bitcast=True)
-        hi = (pairs & -65536).to(tl.float32, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
-def _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr, BASE: tl.constexpr,
-                                FP16: tl.constexpr):  # fmt: skip
-    """What :func:`_fragment_asm`'s instructions compute, from the same per-lane registers ``[32 * WARPS, 4]``:
-    lane ``(g, t)``'s accumulators ``(row g, n 2t)``, ``(g, 2t + 1)``, ``(g + 8, 2t)``, ``(g + 8, 2t + 1)`` sum the
-    slot products of every lane ``(g, t')``'s codes with lane ``(n, t')``'s activations."""
-    LANES: tl.constexpr = 32 * WARPS
-    # a lane's slots [4 words, 8]: per word, the first mma's (bytes 0 and 2, low then high nibbles) then the
-    # second's (bytes 1 and 3)
-    shifts = tl.arange(0, 8)
-    nib = tl.where(shifts < 4, 0, 8) + tl.where(shifts % 2 == 1, 16, 0) + tl.where(shifts % 4 >= 2, 4, 0)
-    code_g = (((wg[:, :, None] >> nib[None, None, :]) & 0xF) + BASE).to(tl.float32)
-    code_h = (((wh[:, :, None] >> nib[None, None, :]) & 0xF) + BASE).to(tl.float32)
-    # activations of the same slots: word u's low-column pairs are xl registers 2u, 2u + 1 (x[c], x[c+1]),
-    # (x[c+2], x[c+3]); slot order x[c], x[c+2], x[c+64], x[c+66], x[c+1], x[c+3], x[c+65], x[c+67]
-    l0a, l0b = _halves(xl0, FP16)
-    l1a, l1b = _halves(xl1, FP16)
-    h0a, h0b = _halves(xh0, FP16)
-    h1a, h1b = _halves(xh1, FP16)
-    la = tl.reshape(tl.join(l0a, l1a), (LANES, 2, 2, 2))  # [lane, reg j (u % 2, p), word half u // 2] ...
-    lb = tl.reshape(tl.join(l0b, l1b), (LANES, 2, 2, 2))
-    ha = tl.reshape(tl.join(h0a, h1a), (LANES, 2, 2, 2))
-    hb = tl.reshape(tl.join(h0b, h1b), (LANES, 2, 2, 2))
-    # la[lane, u % 2, p, u // 2]: to [lane, u, p]
-    la = tl.reshape(tl.permute(la, (0, 3, 1, 2)), (LANES, 4, 2))
-    lb = tl.reshape(tl.permute(lb, (0, 3, 1, 2)), (LANES, 4, 2))
-    ha = tl.reshape(tl.permute(ha, (0, 3, 1, 2)), (LANES, 4, 2))
-    hb = tl.reshape(tl.permute(hb, (0, 3, 1, 2)), (LANES, 4, 2))
-    # slots: (la p0, la p1, ha p0, ha p1) then (lb p0, lb p1, hb p0, hb p1)
-    first = tl.reshape(tl.permute(tl.join(la, ha), (0, 1, 3, 2)), (LANES, 4, 4))
-    second = tl.reshape(tl.permute(tl.join(lb, hb), (0, 1, 3, 2)), (LANES, 4, 4))
-    acts = tl.reshape(tl.permute(tl.join(first, second), (0, 1, 3, 2)), (LANES, 4, 8))
-    # [warp, g, t', slots] against [warp, n, t', slots]
-    a_g = tl.reshape(code_g, (WARPS, 8, 1, 128))
-    a_h = tl.reshape(code_h, (WARPS, 8, 1, 128))
-    b = tl.reshape(acts, (WARPS, 1, 8, 128))
-    d_g = tl.sum(a_g * b, axis=3)  # [warp, g, n]
-    d_h = tl.sum(a_h * b, axis=3)
-    s = tl.sum(b, axis=3)  # [warp, 1, n]
-    # lane (g, t), register j: row g + 8 (j // 2), n = 2t + j % 2
-    c = tl.reshape(tl.join(tl.reshape(d_g, (WARPS, 8, 4, 2)), tl.reshape(d_h, (WARPS, 8, 4, 2))), (WARPS, 8, 4, 2, 2))
-    c = tl.reshape(tl.permute(c, (0, 1, 2, 4, 3)), (LANES, 4))
-    s4 = tl.broadcast_to(tl.reshape(s, (WARPS, 1, 4, 2)), (WARPS, 8, 4, 2))
-    s4 = tl.reshape(tl.join(s4, s4), (WARPS, 8, 4, 2, 2))
-    s4 = tl.reshape(tl.permute(s4, (0, 1, 2, 4, 3)), (LANES, 4))
-    return c, s4
-
 
 #: what the chunk loads give past the last chunk (``PAST``): every chunk they read is real, zeros, or anything
 #: (a read-ahead whose values are never used: the last chunk again, without the zeros and predicates of a mask)
@@ -205,26 +117,6 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
     xh0 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, PAST)
     xh1 = _x_pairs(x_row, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, PAST)
     return xl0, xl1, xh0, xh1
-
-
-@triton.jit
-def _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr, BASE: tl.constexpr, FP16: tl.constexpr,
-                    ASM: tl.constexpr):  # fmt: skip
-    """A chunk's ``mma`` accumulators ``[LANES, 4]``: of ``(BASE + code) * x``, and of the activations' sums."""
-    if ASM:
-        if FP16:
-            c, s = tl.inline_asm_elementwise(
-                asm=_ASM_FP16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
-                dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
-            )  # fmt: skip
-        else:
-            c, s = tl.inline_asm_elementwise(
-                asm=_ASM_BF16, constraints=_CONSTRAINTS, args=[wg, wh, xl0, xl1, xh0, xh1],
-                dtype=(tl.float32, tl.float32), is_pure=True, pack=4,
-            )  # fmt: skip
-    else:
-        c, s = _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16)
-    return c, s
 
 
 @triton.jit

@@ -25,13 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import (
-    _NOT_GATED,
-    _high_activations,
-    _high_nibbles,
-    _program_rows,
-    _store_rows,
-)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED, _program_rows, _store_rows
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _high_activations, _high_nibbles
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: the bits of the float 2**23 (exponent 150, zero mantissa); the launcher passes them as ``float_bits``

@@ -1,0 +1,140 @@
+"""Launch parameters of the grouped-integer kernels (:mod:`.grouped_int_launchers`) by target: which kernel takes
+how many activation rows, and each one's tiles, read-ahead and splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedIntTiles:
+    """Launch parameters of the grouped-integer GEMM on one target.
+
+    Attributes:
+        block_k: reduction columns per tile, fixed at load (the 4-bit codes are paired within blocks of
+            it); capped at the largest power of two dividing the weight's group size.
+        fp32_block_k: the same for float32 activations, whose tiles take twice the shared memory (at
+            128 the larger tiles outgrow an MI300's 64 KiB of LDS).
+        gemm: ``(max_rows, block_m, block_n, num_warps, num_stages)`` by the number of activation rows: the
+            first entry whose ``max_rows`` covers them (the last one past them all). ``block_m`` is at
+            least 16 (``tl.dot``'s smallest tile).
+        min_programs: split the reduction until the output tiles times the splits reach this many
+            programs (about two per multiprocessor), ...
+        max_split_k: ... into at most this many splits ...
+        min_split_blocks: ... of at least this many ``block_k`` tiles each.
+        gemv: ``(rows, row_bytes, num_warps, num_stages)`` of the single-row GEMV over 8-bit codes: output
+            features per program (1, 2 or 4 unrolled; a larger power of two as one tile, for the
+            interpreter), and code bytes of each row read per iteration (a power of two; fewer where a row
+            has fewer).
+        gemv4: the same for 4-bit codes packed in blocks of ``gemv4_min_block`` columns or more (their own
+            kernel, :mod:`.grouped_int4_gemv_kernels`); narrower blocks take ``gemv`` and the byte kernel.
+        gemv4_min_block: see ``gemv4``.
+        gemv_loop_stages: the unrolled GEMVs' reduction loop past its first tile pipelined this deep by Triton
+            (``tl.range``'s ``num_stages``: ``cp.async`` copies through shared memory, ``stages - 1`` iterations
+            ahead). The launch's ``num_stages`` in ``gemv`` / ``gemv4`` does not reach a loop without a
+            ``tl.dot``, so with 1 each iteration waits for its own tiles.
+        dense_rows: products of at least this many rows dequantize the weight into a dense copy in the
+            activations' dtype and run the vendor's GEMM on it (0: never). Past some hundreds of rows the
+            copy's bytes cost less than dequantizing a tile once per tile of rows inside the grouped GEMM.
+        mma_rows: products of 2 to this many bf16 / fp16 rows over 4-bit codes in blocks of
+            ``gemv4_min_block`` columns or more take the tensor-core kernel (:mod:`.grouped_int4_mma_kernels`;
+            0: never, the default, since its fast path is NVIDIA PTX).
+        mma: ``(block_n, num_warps, num_stages)`` of that kernel.
+        mma_programs: it splits the reduction until its row tiles times the splits reach this many programs
+            (at most ``max_split_k`` splits of ``min_split_blocks`` blocks or more).
+        mma_asm: the tensor-core kernels run their inline PTX (the interpreter runs plain ops instead).
+        fragment_rows: products of ``fragment_min_rows`` to this many (at most 8) bf16 / fp16 rows over
+            4-bit codes in blocks of 128 columns or more take the fragment kernel
+            (:mod:`.grouped_int4_fragment_kernels`: each word of codes read straight into a tensor-core
+            operand) ahead of the GEMVs and ``mma``; 0: never (the default: its fast path is NVIDIA PTX).
+        fragment_min_rows: see ``fragment_rows``.
+        fragment_warps: warps of its programs (each program 16 output features, its warps splitting the
+            reduction) ...
+        fragment_narrow_warps: ... or this many when the product has fewer than ``fragment_narrow_programs``
+            programs (fewer output features: more warps keep the GPU's memory busy).
+        fragment_narrow_programs: see ``fragment_narrow_warps``.
+        fragment_depth: how many of its warp's iterations ahead the fragment kernel reads a chunk's words
+            (1-3; each further one holds a chunk more in flight through an iteration, for 8 registers a lane).
+        fragment_narrow_depth: ... and this many for products of fewer than ``fragment_narrow_programs`` programs
+            (0: ``fragment_depth``). 1 made qkv / o_proj / down faster alone at 4 rows on an H100 but W4A16 decode
+            of 2 / 4 / 8 sequences 4-6% slower (2026-12-05): inside the graphs the PDL prologue's two chunks pay.
+        fragment_stages: 2 or more: the fragment kernel's chunks past the first go through Triton's pipeliner
+            instead (``cp.async`` copies into shared memory ``stages - 1`` iterations ahead: bytes in flight
+            without registers; ``fragment_depth`` and ``fragment_ahead`` unread); 0: off. Nsight Compute on an
+            H100 (2026-12-05) found the kernel waiting on its words' loads at the occupancy its registers and
+            grid allow. Not yet timed.
+        fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
+            iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
+            loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
+            on an H100 (2026-12-05) down_proj alone ran 6-13% faster, gate_up 1-18% and the LM head up to 9%
+            slower, and W4A16 decode of 4 sequences 4.5% slower; Nsight Compute put the kernel's stalls on the words' loads
+            (long scoreboard) at the low occupancy of narrow products, not on the scales.
+        gated_epilogue: the fewest activation rows whose gate/up product applies its gated activation in the
+            product's own launch (:func:`grouped_int_gated_linear`: the fragment kernel's 1-8 rows, or with 1
+            the GEMVs' single row too; 0: never, the activation kernel after the product). At one row the GEMVs
+            ran slower with it (2026-12-05, an H100: W4A16 / Q4_K_M decode 1.0 / 1.0-1.7% slower: a program's
+            rows are two pairs far apart), 2-8 rows about as fast or 1.4-2.5% faster, hence 2.
+    """
+
+    block_k: int = 128
+    fp32_block_k: int = 32
+    gemm: tuple[tuple[int, int, int, int, int], ...] = (
+        (16, 16, 64, 4, 4), (32, 32, 64, 4, 4), (64, 64, 64, 4, 3), (256, 64, 128, 4, 3), (0, 128, 128, 8, 3),
+    )  # fmt: skip
+    min_programs: int = 264
+    max_split_k: int = 16
+    min_split_blocks: int = 2
+    gemv: tuple[int, int, int, int] = (4, 1024, 4, 2)
+    gemv4: tuple[int, int, int, int] = (4, 2048, 4, 2)
+    gemv4_min_block: int = 128
+    gemv_loop_stages: int = 1
+    dense_rows: int = 128
+    mma_rows: int = 0
+    mma: tuple[int, int, int] = (64, 4, 3)
+    mma_programs: int = 528
+    mma_asm: bool = True
+    fragment_rows: int = 0
+    fragment_min_rows: int = 1
+    fragment_warps: int = 4
+    fragment_narrow_warps: int = 8
+    fragment_narrow_programs: int = 1024
+    fragment_depth: int = 1
+    fragment_narrow_depth: int = 0
+    fragment_stages: int = 0
+    fragment_ahead: bool = False
+    gated_epilogue: int = 2
+
+    def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
+        """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
+        for max_rows, *tiles in self.gemm[:-1]:
+            if rows <= max_rows:
+                return tuple(tiles)  # type: ignore[return-value]
+        return tuple(self.gemm[-1][1:])  # type: ignore[return-value]
+
+    def split_k(self, output_tiles: int, k_blocks: int) -> int:
+        """How many programs share one output tile's ``k_blocks`` reduction tiles."""
+        want = min(self.max_split_k, triton.cdiv(self.min_programs, max(1, output_tiles)))
+        return max(1, min(want, k_blocks // max(1, self.min_split_blocks)))
+
+
+#: the defaults, meant for an H200 (132 SMs: ``min_programs`` is two programs each) and used on every GPU; each
+#: choice was timed on Llama-3-8B's shapes (BENCHMARKS.md, "Pre-quantized weights on the H200" and its sessions):
+#: from 128 rows the dense copy and cuBLAS (at 256 rows 41 against 65-88 us for qkv); the GEMVs' tiles (4 rows,
+#: 1 KiB a row; the word GEMV 2 KiB) took the least time over a layer's four products; the word GEMV only for
+#: blocks of 128 columns or more (on Q4_K_M's 32-column blocks batch-1 decode fell from about 280 to 215 tok/s);
+#: the tensor-core kernel for 2-16 rows (a layer at 4 rows about twice as fast as the grouped GEMM); ahead of it
+#: the fragment kernel for 2-8 rows (a layer's four products at 4 rows 66.8 against 94.7 us on an H200; one row
+#: stays on the word GEMV, which it beat only on gate_up and the LM head), 4 warps a program from 1,024
+#: programs and 8 below, reading 2 iterations ahead (W4A16 decode of 2 / 4 / 8 sequences +7-10% on an H100,
+#: to confirm on an H200); the gated epilogue from two rows (``gated_epilogue``).
+H200_GROUPED_INT_TILES = GroupedIntTiles(mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2)
+#: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
+#: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
+#: a 4096-wide product's time there, each numpy call costing about the same whatever its tile)
+INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
+    block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
+    gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
+    fragment_warps=2, fragment_narrow_warps=2,
+)
