@@ -8,7 +8,8 @@
 #            at once (down_experts_at_once).
 #   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 2 / 4 / 8 sequences) against bf16, the
 #            H200 defaults (fragment read-ahead of 2, session 35; the gated epilogue from two rows, session 36)
-#            against the gated epilogue off and at every row, and the fragment kernel at one row; Qwen3-30B-A3B
+#            against the gated epilogue off and at every row, the fragment kernel at one row and pipelined by
+#            Triton (fragment_stages 3, session 36); Qwen3-30B-A3B
 #            batch-1 decode. Session 36 ran these on an H100 (BENCHMARKS.md); the issues' figures are the H200's.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
@@ -64,7 +65,7 @@ elif [ "$PART" = overlap-fp8 ]; then
   done
 else
   timeout 380 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --decode-batch 2 4 8 --grouped-tiles gated_epilogue=0 gated_epilogue=1 fragment_min_rows=1 \
+    --decode-batch 2 4 8 --grouped-tiles gated_epilogue=0 gated_epilogue=1 fragment_min_rows=1 fragment_stages=3 \
     --throughput --json "$OUT/quantized_decode.json" > $LOGS/quantized_decode.log 2>&1
   grep -E "^decode" $LOGS/quantized_decode.log
   timeout 110 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL > $LOGS/moe_decode.log 2>&1
