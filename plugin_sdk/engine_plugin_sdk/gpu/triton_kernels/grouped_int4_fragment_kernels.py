@@ -123,34 +123,41 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
 def _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
                    stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                    GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
-                   WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr,
-                   ASM: tl.constexpr, USE_PDL: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """The kernel's reduction with Triton's pipeliner holding ``STAGES - 1`` chunks in flight a warp as
-    ``cp.async`` copies through shared memory (no registers held for them); the first chunk's words are read
-    before the PDL wait."""
+                   LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
+                   FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """The kernel's reduction with Triton's pipeliner holding ``STAGES - 1`` chunks' words and activations in
+    flight a warp as ``cp.async`` copies through shared memory (no registers held for them); the first chunk's
+    words and the first two chunks' scales are read before the PDL wait, and each chunk's scales (too narrow
+    for ``cp.async``) an iteration ahead in registers."""
     wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
+    sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
+                           NOW)  # fmt: skip
+    sc_next, zc_next = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp + WARPS, NUM_CHUNKS, PER_BLOCK, BLOCK,
+                                     GROUP, HAS_ZS, LATER)  # fmt: skip
     if USE_PDL:
         gdc_wait()
-    acc = _chunk_step(acc, wg, wh, warp, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn, NUM_CHUNKS,
-                      PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE, OFFSET, FP16, ASM)  # fmt: skip
+    acc = _chunk_step(acc, wg, wh, warp, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW,
+                      WARPS, BASE, OFFSET, FP16, ASM, HAS_ZS)  # fmt: skip
+    sc, zc = sc_next, zc_next
     for c0 in tl.range(WARPS, NUM_CHUNKS, WARPS, num_stages=STAGES):
+        sc_next, zc_next = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, c0 + WARPS + warp, NUM_CHUNKS,
+                                         PER_BLOCK, BLOCK, GROUP, HAS_ZS, LATER)  # fmt: skip
         wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS, NOW)
-        acc = _chunk_step(acc, wg, wh, c0 + warp, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn,
-                          NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE, OFFSET, FP16,
-                          ASM)  # fmt: skip
+        acc = _chunk_step(acc, wg, wh, c0 + warp, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM,
+                          NOW, WARPS, BASE, OFFSET, FP16, ASM, HAS_ZS)  # fmt: skip
+        sc, zc = sc_next, zc_next
     return acc
 
 
 @triton.jit
-def _chunk_step(acc, wg, wh, chunk, row_j, t, x_row, perm_ptr, scale_ptr, zs_ptr, stride_sn, NUM_CHUNKS: tl.constexpr,
-                PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr,
-                HAS_PERM: tl.constexpr, NOW: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr,
-                OFFSET: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """``acc`` plus chunk ``chunk``'s scaled products, given its words ``wg`` / ``wh``."""
+def _chunk_step(acc, wg, wh, chunk, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr,
+                BLOCK: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr, WARPS: tl.constexpr,
+                BASE: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
+                HAS_ZS: tl.constexpr):  # fmt: skip
+    """``acc`` plus chunk ``chunk``'s products scaled by its scales ``sc`` (and zero scales ``zc``), given its
+    words ``wg`` / ``wh``."""
     xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
     c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
-    sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
-                           NOW)  # fmt: skip
     acc += sc * (c - OFFSET * s)
     if HAS_ZS:
         acc -= zc * s
@@ -255,7 +262,7 @@ def grouped_int4_fragment_kernel(
     EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
     # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
     NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
-    LATER: tl.constexpr = UNUSED if AHEAD and EVEN else ZEROS
+    LATER: tl.constexpr = UNUSED if (AHEAD or STAGES > 0) and EVEN else ZEROS
     lane = tl.arange(0, LANES)
     warp = lane // 32
     g = (lane % 32) // 4
@@ -282,8 +289,8 @@ def grouped_int4_fragment_kernel(
         gdc_launch_dependents()
     if STAGES > 0:
         acc = _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
-                             zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, WARPS, BASE,
-                             OFFSET, FP16, ASM, USE_PDL, STAGES)  # fmt: skip
+                             zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
+                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, STAGES)  # fmt: skip
     else:
         acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
                                  zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,

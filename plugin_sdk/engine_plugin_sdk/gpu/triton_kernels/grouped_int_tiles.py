@@ -62,7 +62,8 @@ class GroupedIntTiles:
             of 2 / 4 / 8 sequences 4-6% slower (2026-12-05): inside the graphs the PDL prologue's two chunks pay.
         fragment_stages: 2 or more: the fragment kernel's chunks past the first go through Triton's pipeliner
             instead (``cp.async`` copies into shared memory ``stages - 1`` iterations ahead: bytes in flight
-            without registers; ``fragment_depth`` and ``fragment_ahead`` unread); 0: off. Nsight Compute on an
+            without registers; the scales, too narrow for ``cp.async``, an iteration ahead in registers;
+            ``fragment_depth`` and ``fragment_ahead`` unread); 0: off. Nsight Compute on an
             H100 (2026-12-05) found the kernel waiting on its words' loads at the occupancy its registers and
             grid allow. Not yet timed.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
