@@ -234,10 +234,14 @@ def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
     return max(1, min(triton.next_power_of_2(max(1, row_bytes // block_bytes)), triton.next_power_of_2(blocks)))
 
 
+def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether one row with ``weight`` takes the word GEMV (4-bit codes in wide blocks), not the byte GEMV."""
+    return weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
+
+
 def _gemv_tile(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> tuple[int, int, int, int]:
-    """``(rows, row_bytes, warps, stages)`` of the GEMV that takes ``weight``: the word GEMV's for 4-bit codes
-    in wide blocks, else the byte GEMV's."""
-    return tiles.gemv4 if weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block else tiles.gemv
+    """``(rows, row_bytes, warps, stages)`` of the GEMV that takes ``weight``."""
+    return tiles.gemv4 if _takes_words(weight, tiles) else tiles.gemv
 
 
 def _gemv(
@@ -251,7 +255,7 @@ def _gemv(
     """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, at 4 rows a program only:
     ``act(gate) * up`` into ``out [1, N / 2]``)."""
     out_features, in_features = weight.shape
-    words = weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
+    words = _takes_words(weight, tiles)
     rows, row_bytes, warps, stages = _gemv_tile(weight, tiles)
     if rows not in (1, 2, 4) and (rows < 4 or rows & (rows - 1)):
         raise ValueError(f"the GEMV runs 1, 2, 4 or a larger power of two rows a program, not {rows}")
