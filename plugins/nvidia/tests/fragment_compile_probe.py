@@ -21,15 +21,17 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels a
 
 WARPS = 8
 #: (capability, fp16, zero scales, iterations a warp reads its words ahead, its scales with them, the gated
-#: activation of a gate/up product or -1, Triton's pipeline stages or 0)
+#: activation of a gate/up product or -1, Triton's pipeline stages or 0, iterations its words are asked of the
+#: L2 cache before that: 112 chunks of 8 warps are 14 iterations, so 20 asks for all of them before the loop)
 CASES = [
-    (90, False, False, 1, False, -1, 0), (90, True, True, 3, False, 1, 0), (80, False, True, 2, False, -1, 0),
-    (90, False, True, 2, True, 0, 0), (90, False, False, 1, False, -1, 3),
+    (90, False, False, 1, False, -1, 0, 0), (90, True, True, 3, False, 1, 0, 0), (80, False, True, 2, False, -1, 0, 0),
+    (90, False, True, 2, True, 0, 0, 0), (90, False, False, 1, False, -1, 3, 0), (90, False, False, 2, False, -1, 0, 4),
+    (90, False, True, 2, False, 0, 0, 20),
 ]  # fmt: skip
 
 
 def compile_case(
-    capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, stages: int
+    capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, stages: int, prefetch: int
 ) -> dict:
     act = "*fp16" if fp16 else "*bf16"
     signature = {
@@ -40,7 +42,7 @@ def compile_case(
     constants = {
         "NUM_CHUNKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
         "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
-        "AHEAD": ahead, "GATED": gated, "STAGES": stages,
+        "AHEAD": ahead, "GATED": gated, "STAGES": stages, "PREFETCH": prefetch,
     }  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [["tt.divisibility", 16]]
@@ -52,10 +54,13 @@ def compile_case(
     layouts = dict(re.findall(r"^(#blocked\d*) = #ttg\.blocked<\{(.*)\}>", ttgir, flags=re.M))
     asm_ops = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
     used = sorted({layouts[name] for line in asm_ops for name in re.findall(r"tensor<\d+x4xi32, (#blocked\d*)>", line)})
+    loads, prefetches_before, prefetches_in_loop = before_and_in_loop(kernel.asm["cubin"])
     return {
-        "case": [capability, fp16, zero_scales, depth, ahead, gated, stages],
+        "case": [capability, fp16, zero_scales, depth, ahead, gated, stages, prefetch],
         "async_copies": kernel.asm["ptx"].count("cp.async.cg") + kernel.asm["ptx"].count("cp.async.ca"),
-        "loads_before_loop": loads_before_loop(kernel.asm["cubin"]),
+        "loads_before_loop": loads,
+        "prefetches_before_loop": prefetches_before,
+        "prefetches_in_loop": prefetches_in_loop,
         "mma": kernel.asm["ptx"].count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"),
         "asm_ops": len(asm_ops),
         "layouts": used,
@@ -63,10 +68,11 @@ def compile_case(
     }
 
 
-def loads_before_loop(cubin: bytes) -> int:
+def before_and_in_loop(cubin: bytes) -> tuple[int, int, int]:
     """128-bit global loads ptxas issues before the kernel's loop over chunks (the words read ahead, two a
     chunk, if the read-ahead survived scheduling; the activations are read inside the loop, or with
-    ``AHEAD`` the first chunk's, four loads, before it), or -1 where it unrolled the loop away."""
+    ``AHEAD`` the first chunk's, four loads, before it), or -1 where it unrolled the loop away; and the L2
+    prefetches (``CCTL.E.PF2``) before the loop and inside it."""
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "kernel.cubin")
@@ -74,9 +80,10 @@ def loads_before_loop(cubin: bytes) -> int:
         sass = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
     for label in re.findall(r"^\s*(\.L_x_\d+):", sass, flags=re.M):
         head, _, tail = sass.partition(f"{label}:")
-        if f"BRA `({label})" in tail:
-            return len(re.findall(r"\bLDG\.E\.128\b", head))
-    return -1
+        body, branch, _ = tail.partition(f"BRA `({label})")
+        if branch:
+            return len(re.findall(r"\bLDG\.E\.128\b", head)), head.count("CCTL.E.PF2"), body.count("CCTL.E.PF2")
+    return -1, -1, -1
 
 
 def require_bundled_ptxas() -> None:

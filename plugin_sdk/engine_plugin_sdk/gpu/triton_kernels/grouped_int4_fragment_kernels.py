@@ -36,6 +36,7 @@ import triton.language as tl
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _chunk_products
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: what the chunk loads give past the last chunk (``PAST``): every chunk they read is real, zeros, or anything
@@ -82,6 +83,16 @@ def _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS: tl.co
     offs = (words + 16 * c0)[:, None] + tl.arange(0, 4)[None, :]
     return _masked(w32 + row_g[:, None] * stride_w + offs, ok, PAST), _masked(w32 + row_h[:, None] * stride_w + offs,
                                                                                 ok, PAST)  # fmt: skip
+
+
+@triton.jit
+def _prefetch_chunk(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS: tl.constexpr, ASM: tl.constexpr):
+    """Ask the L2 cache for the lanes' words of rows ``g`` and ``g + 8`` in chunk ``c0 + warp`` (none past the
+    last chunk)."""
+    ok = c0 + warp < NUM_CHUNKS
+    offs = words + 16 * c0
+    prefetch_l2(w32 + row_g * stride_w + offs, ok, ASM)
+    prefetch_l2(w32 + row_h * stride_w + offs, ok, ASM)
 
 
 @triton.jit
@@ -170,9 +181,10 @@ def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, 
                        GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
                        LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
                        FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr,
-                       AHEAD: tl.constexpr):  # fmt: skip
+                       AHEAD: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     """The kernel's reduction with each warp's words read ``DEPTH`` iterations ahead in registers (with
-    ``AHEAD`` their scales too, the activations one iteration ahead)."""
+    ``AHEAD`` their scales too, the activations one iteration ahead), and with ``PREFETCH`` asked of the L2
+    cache that many iterations further ahead."""
     # the weight is constant: the first DEPTH iterations' words (and with AHEAD their scales) are read before
     # the wait for x (why DEPTH: the module's docstring)
     wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
@@ -191,12 +203,17 @@ def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, 
     if AHEAD and DEPTH > 2:
         sc2, zc2 = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp + 2 * WARPS, NUM_CHUNKS, PER_BLOCK, BLOCK,
                                  GROUP, HAS_ZS, LATER)  # fmt: skip
+    for p in tl.static_range(DEPTH, DEPTH + PREFETCH):
+        _prefetch_chunk(w32, row_g, row_h, stride_w, words, warp, p * WARPS, NUM_CHUNKS, ASM)
     if USE_PDL:
         gdc_wait()
     if AHEAD:
         xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, warp, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
     for c0 in range(0, NUM_CHUNKS, WARPS):
         chunk = c0 + warp
+        if PREFETCH > 0:
+            _prefetch_chunk(w32, row_g, row_h, stride_w, words, warp, c0 + (DEPTH + PREFETCH) * WARPS, NUM_CHUNKS,
+                            ASM)  # fmt: skip
         wg_next, wh_next = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0 + DEPTH * WARPS, NUM_CHUNKS,
                                         LATER)  # fmt: skip
         if AHEAD:
@@ -239,7 +256,7 @@ def grouped_int4_fragment_kernel(
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
-    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, STAGES: tl.constexpr = 0,
+    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, STAGES: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
     ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
@@ -251,7 +268,9 @@ def grouped_int4_fragment_kernel(
     of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
     ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
     its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead. ``STAGES``
-    (2 or more): Triton's pipeliner keeps the chunks in flight instead (``DEPTH`` and ``AHEAD`` unread).
+    (2 or more): Triton's pipeliner keeps the chunks in flight instead (``DEPTH``, ``AHEAD`` and ``PREFETCH``
+    unread). ``PREFETCH``: the L2 cache is asked for each chunk's words that many iterations before the
+    read-ahead loads them (no registers held; the interpreter skips it).
     """
     tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
     LANES: tl.constexpr = 32 * WARPS
@@ -294,7 +313,7 @@ def grouped_int4_fragment_kernel(
     else:
         acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
                                  zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
-                                 WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD)  # fmt: skip
+                                 WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH)  # fmt: skip
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     if GATED == _NOT_GATED:

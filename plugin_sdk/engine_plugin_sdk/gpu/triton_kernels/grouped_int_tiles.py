@@ -66,6 +66,9 @@ class GroupedIntTiles:
             ``fragment_depth`` and ``fragment_ahead`` unread); 0: off. Nsight Compute on an
             H100 (2026-12-05) found the kernel waiting on its words' loads at the occupancy its registers and
             grid allow. Not yet timed.
+        fragment_prefetch: the fragment kernel asks the L2 cache for each chunk's words this many of its warp's
+            iterations before its read-ahead loads them (``prefetch.global.L2``: more bytes in flight without
+            registers or barriers; the later load waits for L2, not memory); 0: off. Not yet timed.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
@@ -105,6 +108,7 @@ class GroupedIntTiles:
     fragment_narrow_depth: int = 0
     fragment_stages: int = 0
     fragment_ahead: bool = False
+    fragment_prefetch: int = 0
     gated_epilogue: int = 2
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
