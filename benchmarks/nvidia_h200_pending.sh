@@ -13,7 +13,10 @@
 #            batch-1 decode. Session 36 ran these on an H100 (BENCHMARKS.md); the issues' figures are the H200's.
 #   prefetch: the fragment kernel's L2 prefetches (fragment_prefetch, session 37) checked on the GPU, timed
 #            per product at 1 and 4 rows against the register read-ahead alone and Triton's pipeliner, then
-#            W4A16 decode of 1 and 4 sequences with them (and at one row, where the word GEMV runs today).
+#            an L2 prefetch issued before a few small kernels ahead of a bf16 / W4A16 product
+#            (nvidia_h200_l2_prefetch.py: does a weight asked for early come faster?).
+#   prefetch-decode: W4A16 decode of 1 and 4 sequences with the L2 prefetches (and at one row, where the
+#            word GEMV runs today) and Triton's pipeliner, against the defaults and bf16 (TILES overrides).
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -21,7 +24,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh prefetch|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -47,11 +50,14 @@ elif [ "$PART" = prefetch ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
     -k "tensor_core_operands" > $LOGS/prefetch_tests.log 2>&1
   tail -3 $LOGS/prefetch_tests.log
-  timeout 260 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
+  timeout 150 python3 benchmarks/nvidia_h200_l2_prefetch.py --json "$OUT/l2_prefetch.json" > $LOGS/l2_prefetch.log 2>&1
+  cat $LOGS/l2_prefetch.log | grep " us "
+  timeout 280 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
     --fragment-prefetch 0 4 32 --fragment-stages 3 --json "$OUT/word_gemv_prefetch.json" > $LOGS/word_gemv.log 2>&1
   grep -E "rows" $LOGS/word_gemv.log | tail -130
-  timeout 200 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode w4a16 \
-    --decode-batch 4 --grouped-tiles fragment_prefetch=32 fragment_min_rows=1,fragment_prefetch=32 \
+elif [ "$PART" = prefetch-decode ]; then
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 \
+    --decode-batch 4 --grouped-tiles ${TILES:-fragment_prefetch=32 fragment_min_rows=1,fragment_prefetch=32 fragment_stages=3} \
     --throughput --json "$OUT/prefetch_decode.json" > $LOGS/prefetch_decode.log 2>&1
   grep -E "^decode" $LOGS/prefetch_decode.log
 elif [ "$PART" = overlap ]; then
