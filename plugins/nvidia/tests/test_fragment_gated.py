@@ -59,7 +59,7 @@ def test_gated_fragment_product_matches_float64(
     gemm = CudaGemmBackend(device)
     tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
     gemm.triton_grouped_int = gemm.triton_gated = True
-    gemm.grouped_int_tiles = dataclasses.replace(tiles, fragment_min_rows=1, gated_epilogue=1)
+    gemm.grouped_int_tiles = dataclasses.replace(tiles, fragment_min_rows=1)
     launched = []
     real = launchers.fragment_linear
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: launched.append(a[5:]) or real(*a))
@@ -102,7 +102,7 @@ def test_gated_gemv_matches_float64(
     # a few iterations past the first tile in each GEMV
     gemm.grouped_int_tiles = dataclasses.replace(
         H200_GROUPED_INT_TILES, gemv=(4, 128, 4, 1), gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu",
-        gated_epilogue=1,
+        gemv_gated_epilogue=True,
     )
     launched = []
     real = launchers._gemv
@@ -142,3 +142,34 @@ def test_gated_product_falls_back_beyond_the_fragment_rows(device: torch.device)
     # by default one row is not fused (the GEMVs ran slower with it), two rows are
     assert launchers.grouped_int_gated_linear(x[:1], weight, 0, tiles) is None
     assert launchers.grouped_int_gated_linear(x[:2], weight, 0, tiles) is not None
+
+
+@pytest.mark.parametrize("wide_from", [3, 4], ids=["wide", "narrow"])
+def test_one_row_of_a_wide_product_takes_the_fragment_kernel(
+    device: torch.device, wide_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``fragment_wide_min_rows=1`` one row takes the fragment kernel (its gate/up product fused) where the
+    product has at least ``fragment_narrow_programs`` programs of 16 features (48 features: 3), and the word
+    GEMV (the activation after it) where it has fewer; both equal to float64."""
+    weight = _stacked_weight(24, 256, False, True, device, seed=5)
+    tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    tiles = dataclasses.replace(tiles, fragment_min_rows=2, fragment_wide_min_rows=1, fragment_narrow_programs=wide_from)
+    wide = wide_from == 3
+    assert tiles.takes_fragments(1, 48) is wide and tiles.takes_fragments(2, 48)
+    fragments, gemvs = [], []
+    real_fragments, real_gemv = launchers.fragment_linear, launchers._gemv
+    monkeypatch.setattr(launchers, "fragment_linear", lambda *a: fragments.append(a[5:]) or real_fragments(*a))
+    monkeypatch.setattr(launchers, "_gemv", lambda *a: gemvs.append(a[5:]) or real_gemv(*a))
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
+    y = x.double()[:, weight.perm.cpu()] @ dequantize_packed(weight).double().cpu().T
+    got = launchers.grouped_int_linear(x.to(device), weight, None, tiles)
+    problem = compare(got, y, get_tolerance(torch.bfloat16), "one row")
+    assert not problem, problem
+    gated = launchers.grouped_int_gated_linear(x.to(device), weight, 0, tiles)
+    if wide:
+        problem = compare(gated, ACTIVATIONS["silu"](y[:, :24]) * y[:, 24:], get_tolerance(torch.bfloat16), "gated")
+        assert not problem, problem
+        assert len(fragments) == 2 and not gemvs and fragments[1]
+    else:
+        # the GEMV keeps the activation kernel (gemv_gated_epilogue off)
+        assert gated is None and not fragments and len(gemvs) == 1

@@ -20,9 +20,6 @@ from engine_plugin_sdk.gpu.triton_kernels import pdl
 
 if TYPE_CHECKING:
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
-
-#: the fragment kernel's ``mma`` tiles have 8 activation columns
-FRAGMENT_MAX_ROWS = 8
 #: the 16-bit float dtypes of the tensor-core kernels' operands, and what their codes carry above the code
 TILE_BASE = {torch.bfloat16: 128, torch.float16: 1024}
 
@@ -47,7 +44,7 @@ def split_result(out: torch.Tensor, target: torch.Tensor, splits: int, bias: tor
 
 
 def fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight) -> bool:
-    """Whether the fragment kernel takes ``rows`` (any count up to :data:`FRAGMENT_MAX_ROWS`) with ``weight``."""
+    """Whether the fragment kernel takes ``rows`` (any count up to :data:`.grouped_int_tiles.FRAGMENT_MAX_ROWS`) with ``weight``."""
     # a lane reads 16 bytes of a 128-column chunk of each of its rows: blocks of whole chunks
     return weight.bits == 4 and weight.block_k % 128 == 0 and rows.dtype in TILE_BASE
 

@@ -17,7 +17,6 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_few_rows_launchers import (
-    FRAGMENT_MAX_ROWS,
     fragment_fits,
     fragment_linear,
     mma_fits,
@@ -178,9 +177,7 @@ def grouped_int_linear(
         dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
         return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and fragment_fits(
-        rows, weight
-    ):
+    if tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight):
         fragment_linear(rows, weight, bias, tiles, out)
     elif m == 1:
         _gemv(rows, weight, bias, tiles, out)
@@ -209,20 +206,20 @@ def grouped_int_gated_linear(
     """
     out_features, in_features = weight.shape
     rows = x.reshape(-1, in_features)
-    if not 0 < tiles.gated_epilogue <= rows.shape[0] or out_features % 2 or x.shape[-1] != in_features:
+    if out_features % 2 or x.shape[-1] != in_features:
+        return None
+    m = rows.shape[0]
+    fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight)
+    gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4
+    if not (fragments or gemv):
         return None
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    m = rows.shape[0]
     out = torch.empty((m, out_features // 2), dtype=x.dtype, device=x.device)
-    if max(1, tiles.fragment_min_rows) <= m <= min(tiles.fragment_rows, FRAGMENT_MAX_ROWS) and fragment_fits(
-        rows, weight
-    ):
+    if fragments:
         fragment_linear(rows, weight, None, tiles, out, activation)
-    elif m == 1 and _gemv_tile(weight, tiles)[0] == 4:
-        _gemv(rows, weight, None, tiles, out, activation)
     else:
-        return None
+        _gemv(rows, weight, None, tiles, out, activation)
     return out.reshape(*x.shape[:-1], out_features // 2)
 
 

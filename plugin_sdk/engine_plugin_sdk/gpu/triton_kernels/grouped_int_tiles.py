@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import triton
 
+#: the fragment kernel's activation rows at most (the ``mma``'s 8 columns)
+FRAGMENT_MAX_ROWS = 8
+
 
 @dataclass(frozen=True, slots=True)
 class GroupedIntTiles:
@@ -75,11 +78,16 @@ class GroupedIntTiles:
             on an H100 (2026-12-05) down_proj alone ran 6-13% faster, gate_up 1-18% and the LM head up to 9%
             slower, and W4A16 decode of 4 sequences 4.5% slower; Nsight Compute put the kernel's stalls on the words' loads
             (long scoreboard) at the low occupancy of narrow products, not on the scales.
-        gated_epilogue: the fewest activation rows whose gate/up product applies its gated activation in the
-            product's own launch (:func:`grouped_int_gated_linear`: the fragment kernel's 1-8 rows, or with 1
-            the GEMVs' single row too; 0: never, the activation kernel after the product). At one row the GEMVs
-            ran slower with it (2026-12-05, an H100: W4A16 / Q4_K_M decode 1.0 / 1.0-1.7% slower: a program's
-            rows are two pairs far apart), 2-8 rows about as fast or 1.4-2.5% faster, hence 2.
+        gated_epilogue: a gate/up product on the fragment kernel applies its gated activation in the product's
+            own launch (:func:`grouped_int_gated_linear`; off: the activation kernel after the product). W4A16
+            decode of 4 / 8 sequences 1.4-2.5% faster with it on an H100, 1.9% on an H200 (2026-12-05).
+        gemv_gated_epilogue: ... and so does one on the word or byte GEMV (one row). Off: with it the GEMVs ran
+            slower (2026-12-05, an H100: W4A16 / Q4_K_M batch-1 decode 1.0 / 1.0-1.7%; an H200: Q4_K_M 1.5%):
+            a program's four rows become two pairs far apart.
+        fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
+            LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
+            same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
+            head 102 against 126) and lost on the narrow ones (qkv, o_proj, down).
     """
 
     block_k: int = 128
@@ -109,7 +117,16 @@ class GroupedIntTiles:
     fragment_stages: int = 0
     fragment_ahead: bool = False
     fragment_prefetch: int = 0
-    gated_epilogue: int = 2
+    gated_epilogue: bool = True
+    gemv_gated_epilogue: bool = False
+    fragment_wide_min_rows: int = 0
+
+    def takes_fragments(self, rows: int, out_features: int) -> bool:
+        """Whether ``rows`` activation rows of a product with ``out_features`` features (16 a program) take the
+        fragment kernel, where it fits the weight."""
+        wide = triton.cdiv(out_features, 16) >= self.fragment_narrow_programs
+        least = self.fragment_wide_min_rows if wide and self.fragment_wide_min_rows else self.fragment_min_rows
+        return max(1, least) <= rows <= min(self.fragment_rows, FRAGMENT_MAX_ROWS)
 
     def gemm_tiles(self, rows: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n, num_warps, num_stages)`` for ``rows`` activation rows."""
