@@ -43,6 +43,7 @@ GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
 #: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
 SPLIT_TILES = GroupedIntTiles(
     block_k=32,
+    gemm_block_k=32,
     gemm=((0, 16, 64, 4, 1),),
     min_programs=64,
     max_split_k=3,
@@ -103,21 +104,25 @@ def test_kernel_matches_float64_reference(
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_split_reduction_and_partial_column_tiles(device, scheme: str) -> None:
+@pytest.mark.parametrize("tile_k", [32, 64], ids=["block-tiles", "two-block-tiles"])
+def test_split_reduction_and_partial_column_tiles(device, scheme: str, tile_k: int) -> None:
+    """A reduction split unevenly over programs, with tiles of one packed block of 32 columns or of two (each
+    block's scales its own)."""
     gen = torch.Generator().manual_seed(5)
     weight = make_quantized_weight(scheme, OUT, 256, seed=7)
-    prepared = packed(weight, SPLIT_TILES, device)
+    tiles = dataclasses.replace(SPLIT_TILES, gemm_block_k=tile_k)
+    prepared = packed(weight, tiles, device)
     assert prepared.block_k == 32
     for rows in (1, 37):
         x = torch.randn(rows, 256, generator=gen).half()
         bias = torch.randn(OUT, generator=gen).half()
-        got = grouped_int_linear(x.to(device), prepared, bias.to(device), SPLIT_TILES)
+        got = grouped_int_linear(x.to(device), prepared, bias.to(device), tiles)
         assert got.dtype == torch.float16
         problem = compare(
             got, reference(x, weight, bias), get_tolerance(torch.float16), f"{scheme} split M={rows}"
         )
         assert not problem, problem
-        logits = grouped_int_linear(x.to(device), prepared, None, SPLIT_TILES, out_dtype=torch.float32)
+        logits = grouped_int_linear(x.to(device), prepared, None, tiles, out_dtype=torch.float32)
         assert logits.dtype == torch.float32
         # float32 out, but the product ran in float16: the float16 tolerance
         problem = compare(logits, reference(x, weight, None), get_tolerance(torch.float16), "float32 out")

@@ -99,32 +99,54 @@ def _dequant(codes, scale, zs, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
 
 
 @triton.jit
+def _tile_params(p_ptr, s_rows, n_ok, k0, SUBS: tl.constexpr, RUN: tl.constexpr, SUB: tl.constexpr,
+                 GROUP: tl.constexpr):  # fmt: skip
+    """float32 ``[BLOCK_N, 1]`` scales (or zero scales) of a tile within one block; across ``SUBS`` packed blocks,
+    each block's broadcast over its ``RUN`` columns of the tile's ``[BLOCK_N, SUBS * RUN]``."""
+    if SUBS == 1:
+        tile = tl.load(p_ptr + s_rows + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    else:
+        groups = (k0 + tl.arange(0, SUBS) * SUB) // GROUP
+        params = tl.load(p_ptr + s_rows[:, None] + groups[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+        tile = tl.reshape(tl.broadcast_to(params[:, :, None], (params.shape[0], SUBS, RUN)), (params.shape[0], SUBS * RUN))
+    return tile
+
+
+@triton.jit
 def grouped_int_gemm_kernel(
     x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
     M, N, k_per_split, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
     K: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    SUB: tl.constexpr = 0,
 ):  # fmt: skip
     """One ``[BLOCK_M, BLOCK_N]`` output tile over the ``k_per_split`` reduction columns of split ``pid(2)``.
 
-    ``w`` holds the packed codes (see the module docstring), ``scale`` / ``zs`` ``[N, groups]`` scales and
-    ``zeros * scales`` (``zs`` read only with ``HAS_ZS``), ``perm`` int32 ``[K]`` (read only with
-    ``HAS_PERM``), ``bias`` ``[N]`` (only with ``HAS_BIAS``, which the launcher sets for an unsplit reduction
-    alone). ``out`` is ``[M, N]`` in its own dtype, or float32 partial sums ``[splits, M, N]`` when the
-    reduction is split.
+    ``w`` holds the packed codes (see the module docstring) in blocks of ``SUB`` columns (0: ``BLOCK_K``); a
+    tile of ``BLOCK_K`` columns (a multiple of ``SUB``) spans ``BLOCK_K / SUB`` of them, each with its own
+    scales (GGUF's 32-column blocks would otherwise make 32-column tiles: too little work an iteration).
+    ``scale`` / ``zs`` ``[N, groups]`` scales and ``zeros * scales`` (``zs`` read only with ``HAS_ZS``), ``perm``
+    int32 ``[K]`` (read only with ``HAS_PERM``), ``bias`` ``[N]`` (only with ``HAS_BIAS``, which the launcher
+    sets for an unsplit reduction alone). ``out`` is ``[M, N]`` in its own dtype, or float32 partial sums
+    ``[splits, M, N]`` when the reduction is split.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    PACKED: tl.constexpr = BLOCK_K if SUB == 0 else SUB
+    SUBS: tl.constexpr = BLOCK_K // PACKED
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    # 4-bit: a tile's BLOCK_K columns are BLOCK_K / 2 bytes of each row, each column pair sharing a byte
+    # 4-bit: a block's columns r and PACKED / 2 + r share byte r of its PACKED / 2; a tile's bytes are its blocks'
     W_COLS: tl.constexpr = BLOCK_K // 2 if BITS == 4 else BLOCK_K
+    RUN: tl.constexpr = PACKED // 2 if BITS == 4 else PACKED
     offs_c = tl.arange(0, W_COLS)
+    # the column (relative to the tile) of byte c's code, or of its low nibble
+    cols_c = (offs_c // RUN) * PACKED + offs_c % RUN
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -132,19 +154,18 @@ def grouped_int_gemm_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     pdl_begin(USE_PDL)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        group = k0 // GROUP
-        scale = tl.load(scale_ptr + s_rows + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        scale = _tile_params(scale_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP)
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + s_rows + group, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            zs = _tile_params(zs_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP)
         if BITS == 4:
             w_col0 = k0 // 2
         else:
             w_col0 = k0
         codes = tl.load(w_rows + (w_col0 + offs_c)[None, :], mask=n_ok[:, None], other=0)
         if BITS == 4:
-            x_lo = _load_x(x_rows, m_ok, perm_ptr, k0 + offs_c, HAS_PERM)
-            x_hi = _load_x(x_rows, m_ok, perm_ptr, k0 + W_COLS + offs_c, HAS_PERM)
+            x_lo = _load_x(x_rows, m_ok, perm_ptr, k0 + cols_c, HAS_PERM)
+            x_hi = _load_x(x_rows, m_ok, perm_ptr, k0 + RUN + cols_c, HAS_PERM)
             w_lo = _dequant(codes & 0xF, scale, zs, ZERO, HAS_ZS)
             w_hi = _dequant(codes >> 4, scale, zs, ZERO, HAS_ZS)
             acc = tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)), acc, input_precision=PRECISION)

@@ -297,7 +297,11 @@ def _gemm(
     out_features, in_features = weight.shape
     m = rows.shape[0]
     block_m, block_n, warps, stages = tiles.gemm_tiles(m)
-    k_blocks = in_features // weight.block_k
+    # a tile spans several packed blocks where they are narrow (float32 tiles keep theirs: shared memory)
+    block_k = weight.block_k
+    while rows.dtype != torch.float32 and block_k * 2 <= tiles.gemm_block_k and in_features % (block_k * 2) == 0:
+        block_k *= 2
+    k_blocks = in_features // block_k
     output_tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
     blocks_per_split = triton.cdiv(k_blocks, tiles.split_k(output_tiles, k_blocks))
     splits = triton.cdiv(k_blocks, blocks_per_split)
@@ -306,13 +310,13 @@ def _gemm(
     gk.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, target,
-        m, out_features, blocks_per_split * weight.block_k, rows.stride(0), weight.codes.stride(0),
+        m, out_features, blocks_per_split * block_k, rows.stride(0), weight.codes.stride(0),
         weight.scales.stride(0), target.stride(-2), target.stride(0) if splits > 1 else 0,
         K=in_features, GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None,
         HAS_BIAS=bias is not None and splits == 1,
         PRECISION="ieee" if rows.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=weight.block_k, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUB=weight.block_k, num_warps=warps, num_stages=stages,
         **pdl.launch_options(),
     )  # fmt: skip
     return split_result(out, target, splits, bias)
