@@ -17,6 +17,9 @@
 #            (nvidia_h200_l2_prefetch.py: does a weight asked for early come faster?).
 #   prefetch-decode: W4A16 decode of 1 and 4 sequences with the L2 prefetches (and at one row, where the
 #            word GEMV runs today) and Triton's pipeliner, against the defaults and bf16 (TILES overrides).
+#   wide:    the fragment kernel at one row for wide products (fragment_wide_min_rows=1, session 37) and the
+#            grouped GEMM with one packed block a tile (gemm_block_k=0, before session 37) against the defaults:
+#            W4A16 and GGUF Q4_K_M decode of 1 and 4 sequences, bf16 beside them.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -24,7 +27,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -60,6 +63,14 @@ elif [ "$PART" = prefetch-decode ]; then
     --decode-batch 4 --grouped-tiles ${TILES:-fragment_prefetch=32 fragment_min_rows=1,fragment_prefetch=32 fragment_stages=3} \
     --throughput --json "$OUT/prefetch_decode.json" > $LOGS/prefetch_decode.log 2>&1
   grep -E "^decode" $LOGS/prefetch_decode.log
+elif [ "$PART" = wide ]; then
+  timeout 90 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_fragment_gated.py \
+    plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/wide_tests.log 2>&1
+  tail -2 $LOGS/wide_tests.log
+  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0} --throughput \
+    --json "$OUT/wide_decode.json" > $LOGS/wide_decode.log 2>&1
+  grep -E "^decode" $LOGS/wide_decode.log
 elif [ "$PART" = overlap ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log
