@@ -9,8 +9,8 @@ the clocks left alone), for example the stall reasons of each launch:
         python benchmarks/nvidia_h200_int4_ncu_probe.py --shapes gate_up down --variants word frag2 frag2a
 
 Variants: ``word`` the word GEMV (one row), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
-the same with its scales read with its words (``GroupedIntTiles.fragment_ahead``), ``stagesS`` the fragment kernel
-pipelined by Triton ``S`` deep (``GroupedIntTiles.fragment_stages``); ``--rows`` 1-8.
+the same with its scales read with its words (``GroupedIntTiles.fragment_ahead``), ``fragDpP`` with L2 prefetches
+``P`` iterations past its read-ahead (``GroupedIntTiles.fragment_prefetch``); ``--rows`` 1-8.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def tiles_of(variant: str, h200: object) -> object:
     """The ``GroupedIntTiles`` a variant label names."""
     if variant == "word":
         return dataclasses.replace(h200, fragment_rows=0, mma_rows=0)
-    if variant.startswith("stages"):
-        return dataclasses.replace(h200, fragment_rows=8, fragment_min_rows=1, fragment_stages=int(variant[6:]))
     if not variant.startswith("frag"):
         raise SystemExit(f"unknown variant {variant!r}")
     depth = int(variant[4])
+    prefetch = int(variant.split("p", 1)[1]) if "p" in variant[5:] else 0
     return dataclasses.replace(
-        h200, fragment_rows=8, fragment_min_rows=1, fragment_depth=depth, fragment_ahead=variant.endswith("a")
+        h200, fragment_rows=8, fragment_min_rows=1, fragment_depth=depth, fragment_ahead=variant.endswith("a"),
+        fragment_prefetch=prefetch,
     )
 
 

@@ -2,21 +2,20 @@
 # The variants written without a device (sessions 33-36) measured in device calls of
 # under ten minutes: `kernels` checks them on the GPU and times them one product or layer at a time, `decode`
 # end to end. What each variant is: BENCHMARKS.md, "session 34" and "session 35".
-#   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel pipelined by
-#            Triton (fragment_stages 3, 4; session 36) against its register read-ahead at 1 and 4 rows;
+#   kernels: the plugin's grouped-integer and MoE kernel tests on the GPU; the fragment kernel at 1 and 4 rows
+#            with 4 / 8 warps;
 #            Q4_K / W4A16 GEMVs with and without the pipelined loop; the MoE down GEMV with a token's experts
 #            at once (down_experts_at_once).
 #   decode:  Llama-3-8B W4A16 and GGUF Q4_K_M batch-1 decode (and 2 / 4 / 8 sequences) against bf16, the
 #            H200 defaults (fragment read-ahead of 2, session 35; the gated epilogue from two rows, session 36)
-#            against the gated epilogue off and at every row, the fragment kernel at one row and pipelined by
-#            Triton (fragment_stages 3, session 36); Qwen3-30B-A3B
+#            against the gated epilogue off and on the GEMVs too, the fragment kernel at one row; Qwen3-30B-A3B
 #            batch-1 decode. Session 36 ran these on an H100 (BENCHMARKS.md); the issues' figures are the H200's.
 #   prefetch: the fragment kernel's L2 prefetches (fragment_prefetch, session 37) checked on the GPU, timed
 #            per product at 1 and 4 rows against the register read-ahead alone and Triton's pipeliner, then
 #            an L2 prefetch issued before a few small kernels ahead of a bf16 / W4A16 product
 #            (nvidia_h200_l2_prefetch.py: does a weight asked for early come faster?).
 #   prefetch-decode: W4A16 decode of 1 and 4 sequences with the L2 prefetches (and at one row, where the
-#            word GEMV runs today) and Triton's pipeliner, against the defaults and bf16 (TILES overrides).
+#            word GEMV runs today), against the defaults and bf16 (TILES overrides).
 #   wide:    the fragment kernel at one row for wide products (fragment_wide_min_rows=1, session 37) and the
 #            grouped GEMM with one packed block a tile (gemm_block_k=0, before session 37) against the defaults:
 #            W4A16 and GGUF Q4_K_M decode of 1 and 4 sequences, bf16 beside them.
@@ -40,7 +39,7 @@ if [ "$PART" = kernels ]; then
     plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
   tail -6 $LOGS/pending_tests.log
   timeout 200 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
-    --fragment-stages 3 4 --json "$OUT/word_gemv_stages.json" > $LOGS/word_gemv.log 2>&1
+    --json "$OUT/word_gemv.json" > $LOGS/word_gemv.log 2>&1
   grep -E "rows" $LOGS/word_gemv.log | tail -120
   timeout 90 python3 benchmarks/nvidia_h200_quantized.py kernels --kinds int4_g128 gguf_q4_k \
     --gemv "4,1024,4,2" "4,2048,4,2" --gemv-loop-stages 1 3 --gemm-rows --json "$OUT/quantized_kernels.json" \
@@ -56,11 +55,11 @@ elif [ "$PART" = prefetch ]; then
   timeout 150 python3 benchmarks/nvidia_h200_l2_prefetch.py --json "$OUT/l2_prefetch.json" > $LOGS/l2_prefetch.log 2>&1
   cat $LOGS/l2_prefetch.log | grep " us "
   timeout 280 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
-    --fragment-prefetch 0 4 32 --fragment-stages 3 --json "$OUT/word_gemv_prefetch.json" > $LOGS/word_gemv.log 2>&1
+    --fragment-prefetch 0 4 32 --json "$OUT/word_gemv_prefetch.json" > $LOGS/word_gemv.log 2>&1
   grep -E "rows" $LOGS/word_gemv.log | tail -130
 elif [ "$PART" = prefetch-decode ]; then
   timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 \
-    --decode-batch 4 --grouped-tiles ${TILES:-fragment_prefetch=32 fragment_min_rows=1,fragment_prefetch=32 fragment_stages=3} \
+    --decode-batch 4 --grouped-tiles ${TILES:-fragment_prefetch=32 fragment_min_rows=1,fragment_prefetch=32} \
     --throughput --json "$OUT/prefetch_decode.json" > $LOGS/prefetch_decode.log 2>&1
   grep -E "^decode" $LOGS/prefetch_decode.log
 elif [ "$PART" = wide ]; then
@@ -96,7 +95,7 @@ elif [ "$PART" = overlap-fp8 ]; then
   done
 else
   timeout 380 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --decode-batch 2 4 8 --grouped-tiles gated_epilogue=0 gated_epilogue=1 fragment_min_rows=1 fragment_stages=3 \
+    --decode-batch 2 4 8 --grouped-tiles gated_epilogue=0 gemv_gated_epilogue=1 fragment_min_rows=1 \
     --throughput --json "$OUT/quantized_decode.json" > $LOGS/quantized_decode.log 2>&1
   grep -E "^decode" $LOGS/quantized_decode.log
   timeout 110 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL > $LOGS/moe_decode.log 2>&1

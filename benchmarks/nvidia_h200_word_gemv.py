@@ -54,13 +54,12 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 def variants_for(
     rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
     loop_stages: tuple[int, ...] = (1,), fragment_ahead: tuple[bool, ...] = (False,),
-    fragment_stages: tuple[int, ...] = (), fragment_prefetch: tuple[int, ...] = (0,),
+    fragment_prefetch: tuple[int, ...] = (0,),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
     would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
     with each of ``fragment_warps``, ``fragment_depth`` (iterations a warp reads its words ahead) and
-    ``fragment_ahead`` (its scales with them, the activations an iteration ahead), and with each of
-    ``fragment_stages`` (Triton's pipeliner instead of the register read-ahead) and ``fragment_prefetch`` (L2
+    ``fragment_ahead`` (its scales with them, the activations an iteration ahead) and ``fragment_prefetch`` (L2
     prefetches that many iterations past the read-ahead)."""
     variants = {"default": h200}
     if rows > 1:
@@ -87,11 +86,6 @@ def variants_for(
                             mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
                             fragment_depth=depth, fragment_ahead=ahead, fragment_prefetch=prefetch,
                         )
-            for stages in fragment_stages:
-                variants[f"fragments, {warps} warps, {stages} stages"] = tiles_class(
-                    mma_rows=16, fragment_rows=8, fragment_warps=warps, fragment_narrow_warps=warps,
-                    fragment_stages=stages,
-                )
     return variants
 
 
@@ -113,8 +107,6 @@ def main() -> None:
     parser.add_argument("--fragment-ahead", type=int, nargs="*", default=[0], choices=[0, 1],
                         help="the fragment kernel reads its scales with its words, its activations an iteration "
                         "ahead (GroupedIntTiles.fragment_ahead; 0 1 for both)")
-    parser.add_argument("--fragment-stages", type=int, nargs="*", default=[],
-                        help="the fragment kernel pipelined by Triton this deep (GroupedIntTiles.fragment_stages)")
     parser.add_argument("--fragment-prefetch", type=int, nargs="*", default=[0],
                         help="iterations past its read-ahead the fragment kernel asks the L2 cache for its words "
                         "(GroupedIntTiles.fragment_prefetch; 0 for none)")
@@ -149,7 +141,7 @@ def main() -> None:
                 for label, tiles in variants_for(
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
                     args.all_word_tiles, tuple(args.gemv_loop_stages), tuple(bool(a) for a in args.fragment_ahead),
-                    tuple(args.fragment_stages), tuple(args.fragment_prefetch),
+                    tuple(args.fragment_prefetch),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

@@ -196,25 +196,22 @@ def test_few_rows_run_on_tensor_cores(device, kernel_dtypes, zero_scales: bool, 
 
 
 @pytest.mark.parametrize(
-    ("zero_scales", "block", "depth", "ahead", "stages", "prefetch"),
+    ("zero_scales", "block", "depth", "ahead", "prefetch"),
     [
-        (False, 128, 1, False, 0, 0), (True, 128, 1, False, 0, 0), (False, 256, 1, False, 0, 0),
-        (True, 256, 1, False, 0, 0), (False, 128, 3, False, 0, 0), (True, 256, 2, False, 0, 0),
-        (False, 128, 2, True, 0, 0), (True, 128, 3, True, 0, 0), (True, 256, 2, True, 0, 0),
-        (False, 256, 1, True, 0, 0), (False, 128, 2, False, 3, 0), (True, 256, 2, False, 3, 0),
-        (False, 128, 2, False, 0, 2), (True, 256, 1, False, 0, 8),
+        (False, 128, 1, False, 0), (True, 128, 1, False, 0), (False, 256, 1, False, 0), (True, 256, 1, False, 0),
+        (False, 128, 3, False, 0), (True, 256, 2, False, 0), (False, 128, 2, True, 0), (True, 128, 3, True, 0),
+        (True, 256, 2, True, 0), (False, 256, 1, True, 0), (False, 128, 2, False, 2), (True, 256, 1, False, 8),
     ],
 )  # fmt: skip
 def test_fragment_kernel_reads_words_into_tensor_core_operands(
-    device, zero_scales: bool, block: int, depth: int, ahead: bool, stages: int, prefetch: int, monkeypatch
+    device, zero_scales: bool, block: int, depth: int, ahead: bool, prefetch: int, monkeypatch
 ) -> None:
     """1 to 8 bf16 / fp16 rows over 4-bit codes in blocks of 128 columns or more take the fragment kernel (its
     ``mma`` PTX on a GPU, the same slots emulated lane by lane in the interpreter; bf16 too, as no ``tl.dot``
     runs there): against float64 with act-order, bias, a zero point or zero scales, an odd number of chunks
     for its warps (or an even one), output features past the last full tile of 16, and words read 1-3
-    iterations ahead (with their scales, and the activations one ahead: ``ahead``), or pipelined by Triton
-    (``stages``; the interpreter runs the same loop unpipelined), with L2 prefetches ahead of the read-ahead
-    (``prefetch``; on a GPU a prefetch past the last chunk would read past the weight)."""
+    iterations ahead (with their scales, and the activations one ahead: ``ahead``), with L2 prefetches past the
+    read-ahead (``prefetch``; on a GPU one past the last chunk would read past the weight)."""
     gen = torch.Generator().manual_seed(29)
     # reading ahead: enough chunks that every register set of the read-ahead takes its turn; with ``ahead`` and
     # 128 columns a block an even number of chunks too (the read-ahead past the last chunk reads the last again)
@@ -231,7 +228,7 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
     tiles = dataclasses.replace(
         tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2, fragment_depth=depth,
-        fragment_ahead=ahead, fragment_stages=stages, fragment_prefetch=prefetch,
+        fragment_ahead=ahead, fragment_prefetch=prefetch,
     )
     for dtype in (torch.float16, torch.bfloat16):
         for rows in (1, 3, 8):

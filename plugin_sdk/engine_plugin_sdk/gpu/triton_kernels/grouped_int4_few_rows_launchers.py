@@ -76,7 +76,7 @@ def fragment_linear(
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated, STAGES=tiles.fragment_stages,
+        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated,
         PREFETCH=tiles.fragment_prefetch, num_warps=warps, num_stages=1,
         **pdl.launch_options(),
     )  # fmt: skip

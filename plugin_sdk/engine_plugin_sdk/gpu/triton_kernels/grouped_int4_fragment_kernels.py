@@ -19,8 +19,8 @@ a chunk, with the group scale, in float32.
 Each program takes 16 output features; its warps split the chunks and their sums are added at the end. A warp
 reads its chunks' words ``DEPTH`` iterations ahead (``GroupedIntTiles.fragment_depth``): ptxas places a loop's
 loads after most of its ``mma`` work, so a read-ahead of one iteration leaves a memory latency a chunk exposed
-(``benchmarks/sass_shape.py`` shows where the loads land); with ``STAGES`` Triton's pipeliner holds the chunks
-in flight as copies into shared memory instead. A gate/up product (``GATED``) takes 8 features a program, each
+(``benchmarks/sass_shape.py`` shows where the loads land). (Triton's pipeliner, ``cp.async`` copies through
+shared memory with two block barriers an iteration, ran 5-8 times slower on an H200, 2026-12-05.) A gate/up product (``GATED``) takes 8 features a program, each
 lane holding a feature's gate row and its up row, and writes ``act(gate) * up``. The
 PTX assumes that the lane holding element ``i`` of a ``[32 * warps, 4]`` tensor is ``i % 32`` of warp
 ``i // 32`` (Triton's blocked layout for those loads); the H200 checks compare the result with a float64
@@ -131,36 +131,6 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
 
 
 @triton.jit
-def _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
-                   stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                   GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
-                   LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
-                   FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """The kernel's reduction with Triton's pipeliner holding ``STAGES - 1`` chunks' words and activations in
-    flight a warp as ``cp.async`` copies through shared memory (no registers held for them); the first chunk's
-    words and the first two chunks' scales are read before the PDL wait, and each chunk's scales (too narrow
-    for ``cp.async``) an iteration ahead in registers."""
-    wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, 0, NUM_CHUNKS, NOW)
-    sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
-                           NOW)  # fmt: skip
-    sc_next, zc_next = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, warp + WARPS, NUM_CHUNKS, PER_BLOCK, BLOCK,
-                                     GROUP, HAS_ZS, LATER)  # fmt: skip
-    if USE_PDL:
-        gdc_wait()
-    acc = _chunk_step(acc, wg, wh, warp, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW,
-                      WARPS, BASE, OFFSET, FP16, ASM, HAS_ZS)  # fmt: skip
-    sc, zc = sc_next, zc_next
-    for c0 in tl.range(WARPS, NUM_CHUNKS, WARPS, num_stages=STAGES):
-        sc_next, zc_next = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, c0 + WARPS + warp, NUM_CHUNKS,
-                                         PER_BLOCK, BLOCK, GROUP, HAS_ZS, LATER)  # fmt: skip
-        wg, wh = _chunk_words(w32, row_g, row_h, stride_w, words, warp, c0, NUM_CHUNKS, NOW)
-        acc = _chunk_step(acc, wg, wh, c0 + warp, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM,
-                          NOW, WARPS, BASE, OFFSET, FP16, ASM, HAS_ZS)  # fmt: skip
-        sc, zc = sc_next, zc_next
-    return acc
-
-
-@triton.jit
 def _chunk_step(acc, wg, wh, chunk, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr,
                 BLOCK: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr, WARPS: tl.constexpr,
                 BASE: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
@@ -256,7 +226,7 @@ def grouped_int4_fragment_kernel(
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
-    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, STAGES: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, PREFETCH: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
     ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
@@ -267,9 +237,8 @@ def grouped_int4_fragment_kernel(
     ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
     of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
     ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
-    its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead. ``STAGES``
-    (2 or more): Triton's pipeliner keeps the chunks in flight instead (``DEPTH``, ``AHEAD`` and ``PREFETCH``
-    unread). ``PREFETCH``: the L2 cache is asked for each chunk's words that many iterations before the
+    its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead.
+    ``PREFETCH``: the L2 cache is asked for each chunk's words that many iterations before the
     read-ahead loads them (no registers held; the interpreter skips it).
     """
     tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
@@ -281,7 +250,7 @@ def grouped_int4_fragment_kernel(
     EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
     # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
     NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
-    LATER: tl.constexpr = UNUSED if (AHEAD or STAGES > 0) and EVEN else ZEROS
+    LATER: tl.constexpr = UNUSED if AHEAD and EVEN else ZEROS
     lane = tl.arange(0, LANES)
     warp = lane // 32
     g = (lane % 32) // 4
@@ -306,14 +275,9 @@ def grouped_int4_fragment_kernel(
     acc = tl.zeros((LANES, 4), dtype=tl.float32)
     if USE_PDL:
         gdc_launch_dependents()
-    if STAGES > 0:
-        acc = _staged_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
+    acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
                              zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
-                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, STAGES)  # fmt: skip
-    else:
-        acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
-                                 zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
-                                 WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH)  # fmt: skip
+                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH)  # fmt: skip
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     if GATED == _NOT_GATED:
