@@ -131,21 +131,6 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
 
 
 @triton.jit
-def _chunk_step(acc, wg, wh, chunk, sc, zc, t, x_row, perm_ptr, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr,
-                BLOCK: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr, WARPS: tl.constexpr,
-                BASE: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
-                HAS_ZS: tl.constexpr):  # fmt: skip
-    """``acc`` plus chunk ``chunk``'s products scaled by its scales ``sc`` (and zero scales ``zc``), given its
-    words ``wg`` / ``wh``."""
-    xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
-    c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
-    acc += sc * (c - OFFSET * s)
-    if HAS_ZS:
-        acc -= zc * s
-    return acc
-
-
-@triton.jit
 def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
                        stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                        GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
