@@ -57,51 +57,65 @@ def _halves(pairs, FP16: tl.constexpr):
 
 
 @triton.jit
-def _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr, BASE: tl.constexpr,
-                                FP16: tl.constexpr):  # fmt: skip
-    """What :func:`_fragment_asm`'s instructions compute, from the same per-lane registers ``[32 * WARPS, 4]``:
-    lane ``(g, t)``'s accumulators ``(row g, n 2t)``, ``(g, 2t + 1)``, ``(g + 8, 2t)``, ``(g + 8, 2t + 1)`` sum the
-    slot products of every lane ``(g, t')``'s codes with lane ``(n, t')``'s activations."""
-    LANES: tl.constexpr = 32 * WARPS
-    # a lane's slots [4 words, 8]: per word, the first mma's (bytes 0 and 2, low then high nibbles) then the
-    # second's (bytes 1 and 3)
+def _slot_codes(words):
+    """The codes ``[LANES, 4, 8]`` a lane's words ``[LANES, 4]`` put in its ``mma`` slots: per word, the first
+    ``mma``'s (bytes 0 and 2, low then high nibbles) then the second's (bytes 1 and 3)."""
     shifts = tl.arange(0, 8)
     nib = tl.where(shifts < 4, 0, 8) + tl.where(shifts % 2 == 1, 16, 0) + tl.where(shifts % 4 >= 2, 4, 0)
-    code_g = (((wg[:, :, None] >> nib[None, None, :]) & 0xF) + BASE).to(tl.float32)
-    code_h = (((wh[:, :, None] >> nib[None, None, :]) & 0xF) + BASE).to(tl.float32)
-    # activations of the same slots: word u's low-column pairs are xl registers 2u, 2u + 1 (x[c], x[c+1]),
-    # (x[c+2], x[c+3]); slot order x[c], x[c+2], x[c+64], x[c+66], x[c+1], x[c+3], x[c+65], x[c+67]
+    return (words[:, :, None] >> nib[None, None, :]) & 0xF
+
+
+@triton.jit
+def _slot_activations(xl0, xl1, xh0, xh1, FP16: tl.constexpr):
+    """The float32 activations ``[LANES, 4, 8]`` of the same slots: word ``u``'s low-column pairs are registers
+    ``2u, 2u + 1`` of ``xl0 | xl1`` (``x[c], x[c+1]``), (``x[c+2], x[c+3]``); slot order ``x[c], x[c+2], x[h],
+    x[h+2], x[c+1], x[c+3], x[h+1], x[h+3]`` with ``h`` the high columns."""
+    LANES: tl.constexpr = xl0.shape[0]
     l0a, l0b = _halves(xl0, FP16)
     l1a, l1b = _halves(xl1, FP16)
     h0a, h0b = _halves(xh0, FP16)
     h1a, h1b = _halves(xh1, FP16)
-    la = tl.reshape(tl.join(l0a, l1a), (LANES, 2, 2, 2))  # [lane, reg j (u % 2, p), word half u // 2] ...
+    la = tl.reshape(tl.join(l0a, l1a), (LANES, 2, 2, 2))  # [lane, u % 2, p, u // 2]
     lb = tl.reshape(tl.join(l0b, l1b), (LANES, 2, 2, 2))
     ha = tl.reshape(tl.join(h0a, h1a), (LANES, 2, 2, 2))
     hb = tl.reshape(tl.join(h0b, h1b), (LANES, 2, 2, 2))
-    # la[lane, u % 2, p, u // 2]: to [lane, u, p]
-    la = tl.reshape(tl.permute(la, (0, 3, 1, 2)), (LANES, 4, 2))
+    la = tl.reshape(tl.permute(la, (0, 3, 1, 2)), (LANES, 4, 2))  # [lane, u, p]
     lb = tl.reshape(tl.permute(lb, (0, 3, 1, 2)), (LANES, 4, 2))
     ha = tl.reshape(tl.permute(ha, (0, 3, 1, 2)), (LANES, 4, 2))
     hb = tl.reshape(tl.permute(hb, (0, 3, 1, 2)), (LANES, 4, 2))
     # slots: (la p0, la p1, ha p0, ha p1) then (lb p0, lb p1, hb p0, hb p1)
     first = tl.reshape(tl.permute(tl.join(la, ha), (0, 1, 3, 2)), (LANES, 4, 4))
     second = tl.reshape(tl.permute(tl.join(lb, hb), (0, 1, 3, 2)), (LANES, 4, 4))
-    acts = tl.reshape(tl.permute(tl.join(first, second), (0, 1, 3, 2)), (LANES, 4, 8))
-    # [warp, g, t', slots] against [warp, n, t', slots]
-    a_g = tl.reshape(code_g, (WARPS, 8, 1, 128))
-    a_h = tl.reshape(code_h, (WARPS, 8, 1, 128))
-    b = tl.reshape(acts, (WARPS, 1, 8, 128))
-    d_g = tl.sum(a_g * b, axis=3)  # [warp, g, n]
-    d_h = tl.sum(a_h * b, axis=3)
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 1, 3, 2)), (LANES, 4, 8))
+
+
+@triton.jit
+def _mma_emulated(a_g, a_h, acts, WARPS: tl.constexpr):
+    """What the ``mma`` instructions sum from the lanes' float32 operands ``[32 * WARPS, 4, 8]`` (slot values of
+    rows ``g`` and ``g + 8``, and activations): lane ``(g, t)``'s accumulators ``(row g, n 2t)``, ``(g, 2t + 1)``,
+    ``(g + 8, 2t)``, ``(g + 8, 2t + 1)`` sum the slot products of every lane ``(g, t')``'s operands with lane
+    ``(n, t')``'s activations; and the same layout of the activations' sums."""
+    LANES: tl.constexpr = 32 * WARPS
+    b = tl.reshape(acts, (WARPS, 1, 8, 128))  # [warp, n, t' and slots]
+    d_g = tl.sum(tl.reshape(a_g, (WARPS, 8, 1, 128)) * b, axis=3)  # [warp, g, n]
+    d_h = tl.sum(tl.reshape(a_h, (WARPS, 8, 1, 128)) * b, axis=3)
     s = tl.sum(b, axis=3)  # [warp, 1, n]
     # lane (g, t), register j: row g + 8 (j // 2), n = 2t + j % 2
-    c = tl.reshape(tl.join(tl.reshape(d_g, (WARPS, 8, 4, 2)), tl.reshape(d_h, (WARPS, 8, 4, 2))), (WARPS, 8, 4, 2, 2))
+    c = tl.join(tl.reshape(d_g, (WARPS, 8, 4, 2)), tl.reshape(d_h, (WARPS, 8, 4, 2)))
     c = tl.reshape(tl.permute(c, (0, 1, 2, 4, 3)), (LANES, 4))
     s4 = tl.broadcast_to(tl.reshape(s, (WARPS, 1, 4, 2)), (WARPS, 8, 4, 2))
-    s4 = tl.reshape(tl.join(s4, s4), (WARPS, 8, 4, 2, 2))
-    s4 = tl.reshape(tl.permute(s4, (0, 1, 2, 4, 3)), (LANES, 4))
+    s4 = tl.reshape(tl.permute(tl.join(s4, s4), (0, 1, 2, 4, 3)), (LANES, 4))
     return c, s4
+
+
+@triton.jit
+def _fragment_products_emulated(wg, wh, xl0, xl1, xh0, xh1, WARPS: tl.constexpr, BASE: tl.constexpr,
+                                FP16: tl.constexpr):  # fmt: skip
+    """What :func:`_fragment_asm`'s instructions compute, from the same per-lane registers ``[32 * WARPS, 4]``."""
+    acts = _slot_activations(xl0, xl1, xh0, xh1, FP16)
+    code_g = (_slot_codes(wg) + BASE).to(tl.float32)
+    code_h = (_slot_codes(wh) + BASE).to(tl.float32)
+    return _mma_emulated(code_g, code_h, acts, WARPS)
 
 
 @triton.jit
