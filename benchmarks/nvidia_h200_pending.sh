@@ -16,8 +16,9 @@
 #            (nvidia_h200_l2_prefetch.py: does a weight asked for early come faster?).
 #   prefetch-decode: W4A16 decode of 1 and 4 sequences with the L2 prefetches (and at one row, where the
 #            word GEMV runs today), against the defaults and bf16 (TILES overrides).
-#   wide:    the fragment kernel at one row for wide products (fragment_wide_min_rows=1, session 37) and the
-#            grouped GEMM with one packed block a tile (gemm_block_k=0, before session 37) against the defaults:
+#   wide:    the fragment kernel at one row for wide products (fragment_wide_min_rows=1, session 37), the
+#            grouped GEMM with one packed block a tile (gemm_block_k=0, before session 37) and the fragment
+#            kernel over GGUF's 32-column blocks (fragment_narrow_blocks=1, session 37) against the defaults:
 #            W4A16 and GGUF Q4_K_M decode of 1 and 4 sequences, bf16 beside them.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
@@ -64,10 +65,11 @@ elif [ "$PART" = prefetch-decode ]; then
   grep -E "^decode" $LOGS/prefetch_decode.log
 elif [ "$PART" = wide ]; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_fragment_gated.py \
-    plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/wide_tests.log 2>&1
+    plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_grouped_int_kernels.py -k "narrow or gated or gguf" \
+    > $LOGS/wide_tests.log 2>&1
   tail -2 $LOGS/wide_tests.log
   timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0} --throughput \
+    --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0 fragment_narrow_blocks=1 fragment_narrow_blocks=1,fragment_wide_min_rows=1} --throughput \
     --json "$OUT/wide_decode.json" > $LOGS/wide_decode.log 2>&1
   grep -E "^decode" $LOGS/wide_decode.log
 elif [ "$PART" = overlap ]; then

@@ -21,16 +21,19 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels a
 
 WARPS = 8
 #: (capability, fp16, zero scales, iterations a warp reads its words ahead, its scales with them, the gated
-#: activation of a gate/up product or -1, iterations its words are asked of the L2 cache before that: 112
-#: chunks of 8 warps are 14 iterations, so 20 asks for all of them before the loop)
+#: activation of a gate/up product or -1, iterations its words are asked of the L2 cache before that (112
+#: chunks of 8 warps are 14 iterations, so 20 asks for all of them before the loop), the packed block's columns
+#: (32: each lane's scales in its operands)
 CASES = [
-    (90, False, False, 1, False, -1, 0), (90, True, True, 3, False, 1, 0), (80, False, True, 2, False, -1, 0),
-    (90, False, True, 2, True, 0, 0), (90, False, False, 2, False, -1, 4), (90, False, True, 2, False, 0, 20),
+    (90, False, False, 1, False, -1, 0, 128), (90, True, True, 3, False, 1, 0, 128),
+    (80, False, True, 2, False, -1, 0, 128), (90, False, True, 2, True, 0, 0, 128),
+    (90, False, False, 2, False, -1, 4, 128), (90, False, True, 2, False, 0, 20, 128),
+    (90, False, True, 2, False, -1, 0, 32), (90, True, False, 1, False, 0, 0, 32),
 ]  # fmt: skip
 
 
 def compile_case(
-    capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, prefetch: int
+    capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, prefetch: int, block: int
 ) -> dict:
     act = "*fp16" if fp16 else "*bf16"
     signature = {
@@ -39,8 +42,8 @@ def compile_case(
         "stride_sn": "i32", "stride_om": "i32",
     }  # fmt: skip
     constants = {
-        "NUM_CHUNKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
-        "BLOCK": 128, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
+        "NUM_CHUNKS": 112, "GROUP": block, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
+        "BLOCK": block, "SUB_BITS": -2004318072 if block < 128 else 0, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
         "AHEAD": ahead, "GATED": gated, "PREFETCH": prefetch,
     }  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
@@ -55,7 +58,7 @@ def compile_case(
     used = sorted({layouts[name] for line in asm_ops for name in re.findall(r"tensor<\d+x4xi32, (#blocked\d*)>", line)})
     loads, prefetches_before, prefetches_in_loop = before_and_in_loop(kernel.asm["cubin"])
     return {
-        "case": [capability, fp16, zero_scales, depth, ahead, gated, prefetch],
+        "case": [capability, fp16, zero_scales, depth, ahead, gated, prefetch, block],
         "loads_before_loop": loads,
         "prefetches_before_loop": prefetches_before,
         "prefetches_in_loop": prefetches_in_loop,

@@ -241,12 +241,58 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
             problem = compare(got, want, get_tolerance(dtype), f"fragments {dtype} M={rows} block={block}")
             assert not problem, problem
     assert len(calls) == 6
-    # 9 rows, float32 activations, and blocks of 64 columns take the other kernels
+    # 9 rows, float32 activations, and blocks of 64 columns (without fragment_narrow_blocks) take the other kernels
     x = torch.randn(9, in_features, generator=gen).to(device)
     grouped_int_linear(x.half(), prepared, None, tiles)
     grouped_int_linear(x[:1], prepared, None, tiles)
     narrow = pack_grouped_codes(GroupedCodes(codes, scales.repeat_interleave(block // 64, 1), None, 8, 4, 64), 64, device)
     grouped_int_linear(x[:1].half(), narrow, None, tiles)
+    assert len(calls) == 6
+
+
+@pytest.mark.parametrize(
+    ("zero_scales", "block", "depth", "gated"),
+    [(False, 32, 1, False), (True, 32, 2, False), (True, 64, 1, False), (False, 64, 3, False), (True, 32, 2, True)],
+)  # fmt: skip
+def test_fragment_kernel_takes_narrow_blocks_into_its_operands(
+    device, zero_scales: bool, block: int, depth: int, gated: bool, monkeypatch
+) -> None:
+    """With ``fragment_narrow_blocks``, 4-bit codes in blocks of 32 / 64 columns (GGUF's, GPTQ's small groups)
+    take the fragment kernel, each lane's block scales (and zero scales) in its operands: against float64 for
+    1 / 3 / 8 rows of fp16 and bf16 (a bf16 operand is the dequantized weight rounded once), with a gate/up
+    product fused (``gated``), an odd chunk count for the warps, and features past the last tile of 16."""
+    gen = torch.Generator().manual_seed(31 + block + depth)
+    in_features, out_features = 5 * 128, 40
+    codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out_features, in_features // block, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(out_features, in_features // block, generator=gen) * 0.2 if zero_scales else None
+    prepared = pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block), block, device)
+    calls = []
+    real = launchers.fragment_linear
+    monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
+    tiles = dataclasses.replace(
+        tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2, fragment_narrow_warps=2,
+        fragment_depth=depth, fragment_narrow_blocks=True,
+    )
+    # the operands the kernel multiplies: each weight (code - zero) * scale - zero scale rounded once to the
+    # 16-bit type, its scale and zero scale rounded first (a bf16 operand is off the exact weight by up to 2**-9)
+    wide = block * torch.ones(in_features // block, dtype=torch.long)
+    for dtype in (torch.float16, torch.bfloat16):
+        s16 = prepared.scales.cpu().float().to(dtype).double().repeat_interleave(wide, 1)
+        z16 = prepared.zero_scales.cpu().float().to(dtype).double().repeat_interleave(wide, 1) if zero_scales else 0.0
+        dense = ((codes.double() - (0 if zero_scales else 8)) * s16 - z16).to(dtype).double()
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, in_features, generator=gen).to(dtype)
+            y = x.double() @ dense.T
+            if gated:
+                got = launchers.grouped_int_gated_linear(x.to(device), prepared, 0, tiles)
+                half = out_features // 2
+                want = y[:, :half] * torch.sigmoid(y[:, :half]) * y[:, half:]
+            else:
+                got, want = grouped_int_linear(x.to(device), prepared, None, tiles), y
+            assert got is not None and got.dtype == dtype
+            problem = compare(got, want, get_tolerance(dtype), f"narrow fragments {dtype} M={rows} block={block}")
+            assert not problem, problem
     assert len(calls) == 6
 
 

@@ -43,10 +43,16 @@ def split_result(out: torch.Tensor, target: torch.Tensor, splits: int, bias: tor
     return summed.to(out.dtype)
 
 
-def fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight) -> bool:
-    """Whether the fragment kernel takes ``rows`` (any count up to :data:`.grouped_int_tiles.FRAGMENT_MAX_ROWS`) with ``weight``."""
-    # a lane reads 16 bytes of a 128-column chunk of each of its rows: blocks of whole chunks
-    return weight.bits == 4 and weight.block_k % 128 == 0 and rows.dtype in TILE_BASE
+def fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether the fragment kernel takes ``rows`` (any count up to :data:`.grouped_int_tiles.FRAGMENT_MAX_ROWS`)
+    with ``weight``."""
+    # a lane reads 16 bytes of a 128-column chunk of each of its rows: blocks of whole chunks, or (with
+    # fragment_narrow_blocks) blocks of 32 / 64 columns whole chunks hold
+    if weight.bits != 4 or rows.dtype not in TILE_BASE:
+        return False
+    if weight.block_k % 128 == 0:
+        return True
+    return tiles.fragment_narrow_blocks and weight.block_k in (32, 64) and weight.shape[1] % 128 == 0
 
 
 def fragment_linear(
@@ -69,6 +75,8 @@ def fragment_linear(
     wide = programs >= tiles.fragment_narrow_programs
     warps = tiles.fragment_warps if wide else tiles.fragment_narrow_warps
     depth = tiles.fragment_depth if wide else tiles.fragment_narrow_depth or tiles.fragment_depth
+    narrow = weight.block_k < 128
+    has_zs = weight.zero_scales is not None
     g4f.grouped_int4_fragment_kernel[(programs,)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
@@ -76,8 +84,9 @@ def fragment_linear(
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead), GATED=gated,
-        PREFETCH=tiles.fragment_prefetch, num_warps=warps, num_stages=1,
+        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead) and not narrow, GATED=gated,
+        PREFETCH=tiles.fragment_prefetch, SUB_BITS=sub_bits(rows.dtype, 0 if has_zs else weight.zero_point) if narrow else 0,
+        num_warps=warps, num_stages=1,
         **pdl.launch_options(),
     )  # fmt: skip
 

@@ -35,6 +35,10 @@ import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _chunk_products
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_scaled import (
+    _lane_params,
+    _scaled_chunk_products,
+)
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
 from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
@@ -115,11 +119,14 @@ def _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS: tl.con
 def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
              HAS_PERM: tl.constexpr, PAST: tl.constexpr):  # fmt: skip
     """The four registers of activation pairs ``[LANES, 4]`` each of chunk ``chunk`` ``[LANES]``: lane ``t``'s low
-    columns are ``16 t .. 16 t + 15`` of the chunk's 64 within its block, its high ones ``BLOCK / 2`` on."""
+    columns are ``16 t .. 16 t + 15`` of the chunk's 64 within its block, its high ones ``BLOCK / 2`` on (blocks
+    narrower than 128 columns: lane ``t``'s 16 bytes are its block's, at ``BLOCK / 32`` lanes a block)."""
     ok = chunk < NUM_CHUNKS
     if PAST == UNUSED:
         chunk = tl.minimum(chunk, NUM_CHUNKS - 1)
-    if PER_BLOCK == 1:
+    if BLOCK < 128:
+        cols = chunk * 128 + (t // (BLOCK // 32)) * BLOCK + 16 * (t % (BLOCK // 32))
+    elif PER_BLOCK == 1:
         cols = chunk * BLOCK + 16 * t
     else:
         cols = (chunk // PER_BLOCK) * BLOCK + (chunk % PER_BLOCK) * 64 + 16 * t
@@ -136,7 +143,7 @@ def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, 
                        GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
                        LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
                        FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr,
-                       AHEAD: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+                       AHEAD: tl.constexpr, PREFETCH: tl.constexpr, SUB_BITS: tl.constexpr):  # fmt: skip
     """The kernel's reduction with each warp's words read ``DEPTH`` iterations ahead in registers (with
     ``AHEAD`` their scales too, the activations one iteration ahead), and with ``PREFETCH`` asked of the L2
     cache that many iterations further ahead."""
@@ -180,13 +187,21 @@ def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, 
                                           LATER)  # fmt: skip
         else:
             xl0, xl1, xh0, xh1 = _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS, PER_BLOCK, BLOCK, HAS_PERM, NOW)
-        c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
-        if not AHEAD:
-            sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP,
-                                   HAS_ZS, NOW)  # fmt: skip
-        acc += sc * (c - OFFSET * s)
-        if HAS_ZS:
-            acc -= zc * s
+        if BLOCK < 128:
+            # each lane's block has its own scales: into the operands (grouped_int4_fragment_scaled)
+            group = (chunk * 128 + (t // (BLOCK // 32)) * BLOCK) // GROUP
+            params = _lane_params(scale_ptr, zs_ptr, row_g, row_h, stride_sn, group, chunk < NUM_CHUNKS, HAS_ZS,
+                                  FP16)  # fmt: skip
+            acc += _scaled_chunk_products(wg, wh, xl0, xl1, xh0, xh1, params, WARPS, OFFSET - BASE, SUB_BITS, FP16,
+                                          ASM)  # fmt: skip
+        else:
+            c, s = _chunk_products(wg, wh, xl0, xl1, xh0, xh1, WARPS, BASE, FP16, ASM)
+            if not AHEAD:
+                sc, zc = _chunk_scales(scale_ptr, zs_ptr, row_j, stride_sn, chunk, NUM_CHUNKS, PER_BLOCK, BLOCK,
+                                       GROUP, HAS_ZS, NOW)  # fmt: skip
+            acc += sc * (c - OFFSET * s)
+            if HAS_ZS:
+                acc -= zc * s
         if DEPTH == 1:
             wg, wh = wg_next, wh_next
         elif DEPTH == 2:
@@ -211,7 +226,7 @@ def grouped_int4_fragment_kernel(
     NUM_CHUNKS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
-    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, PREFETCH: tl.constexpr = 0,
+    AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, PREFETCH: tl.constexpr = 0, SUB_BITS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
     ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
@@ -219,19 +234,23 @@ def grouped_int4_fragment_kernel(
     holding gate and up rows where a plain product holds rows ``g`` and ``g + 8``: one launch, no round trip.
 
     ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
-    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` a multiple
-    of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
+    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` 32, 64 or
+    a multiple of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
     ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
     its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead.
     ``PREFETCH``: the L2 cache is asked for each chunk's words that many iterations before the
     read-ahead loads them (no registers held; the interpreter skips it).
+    Blocks of 32 or 64 columns take each lane's scales into its operands
+    (:mod:`.grouped_int4_fragment_scaled`; ``SUB_BITS``: ``-(BASE + zero)`` twice over in the 16-bit type, the
+    zero being ``ZERO``, or 0 with zero scales; no ``AHEAD``).
     """
     tl.static_assert(DEPTH >= 1 and DEPTH <= 3, "the fragment kernel reads words 1 to 3 iterations ahead")
+    tl.static_assert(BLOCK >= 128 or not AHEAD, "blocks under 128 columns take their scales in the operands")
     LANES: tl.constexpr = 32 * WARPS
     BASE: tl.constexpr = 1024 if FP16 else 128
     # the codes come as BASE + code: the offset (zero point, or BASE alone with zero scales) off the sums
     OFFSET: tl.constexpr = BASE + (0 if HAS_ZS else ZERO)
-    PER_BLOCK: tl.constexpr = BLOCK // 128
+    PER_BLOCK: tl.constexpr = 1 if BLOCK < 128 else BLOCK // 128
     EVEN: tl.constexpr = NUM_CHUNKS % WARPS == 0
     # loads of the iteration's own chunk, and of chunks read ahead (past the last one with AHEAD, unused)
     NOW: tl.constexpr = ALL_REAL if EVEN else ZEROS
@@ -262,7 +281,7 @@ def grouped_int4_fragment_kernel(
         gdc_launch_dependents()
     acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
                              zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
-                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH)  # fmt: skip
+                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH, SUB_BITS)  # fmt: skip
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     if GATED == _NOT_GATED:

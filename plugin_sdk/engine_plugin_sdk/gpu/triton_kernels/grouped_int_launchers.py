@@ -177,7 +177,7 @@ def grouped_int_linear(
         dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
         return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight):
+    if tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles):
         fragment_linear(rows, weight, bias, tiles, out)
     elif m == 1:
         _gemv(rows, weight, bias, tiles, out)
@@ -209,7 +209,7 @@ def grouped_int_gated_linear(
     if out_features % 2 or x.shape[-1] != in_features:
         return None
     m = rows.shape[0]
-    fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight)
+    fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
     gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4
     if not (fragments or gemv):
         return None

@@ -73,6 +73,10 @@ class GroupedIntTiles:
             -> 8.1-8.4) and slowed gate_up (26.2 -> 29.1); W4A16 decode of 4 sequences 1,435 against 1,504
             tok/s. (Triton's pipeliner in its place, ``cp.async`` with two block barriers an iteration, ran 5-8
             times slower and was removed.)
+        fragment_narrow_blocks: the fragment kernel takes 4-bit codes packed in blocks of 32 or 64 columns too
+            (GGUF's Q4_0 / Q4_1 / Q4_K, GPTQ's groups of 32 / 64), each lane's block scales in its operands
+            (:mod:`.grouped_int4_fragment_scaled`); off: such blocks take the GEMVs and the grouped GEMM. Not yet
+            timed.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
@@ -117,6 +121,7 @@ class GroupedIntTiles:
     fragment_depth: int = 1
     fragment_narrow_depth: int = 0
     fragment_ahead: bool = False
+    fragment_narrow_blocks: bool = False
     fragment_prefetch: int = 0
     gated_epilogue: bool = True
     gemv_gated_epilogue: bool = False
