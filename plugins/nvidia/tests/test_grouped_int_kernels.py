@@ -260,13 +260,17 @@ def test_fragment_kernel_takes_narrow_blocks_into_its_operands(
     """With ``fragment_narrow_blocks``, 4-bit codes in blocks of 32 / 64 columns (GGUF's, GPTQ's small groups)
     take the fragment kernel, each lane's block scales (and zero scales) in its operands: against float64 for
     1 / 3 / 8 rows of fp16 and bf16 (a bf16 operand is the dequantized weight rounded once), with a gate/up
-    product fused (``gated``), an odd chunk count for the warps, and features past the last tile of 16."""
+    product fused and act-order (``gated``), an odd chunk count for the warps, and features past the last tile
+    of 16."""
     gen = torch.Generator().manual_seed(31 + block + depth)
     in_features, out_features = 5 * 128, 40
     codes = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
     scales = torch.rand(out_features, in_features // block, generator=gen) * 0.05 + 0.01
     zs = torch.rand(out_features, in_features // block, generator=gen) * 0.2 if zero_scales else None
-    prepared = pack_grouped_codes(GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block), block, device)
+    # act-order with the gated product (GPTQ's small groups)
+    perm = torch.randperm(in_features, generator=gen) if gated else None
+    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block, perm)
+    prepared = pack_grouped_codes(unpacked, block, device)
     calls = []
     real = launchers.fragment_linear
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
@@ -283,7 +287,7 @@ def test_fragment_kernel_takes_narrow_blocks_into_its_operands(
         dense = ((codes.double() - (0 if zero_scales else 8)) * s16 - z16).to(dtype).double()
         for rows in (1, 3, 8):
             x = torch.randn(rows, in_features, generator=gen).to(dtype)
-            y = x.double() @ dense.T
+            y = (x.double() if perm is None else x.double()[:, perm]) @ dense.T
             if gated:
                 got = launchers.grouped_int_gated_linear(x.to(device), prepared, 0, tiles)
                 half = out_features // 2
