@@ -69,7 +69,7 @@ elif [ "$PART" = wide ]; then
     > $LOGS/wide_tests.log 2>&1
   tail -2 $LOGS/wide_tests.log
   timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0 fragment_narrow_blocks=1 fragment_narrow_blocks=1,fragment_wide_min_rows=1} --throughput \
+    --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0 gemm_block_k=128 fragment_narrow_blocks=1,fragment_wide_min_rows=1} --throughput \
     --json "$OUT/wide_decode.json" > $LOGS/wide_decode.log 2>&1
   grep -E "^decode" $LOGS/wide_decode.log
 elif [ "$PART" = overlap ]; then

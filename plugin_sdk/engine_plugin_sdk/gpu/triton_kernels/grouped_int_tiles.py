@@ -22,7 +22,9 @@ class GroupedIntTiles:
             128 the larger tiles outgrow an MI300's 64 KiB of LDS).
         gemm_block_k: the grouped GEMM's reduction tile spans packed blocks narrower than this (bf16 / fp16
             activations; GGUF's and GPTQ's 32-column groups), each block's scales broadcast over its columns
-            (0 or ``block_k``: one block a tile, as before). Not yet timed.
+            (0: one block a tile, as before). Not yet timed; 64 from the sm_90 code of the 2-16-row tiles (Triton
+            3.6): per 128 columns of 32-column blocks 954 instructions and 168 registers against 1,192 and 140 in
+            tiles of one block; 128-column tiles need 255 registers and spill.
         gemm: ``(max_rows, block_m, block_n, num_warps, num_stages)`` by the number of activation rows: the
             first entry whose ``max_rows`` covers them (the last one past them all). ``block_m`` is at
             least 16 (``tl.dot``'s smallest tile).
@@ -97,7 +99,7 @@ class GroupedIntTiles:
 
     block_k: int = 128
     fp32_block_k: int = 32
-    gemm_block_k: int = 128
+    gemm_block_k: int = 64
     gemm: tuple[tuple[int, int, int, int, int], ...] = (
         (16, 16, 64, 4, 4), (32, 32, 64, 4, 4), (64, 64, 64, 4, 3), (256, 64, 128, 4, 3), (0, 128, 128, 8, 3),
     )  # fmt: skip
