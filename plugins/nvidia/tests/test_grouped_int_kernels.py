@@ -228,7 +228,7 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
     monkeypatch.setattr(launchers, "fragment_linear", lambda *a: calls.append(1) or real(*a))
     tiles = dataclasses.replace(
         tiles_for(device), fragment_rows=8, fragment_min_rows=1, fragment_warps=2, fragment_depth=depth,
-        fragment_ahead=ahead, fragment_prefetch=prefetch,
+        fragment_ahead=ahead, fragment_prefetch=prefetch, fragment_narrow_blocks=False,
     )
     for dtype in (torch.float16, torch.bfloat16):
         for rows in (1, 3, 8):

@@ -22,9 +22,10 @@ class GroupedIntTiles:
             128 the larger tiles outgrow an MI300's 64 KiB of LDS).
         gemm_block_k: the grouped GEMM's reduction tile spans packed blocks narrower than this (bf16 / fp16
             activations; GGUF's and GPTQ's 32-column groups), each block's scales broadcast over its columns
-            (0: one block a tile, as before). Not yet timed; 64 from the sm_90 code of the 2-16-row tiles (Triton
+            (0: one block a tile, as before). 64 by default from the sm_90 code of the 2-16-row tiles (Triton
             3.6): per 128 columns of 32-column blocks 954 instructions and 168 registers against 1,192 and 140 in
-            tiles of one block; 128-column tiles need 255 registers and spill.
+            tiles of one block; 128-column tiles need 255 registers and spill, yet on an H200 (2026-12-05) GGUF
+            Q4_K_M decode of 4 sequences on the GEMM ran 532.4 tok/s with them, 501.3 at 64, 426.7 at 32.
         gemm: ``(max_rows, block_m, block_n, num_warps, num_stages)`` by the number of activation rows: the
             first entry whose ``max_rows`` covers them (the last one past them all). ``block_m`` is at
             least 16 (``tl.dot``'s smallest tile).
@@ -77,8 +78,8 @@ class GroupedIntTiles:
             times slower and was removed.)
         fragment_narrow_blocks: the fragment kernel takes 4-bit codes packed in blocks of 32 or 64 columns too
             (GGUF's Q4_0 / Q4_1 / Q4_K, GPTQ's groups of 32 / 64), each lane's block scales in its operands
-            (:mod:`.grouped_int4_fragment_scaled`); off: such blocks take the GEMVs and the grouped GEMM. Not yet
-            timed.
+            (:mod:`.grouped_int4_fragment_scaled`); off: such blocks take the GEMVs and the grouped GEMM. On an
+            H200 (2026-12-05) GGUF Q4_K_M decode of 4 sequences 821.9 against 501.3 tok/s.
         fragment_ahead: the fragment kernel reads each chunk's group scales with its words (``fragment_depth``
             iterations ahead) and its activations one iteration ahead; without it ptxas issues the scales'
             loads amid the iteration that multiplies by them (about 6 registers a lane more at depth 2). Off:
@@ -94,7 +95,8 @@ class GroupedIntTiles:
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
-            head 102 against 126) and lost on the narrow ones (qkv, o_proj, down).
+            head 102 against 126) and lost on the narrow ones (qkv, o_proj, down); W4A16 batch-1 decode with 1
+            449.7 against 414.4 tok/s (2026-12-05).
     """
 
     block_k: int = 128
@@ -158,13 +160,20 @@ class GroupedIntTiles:
 #: the fragment kernel for 2-8 rows (a layer's four products at 4 rows 66.8 against 94.7 us on an H200; one row
 #: stays on the word GEMV, which it beat only on gate_up and the LM head), 4 warps a program from 1,024
 #: programs and 8 below, reading 2 iterations ahead (W4A16 decode of 2 / 4 / 8 sequences +7-10% on an H100,
-#: to confirm on an H200); the gated epilogue from two rows (``gated_epilogue``).
-H200_GROUPED_INT_TILES = GroupedIntTiles(mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2)
+#: to confirm on an H200); the gated epilogue on the fragment kernel (``gated_epilogue``); one row of wide
+#: products (gate/up, the LM head) on the fragment kernel too (W4A16 batch-1 decode 449.7 against 414.4 tok/s,
+#: 2026-12-05); GGUF's 32-column blocks on the fragment kernel (Q4_K_M decode of 4 sequences 821.9 against
+#: 501.3 tok/s, batch 1 334.8 against 304.4 with the row above) and in 128-column GEMM tiles (532.4 against
+#: 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill).
+H200_GROUPED_INT_TILES = GroupedIntTiles(
+    mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_wide_min_rows=1,
+    fragment_narrow_blocks=True, gemm_block_k=128,
+)
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
 #: a 4096-wide product's time there, each numpy call costing about the same whatever its tile)
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
-    fragment_warps=2, fragment_narrow_warps=2,
+    fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True,
 )
