@@ -37,7 +37,7 @@ PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOG
 source benchmarks/nvidia_h200_setup.sh
 if [ "$PART" = kernels ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
-    plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
+    plugins/nvidia/tests/test_fragment_kernels.py plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
   tail -6 $LOGS/pending_tests.log
   timeout 200 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 4 --fragment-warps 4 8 --fragment-depth 2 \
     --json "$OUT/word_gemv.json" > $LOGS/word_gemv.log 2>&1
@@ -50,8 +50,8 @@ if [ "$PART" = kernels ]; then
     --down-at-once --json "$OUT/moe_kernels.json" > $LOGS/moe_kernels.log 2>&1
   tail -8 $LOGS/moe_kernels.log
 elif [ "$PART" = prefetch ]; then
-  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
-    -k "tensor_core_operands" > $LOGS/prefetch_tests.log 2>&1
+  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_fragment_kernels.py \
+    > $LOGS/prefetch_tests.log 2>&1
   tail -3 $LOGS/prefetch_tests.log
   timeout 150 python3 benchmarks/nvidia_h200_l2_prefetch.py --json "$OUT/l2_prefetch.json" > $LOGS/l2_prefetch.log 2>&1
   cat $LOGS/l2_prefetch.log | grep " us "
@@ -65,8 +65,7 @@ elif [ "$PART" = prefetch-decode ]; then
   grep -E "^decode" $LOGS/prefetch_decode.log
 elif [ "$PART" = wide ]; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_fragment_gated.py \
-    plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_grouped_int_kernels.py -k "narrow or gated or gguf" \
-    > $LOGS/wide_tests.log 2>&1
+    plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_fragment_kernels.py > $LOGS/wide_tests.log 2>&1
   tail -2 $LOGS/wide_tests.log
   timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0 gemm_block_k=128 fragment_narrow_blocks=1,fragment_wide_min_rows=1} --throughput \

@@ -14,6 +14,22 @@ import triton
 import triton.language as tl
 
 
+def _operand_lines(word_g: int, word_h: int, u: int, shift: int, float_bits: int) -> list[tuple[str, list[str]]]:
+    """The PTX filling each ``mma`` operand register ``a0..a3`` from word ``u`` of rows ``g`` (``$word_g + u``) and
+    ``g + 8`` (``$word_h + u``): bytes 0 and 2 (``shift`` 0) or 1 and 3 (``shift`` 8), low nibbles (``a0``,
+    ``a1``) then high ones, one AND-OR a nibble pair making the 16-bit ``BASE + code``; ``w`` / ``v`` scratch."""
+    operands = []
+    for reg, src, extra in (("a0", word_g, 0), ("a1", word_h, 0), ("a2", word_g, 4), ("a3", word_h, 4)):
+        if shift + extra:
+            tmp = "w" if src == word_g else "v"
+            lines = [f"shr.b32 {tmp}, ${src + u}, {shift + extra};",
+                     f"lop3.b32 {reg}, {tmp}, 0x000F000F, {float_bits:#010x}, 0xEA;"]  # fmt: skip
+        else:
+            lines = [f"lop3.b32 {reg}, ${src + u}, 0x000F000F, {float_bits:#010x}, 0xEA;"]
+        operands.append((reg, lines))
+    return operands
+
+
 def _fragment_asm(float_bits: int, ones: int, kind: str) -> str:
     """PTX for one lane's 128-column chunk: ``$0..$3`` the ``mma`` accumulators of ``(128 + code) * x``,
     ``$4..$7`` those of the activations' sums; inputs ``$8..$11`` words of row ``g``, ``$12..$15`` of row ``g + 8``,
@@ -23,14 +39,9 @@ def _fragment_asm(float_bits: int, ones: int, kind: str) -> str:
     lines += [f"mov.b32 ${i}, 0;" for i in range(8)]
     for u in range(4):
         for shift, select in ((0, "0x5410"), (8, "0x7632")):
-            # bytes 0 and 2 (shift 0) or 1 and 3 (shift 8): low nibbles pair with the low columns' activations
-            for reg, src, extra in (("a0", 8, 0), ("a1", 12, 0), ("a2", 8, 4), ("a3", 12, 4)):
-                if shift + extra:
-                    tmp = "w" if src == 8 else "v"
-                    lines.append(f"shr.b32 {tmp}, ${src + u}, {shift + extra};")
-                    lines.append(f"lop3.b32 {reg}, {tmp}, 0x000F000F, {float_bits:#010x}, 0xEA;")
-                else:
-                    lines.append(f"lop3.b32 {reg}, ${src + u}, 0x000F000F, {float_bits:#010x}, 0xEA;")
+            # low nibbles pair with the low columns' activations
+            for _, operand in _operand_lines(8, 12, u, shift, float_bits):
+                lines += operand
             lines.append(f"prmt.b32 b0, ${16 + 2 * u}, ${17 + 2 * u}, {select};")
             lines.append(f"prmt.b32 b1, ${24 + 2 * u}, ${25 + 2 * u}, {select};")
             lines.append(f"{mma} {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$0, $1, $2, $3}};")

@@ -18,6 +18,7 @@ import triton.language as tl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import (
     _halves,
     _mma_emulated,
+    _operand_lines,
     _slot_activations,
     _slot_codes,
 )
@@ -33,14 +34,9 @@ def _scaled_fragment_asm(float_bits: int, ones: int, kind: str) -> str:
     lines += [f"mov.b32 ${i}, 0;" for i in range(4)]
     for u in range(4):
         for shift, select in ((0, "0x5410"), (8, "0x7632")):
-            for reg, src, extra in (("a0", 4, 0), ("a1", 8, 0), ("a2", 4, 4), ("a3", 8, 4)):
-                if shift + extra:
-                    tmp = "w" if src == 4 else "v"
-                    lines.append(f"shr.b32 {tmp}, ${src + u}, {shift + extra};")
-                    lines.append(f"lop3.b32 {reg}, {tmp}, 0x000F000F, {float_bits:#010x}, 0xEA;")
-                else:
-                    lines.append(f"lop3.b32 {reg}, ${src + u}, 0x000F000F, {float_bits:#010x}, 0xEA;")
-                scale, zero = ("$28", "$30") if src == 4 else ("$29", "$31")
+            for reg, operand in _operand_lines(4, 8, u, shift, float_bits):
+                lines += operand
+                scale, zero = ("$28", "$30") if reg in ("a0", "a2") else ("$29", "$31")
                 # BASE + code - (BASE + zero) is exact; then one rounding of (code - zero) * scale - zero scale
                 lines.append(f"fma.rn.{kind}x2 {reg}, {reg}, one, $32;")
                 lines.append(f"fma.rn.{kind}x2 {reg}, {reg}, {scale}, {zero};")
