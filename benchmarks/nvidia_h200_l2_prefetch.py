@@ -10,38 +10,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-def graph_us(body: Callable[[int], None], copies: int) -> float:
-    """Median microseconds of one ``body(i)``, ``i`` taken in turn inside one CUDA graph."""
-    import torch
+def l2_prefetch_kernel():
+    """The one-off kernel this script times (defined on first use: ``triton`` is imported on the device only):
+    asks the L2 cache for bytes ``[0, nbytes)`` of ``ptr``, ``LINES`` 128-byte lines a program, and ends, so the
+    lines arrive while the kernels queued after it run."""
+    import triton
+    import triton.language as tl
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            body(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            body(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    return sorted(times)[len(times) // 2]
+    from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
+
+    @triton.jit
+    def kernel(ptr, nbytes, LINES: tl.constexpr, ASM: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * (LINES * 128) + tl.arange(0, LINES) * 128
+        prefetch_l2(ptr + offs, offs < nbytes, ASM)
+
+    return kernel
 
 
 def weights_of(kind: str, n: int, k: int, copies: int, gen: Any) -> tuple[list[Any], list[Any], int]:
@@ -65,10 +54,10 @@ def weights_of(kind: str, n: int, k: int, copies: int, gen: Any) -> tuple[list[A
 def main() -> None:
     import torch
     import triton
+    from nvidia_h200_word_gemv import timed
 
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES
-    from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import l2_prefetch_kernel
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spacers", type=int, nargs="+", default=[0, 2, 4], help="small kernels between")
@@ -80,6 +69,7 @@ def main() -> None:
     small = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     results: dict[str, Any] = {}
     lines = 64
+    prefetch_kernel = l2_prefetch_kernel()
     for name in args.shapes:
         n, k = SHAPES[name]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -94,8 +84,8 @@ def main() -> None:
                              weights: list[Any] = weights, storage: list[Any] = storage, x: Any = x) -> None:  # fmt: skip
                         if asked:
                             flat = storage[i].view(-1).view(torch.uint8)
-                            l2_prefetch_kernel[(triton.cdiv(asked, lines * 128),)](flat, asked, LINES=lines, ASM=True,
-                                                                                    num_warps=2)  # fmt: skip
+                            prefetch_kernel[(triton.cdiv(asked, lines * 128),)](flat, asked, LINES=lines, ASM=True,
+                                                                                 num_warps=2)  # fmt: skip
                         for _ in range(spacers):
                             small.mul_(1.0)
                         if kind == "bf16":
@@ -103,7 +93,7 @@ def main() -> None:
                         else:
                             grouped_int_linear(x, weights[i], None, H200_GROUPED_INT_TILES)
 
-                    us = graph_us(body, copies)
+                    us = timed(body, list(range(copies))) * 1e6
                     label = f"{name} {kind} spacers={spacers} prefetch={cap_mb:g}MB"
                     results[label] = {"us": us, "weight_MB": nbytes / 2**20}
                     print(f"{label:50s} {us:8.2f} us  (weight {nbytes / 2**20:.1f} MB)", flush=True)

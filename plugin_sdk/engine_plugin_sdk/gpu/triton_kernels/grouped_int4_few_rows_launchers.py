@@ -82,10 +82,10 @@ def fragment_linear(
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
         rows.shape[0], out_features, rows.stride(0), weight.codes.stride(0), weight.scales.stride(0), out.stride(0),
         NUM_CHUNKS=in_features // 128, GROUP=weight.group_size, ZERO=weight.zero_point,
-        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
+        HAS_ZS=has_zs, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
-        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead) and not narrow, GATED=gated,
-        PREFETCH=tiles.fragment_prefetch, SUB_BITS=sub_bits(rows.dtype, 0 if has_zs else weight.zero_point) if narrow else 0,
+        DEPTH=depth, AHEAD=bool(tiles.fragment_ahead) and not narrow, GATED=gated, PREFETCH=tiles.fragment_prefetch,
+        SUB_BITS=sub_bits(rows.dtype, 0 if has_zs else weight.zero_point) if narrow else 0,
         num_warps=warps, num_stages=1,
         **pdl.launch_options(),
     )  # fmt: skip

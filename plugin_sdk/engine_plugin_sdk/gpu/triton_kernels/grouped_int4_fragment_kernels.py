@@ -20,9 +20,9 @@ Each program takes 16 output features; its warps split the chunks and their sums
 reads its chunks' words ``DEPTH`` iterations ahead (``GroupedIntTiles.fragment_depth``): ptxas places a loop's
 loads after most of its ``mma`` work, so a read-ahead of one iteration leaves a memory latency a chunk exposed
 (``benchmarks/sass_shape.py`` shows where the loads land). (Triton's pipeliner, ``cp.async`` copies through
-shared memory with two block barriers an iteration, ran 5-8 times slower on an H200, 2026-12-05.) A gate/up product (``GATED``) takes 8 features a program, each
-lane holding a feature's gate row and its up row, and writes ``act(gate) * up``. The
-PTX assumes that the lane holding element ``i`` of a ``[32 * warps, 4]`` tensor is ``i % 32`` of warp
+shared memory with two block barriers an iteration, ran 5-8 times slower on an H200, 2026-12-05.) A gate/up
+product (``GATED``) takes 8 features a program, each lane holding a feature's gate row and its up row, and
+writes ``act(gate) * up``. The PTX assumes that the lane holding element ``i`` of a ``[32 * warps, 4]`` tensor is ``i % 32`` of warp
 ``i // 32`` (Triton's blocked layout for those loads); the H200 checks compare the result with a float64
 reference. The interpreter cannot run PTX: there (``ASM`` off) :mod:`.grouped_int4_fragment_mma` computes
 what the ``mma`` instructions would from the same registers, lane by lane, which checks the slot mapping.

@@ -23,10 +23,3 @@ def prefetch_l2(ptrs, ok, ASM: tl.constexpr):
             "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
         )
 
-
-@triton.jit
-def l2_prefetch_kernel(ptr, nbytes, LINES: tl.constexpr, ASM: tl.constexpr):
-    """Ask the L2 cache for bytes ``[0, nbytes)`` of ``ptr`` (bytes), ``LINES`` 128-byte lines a program, and end:
-    the lines arrive while the kernels queued after this one run."""
-    offs = tl.program_id(0).to(tl.int64) * (LINES * 128) + tl.arange(0, LINES) * 128
-    prefetch_l2(ptr + offs, offs < nbytes, ASM)
