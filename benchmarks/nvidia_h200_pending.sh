@@ -20,6 +20,9 @@
 #            grouped GEMM with one packed block a tile (gemm_block_k=0, before session 37) and the fragment
 #            kernel over GGUF's 32-column blocks (fragment_narrow_blocks=1, session 37) against the defaults:
 #            W4A16 and GGUF Q4_K_M decode of 1 and 4 sequences, bf16 beside them.
+#   dot:     the integer-dot GEMV (dot_gemv_rows, session 38) checked on the GPU (its dp2a PTX against float64),
+#            timed per product at one row against the word / byte GEMVs and the fragment kernel (groups of 128
+#            and GGUF's 32), then W4A16 and GGUF Q4_K_M batch-1 decode with it (TILES overrides) against bf16.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -27,7 +30,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh dot|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -71,6 +74,20 @@ elif [ "$PART" = wide ]; then
     --decode-batch 4 --grouped-tiles ${TILES:-fragment_wide_min_rows=1 gemm_block_k=0 gemm_block_k=128 fragment_narrow_blocks=1,fragment_wide_min_rows=1} --throughput \
     --json "$OUT/wide_decode.json" > $LOGS/wide_decode.log 2>&1
   grep -E "^decode" $LOGS/wide_decode.log
+elif [ "$PART" = dot ]; then
+  timeout 90 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv.py \
+    plugins/nvidia/tests/test_grouped_int_kernels.py -k "dot or gemv" > $LOGS/dot_tests.log 2>&1
+  tail -2 $LOGS/dot_tests.log
+  for group in 128 32; do
+    timeout 150 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 --group $group --fragment-warps 4 \
+      --fragment-depth 2 --dot-rows 4 8 --dot-warps 4 8 --json "$OUT/dot_kernels_g$group.json" \
+      > $LOGS/dot_kernels_g$group.log 2>&1
+    grep -E "one zero point|zero scales" $LOGS/dot_kernels_g$group.log | grep -vE "lm_head.*(bytes|words)"
+  done
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --grouped-tiles ${TILES:-dot_gemv_rows=4 dot_gemv_rows=8 dot_gemv_rows=4,fragment_wide_min_rows=0} --throughput \
+    --json "$OUT/dot_decode.json" > $LOGS/dot_decode.log 2>&1
+  grep -E "^decode" $LOGS/dot_decode.log
 elif [ "$PART" = overlap ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log

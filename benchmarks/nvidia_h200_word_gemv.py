@@ -3,9 +3,11 @@
 (``--rows``): the grouped GEMM against the tensor-core kernel
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`); up to 8 rows, the fragment kernel
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`) with ``--fragment-warps`` and
-``--fragment-depth``. Llama-3-8B shapes, random codes in
-groups of 128, one zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64
-and time inside CUDA graphs over weight copies larger than the L2 cache.
+``--fragment-depth``; at one row the integer-dot GEMV
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_dot_gemv_kernels`) with ``--dot-rows`` and
+``--dot-warps``. Llama-3-8B shapes, random codes in groups of 128 (``--group 32``: GGUF Q4_K's blocks), one
+zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64 and time inside
+CUDA graphs over weight copies larger than the L2 cache.
 
     source benchmarks/nvidia_h200_setup.sh && python benchmarks/nvidia_h200_word_gemv.py [--rows 1 4 16] \
         --json $OUT/word_gemv.json
@@ -54,13 +56,14 @@ def timed(fn: Any, items: list[Any], repeats: int = 10) -> float:
 def variants_for(
     rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
     loop_stages: tuple[int, ...] = (1,), fragment_ahead: tuple[bool, ...] = (False,),
-    fragment_prefetch: tuple[int, ...] = (0,),
+    fragment_prefetch: tuple[int, ...] = (0,), dot: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
     would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
     with each of ``fragment_warps``, ``fragment_depth`` (iterations a warp reads its words ahead) and
     ``fragment_ahead`` (its scales with them, the activations an iteration ahead) and ``fragment_prefetch`` (L2
-    prefetches that many iterations past the read-ahead)."""
+    prefetches that many iterations past the read-ahead); at one row the integer-dot GEMV with each ``(rows,
+    warps)`` of ``dot``."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
@@ -75,6 +78,10 @@ def variants_for(
                 variants[f"words {row_bytes} B, {warps} warps{tag}"] = tiles_class(
                     gemv4=(4, row_bytes, warps, 2), gemv_loop_stages=stages
                 )
+        for dot_rows, dot_warps in dot:
+            variants[f"dot {dot_rows} rows, {dot_warps} warps"] = tiles_class(
+                dot_gemv_rows=dot_rows, dot_gemv_warps=dot_warps
+            )
     if rows <= 8:
         for warps in fragment_warps:
             for depth in fragment_depth:
@@ -114,12 +121,16 @@ def main() -> None:
     parser.add_argument("--gemv-loop-stages", type=int, nargs="+", default=[1],
                         help="the GEMVs' loop pipelining at one row (GroupedIntTiles.gemv_loop_stages)")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--dot-rows", type=int, nargs="*", default=[], help="integer-dot GEMV rows a program")
+    parser.add_argument("--dot-warps", type=int, nargs="*", default=[4], help="integer-dot GEMV warps")
+    parser.add_argument("--group", type=int, default=128, choices=[32, 128], help="columns a group (and block)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     results: dict[str, Any] = {}
     for name, (n, k) in ((name, SHAPES[name]) for name in args.shapes):
-        nbytes = n * k // 2 + n * (k // 128) * 2
+        group = args.group
+        nbytes = n * k // 2 + n * (k // group) * 2
         copies = max(1, min(16, (384 << 20) // nbytes))
         xs = {m: torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for m in args.rows}
         row: dict[str, Any] = {}
@@ -127,21 +138,21 @@ def main() -> None:
             weights, dense = [], None
             for _ in range(copies):
                 codes = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
-                scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
-                zs = torch.rand(n, k // 128, device="cuda", generator=gen) * 0.1 if zero_scales else None
+                scales = (torch.rand(n, k // group, device="cuda", generator=gen) * 0.02 + 0.001).half().float()
+                zs = torch.rand(n, k // group, device="cuda", generator=gen) * 0.1 if zero_scales else None
                 if dense is None:
-                    wide = scales.double().repeat_interleave(128, 1)
-                    dense = codes.double() * wide - zs.double().repeat_interleave(128, 1) if zs is not None \
+                    wide = scales.double().repeat_interleave(group, 1)
+                    dense = codes.double() * wide - zs.double().repeat_interleave(group, 1) if zs is not None \
                         else (codes.double() - 8) * wide  # fmt: skip
-                unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, 128)
-                weights.append(pack_grouped_codes(unpacked, 128, torch.device("cuda")))
+                unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, group)
+                weights.append(pack_grouped_codes(unpacked, group, torch.device("cuda")))
             for m, x in xs.items():
                 tag = f"{m} rows, " + ("zero scales" if zero_scales else "one zero point")
                 ref = x.double() @ dense.T
                 for label, tiles in variants_for(
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
                     args.all_word_tiles, tuple(args.gemv_loop_stages), tuple(bool(a) for a in args.fragment_ahead),
-                    tuple(args.fragment_prefetch),
+                    tuple(args.fragment_prefetch), tuple((r, w) for r in args.dot_rows for w in args.dot_warps),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())

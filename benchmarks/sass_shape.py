@@ -46,6 +46,9 @@ WORD_GEMV = {"NUM_BLOCKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PE
 #: GGUF Q4_K's 32-column blocks (zero scales from its mins) through the byte GEMV, down_proj's width
 BYTE_GEMV = {"NUM_BLOCKS": 448, "GROUP": 32, "BITS": 4, "ZERO": 0, "HAS_ZS": True, "HAS_PERM": False,
              "HAS_BIAS": False, "BLOCK": 32, "ROWS": 4, "SUBS": 64, "EVEN": True, "USE_PDL": True, "HIGH": True}  # fmt: skip
+#: the integer-dot GEMV over the same codes (o_proj's shape: 128 slots of 32 columns)
+DOT_GEMV = {"NUM_SLOTS": 128, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
+            "BLOCK": 128, "ROWS": 4, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
 #: a Qwen3-30B-A3B layer's down experts at batch 1 (H200 tiles: 4 rows, 1,024 columns, PDL prefetch of 4)
 MOE_DOWN = {"K": 768, "TOP_K": 8, "K_P2": 8, "HAS_SCALE": False, "HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024,
             "USE_PDL": True, "PREFETCH": 4}  # fmt: skip
@@ -58,6 +61,7 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     from triton.compiler import ASTSource
 
     from engine_plugin_sdk.gpu.triton_kernels import (
+        grouped_int4_dot_gemv_kernels,
         grouped_int4_fragment_kernels,
         grouped_int4_gemv_kernels,
         grouped_int_kernels,
@@ -69,6 +73,9 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
         fn, constants = grouped_int4_fragment_kernels.grouped_int4_fragment_kernel, {**FRAGMENT, "WARPS": warps}
     elif kind == "word-gemv":
         fn, constants = grouped_int4_gemv_kernels.grouped_int4_gemv_kernel, dict(WORD_GEMV)
+    elif kind == "dot-gemv":
+        fn = grouped_int4_dot_gemv_kernels.grouped_int4_dot_gemv_kernel
+        constants = {**DOT_GEMV, "WARPS": warps}
     elif kind == "byte-gemv":
         fn, constants = grouped_int_kernels.grouped_int_gemv_kernel, dict(BYTE_GEMV)
     else:
@@ -214,7 +221,7 @@ def main() -> None:
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["fragment", "word-gemv", "byte-gemv", "moe-down", "moe-down-experts"])
+    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "moe-down", "moe-down-experts"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")
     parser.add_argument("--warps", type=int, default=8)

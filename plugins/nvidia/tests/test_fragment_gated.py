@@ -102,7 +102,7 @@ def test_gated_gemv_matches_float64(
     # a few iterations past the first tile in each GEMV
     gemm.grouped_int_tiles = dataclasses.replace(
         H200_GROUPED_INT_TILES, gemv=(4, 128, 4, 1), gemv4=(4, 128, 4, 1), mma_asm=device.type != "cpu",
-        gemv_gated_epilogue=True,
+        gemv_gated_epilogue=True, dot_gemv_rows=0,
     )
     launched = []
     real = launchers._gemv
@@ -139,9 +139,13 @@ def test_gated_product_falls_back_beyond_the_fragment_rows(device: torch.device)
         problem = compare(got, want, get_tolerance(rows.dtype), f"unfused {rows.dtype}")
         assert not problem, problem
     assert launchers.grouped_int_gated_linear(x, weight, 0, tiles) is None
-    # by default one row is not fused (the GEMVs ran slower with it), two rows are
-    assert launchers.grouped_int_gated_linear(x[:1], weight, 0, tiles) is None
+    # two rows are fused (the fragment kernel); one 16-bit row by the integer-dot GEMV, but not on the word GEMV
+    # (it ran slower with it), nor a float32 row
     assert launchers.grouped_int_gated_linear(x[:2], weight, 0, tiles) is not None
+    assert launchers.grouped_int_gated_linear(x[:1], weight, 0, tiles) is not None
+    assert launchers.grouped_int_gated_linear(x[:1].float(), weight, 0, tiles) is None
+    words = dataclasses.replace(tiles, dot_gemv_rows=0)
+    assert launchers.grouped_int_gated_linear(x[:1], weight, 0, words) is None
 
 
 @pytest.mark.parametrize("wide_from", [3, 4], ids=["wide", "narrow"])
@@ -153,7 +157,9 @@ def test_one_row_of_a_wide_product_takes_the_fragment_kernel(
     GEMV (the activation after it) where it has fewer; both equal to float64."""
     weight = _stacked_weight(24, 256, False, True, device, seed=5)
     tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
-    tiles = dataclasses.replace(tiles, fragment_min_rows=2, fragment_wide_min_rows=1, fragment_narrow_programs=wide_from)
+    tiles = dataclasses.replace(
+        tiles, fragment_min_rows=2, fragment_wide_min_rows=1, fragment_narrow_programs=wide_from, dot_gemv_rows=0
+    )
     wide = wide_from == 3
     assert tiles.takes_fragments(1, 48) is wide and tiles.takes_fragments(2, 48)
     fragments, gemvs = [], []

@@ -12,6 +12,7 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_dot_gemv_kernels as dot
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
@@ -192,7 +193,7 @@ def grouped_int_gated_linear(
     x: torch.Tensor, weight: GroupedIntWeight, activation: int, tiles: GroupedIntTiles
 ) -> torch.Tensor | None:
     """``act(x @ G.T) * (x @ U.T)`` of a weight stacking the gate's rows ``G`` over the up rows ``U``, in one
-    launch of the fragment kernel or the word GEMV where they take ``x``'s rows (else None: the caller runs the
+    launch of the fragment kernel or a GEMV where they take ``x``'s rows (else None: the caller runs the
     product, then the activation).
 
     Args:
@@ -210,7 +211,11 @@ def grouped_int_gated_linear(
         return None
     m = rows.shape[0]
     fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
-    gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4
+    if m == 1 and _takes_dot(rows, weight, tiles):
+        # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
+        gemv = tiles.gated_epilogue and tiles.dot_gemv_rows % 2 == 0
+    else:
+        gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4
     if not (fragments or gemv):
         return None
     if rows.stride(-1) != 1:
@@ -236,6 +241,48 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
 
 
+def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4-bit codes against 16-bit activations
+    whose pairs and words it reads as aligned 32-bit / 16-byte vectors."""
+    return (
+        tiles.dot_gemv_rows > 0
+        and weight.bits == 4
+        and row.dtype in (torch.bfloat16, torch.float16)
+        and row.data_ptr() % 4 == 0
+        and weight.codes.data_ptr() % 16 == 0
+        and weight.codes.stride(0) % 16 == 0
+    )
+
+
+def _dot_gemv(
+    row: torch.Tensor,
+    weight: GroupedIntWeight,
+    bias: torch.Tensor | None,
+    tiles: GroupedIntTiles,
+    out: torch.Tensor,
+    gated: int = gated_rows.NOT_GATED,
+) -> None:
+    """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments)."""
+    out_features, in_features = weight.shape
+    rows = tiles.dot_gemv_rows
+    if rows & (rows - 1) or rows > 64:
+        raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
+    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
+    grid = (triton.cdiv(out_features, rows),)
+    if gated != gated_rows.NOT_GATED:
+        grid = (triton.cdiv(out_features // 2, rows // 2),)
+    dot.grouped_int4_dot_gemv_kernel[grid](
+        row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
+        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
+        out_features, weight.codes.stride(0), weight.scales.stride(0),
+        NUM_SLOTS=in_features // 32, GROUP=weight.group_size, ZERO=weight.zero_point,
+        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
+        BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
+        ASM=tiles.mma_asm, GATED=gated, num_warps=tiles.dot_gemv_warps, num_stages=1,
+        **pdl.launch_options(),
+    )  # fmt: skip
+
+
 def _gemv_tile(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> tuple[int, int, int, int]:
     """``(rows, row_bytes, warps, stages)`` of the GEMV that takes ``weight``."""
     return tiles.gemv4 if _takes_words(weight, tiles) else tiles.gemv
@@ -251,6 +298,9 @@ def _gemv(
 ) -> None:
     """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, at 4 rows a program only:
     ``act(gate) * up`` into ``out [1, N / 2]``)."""
+    if _takes_dot(row, weight, tiles):
+        _dot_gemv(row, weight, bias, tiles, out, gated)
+        return
     out_features, in_features = weight.shape
     words = _takes_words(weight, tiles)
     rows, row_bytes, warps, stages = _gemv_tile(weight, tiles)

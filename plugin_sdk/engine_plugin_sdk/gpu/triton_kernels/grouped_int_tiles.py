@@ -53,7 +53,8 @@ class GroupedIntTiles:
         mma: ``(block_n, num_warps, num_stages)`` of that kernel.
         mma_programs: it splits the reduction until its row tiles times the splits reach this many programs
             (at most ``max_split_k`` splits of ``min_split_blocks`` blocks or more).
-        mma_asm: the tensor-core kernels run their inline PTX (the interpreter runs plain ops instead).
+        mma_asm: the tensor-core and integer-dot kernels run their inline PTX (the interpreter runs plain ops
+            instead).
         fragment_rows: products of ``fragment_min_rows`` to this many (at most 8) bf16 / fp16 rows over
             4-bit codes in blocks of 128 columns or more take the fragment kernel
             (:mod:`.grouped_int4_fragment_kernels`: each word of codes read straight into a tensor-core
@@ -86,12 +87,23 @@ class GroupedIntTiles:
             on an H100 (2026-12-05) down_proj alone ran 6-13% faster, gate_up 1-18% and the LM head up to 9%
             slower, and W4A16 decode of 4 sequences 4.5% slower; Nsight Compute put the kernel's stalls on the words' loads
             (long scoreboard) at the low occupancy of narrow products, not on the scales.
-        gated_epilogue: a gate/up product on the fragment kernel applies its gated activation in the product's
-            own launch (:func:`grouped_int_gated_linear`; off: the activation kernel after the product). W4A16
+        gated_epilogue: a gate/up product on the fragment kernel (or the integer-dot GEMV) applies its gated
+            activation in the product's own launch (:func:`grouped_int_gated_linear`; off: the activation kernel after the product). W4A16
             decode of 4 / 8 sequences 1.4-2.5% faster with it on an H100, 1.9% on an H200 (2026-12-05).
         gemv_gated_epilogue: ... and so does one on the word or byte GEMV (one row). Off: with it the GEMVs ran
             slower (2026-12-05, an H100: W4A16 / Q4_K_M batch-1 decode 1.0 / 1.0-1.7%; an H200: Q4_K_M 1.5%):
             a program's four rows become two pairs far apart.
+        dot_gemv_rows: one bf16 / fp16 row over 4-bit codes (any block width) takes the integer-dot GEMV
+            (:mod:`.grouped_int4_dot_gemv_kernels`: activations rounded to 16-bit integers once a program, codes
+            multiplied in their bytes by ``dp2a``) with this many output features a program (a power of two up
+            to 64; 0: the word and byte GEMVs), where the fragment kernel does not take it; a gate/up product
+            on it applies its activation in the same launch with ``gated_epilogue`` (an even number of rows).
+            On an H100 (2026-12-05), 8 rows against the word GEMV and the fragment kernel at one row: qkv 7.9
+            against 11.1 us, o_proj 6.4 against 9.4, gate_up 22.9 against 29.0, down 15.1 against 17.4, the LM
+            head 91.4 against 125.6 (groups of 128; GGUF's 32-column blocks alike). On an H200, batch-1 decode:
+            W4A16 570.7 against 415.3 tok/s (4 rows: 461.0), GGUF Q4_K_M 413.7 against 303.6.
+        dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
+            slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
@@ -130,6 +142,8 @@ class GroupedIntTiles:
     gated_epilogue: bool = True
     gemv_gated_epilogue: bool = False
     fragment_wide_min_rows: int = 0
+    dot_gemv_rows: int = 0
+    dot_gemv_warps: int = 4
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
         """Whether ``rows`` activation rows of a product with ``out_features`` features (16 a program) take the
@@ -157,17 +171,16 @@ class GroupedIntTiles:
 #: 1 KiB a row; the word GEMV 2 KiB) took the least time over a layer's four products; the word GEMV only for
 #: blocks of 128 columns or more (on Q4_K_M's 32-column blocks batch-1 decode fell from about 280 to 215 tok/s);
 #: the tensor-core kernel for 2-16 rows (a layer at 4 rows about twice as fast as the grouped GEMM); ahead of it
-#: the fragment kernel for 2-8 rows (a layer's four products at 4 rows 66.8 against 94.7 us on an H200; one row
-#: stays on the word GEMV, which it beat only on gate_up and the LM head), 4 warps a program from 1,024
-#: programs and 8 below, reading 2 iterations ahead (W4A16 decode of 2 / 4 / 8 sequences +7-10% on an H100,
-#: to confirm on an H200); the gated epilogue on the fragment kernel (``gated_epilogue``); one row of wide
-#: products (gate/up, the LM head) on the fragment kernel too (W4A16 batch-1 decode 449.7 against 414.4 tok/s,
-#: 2026-12-05); GGUF's 32-column blocks on the fragment kernel (Q4_K_M decode of 4 sequences 821.9 against
-#: 501.3 tok/s, batch 1 334.8 against 304.4 with the row above) and in 128-column GEMM tiles (532.4 against
-#: 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill).
+#: the fragment kernel for 2-8 rows (a layer's four products at 4 rows 66.8 against 94.7 us on an H200), 4 warps
+#: a program from 1,024 programs and 8 below, reading 2 iterations ahead (W4A16 decode of 2 / 4 / 8 sequences
+#: +7-10% on an H100, to confirm on an H200); the gated epilogue on the fragment kernel (``gated_epilogue``);
+#: GGUF's 32-column blocks on the fragment kernel (Q4_K_M decode of 4 sequences 821.9 against 501.3 tok/s) and
+#: in 128-column GEMM tiles (532.4 against 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill); one row
+#: of 4-bit codes on the integer-dot GEMV, 8 rows a program, gate/up with its activation (it beat the word and
+#: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
-    mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_wide_min_rows=1,
-    fragment_narrow_blocks=True, gemm_block_k=128,
+    mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
+    gemm_block_k=128, dot_gemv_rows=8,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
@@ -175,5 +188,5 @@ H200_GROUPED_INT_TILES = GroupedIntTiles(
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
-    fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True,
+    fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_warps=1,
 )

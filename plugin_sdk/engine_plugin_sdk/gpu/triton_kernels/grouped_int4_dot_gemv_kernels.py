@@ -1,0 +1,289 @@
+"""The single-row product over 4-bit grouped codes by integer dot products: ``out[n] = sum_k x[perm[k]] * W[n, k]
+(+ bias[n])`` for batch-1 decode, in the packed layout of :mod:`.grouped_int_kernels` (byte ``r`` of a block of
+``BLOCK`` columns holds column ``r`` in its low nibble and column ``BLOCK / 2 + r`` in its high one), unchanged.
+
+Why: the float GEMVs turn every code into a float before they multiply it. The word GEMV
+(:mod:`.grouped_int4_gemv_kernels`) spends three shifts and eight logical ops a word of eight codes on that, all
+on the integer pipe, which issues at half the FMA pipe's rate on Hopper; with its multiply-adds, its sums and its
+activations' conversions it ran about six instructions a code, and Nsight Compute found it bound by issue. Here
+the activations become 16-bit integers once a program, and ``dp2a`` (two 16-bit x 8-bit products added to a
+32-bit sum, one instruction) multiplies them by the codes where they sit in the word's bytes: a word of eight
+codes costs two ANDs (the low nibbles as bytes, the high ones as bytes times 16) and four ``dp2a``.
+
+Each thread (a *slot*) takes 16 bytes of a row a step, four words: slot ``q`` of its block holds the low nibbles
+of columns ``16 q .. 16 q + 15`` and the high nibbles of ``BLOCK / 2 + 16 q ..``; its activations are those two
+runs of 16, read as eight pairs each. Word ``j``'s byte ``k`` is column ``16 q + 4 j + k``: ``dp2a.lo`` takes
+bytes 0 and 1 against the pair of columns ``4 j, 4 j + 1`` and ``dp2a.hi`` bytes 2 and 3 against the next pair.
+A slot's integer sum times its activations' scale is its share of the row's product in the group's codes; the
+group scale (and the zero point or zero scale, against the slot's activation sum) apply once a slot a step.
+
+Precision: a slot's 32 activations are scaled by the power of two that takes their largest magnitude below
+2**15 and rounded to integers: exact for every bf16 activation within 2**7 of the largest (fp16: 2**4), else
+within 2**-16 of the largest; the integer sums are exact (below 2**28 a slot a step), and the float32 sums as
+in the other GEMVs. Non-finite activations are not carried (their slot's scale saturates).
+
+The PTX runs on sm_61 and later; the interpreter (``ASM`` off) computes the same integer sums with plain ops.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
+
+#: 1.5 * 2**23: added to a float below 2**22 in magnitude it leaves the rounded integer in the low mantissa bits
+_ROUNDING = tl.constexpr(12582912.0)
+
+
+def _dot_asm() -> str:
+    """PTX for one slot of one row: ``$0`` the sum over its four words ``$4..$7`` of 16 x (codes . activations),
+    the activations as int16 pairs: ``$8..$11`` / ``$12..$15`` the low columns' pairs 0-3 / 4-7, ``$16..$23`` the
+    high columns' (``$1..$3`` are zero)."""
+    lines = [".reg .b32 l, h, sl, sh;", "mov.b32 sl, 0;", "mov.b32 sh, 0;"]
+    for j in range(4):
+        # word j's columns 4j .. 4j+3 are pairs 2j and 2j + 1 of the slot's eight
+        first, second = 8 + 2 * j, 9 + 2 * j
+        lines += [
+            f"and.b32 l, ${4 + j}, 0x0F0F0F0F;",
+            f"and.b32 h, ${4 + j}, 0xF0F0F0F0;",
+            f"dp2a.lo.s32.u32 sl, ${first}, l, sl;",
+            f"dp2a.hi.s32.u32 sl, ${second}, l, sl;",
+            f"dp2a.lo.s32.u32 sh, ${first + 8}, h, sh;",
+            f"dp2a.hi.s32.u32 sh, ${second + 8}, h, sh;",
+        ]
+    lines += ["mad.lo.s32 $0, sl, 16, sh;", "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_DOT_ASM = tl.constexpr(_dot_asm())
+#: four int32 outputs, 20 int32 inputs (four registers of each of five tensors)
+_DOT_CONSTRAINTS = tl.constexpr("=r," * 4 + ",".join(["r"] * 20))
+
+
+@triton.jit
+def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr):
+    """The program's weight rows ``[ROWS]`` (past ``N`` the last again, never stored) and its first output feature:
+    ``ROWS`` consecutive rows, or with ``GATED`` the gate rows of ``ROWS / 2`` features then their up rows."""
+    if GATED == _NOT_GATED:
+        first = tl.program_id(0) * ROWS
+        return tl.minimum(first + tl.arange(0, ROWS), N - 1).to(tl.int64), first
+    else:
+        F: tl.constexpr = ROWS // 2
+        first = tl.program_id(0) * F
+        gate = tl.minimum(first + tl.arange(0, F), N // 2 - 1)
+        rows = tl.reshape(tl.permute(tl.join(gate, gate + N // 2), (1, 0)), (ROWS,))
+        return rows.to(tl.int64), first
+
+
+@triton.jit
+def _store(out_ptr, bias_ptr, first, N, y, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """The program's outputs from its rows' sums ``y [ROWS]`` (:func:`_program_rows`' rows)."""
+    if GATED == _NOT_GATED:
+        feature = first + tl.arange(0, ROWS)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + feature, mask=feature < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + feature, y.to(out_ptr.dtype.element_ty), mask=feature < N)
+    else:
+        F: tl.constexpr = ROWS // 2
+        gate, up = tl.split(tl.permute(tl.reshape(y, (2, F)), (1, 0)))
+        feature = first + tl.arange(0, F)
+        tl.store(out_ptr + feature, gated_product(gate, up, GATED).to(out_ptr.dtype.element_ty), mask=feature < N // 2)
+
+
+@triton.jit
+def _pairs(x_ptr, perm_ptr, cols, ok, HAS_PERM: tl.constexpr, EVEN: tl.constexpr):
+    """int32 ``[S, 4]``: the 16-bit activations of columns ``cols + 2j`` (low half) and ``cols + 2j + 1`` (high),
+    read as one flat run of ``4 S`` (so that a thread holds its slot's four, as it holds its words)."""
+    S: tl.constexpr = cols.shape[0]
+    flat = tl.arange(0, 4 * S)
+    at = tl.reshape(tl.broadcast_to(cols[:, None], (S, 4)), (4 * S,)) + 2 * (flat % 4)
+    fine = tl.reshape(tl.broadcast_to(ok[:, None], (S, 4)), (4 * S,))
+    if HAS_PERM:
+        c0 = tl.load(perm_ptr + at, mask=fine, other=0)
+        c1 = tl.load(perm_ptr + at + 1, mask=fine, other=0)
+        lo = tl.load(x_ptr + c0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi = tl.load(x_ptr + c1).to(tl.int16, bitcast=True).to(tl.int32)
+        pairs = tl.where(fine, lo | (hi << 16), 0)
+    else:
+        # cols is even: the pairs are whole 32-bit words
+        ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + tl.max_contiguous(tl.multiple_of(at // 2, 4), 4)
+        if EVEN:
+            pairs = tl.load(ptrs)
+        else:
+            pairs = tl.load(ptrs, mask=fine, other=0)
+    return tl.reshape(pairs, (S, 4))
+
+
+@triton.jit
+def _as_int16(lo, hi, inv, ASM: tl.constexpr):
+    """int16 pairs (low half ``lo``) of ``round(v * inv)``, each below 2**15 in magnitude."""
+    a = (lo * inv + _ROUNDING).to(tl.int32, bitcast=True)
+    b = (hi * inv + _ROUNDING).to(tl.int32, bitcast=True)
+    if ASM:
+        # one byte permute instead of a mask, a shift and an OR
+        return tl.inline_asm_elementwise(asm="prmt.b32 $0, $1, $2, 0x5410;", constraints="=r,r,r", args=[a, b],
+                                         dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
+    return (a & 0xFFFF) | (b << 16)
+
+
+@triton.jit
+def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, ASM: tl.constexpr):
+    """The slots' activation pairs ``[S, 4]`` as int16 pairs, the float32 value of a unit of their 16 x
+    integer sums ``[S]``, and (with ``SUM``) the slots' activation sums ``[S]``."""
+    a0, b0 = _halves(xl0, FP16)
+    a1, b1 = _halves(xl1, FP16)
+    a2, b2 = _halves(xh0, FP16)
+    a3, b3 = _halves(xh1, FP16)
+    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(a0), tl.abs(b0)), tl.maximum(tl.abs(a1), tl.abs(b1))),
+                     tl.maximum(tl.maximum(tl.abs(a2), tl.abs(b2)), tl.maximum(tl.abs(a3), tl.abs(b3))))  # fmt: skip
+    # the largest magnitude is below 2**(e - 126): times 2**(141 - e) it is below 2**15, and a 16-bit float there
+    # is an integer already (8 or 11 significant bits), so none rounds up to 2**15 (e at least 19 keeps both
+    # powers of two normal floats)
+    e = tl.maximum(tl.max(big, axis=1).to(tl.int32, bitcast=True) >> 23, 19)
+    inv = ((268 - e) << 23).to(tl.float32, bitcast=True)[:, None]
+    unit = ((e - 18) << 23).to(tl.float32, bitcast=True)  # 2**(e - 141) / 16
+    total = unit
+    if SUM:
+        total = tl.sum(((a0 + b0) + (a1 + b1)) + ((a2 + b2) + (a3 + b3)), axis=1)
+    return (_as_int16(a0, b0, inv, ASM), _as_int16(a1, b1, inv, ASM), _as_int16(a2, b2, inv, ASM),
+            _as_int16(a3, b3, inv, ASM), unit, total)
+
+
+@triton.jit
+def _element0(t):
+    """``t[..., 0]`` of a ``[R, S, 4]`` tensor (a thread's own registers)."""
+    a, _ = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    first, _ = tl.split(a)
+    return first
+
+
+@triton.jit
+def _word_pairs(p0, p1):
+    """The pairs of each word ``j``: pair ``2j`` and ``2j + 1`` of the slot's eight (``p0`` holds 0-3, ``p1`` 4-7),
+    as two ``[S, 4]`` tensors."""
+    S: tl.constexpr = p0.shape[0]
+    eight = tl.reshape(tl.permute(tl.join(p0, p1), (0, 2, 1)), (S, 8))
+    return tl.split(tl.reshape(eight, (S, 4, 2)))
+
+
+@triton.jit
+def _dots_emulated(words, pl0, pl1, ph0, ph1):
+    """What :func:`_dot_asm` computes, with plain integer ops: ``[R, S]``."""
+    la, lb = _word_pairs(pl0, pl1)
+    ha, hb = _word_pairs(ph0, ph1)
+    w = words
+    low = ((la << 16) >> 16)[None] * (w & 0xF) + (la >> 16)[None] * ((w >> 8) & 0xF)
+    low += ((lb << 16) >> 16)[None] * ((w >> 16) & 0xF) + (lb >> 16)[None] * ((w >> 24) & 0xF)
+    high = ((ha << 16) >> 16)[None] * ((w >> 4) & 0xF) + (ha >> 16)[None] * ((w >> 12) & 0xF)
+    high += ((hb << 16) >> 16)[None] * ((w >> 20) & 0xF) + (hb >> 16)[None] * ((w >> 28) & 0xF)
+    return tl.sum(16 * (low + high), axis=2)
+
+
+@triton.jit
+def _slot_dots(words, pl0, pl1, ph0, ph1, ASM: tl.constexpr):
+    """16 x the integer dot product of each row's slot ``[R, S]`` with the slots' int16 activations."""
+    if ASM:
+        d = tl.inline_asm_elementwise(
+            asm=_DOT_ASM, constraints=_DOT_CONSTRAINTS,
+            args=[words, pl0[None, :, :], pl1[None, :, :], ph0[None, :, :], ph1[None, :, :]],
+            dtype=tl.int32, is_pure=True, pack=4,
+        )  # fmt: skip
+        return _element0(d)
+    return _dots_emulated(words, pl0, pl1, ph0, ph1)
+
+
+@triton.jit
+def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """The rows' words ``[R, S, 4]`` of slots ``s0 ..`` and their group scales (and zero scales) ``[R, S]`` in
+    float32."""
+    SPB: tl.constexpr = BLOCK // 32
+    R: tl.constexpr = rows.shape[0]
+    slots = s0 + tl.arange(0, S)
+    # one flat run of 4 S words a row: each thread its slot's four (a [R, S, 4] load spreads rows over threads)
+    words_at = rows[:, None] * stride_w + 4 * s0 + tl.arange(0, 4 * S)[None, :]
+    params = rows[:, None] * stride_sn + ((slots // SPB) * BLOCK // GROUP)[None, :]
+    if EVEN:
+        words = tl.reshape(tl.load(w32 + words_at), (R, S, 4))
+        scale = tl.load(scale_ptr + params).to(tl.float32)
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + params).to(tl.float32)
+    else:
+        ok = (slots < NUM_SLOTS)[None, :]
+        fine = (4 * s0 + tl.arange(0, 4 * S) < 4 * NUM_SLOTS)[None, :]
+        words = tl.reshape(tl.load(w32 + words_at, mask=fine, other=0), (R, S, 4))
+        scale = tl.load(scale_ptr + params, mask=ok, other=0.0).to(tl.float32)
+        zs = scale
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + params, mask=ok, other=0.0).to(tl.float32)
+    return words, scale, zs
+
+
+@triton.jit
+def _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+          ZERO: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr,
+          ASM: tl.constexpr):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over slots ``s0 ..``, the activations read and converted once."""
+    SPB: tl.constexpr = BLOCK // 32
+    slots = s0 + tl.arange(0, S)
+    cols = (slots // SPB) * BLOCK + (slots % SPB) * 16
+    ok = slots < NUM_SLOTS
+    xl0 = _pairs(x_ptr, perm_ptr, cols, ok, HAS_PERM, EVEN)
+    xl1 = _pairs(x_ptr, perm_ptr, cols + 8, ok, HAS_PERM, EVEN)
+    xh0 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
+    xh1 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
+    pl0, pl1, ph0, ph1, unit, x_sum = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM)
+    part = _slot_dots(words, pl0, pl1, ph0, ph1, ASM).to(tl.float32) * unit[None, :]
+    if HAS_ZS:
+        return acc + part * scale - zs * x_sum[None, :]
+    elif ZERO != 0:
+        return acc + (part - ZERO * x_sum[None, :]) * scale
+    else:
+        return acc + part * scale
+
+
+@triton.jit
+def grouped_int4_dot_gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
+    N, stride_wn, stride_sn,
+    NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WARPS: tl.constexpr,
+    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1,
+):  # fmt: skip
+    """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
+    (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
+    for ``ROWS / 2`` features ``f`` of a weight stacking the gate's rows over the up rows (``out``: ``N / 2``).
+
+    ``x``: ``[K]`` bf16 (fp16 with ``FP16``), 4-byte aligned; ``w``, ``scale``, ``zs``, ``perm``, ``bias`` as for
+    :func:`~.grouped_int_kernels.grouped_int_gemv_kernel` with 4-bit codes in blocks of ``BLOCK`` (a multiple of
+    32) columns, ``stride_wn`` (bytes) a multiple of 16; ``NUM_SLOTS`` is ``K / 32``; ``WARPS`` the launch's
+    ``num_warps`` (each step takes ``32 * WARPS`` slots of every row).
+    """
+    tl.static_assert(BLOCK % 32 == 0, "the slots are 32 columns of a block")
+    tl.static_assert(GATED == _NOT_GATED or (ROWS % 2 == 0 and not HAS_BIAS), "a gated GEMV runs even rows, no bias")
+    S: tl.constexpr = 32 * WARPS
+    EVEN: tl.constexpr = NUM_SLOTS % S == 0
+    rows, first = _program_rows(N, ROWS, GATED)
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    stride_w = stride_wn // 4
+    acc = tl.zeros((ROWS, S), dtype=tl.float32)
+    if USE_PDL:
+        gdc_launch_dependents()
+    # the weight is constant: its first words are read while the kernel that writes x drains
+    words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, 0, S, NUM_SLOTS, BLOCK,
+                                   GROUP, HAS_ZS, EVEN)  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+    acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
+                FP16, ASM)  # fmt: skip
+    for s0 in tl.range(S, NUM_SLOTS, S):
+        words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS, BLOCK,
+                                       GROUP, HAS_ZS, EVEN)  # fmt: skip
+        acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
+                    FP16, ASM)  # fmt: skip
+    _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)

@@ -1,0 +1,135 @@
+"""The integer-dot GEMV (one bf16 / fp16 row over 4-bit codes, ``dp2a`` on the GPU, plain integer ops in the
+interpreter) against float64: every block width, one zero point or zero scales, act-order, bias, masked tails,
+its gated epilogue, and the exactness of its 16-bit activations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import GELU_TANH, SILU
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_dot_gemv_kernels import _dot_asm
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    dequantize_packed,
+    grouped_int_gated_linear,
+    grouped_int_linear,
+    pack_grouped_codes,
+)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
+    H200_GROUPED_INT_TILES,
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
+)
+from engine_plugin_sdk.tolerances import compare, get_tolerance
+
+#: (block and group, zero scales, act-order, in_features, out_features): blocks of 128 / 64 / 32 columns,
+#: reductions the 32 * warps slots of a step do not divide, outputs the rows of a program do not divide
+CASES = [(128, False, False, 512, 8), (128, True, True, 384, 6), (32, True, False, 224, 5), (64, False, True, 320, 3)]
+
+
+def _tiles(device: torch.device, rows: int, warps: int = 1) -> GroupedIntTiles:
+    base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    return dataclasses.replace(base, dot_gemv_rows=rows, dot_gemv_warps=warps, fragment_rows=0,
+                               mma_asm=device.type != "cpu")  # fmt: skip
+
+
+def _weight(gen: torch.Generator, block: int, zero_scales: bool, perm: bool, k: int, n: int, device: torch.device):
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // block, generator=gen) * 0.05 + 0.01
+    zs = torch.rand(n, k // block, generator=gen) * 0.2 if zero_scales else None
+    order = torch.randperm(k, generator=gen) if perm else None
+    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block, order)
+    return pack_grouped_codes(unpacked, block, device), order
+
+
+def _reference(x: torch.Tensor, weight, order: torch.Tensor | None) -> torch.Tensor:
+    xs = x.double().cpu()
+    return (xs if order is None else xs[:, order]) @ dequantize_packed(weight).double().cpu().T
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_dot_gemv_matches_float64(device, rows: int, monkeypatch) -> None:
+    """Every block width, zero point and zero scales, act-order and bias, in bf16 and fp16, through
+    :func:`grouped_int_linear`; float32 outputs within the 16-bit activations' bound (each activation within
+    2**-16 of the largest: 2**-14 of the largest times a row's absolute sum)."""
+    calls = []
+    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    gen = torch.Generator().manual_seed(101 + rows)
+    for block, zero_scales, perm, k, n in CASES:
+        weight, order = _weight(gen, block, zero_scales, perm, k, n, device)
+        for dtype in (torch.bfloat16, torch.float16):
+            # activations over four decades, in a random order: slots mix large and small ones
+            x = (torch.randn(1, k, generator=gen) * torch.logspace(-3, 1, k)[torch.randperm(k, generator=gen)]).to(dtype)
+            bias = torch.randn(n, generator=gen).to(dtype)
+            want = _reference(x, weight, order)
+            what = f"block {block} zs={zero_scales} perm={perm} {dtype} rows={rows}"
+            got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows))
+            assert got.dtype == dtype and got.shape == (1, n)
+            problem = compare(got, want + bias.double(), get_tolerance(dtype), what)
+            assert not problem, problem
+            exact = grouped_int_linear(x.to(device), weight, None, _tiles(device, rows), torch.float32).double().cpu()
+            bound = 2.0**-14 * float(x.abs().max()) * float(dequantize_packed(weight).abs().sum(1).max())
+            assert float((exact - want).abs().max()) <= bound, what
+    assert len(calls) == 2 * 2 * len(CASES)
+
+
+def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
+    """bf16 activations whose 32-column slots span less than 2**7 become 16-bit integers exactly: the product
+    is float64's to float32 sums' rounding (a wrong code-to-activation pairing is far off)."""
+    gen = torch.Generator().manual_seed(7)
+    weight, _ = _weight(gen, 128, False, False, 512, 8, device)
+    for warps in (1, 2):
+        # magnitudes in [1, 64) with random signs, each slot with its own scale
+        x = torch.exp2(torch.randint(0, 6, (1, 512), generator=gen).float()) * (1 + torch.rand(1, 512, generator=gen))
+        x = (x * torch.where(torch.rand(1, 512, generator=gen) < 0.5, -1.0, 1.0)).to(torch.bfloat16)
+        x = x * torch.exp2(torch.randint(-20, 20, (1, 16), generator=gen).float()).repeat_interleave(32, 1).bfloat16()
+        got = grouped_int_linear(x.to(device), weight, None, _tiles(device, 4, warps), torch.float32).double().cpu()
+        want = _reference(x, weight, None)
+        magnitude = x.double().abs() @ dequantize_packed(weight).double().abs().cpu().T
+        assert bool(((got - want).abs() <= 4e-6 * magnitude).all()), (got - want).abs() / magnitude
+
+
+@pytest.mark.parametrize("activation", [SILU, GELU_TANH], ids=["silu", "gelu-tanh"])
+def test_gated_dot_gemv_fuses_the_activation(device, activation: int) -> None:
+    """A gate/up weight through the integer-dot GEMV with its activation in the epilogue (``gemv_gated_epilogue``)
+    gives ``act(gate) * up`` of the float64 products; odd feature counts leave a partial last program."""
+    gen = torch.Generator().manual_seed(11 + activation)
+    features, k = 7, 256
+    weight, _ = _weight(gen, 128, True, False, k, 2 * features, device)
+    for rows in (2, 4, 8):
+        tiles = dataclasses.replace(_tiles(device, rows), gemv_gated_epilogue=True)
+        x = torch.randn(1, k, generator=gen).to(torch.float16)
+        got = grouped_int_gated_linear(x.to(device), weight, activation, tiles)
+        assert got is not None and got.shape == (1, features)
+        y = _reference(x, weight, None)
+        gate, up = y[:, :features], y[:, features:]
+        act = gate * torch.sigmoid(gate) if activation == SILU else torch.nn.functional.gelu(gate, approximate="tanh")
+        problem = compare(got, act * up, get_tolerance(torch.float16), f"gated rows={rows}")
+        assert not problem, problem
+    # an odd number of rows a program cannot pair gate and up rows: the product and the activation run apart
+    assert grouped_int_gated_linear(x.to(device), weight, activation, _tiles(device, 1)) is None
+
+
+def test_dot_gemv_refuses_other_row_counts(device) -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight, _ = _weight(gen, 128, False, False, 256, 4, device)
+    with pytest.raises(ValueError, match="a power of two rows a program, up to 64"):
+        grouped_int_linear(torch.randn(1, 256).to(device, torch.float16), weight, None, _tiles(device, 3))
+
+
+def test_dot_asm_pairs_each_word_with_its_columns() -> None:
+    """Word ``j`` of the four (``$4 + j``) meets the pairs of columns ``4j, 4j+1`` and ``4j+2, 4j+3``: registers
+    ``$8 + 2j`` and ``$9 + 2j`` for its low nibbles, 8 further on for its high ones; 16 ``dp2a`` in all."""
+    asm = _dot_asm()
+    assert asm.count("dp2a.") == 16
+    for j in range(4):
+        assert f"and.b32 l, ${4 + j}, 0x0F0F0F0F;" in asm and f"and.b32 h, ${4 + j}, 0xF0F0F0F0;" in asm
+        block = asm.split(f"and.b32 l, ${4 + j}, 0x0F0F0F0F;")[1].split("and.b32 l,")[0]
+        assert f"dp2a.lo.s32.u32 sl, ${8 + 2 * j}, l, sl;" in block
+        assert f"dp2a.hi.s32.u32 sl, ${9 + 2 * j}, l, sl;" in block
+        assert f"dp2a.lo.s32.u32 sh, ${16 + 2 * j}, h, sh;" in block
+        assert f"dp2a.hi.s32.u32 sh, ${17 + 2 * j}, h, sh;" in block
