@@ -4,7 +4,7 @@
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_mma_kernels`); up to 8 rows, the fragment kernel
 (:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_kernels`) with ``--fragment-warps`` and
 ``--fragment-depth``; at one row the integer-dot GEMV
-(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int4_dot_gemv_kernels`) with ``--dot-rows`` and
+(:mod:`engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_gemv_kernels`) with ``--dot-rows`` and
 ``--dot-warps``. Llama-3-8B shapes, random codes in groups of 128 (``--group 32``: GGUF Q4_K's blocks), one
 zero point (GPTQ's) and zero scales (asymmetric), bf16 activations; error against float64 and time inside
 CUDA graphs over weight copies larger than the L2 cache.

@@ -19,6 +19,7 @@ memory latency a chunk. ``--set DEPTH=2`` shows the prologue's two chunks and on
     python benchmarks/sass_shape.py fragment --set NUM_CHUNKS=112 DEPTH=2 --warps 8
     python benchmarks/sass_shape.py word-gemv --set NUM_BLOCKS=32 SUBS=32 --warps 4 --stages 2
     python benchmarks/sass_shape.py moe-down-experts --set BLOCK_N=2 --warps 4
+    python benchmarks/sass_shape.py dot-gemv --set ROWS=8 NUM_SLOTS=448 AHEAD=true --warps 4
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     from triton.compiler import ASTSource
 
     from engine_plugin_sdk.gpu.triton_kernels import (
-        grouped_int4_dot_gemv_kernels,
         grouped_int4_fragment_kernels,
         grouped_int4_gemv_kernels,
+        grouped_int_dot_gemv_kernels,
         grouped_int_kernels,
         moe_kernels,
     )
@@ -74,7 +75,7 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     elif kind == "word-gemv":
         fn, constants = grouped_int4_gemv_kernels.grouped_int4_gemv_kernel, dict(WORD_GEMV)
     elif kind == "dot-gemv":
-        fn = grouped_int4_dot_gemv_kernels.grouped_int4_dot_gemv_kernel
+        fn = grouped_int_dot_gemv_kernels.grouped_int_dot_gemv_kernel
         constants = {**DOT_GEMV, "WARPS": warps}
     elif kind == "byte-gemv":
         fn, constants = grouped_int_kernels.grouped_int_gemv_kernel, dict(BYTE_GEMV)
@@ -221,7 +222,8 @@ def main() -> None:
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "moe-down", "moe-down-experts"])
+    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "moe-down",
+                                           "moe-down-experts"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")
     parser.add_argument("--warps", type=int, default=8)

@@ -12,7 +12,7 @@ import torch
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import GELU_TANH, SILU
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_dot_gemv_kernels import _dot_asm
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_gemv_kernels import _dot8_asm, _dot_asm
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     dequantize_packed,
     grouped_int_gated_linear,
@@ -28,22 +28,32 @@ from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 #: (block and group, zero scales, act-order, in_features, out_features): blocks of 128 / 64 / 32 columns,
 #: reductions the 32 * warps slots of a step do not divide, outputs the rows of a program do not divide
-CASES = [(128, False, False, 512, 8), (128, True, True, 384, 6), (32, True, False, 224, 5), (64, False, True, 320, 3)]
+CASES = [(128, False, False, 512, 8), (128, True, True, 384, 6), (32, True, False, 224, 5), (64, False, True, 320, 3),
+         (128, False, False, 2048, 4), (32, True, True, 2304, 3)]  # fmt: skip
+#: (the last two take several 32-slot steps: two exactly, and two and a quarter)
 
 
-def _tiles(device: torch.device, rows: int, warps: int = 1) -> GroupedIntTiles:
+#: 8-bit codes: (group, zero scales, act-order, in_features, out_features): Q6_K's 16-column groups with a zero
+#: point of 32, Q8_0's 32 with 128, 8-bit GPTQ's 128 with zero scales and act-order
+CASES8 = [(16, False, False, 208, 5), (32, False, False, 256, 8), (128, True, True, 384, 3), (16, False, False, 1024, 3),
+          (32, True, True, 1184, 2)]  # fmt: skip
+
+
+def _tiles(device: torch.device, rows: int, warps: int = 1, ahead: bool = False) -> GroupedIntTiles:
     base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
-    return dataclasses.replace(base, dot_gemv_rows=rows, dot_gemv_warps=warps, fragment_rows=0,
-                               mma_asm=device.type != "cpu")  # fmt: skip
+    return dataclasses.replace(base, dot_gemv_rows=rows, dot_gemv_warps=warps, fragment_rows=0, dot_gemv_8bit=True,
+                               dot_gemv_ahead=ahead, mma_asm=device.type != "cpu")  # fmt: skip
 
 
-def _weight(gen: torch.Generator, block: int, zero_scales: bool, perm: bool, k: int, n: int, device: torch.device):
-    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(n, k // block, generator=gen) * 0.05 + 0.01
+def _weight(gen: torch.Generator, block: int, zero_scales: bool, perm: bool, k: int, n: int, device: torch.device,
+            bits: int = 4):  # fmt: skip
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // block, generator=gen) * (0.05 if bits == 4 else 0.004) + 0.001
     zs = torch.rand(n, k // block, generator=gen) * 0.2 if zero_scales else None
     order = torch.randperm(k, generator=gen) if perm else None
-    unpacked = GroupedCodes(codes, scales, zs, 0 if zero_scales else 8, 4, block, order)
-    return pack_grouped_codes(unpacked, block, device), order
+    zero = 0 if zero_scales else {4: 8, 8: 32 if block == 16 else 128}[bits]
+    unpacked = GroupedCodes(codes, scales, zs, zero, bits, block, order)
+    return pack_grouped_codes(unpacked, min(block, 128), device), order
 
 
 def _reference(x: torch.Tensor, weight, order: torch.Tensor | None) -> torch.Tensor:
@@ -51,11 +61,12 @@ def _reference(x: torch.Tensor, weight, order: torch.Tensor | None) -> torch.Ten
     return (xs if order is None else xs[:, order]) @ dequantize_packed(weight).double().cpu().T
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 8])
-def test_dot_gemv_matches_float64(device, rows: int, monkeypatch) -> None:
+@pytest.mark.parametrize(("rows", "ahead"), [(1, False), (2, True), (4, False), (8, True)])
+def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -> None:
     """Every block width, zero point and zero scales, act-order and bias, in bf16 and fp16, through
-    :func:`grouped_int_linear`; float32 outputs within the 16-bit activations' bound (each activation within
-    2**-16 of the largest: 2**-14 of the largest times a row's absolute sum)."""
+    :func:`grouped_int_linear`, with and without the words read a step ahead (several steps a reduction: one
+    warp's 32 slots a step); float32 outputs within the 16-bit activations' bound (each activation within 2**-16
+    of the largest: 2**-14 of the largest times a row's absolute sum)."""
     calls = []
     monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
     gen = torch.Generator().manual_seed(101 + rows)
@@ -67,7 +78,7 @@ def test_dot_gemv_matches_float64(device, rows: int, monkeypatch) -> None:
             bias = torch.randn(n, generator=gen).to(dtype)
             want = _reference(x, weight, order)
             what = f"block {block} zs={zero_scales} perm={perm} {dtype} rows={rows}"
-            got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows))
+            got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows, ahead=ahead))
             assert got.dtype == dtype and got.shape == (1, n)
             problem = compare(got, want + bias.double(), get_tolerance(dtype), what)
             assert not problem, problem
@@ -75,6 +86,32 @@ def test_dot_gemv_matches_float64(device, rows: int, monkeypatch) -> None:
             bound = 2.0**-14 * float(x.abs().max()) * float(dequantize_packed(weight).abs().sum(1).max())
             assert float((exact - want).abs().max()) <= bound, what
     assert len(calls) == 2 * 2 * len(CASES)
+
+
+@pytest.mark.parametrize(("rows", "ahead"), [(1, True), (8, False)])
+def test_dot_gemv_takes_8_bit_codes(device, rows: int, ahead: bool, monkeypatch) -> None:
+    """8-bit codes (``dot_gemv_8bit``) in groups of 16, 32 and 128 columns, a zero point or zero scales with
+    act-order, bias, bf16 and fp16, against float64; without the switch they take the byte GEMV."""
+    calls = []
+    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    gen = torch.Generator().manual_seed(301 + rows)
+    for group, zero_scales, perm, k, n in CASES8:
+        weight, order = _weight(gen, group, zero_scales, perm, k, n, device, bits=8)
+        for dtype in (torch.bfloat16, torch.float16):
+            x = (torch.randn(1, k, generator=gen) * torch.logspace(-3, 1, k)[torch.randperm(k, generator=gen)]).to(dtype)
+            bias = torch.randn(n, generator=gen).to(dtype)
+            want = _reference(x, weight, order)
+            what = f"8-bit group {group} zs={zero_scales} perm={perm} {dtype} rows={rows}"
+            got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows, ahead=ahead))
+            problem = compare(got, want + bias.double(), get_tolerance(dtype), what)
+            assert not problem, problem
+            exact = grouped_int_linear(x.to(device), weight, None, _tiles(device, rows), torch.float32).double().cpu()
+            bound = 2.0**-14 * float(x.abs().max()) * float(dequantize_packed(weight).abs().sum(1).max())
+            assert float((exact - want).abs().max()) <= bound, what
+    assert len(calls) == 2 * 2 * len(CASES8)
+    off = dataclasses.replace(_tiles(device, rows), dot_gemv_8bit=False)
+    grouped_int_linear(x.to(device), weight, None, off)
+    assert len(calls) == 2 * 2 * len(CASES8)
 
 
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
@@ -119,6 +156,16 @@ def test_dot_gemv_refuses_other_row_counts(device) -> None:
     weight, _ = _weight(gen, 128, False, False, 256, 4, device)
     with pytest.raises(ValueError, match="a power of two rows a program, up to 64"):
         grouped_int_linear(torch.randn(1, 256).to(device, torch.float16), weight, None, _tiles(device, 3))
+
+
+def test_dot8_asm_takes_each_word_against_its_two_pairs() -> None:
+    """8-bit codes: word ``j`` (``$4 + j``, columns ``4j .. 4j + 3``) meets pairs ``2j`` (bytes 0, 1) and ``2j + 1``
+    (bytes 2, 3), registers ``$8 + 2j`` and ``$9 + 2j``, as it is (no mask)."""
+    asm = _dot8_asm()
+    assert asm.count("dp2a.") == 8 and "and.b32" not in asm
+    for j in range(4):
+        assert f"dp2a.lo.s32.u32 s, ${8 + 2 * j}, ${4 + j}, s;" in asm
+        assert f"dp2a.hi.s32.u32 s, ${9 + 2 * j}, ${4 + j}, s;" in asm
 
 
 def test_dot_asm_pairs_each_word_with_its_columns() -> None:

@@ -12,8 +12,8 @@ from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
-from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_dot_gemv_kernels as dot
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_gemv_kernels as dot
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
@@ -242,11 +242,13 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
 
 
 def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4-bit codes against 16-bit activations
-    whose pairs and words it reads as aligned 32-bit / 16-byte vectors."""
+    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4-bit codes (or, with
+    ``tiles.dot_gemv_8bit``, 8-bit codes in groups of a multiple of 16 columns) against 16-bit activations whose
+    pairs and words it reads as aligned 32-bit / 16-byte vectors."""
+    eight = tiles.dot_gemv_8bit and weight.bits == 8 and weight.group_size % 16 == 0
     return (
         tiles.dot_gemv_rows > 0
-        and weight.bits == 4
+        and (weight.bits == 4 or eight)
         and row.dtype in (torch.bfloat16, torch.float16)
         and row.data_ptr() % 4 == 0
         and weight.codes.data_ptr() % 16 == 0
@@ -271,14 +273,15 @@ def _dot_gemv(
     grid = (triton.cdiv(out_features, rows),)
     if gated != gated_rows.NOT_GATED:
         grid = (triton.cdiv(out_features // 2, rows // 2),)
-    dot.grouped_int4_dot_gemv_kernel[grid](
+    dot.grouped_int_dot_gemv_kernel[grid](
         row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
         out_features, weight.codes.stride(0), weight.scales.stride(0),
-        NUM_SLOTS=in_features // 32, GROUP=weight.group_size, ZERO=weight.zero_point,
+        NUM_SLOTS=in_features // (32 if weight.bits == 4 else 16), GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
-        ASM=tiles.mma_asm, GATED=gated, num_warps=tiles.dot_gemv_warps, num_stages=1,
+        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=tiles.dot_gemv_ahead, num_warps=tiles.dot_gemv_warps,
+        num_stages=1,
         **pdl.launch_options(),
     )  # fmt: skip
 

@@ -94,7 +94,7 @@ class GroupedIntTiles:
             slower (2026-12-05, an H100: W4A16 / Q4_K_M batch-1 decode 1.0 / 1.0-1.7%; an H200: Q4_K_M 1.5%):
             a program's four rows become two pairs far apart.
         dot_gemv_rows: one bf16 / fp16 row over 4-bit codes (any block width) takes the integer-dot GEMV
-            (:mod:`.grouped_int4_dot_gemv_kernels`: activations rounded to 16-bit integers once a program, codes
+            (:mod:`.grouped_int_dot_gemv_kernels`: activations rounded to 16-bit integers once a program, codes
             multiplied in their bytes by ``dp2a``) with this many output features a program (a power of two up
             to 64; 0: the word and byte GEMVs), where the fragment kernel does not take it; a gate/up product
             on it applies its activation in the same launch with ``gated_epilogue`` (an even number of rows).
@@ -102,6 +102,13 @@ class GroupedIntTiles:
             against 11.1 us, o_proj 6.4 against 9.4, gate_up 22.9 against 29.0, down 15.1 against 17.4, the LM
             head 91.4 against 125.6 (groups of 128; GGUF's 32-column blocks alike). On an H200, batch-1 decode:
             W4A16 570.7 against 415.3 tok/s (4 rows: 461.0), GGUF Q4_K_M 413.7 against 303.6.
+        dot_gemv_8bit: ... and so does one over 8-bit codes in groups of a multiple of 16 columns (GGUF's Q6_K and
+            Q8_0, 8-bit GPTQ), a word of four codes two ``dp2a`` (off: the byte GEMV). On an H100 (2026-12-05) GGUF
+            Q4_K_M batch-1 decode (its Q6_K tensors) 362.5 against 342.6 tok/s; on an H200 450.0 with it (413.7
+            without, an earlier call).
+        dot_gemv_ahead: where its reduction takes several steps (down_proj), it reads each step's words while the
+            step before multiplies. Off: on an H200 (2026-12-05, one call) W4A16 batch-1 decode 583.9 against
+            570.2 tok/s with it, GGUF Q4_K_M 430.4 against 450.0 (128 registers a thread against 96).
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
@@ -143,6 +150,8 @@ class GroupedIntTiles:
     gemv_gated_epilogue: bool = False
     fragment_wide_min_rows: int = 0
     dot_gemv_rows: int = 0
+    dot_gemv_8bit: bool = False
+    dot_gemv_ahead: bool = False
     dot_gemv_warps: int = 4
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
@@ -177,10 +186,10 @@ class GroupedIntTiles:
 #: GGUF's 32-column blocks on the fragment kernel (Q4_K_M decode of 4 sequences 821.9 against 501.3 tok/s) and
 #: in 128-column GEMM tiles (532.4 against 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill); one row
 #: of 4-bit codes on the integer-dot GEMV, 8 rows a program, gate/up with its activation (it beat the word and
-#: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``).
+#: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too.
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
-    gemm_block_k=128, dot_gemv_rows=8,
+    gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
@@ -188,5 +197,6 @@ H200_GROUPED_INT_TILES = GroupedIntTiles(
 INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
-    fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_warps=1,
+    fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
+    dot_gemv_warps=1,
 )

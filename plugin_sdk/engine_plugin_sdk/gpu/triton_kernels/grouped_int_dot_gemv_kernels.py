@@ -1,6 +1,7 @@
-"""The single-row product over 4-bit grouped codes by integer dot products: ``out[n] = sum_k x[perm[k]] * W[n, k]
-(+ bias[n])`` for batch-1 decode, in the packed layout of :mod:`.grouped_int_kernels` (byte ``r`` of a block of
-``BLOCK`` columns holds column ``r`` in its low nibble and column ``BLOCK / 2 + r`` in its high one), unchanged.
+"""The single-row product over 4- or 8-bit grouped codes by integer dot products: ``out[n] = sum_k x[perm[k]] *
+W[n, k] (+ bias[n])`` for batch-1 decode, in the packed layout of :mod:`.grouped_int_kernels` (byte ``r`` of a
+block of ``BLOCK`` columns holds column ``r`` in its low nibble and column ``BLOCK / 2 + r`` in its high one;
+8-bit codes a byte a column), unchanged.
 
 Why: the float GEMVs turn every code into a float before they multiply it. The word GEMV
 (:mod:`.grouped_int4_gemv_kernels`) spends three shifts and eight logical ops a word of eight codes on that, all
@@ -16,6 +17,7 @@ runs of 16, read as eight pairs each. Word ``j``'s byte ``k`` is column ``16 q +
 bytes 0 and 1 against the pair of columns ``4 j, 4 j + 1`` and ``dp2a.hi`` bytes 2 and 3 against the next pair.
 A slot's integer sum times its activations' scale is its share of the row's product in the group's codes; the
 group scale (and the zero point or zero scale, against the slot's activation sum) apply once a slot a step.
+8-bit codes (GGUF's Q6_K / Q8_0, 8-bit GPTQ) take 16 consecutive columns a slot, a word two ``dp2a`` as it is.
 
 Precision: a slot's 32 activations are scaled by the power of two that takes their largest magnitude below
 2**15 and rounded to integers: exact for every bf16 activation within 2**7 of the largest (fp16: 2**4), else
@@ -40,9 +42,9 @@ _ROUNDING = tl.constexpr(12582912.0)
 
 
 def _dot_asm() -> str:
-    """PTX for one slot of one row: ``$0`` the sum over its four words ``$4..$7`` of 16 x (codes . activations),
-    the activations as int16 pairs: ``$8..$11`` / ``$12..$15`` the low columns' pairs 0-3 / 4-7, ``$16..$23`` the
-    high columns' (``$1..$3`` are zero)."""
+    """PTX for one slot of one row of 4-bit codes: ``$0`` the sum over its four words ``$4..$7`` of 16 x (codes .
+    activations), the activations as int16 pairs: ``$8..$11`` / ``$12..$15`` the low columns' pairs 0-3 / 4-7,
+    ``$16..$23`` the high columns' (``$1..$3`` are zero)."""
     lines = [".reg .b32 l, h, sl, sh;", "mov.b32 sl, 0;", "mov.b32 sh, 0;"]
     for j in range(4):
         # word j's columns 4j .. 4j+3 are pairs 2j and 2j + 1 of the slot's eight
@@ -59,9 +61,21 @@ def _dot_asm() -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
+def _dot8_asm() -> str:
+    """PTX for one slot of one row of 8-bit codes: ``$0`` the sum over its four words ``$4..$7`` (columns ``4j ..
+    4j + 3``) of codes . activations, the activations' pairs 0-3 / 4-7 in ``$8..$11`` / ``$12..$15``."""
+    lines = [".reg .b32 s;", "mov.b32 s, 0;"]
+    for j in range(4):
+        lines += [f"dp2a.lo.s32.u32 s, ${8 + 2 * j}, ${4 + j}, s;", f"dp2a.hi.s32.u32 s, ${9 + 2 * j}, ${4 + j}, s;"]
+    lines += ["mov.b32 $0, s;", "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
 _DOT_ASM = tl.constexpr(_dot_asm())
-#: four int32 outputs, 20 int32 inputs (four registers of each of five tensors)
+_DOT8_ASM = tl.constexpr(_dot8_asm())
+#: four int32 outputs, 20 int32 inputs (four registers of each of five tensors); 12 for 8-bit codes (three)
 _DOT_CONSTRAINTS = tl.constexpr("=r," * 4 + ",".join(["r"] * 20))
+_DOT8_CONSTRAINTS = tl.constexpr("=r," * 4 + ",".join(["r"] * 12))
 
 
 @triton.jit
@@ -131,26 +145,36 @@ def _as_int16(lo, hi, inv, ASM: tl.constexpr):
 
 
 @triton.jit
-def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, ASM: tl.constexpr):
-    """The slots' activation pairs ``[S, 4]`` as int16 pairs, the float32 value of a unit of their 16 x
-    integer sums ``[S]``, and (with ``SUM``) the slots' activation sums ``[S]``."""
+def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, ASM: tl.constexpr,
+                   HIGH: tl.constexpr):  # fmt: skip
+    """The slots' activation pairs ``[S, 4]`` as int16 pairs (``xh0``, ``xh1`` only with ``HIGH``, the 4-bit
+    codes' high columns; else returned as they came), the float32 value of a unit of their integer sums ``[S]``
+    (16 x the dot product for 4-bit codes, the dot product for 8-bit ones), and (with ``SUM``) the slots'
+    activation sums ``[S]``."""
     a0, b0 = _halves(xl0, FP16)
     a1, b1 = _halves(xl1, FP16)
-    a2, b2 = _halves(xh0, FP16)
-    a3, b3 = _halves(xh1, FP16)
-    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(a0), tl.abs(b0)), tl.maximum(tl.abs(a1), tl.abs(b1))),
-                     tl.maximum(tl.maximum(tl.abs(a2), tl.abs(b2)), tl.maximum(tl.abs(a3), tl.abs(b3))))  # fmt: skip
+    big = tl.maximum(tl.maximum(tl.abs(a0), tl.abs(b0)), tl.maximum(tl.abs(a1), tl.abs(b1)))
+    if HIGH:
+        a2, b2 = _halves(xh0, FP16)
+        a3, b3 = _halves(xh1, FP16)
+        big = tl.maximum(big, tl.maximum(tl.maximum(tl.abs(a2), tl.abs(b2)), tl.maximum(tl.abs(a3), tl.abs(b3))))
     # the largest magnitude is below 2**(e - 126): times 2**(141 - e) it is below 2**15, and a 16-bit float there
     # is an integer already (8 or 11 significant bits), so none rounds up to 2**15 (e at least 19 keeps both
     # powers of two normal floats)
     e = tl.maximum(tl.max(big, axis=1).to(tl.int32, bitcast=True) >> 23, 19)
     inv = ((268 - e) << 23).to(tl.float32, bitcast=True)[:, None]
-    unit = ((e - 18) << 23).to(tl.float32, bitcast=True)  # 2**(e - 141) / 16
+    # 2**(e - 141), over 16 for the 4-bit codes' sums
+    unit = ((e - (18 if HIGH else 14)) << 23).to(tl.float32, bitcast=True)
     total = unit
     if SUM:
-        total = tl.sum(((a0 + b0) + (a1 + b1)) + ((a2 + b2) + (a3 + b3)), axis=1)
-    return (_as_int16(a0, b0, inv, ASM), _as_int16(a1, b1, inv, ASM), _as_int16(a2, b2, inv, ASM),
-            _as_int16(a3, b3, inv, ASM), unit, total)
+        both = (a0 + b0) + (a1 + b1)
+        if HIGH:
+            both += (a2 + b2) + (a3 + b3)
+        total = tl.sum(both, axis=1)
+    pl0, pl1 = _as_int16(a0, b0, inv, ASM), _as_int16(a1, b1, inv, ASM)
+    if HIGH:
+        return pl0, pl1, _as_int16(a2, b2, inv, ASM), _as_int16(a3, b3, inv, ASM), unit, total
+    return pl0, pl1, xh0, xh1, unit, total
 
 
 @triton.jit
@@ -184,21 +208,41 @@ def _dots_emulated(words, pl0, pl1, ph0, ph1):
 
 
 @triton.jit
-def _slot_dots(words, pl0, pl1, ph0, ph1, ASM: tl.constexpr):
-    """16 x the integer dot product of each row's slot ``[R, S]`` with the slots' int16 activations."""
-    if ASM:
+def _dots8_emulated(words, pl0, pl1):
+    """What :func:`_dot8_asm` computes, with plain integer ops: ``[R, S]``."""
+    la, lb = _word_pairs(pl0, pl1)
+    w = words
+    low = ((la << 16) >> 16)[None] * (w & 0xFF) + (la >> 16)[None] * ((w >> 8) & 0xFF)
+    low += ((lb << 16) >> 16)[None] * ((w >> 16) & 0xFF) + (lb >> 16)[None] * ((w >> 24) & 0xFF)
+    return tl.sum(low, axis=2)
+
+
+@triton.jit
+def _slot_dots(words, pl0, pl1, ph0, ph1, ASM: tl.constexpr, BITS: tl.constexpr):
+    """The integer dot product of each row's slot ``[R, S]`` with the slots' int16 activations (16 times it for
+    4-bit codes)."""
+    if ASM and BITS == 4:
         d = tl.inline_asm_elementwise(
             asm=_DOT_ASM, constraints=_DOT_CONSTRAINTS,
             args=[words, pl0[None, :, :], pl1[None, :, :], ph0[None, :, :], ph1[None, :, :]],
             dtype=tl.int32, is_pure=True, pack=4,
         )  # fmt: skip
         return _element0(d)
-    return _dots_emulated(words, pl0, pl1, ph0, ph1)
+    elif ASM:
+        d = tl.inline_asm_elementwise(
+            asm=_DOT8_ASM, constraints=_DOT8_CONSTRAINTS, args=[words, pl0[None, :, :], pl1[None, :, :]],
+            dtype=tl.int32, is_pure=True, pack=4,
+        )  # fmt: skip
+        return _element0(d)
+    elif BITS == 4:
+        return _dots_emulated(words, pl0, pl1, ph0, ph1)
+    return _dots8_emulated(words, pl0, pl1)
 
 
 @triton.jit
 def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
-                BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+                BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
+                BITS: tl.constexpr):  # fmt: skip
     """The rows' words ``[R, S, 4]`` of slots ``s0 ..`` and their group scales (and zero scales) ``[R, S]`` in
     float32."""
     SPB: tl.constexpr = BLOCK // 32
@@ -206,7 +250,11 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
     slots = s0 + tl.arange(0, S)
     # one flat run of 4 S words a row: each thread its slot's four (a [R, S, 4] load spreads rows over threads)
     words_at = rows[:, None] * stride_w + 4 * s0 + tl.arange(0, 4 * S)[None, :]
-    params = rows[:, None] * stride_sn + ((slots // SPB) * BLOCK // GROUP)[None, :]
+    if BITS == 4:
+        group = (slots // SPB) * BLOCK // GROUP
+    else:
+        group = slots * 16 // GROUP
+    params = rows[:, None] * stride_sn + group[None, :]
     if EVEN:
         words = tl.reshape(tl.load(w32 + words_at), (R, S, 4))
         scale = tl.load(scale_ptr + params).to(tl.float32)
@@ -227,18 +275,23 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
 @triton.jit
 def _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
           ZERO: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr,
-          ASM: tl.constexpr):  # fmt: skip
+          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
     """``acc [R, S]`` plus the rows' products over slots ``s0 ..``, the activations read and converted once."""
     SPB: tl.constexpr = BLOCK // 32
     slots = s0 + tl.arange(0, S)
-    cols = (slots // SPB) * BLOCK + (slots % SPB) * 16
     ok = slots < NUM_SLOTS
+    if BITS == 4:
+        cols = (slots // SPB) * BLOCK + (slots % SPB) * 16
+    else:
+        cols = slots * 16
     xl0 = _pairs(x_ptr, perm_ptr, cols, ok, HAS_PERM, EVEN)
     xl1 = _pairs(x_ptr, perm_ptr, cols + 8, ok, HAS_PERM, EVEN)
-    xh0 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
-    xh1 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
-    pl0, pl1, ph0, ph1, unit, x_sum = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM)
-    part = _slot_dots(words, pl0, pl1, ph0, ph1, ASM).to(tl.float32) * unit[None, :]
+    xh0, xh1 = xl0, xl1
+    if BITS == 4:
+        xh0 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
+        xh1 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
+    pl0, pl1, ph0, ph1, unit, x_sum = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
+    part = _slot_dots(words, pl0, pl1, ph0, ph1, ASM, BITS).to(tl.float32) * unit[None, :]
     if HAS_ZS:
         return acc + part * scale - zs * x_sum[None, :]
     elif ZERO != 0:
@@ -248,23 +301,28 @@ def _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS
 
 
 @triton.jit
-def grouped_int4_dot_gemv_kernel(
+def grouped_int_dot_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr,
     N, stride_wn, stride_sn,
     NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WARPS: tl.constexpr,
-    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1,
+    FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
+    AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
     for ``ROWS / 2`` features ``f`` of a weight stacking the gate's rows over the up rows (``out``: ``N / 2``).
 
     ``x``: ``[K]`` bf16 (fp16 with ``FP16``), 4-byte aligned; ``w``, ``scale``, ``zs``, ``perm``, ``bias`` as for
-    :func:`~.grouped_int_kernels.grouped_int_gemv_kernel` with 4-bit codes in blocks of ``BLOCK`` (a multiple of
-    32) columns, ``stride_wn`` (bytes) a multiple of 16; ``NUM_SLOTS`` is ``K / 32``; ``WARPS`` the launch's
-    ``num_warps`` (each step takes ``32 * WARPS`` slots of every row).
+    :func:`~.grouped_int_kernels.grouped_int_gemv_kernel` with ``BITS``-bit codes (4-bit ones in blocks of
+    ``BLOCK``, a multiple of 32, columns; 8-bit ones in groups of a multiple of 16), ``stride_wn`` (bytes) a
+    multiple of 16; ``NUM_SLOTS`` is ``K / 32`` (``K / 16`` for 8-bit codes); ``WARPS`` the launch's
+    ``num_warps`` (each step takes ``32 * WARPS`` slots of every row). ``AHEAD``: a reduction of several steps
+    reads each step's words before the step before it multiplies (twice the words in flight, for as many
+    registers).
     """
-    tl.static_assert(BLOCK % 32 == 0, "the slots are 32 columns of a block")
+    tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
+    tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
     tl.static_assert(GATED == _NOT_GATED or (ROWS % 2 == 0 and not HAS_BIAS), "a gated GEMV runs even rows, no bias")
     S: tl.constexpr = 32 * WARPS
     EVEN: tl.constexpr = NUM_SLOTS % S == 0
@@ -276,14 +334,24 @@ def grouped_int4_dot_gemv_kernel(
         gdc_launch_dependents()
     # the weight is constant: its first words are read while the kernel that writes x drains
     words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, 0, S, NUM_SLOTS, BLOCK,
-                                   GROUP, HAS_ZS, EVEN)  # fmt: skip
+                                   GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
-    acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
-                FP16, ASM)  # fmt: skip
-    for s0 in tl.range(S, NUM_SLOTS, S):
-        words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS, BLOCK,
-                                       GROUP, HAS_ZS, EVEN)  # fmt: skip
-        acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
-                    FP16, ASM)  # fmt: skip
+    if AHEAD and NUM_SLOTS > S:
+        for s0 in tl.range(0, NUM_SLOTS, S):
+            # the last step reads its own words again (unused; masked past the end where the steps do not fit)
+            ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
+            next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
+                                                          NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
+            acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
+                        EVEN, FP16, ASM, BITS)  # fmt: skip
+            words, scale, zs = next_words, next_scale, next_zs
+    else:
+        acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
+                    FP16, ASM, BITS)  # fmt: skip
+        for s0 in tl.range(S, NUM_SLOTS, S):
+            words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
+                                           BLOCK, GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
+            acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
+                        EVEN, FP16, ASM, BITS)  # fmt: skip
     _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)
