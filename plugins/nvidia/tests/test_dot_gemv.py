@@ -61,23 +61,19 @@ def _reference(x: torch.Tensor, weight, order: torch.Tensor | None) -> torch.Ten
     return (xs if order is None else xs[:, order]) @ dequantize_packed(weight).double().cpu().T
 
 
-@pytest.mark.parametrize(("rows", "ahead"), [(1, False), (2, True), (4, False), (8, True)])
-def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -> None:
-    """Every block width, zero point and zero scales, act-order and bias, in bf16 and fp16, through
-    :func:`grouped_int_linear`, with and without the words read a step ahead (several steps a reduction: one
-    warp's 32 slots a step); float32 outputs within the 16-bit activations' bound (each activation within 2**-16
-    of the largest: 2**-14 of the largest times a row's absolute sum)."""
-    calls = []
-    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
-    gen = torch.Generator().manual_seed(101 + rows)
-    for block, zero_scales, perm, k, n in CASES:
-        weight, order = _weight(gen, block, zero_scales, perm, k, n, device)
+def _check_cases(device, cases, bits: int, rows: int, ahead: bool, seed: int) -> None:
+    """Each case's weight against float64 in bf16 and fp16 with a bias, through :func:`grouped_int_linear`; and
+    its float32 outputs within the 16-bit activations' bound (each activation within 2**-16 of the largest:
+    2**-14 of the largest times a row's absolute sum)."""
+    gen = torch.Generator().manual_seed(seed)
+    for block, zero_scales, perm, k, n in cases:
+        weight, order = _weight(gen, block, zero_scales, perm, k, n, device, bits)
         for dtype in (torch.bfloat16, torch.float16):
             # activations over four decades, in a random order: slots mix large and small ones
             x = (torch.randn(1, k, generator=gen) * torch.logspace(-3, 1, k)[torch.randperm(k, generator=gen)]).to(dtype)
             bias = torch.randn(n, generator=gen).to(dtype)
             want = _reference(x, weight, order)
-            what = f"block {block} zs={zero_scales} perm={perm} {dtype} rows={rows}"
+            what = f"{bits}-bit block {block} zs={zero_scales} perm={perm} {dtype} rows={rows} ahead={ahead}"
             got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows, ahead=ahead))
             assert got.dtype == dtype and got.shape == (1, n)
             problem = compare(got, want + bias.double(), get_tolerance(dtype), what)
@@ -85,32 +81,29 @@ def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -
             exact = grouped_int_linear(x.to(device), weight, None, _tiles(device, rows), torch.float32).double().cpu()
             bound = 2.0**-14 * float(x.abs().max()) * float(dequantize_packed(weight).abs().sum(1).max())
             assert float((exact - want).abs().max()) <= bound, what
+
+
+@pytest.mark.parametrize(("rows", "ahead"), [(1, False), (2, True), (4, False), (8, True)])
+def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -> None:
+    """Every block width, zero point and zero scales, act-order and bias, with and without the words read a
+    step ahead (several steps a reduction: one warp's 32 slots a step)."""
+    calls = []
+    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    _check_cases(device, CASES, 4, rows, ahead, 101 + rows)
     assert len(calls) == 2 * 2 * len(CASES)
 
 
 @pytest.mark.parametrize(("rows", "ahead"), [(1, True), (8, False)])
 def test_dot_gemv_takes_8_bit_codes(device, rows: int, ahead: bool, monkeypatch) -> None:
     """8-bit codes (``dot_gemv_8bit``) in groups of 16, 32 and 128 columns, a zero point or zero scales with
-    act-order, bias, bf16 and fp16, against float64; without the switch they take the byte GEMV."""
+    act-order; without the switch they take the byte GEMV."""
     calls = []
     monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
-    gen = torch.Generator().manual_seed(301 + rows)
-    for group, zero_scales, perm, k, n in CASES8:
-        weight, order = _weight(gen, group, zero_scales, perm, k, n, device, bits=8)
-        for dtype in (torch.bfloat16, torch.float16):
-            x = (torch.randn(1, k, generator=gen) * torch.logspace(-3, 1, k)[torch.randperm(k, generator=gen)]).to(dtype)
-            bias = torch.randn(n, generator=gen).to(dtype)
-            want = _reference(x, weight, order)
-            what = f"8-bit group {group} zs={zero_scales} perm={perm} {dtype} rows={rows}"
-            got = grouped_int_linear(x.to(device), weight, bias.to(device), _tiles(device, rows, ahead=ahead))
-            problem = compare(got, want + bias.double(), get_tolerance(dtype), what)
-            assert not problem, problem
-            exact = grouped_int_linear(x.to(device), weight, None, _tiles(device, rows), torch.float32).double().cpu()
-            bound = 2.0**-14 * float(x.abs().max()) * float(dequantize_packed(weight).abs().sum(1).max())
-            assert float((exact - want).abs().max()) <= bound, what
+    _check_cases(device, CASES8, 8, rows, ahead, 301 + rows)
     assert len(calls) == 2 * 2 * len(CASES8)
+    weight, _ = _weight(torch.Generator().manual_seed(3), 32, False, False, 256, 4, device, bits=8)
     off = dataclasses.replace(_tiles(device, rows), dot_gemv_8bit=False)
-    grouped_int_linear(x.to(device), weight, None, off)
+    grouped_int_linear(torch.randn(1, 256).to(device, torch.float16), weight, None, off)
     assert len(calls) == 2 * 2 * len(CASES8)
 
 
