@@ -123,6 +123,21 @@ def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
         assert bool(((got - want).abs() <= 4e-6 * magnitude).all()), (got - want).abs() / magnitude
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_non_finite_activations_give_non_finite_rows(device, bad: float) -> None:
+    """An infinity or a NaN among the activations is not rounded away with the rest of its slot (codes with a
+    zero point of 0: no activation sum carries it either)."""
+    gen = torch.Generator().manual_seed(9)
+    for bits, block in ((4, 128), (8, 16)):
+        codes = torch.randint(1, 1 << bits, (8, 256), generator=gen, dtype=torch.uint8)
+        scales = torch.rand(8, 256 // block, generator=gen) + 0.1
+        weight = pack_grouped_codes(GroupedCodes(codes, scales, None, 0, bits, block), block, device)
+        x = torch.randn(1, 256, generator=gen)
+        x[0, 37] = bad
+        got = grouped_int_linear(x.to(device, torch.bfloat16), weight, None, _tiles(device, 4))
+        assert not bool(torch.isfinite(got.float()).any()), (bits, got)
+
+
 @pytest.mark.parametrize("activation", [SILU, GELU_TANH], ids=["silu", "gelu-tanh"])
 def test_gated_dot_gemv_fuses_the_activation(device, activation: int) -> None:
     """A gate/up weight through the integer-dot GEMV with its activation in the epilogue (``gemv_gated_epilogue``)

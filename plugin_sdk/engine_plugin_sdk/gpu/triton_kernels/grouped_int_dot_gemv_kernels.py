@@ -19,10 +19,10 @@ A slot's integer sum times its activations' scale is its share of the row's prod
 group scale (and the zero point or zero scale, against the slot's activation sum) apply once a slot a step.
 8-bit codes (GGUF's Q6_K / Q8_0, 8-bit GPTQ) take 16 consecutive columns a slot, a word two ``dp2a`` as it is.
 
-Precision: a slot's 32 activations are scaled by the power of two that takes their largest magnitude below
-2**15 and rounded to integers: exact for every bf16 activation within 2**7 of the largest (fp16: 2**4), else
-within 2**-16 of the largest; the integer sums are exact (below 2**28 a slot a step), and the float32 sums as
-in the other GEMVs. Non-finite activations are not carried (their slot's scale saturates).
+Precision: a slot's 32 activations (16 for 8-bit codes) are scaled by the power of two that takes their largest
+magnitude below 2**15 and rounded to integers: exact for every bf16 activation within 2**7 of the largest (fp16:
+2**4), else within 2**-16 of the largest; the integer sums are exact (below 2**28 a slot a step), and the float32
+sums as in the other GEMVs. An infinite or NaN activation makes its slot's share, and so the row, NaN.
 
 The PTX runs on sm_61 and later; the interpreter (``ASM`` off) computes the same integer sums with plain ops.
 """
@@ -145,6 +145,20 @@ def _as_int16(lo, hi, inv, ASM: tl.constexpr):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _largest_of_four(t):
+    """The largest of each row of a ``[S, 4]`` tensor (a thread's own four), NaN if any is."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return _nan_max(_nan_max(a0, a1), _nan_max(b0, b1))
+
+
+@triton.jit
 def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, ASM: tl.constexpr,
                    HIGH: tl.constexpr):  # fmt: skip
     """The slots' activation pairs ``[S, 4]`` as int16 pairs (``xh0``, ``xh1`` only with ``HIGH``, the 4-bit
@@ -153,18 +167,20 @@ def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, AS
     activation sums ``[S]``."""
     a0, b0 = _halves(xl0, FP16)
     a1, b1 = _halves(xl1, FP16)
-    big = tl.maximum(tl.maximum(tl.abs(a0), tl.abs(b0)), tl.maximum(tl.abs(a1), tl.abs(b1)))
+    big = _nan_max(_nan_max(tl.abs(a0), tl.abs(b0)), _nan_max(tl.abs(a1), tl.abs(b1)))
     if HIGH:
         a2, b2 = _halves(xh0, FP16)
         a3, b3 = _halves(xh1, FP16)
-        big = tl.maximum(big, tl.maximum(tl.maximum(tl.abs(a2), tl.abs(b2)), tl.maximum(tl.abs(a3), tl.abs(b3))))
+        big = _nan_max(big, _nan_max(_nan_max(tl.abs(a2), tl.abs(b2)), _nan_max(tl.abs(a3), tl.abs(b3))))
     # the largest magnitude is below 2**(e - 126): times 2**(141 - e) it is below 2**15, and a 16-bit float there
     # is an integer already (8 or 11 significant bits), so none rounds up to 2**15 (e at least 19 keeps both
     # powers of two normal floats)
-    e = tl.maximum(tl.max(big, axis=1).to(tl.int32, bitcast=True) >> 23, 19)
+    top = _largest_of_four(big).to(tl.int32, bitcast=True) >> 23
+    e = tl.minimum(tl.maximum(top, 19), 254)
     inv = ((268 - e) << 23).to(tl.float32, bitcast=True)[:, None]
-    # 2**(e - 141), over 16 for the 4-bit codes' sums
+    # 2**(e - 141), over 16 for the 4-bit codes' sums; a slot holding an infinity or a NaN makes its share NaN
     unit = ((e - (18 if HIGH else 14)) << 23).to(tl.float32, bitcast=True)
+    unit = tl.where(top == 255, float("nan"), unit)
     total = unit
     if SUM:
         both = (a0 + b0) + (a1 + b1)

@@ -299,8 +299,8 @@ def _gemv(
     out: torch.Tensor,
     gated: int = gated_rows.NOT_GATED,
 ) -> None:
-    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, at 4 rows a program only:
-    ``act(gate) * up`` into ``out [1, N / 2]``)."""
+    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, on the integer-dot GEMV or at 4 rows a
+    program on the others: ``act(gate) * up`` into ``out [1, N / 2]``)."""
     if _takes_dot(row, weight, tiles):
         _dot_gemv(row, weight, bias, tiles, out, gated)
         return

@@ -115,7 +115,7 @@ class GroupedIntTiles:
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
             head 102 against 126) and lost on the narrow ones (qkv, o_proj, down); W4A16 batch-1 decode with 1
-            449.7 against 414.4 tok/s (2026-12-05).
+            449.7 against 414.4 tok/s (2026-12-05); the integer-dot GEMV has taken one row since (0 on the H200).
     """
 
     block_k: int = 128
