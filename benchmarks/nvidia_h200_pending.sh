@@ -26,6 +26,10 @@
 #   dot-tiles: the integer-dot GEMV's next variants (session 38): 16 rows a program (x's conversion shared by
 #            more rows) per product, then W4A16 / Q4_K_M batch-1 decode with 16 rows and with the words a step
 #            ahead (one call measured W4A16 +2.4%, Q4_K_M -4.4%: repeated here), against the defaults.
+#   two-level: GGUF K-quants with their own two-level scales (two_level_scales, session 38, off on GPUs until
+#            this runs): the GGUF kernel tests on the GPU (two-level against one-level bit for bit through every
+#            kernel), then Q4_K_M decode of 1 and 4 sequences with them against the defaults, bf16 and the
+#            dequantized copy.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -33,7 +37,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh dot|dot-tiles|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -99,6 +103,14 @@ elif [ "$PART" = dot-tiles ]; then
     --grouped-tiles ${TILES:-dot_gemv_rows=16 dot_gemv_ahead=1 dot_gemv_rows=16,dot_gemv_ahead=1} --throughput \
     --json "$OUT/dot_tiles_decode.json" > $LOGS/dot_tiles_decode.log 2>&1
   grep -E "^decode" $LOGS/dot_tiles_decode.log
+elif [ "$PART" = two-level ]; then
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py \
+    plugins/nvidia/tests/test_dot_gemv.py > $LOGS/two_level_tests.log 2>&1
+  tail -2 $LOGS/two_level_tests.log
+  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=1} --throughput \
+    --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
+  grep -E "^decode" $LOGS/two_level_decode.log
 elif [ "$PART" = overlap ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log

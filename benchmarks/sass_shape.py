@@ -34,10 +34,12 @@ from typing import Any
 
 #: the pointer arguments' types: bf16 activations, fp16 scales, 4-bit codes as bytes
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
-            "bias_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+            "bias_ptr": "*bf16", "out_ptr": "*bf16",
+            "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: ... and of the MoE down GEMVs (bf16 experts, float32 routing weights)
 MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
-                "topw_ptr": "*fp32", "out_ptr": "*bf16"}  # fmt: skip
+                "topw_ptr": "*fp32", "out_ptr": "*bf16",
+            "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
 ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn")
 FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,

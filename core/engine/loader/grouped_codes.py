@@ -53,6 +53,11 @@ class GroupedCodes:
         bits: 4 or 8: the codes' storage width.
         group_size: columns per group.
         perm: int64 ``[in]`` act-order (stored column ``j`` is input feature ``perm[j]``), or None.
+        sub_groups: GGUF's K-quants: groups per super-block, whose scales (and zero scales) are a super-block
+            scale times a small integer per group (0: no such form).
+        super_scales: float32 ``[out, groups / sub_groups]`` of those, each an fp16 value (``scales`` is each
+            times its group's integer, exactly), or None.
+        super_zero_scales: the same for the zero scales, or None.
     """
 
     codes: torch.Tensor
@@ -62,6 +67,9 @@ class GroupedCodes:
     bits: int
     group_size: int
     perm: torch.Tensor | None = None
+    sub_groups: int = 0
+    super_scales: torch.Tensor | None = None
+    super_zero_scales: torch.Tensor | None = None
 
 
 def grouped_form(weight: QuantizedWeight) -> tuple[int, int] | None:
@@ -158,6 +166,8 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
     blocks = data.to(device).reshape(-1, nbytes)
     zero_scales: torch.Tensor | None = None
     zero_point = 0
+    # the K-quants' super-block scales (the fp16 d and dmin of each 256 values)
+    supers: tuple[torch.Tensor, torch.Tensor | None] | None = None
     if weight.scheme in ("gguf_q4_0", "gguf_q4_1"):
         qs = blocks[:, -16:]
         # low nibbles are values 0..15 of the block, high nibbles 16..31
@@ -179,6 +189,7 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
         sc = torch.cat([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], dim=1)
         mn = torch.cat([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], dim=1)
         scales, zero_scales = d * sc.float(), dmin * mn.float()
+        supers = (d, dmin)
         # each 32-byte chunk holds sub-block 2c in its low nibbles and 2c + 1 in its high ones
         qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
         codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
@@ -188,9 +199,13 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
         low = torch.cat([ql & 0x0F, ql >> 4], dim=2).reshape(-1, 8, 32)
         high = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2).reshape(-1, 8, 32)
         codes = (low | (high << 4)).reshape(-1, 256)
-        scales = _half(blocks, 208) * blocks[:, 192:208].contiguous().view(torch.int8).float()
+        d = _half(blocks, 208)
+        scales = d * blocks[:, 192:208].contiguous().view(torch.int8).float()
         zero_point = 32
+        supers = (d, None)
     groups = in_features // group
+    sub_groups = values // group if supers is not None else 0
+    rows = (out_features, in_features // values)
     return GroupedCodes(
         codes=codes.reshape(out_features, in_features).contiguous(),
         scales=scales.reshape(out_features, groups).contiguous(),
@@ -198,4 +213,7 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
         zero_point=zero_point,
         bits=bits,
         group_size=group,
+        sub_groups=sub_groups,
+        super_scales=None if supers is None else supers[0].reshape(rows).contiguous(),
+        super_zero_scales=None if supers is None or supers[1] is None else supers[1].reshape(rows).contiguous(),
     )

@@ -94,6 +94,11 @@ class GroupedIntWeight:
         block_k: the kernels' reduction sub-block, fixed by the 4-bit pairing.
         shape: ``(out_features, in_features)``.
         zero_point: every group's zero point in code units, when ``zero_scales`` is None.
+        sub_groups: GGUF's K-quants kept in their two-level form: groups per super-block (0: none). ``scales``
+            (and ``zero_scales``) are then small integers (uint8 / int8) to multiply by their super-block's
+            ``super_scales`` (``super_zero_scales``) ``[out, groups / sub_groups]`` (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_params`).
+        super_scales: see ``sub_groups``.
+        super_zero_scales: see ``sub_groups``.
     """
 
     codes: torch.Tensor
@@ -105,11 +110,14 @@ class GroupedIntWeight:
     block_k: int
     shape: tuple[int, int]
     zero_point: int = 0
+    sub_groups: int = 0
+    super_scales: torch.Tensor | None = None
+    super_zero_scales: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
         """Device bytes of the packed weight (what one product streams)."""
-        parts = (self.codes, self.scales, self.zero_scales, self.perm)
+        parts = (self.codes, self.scales, self.zero_scales, self.perm, self.super_scales, self.super_zero_scales)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
@@ -292,7 +300,9 @@ class TorchGemmBackend(GemmBackend):
         widest = tiles.fp32_block_k if dtype == torch.float32 else tiles.block_k
         form = grouped_form(weight)
         block_k = None if form is None else gil.grouped_int_block_k(form[1], form[0], widest)
-        return None if block_k is None else gil.pack_grouped_int(weight, block_k, self.device)
+        if block_k is None:
+            return None
+        return gil.pack_grouped_int(weight, block_k, self.device, two_level=tiles.two_level_scales)
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
         out_features, _ = weight.shape

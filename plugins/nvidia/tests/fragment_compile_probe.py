@@ -36,15 +36,17 @@ def compile_case(
     capability: int, fp16: bool, zero_scales: bool, depth: int, ahead: bool, gated: int, prefetch: int, block: int
 ) -> dict:
     act = "*fp16" if fp16 else "*bf16"
+    # narrow blocks as GGUF Q4_K's: a uint8 scale a group times an fp16 a super-block of eight groups
+    params = "*u8" if block < 128 else "*fp16"
     signature = {
-        "x_ptr": act, "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
+        "x_ptr": act, "w_ptr": "*u8", "scale_ptr": params, "zs_ptr": params, "perm_ptr": "*i32",
         "bias_ptr": act, "out_ptr": act, "M": "i32", "N": "i32", "stride_xm": "i32", "stride_wn": "i32",
-        "stride_sn": "i32", "stride_om": "i32",
+        "stride_sn": "i32", "stride_om": "i32", "super_ptr": "*fp16", "zsuper_ptr": "*fp16",
     }  # fmt: skip
     constants = {
         "NUM_CHUNKS": 112, "GROUP": block, "ZERO": 8, "HAS_ZS": zero_scales, "HAS_PERM": False, "HAS_BIAS": False,
         "BLOCK": block, "SUB_BITS": -2004318072 if block < 128 else 0, "WARPS": WARPS, "FP16": fp16, "ASM": True, "USE_PDL": capability >= 90, "DEPTH": depth,
-        "AHEAD": ahead, "GATED": gated, "PREFETCH": prefetch,
+        "AHEAD": ahead, "GATED": gated, "PREFETCH": prefetch, "SUB_GROUPS": 8 if block < 128 else 0,
     }  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [["tt.divisibility", 16]]

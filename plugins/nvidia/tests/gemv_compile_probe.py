@@ -16,7 +16,8 @@ from triton.compiler import ASTSource
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels, grouped_int_kernels
 
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
-            "bias_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+            "bias_ptr": "*bf16", "out_ptr": "*bf16",
+            "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: down_proj's width (14,336 columns): several iterations past the first tile
 WORD = {"NUM_BLOCKS": 112, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
         "BLOCK": 128, "ROWS": 4, "SUBS": 32, "EVEN": False, "USE_PDL": True, "HIGH": True, "GATED": -1}  # fmt: skip

@@ -4,6 +4,8 @@ GEMV (interpreter on the CPU), other GGUF types dequantized at load."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,11 @@ import torch
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import dequantize_packed, pack_grouped_int
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    dequantize_packed,
+    grouped_int_linear,
+    pack_grouped_int,
+)
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
@@ -20,7 +26,7 @@ from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
-#: scheme -> (bits, group, zero point or None for zero scales, scale dtype after packing)
+#: scheme -> (bits, group, zero point or None for zero scales, scale dtype after packing in one level)
 EXPECTED = {
     "gguf_q4_0": (4, 32, 8, torch.float16),
     "gguf_q4_1": (4, 32, None, torch.float16),
@@ -28,6 +34,8 @@ EXPECTED = {
     "gguf_q4_k": (4, 32, None, torch.float32),
     "gguf_q6_k": (8, 16, 32, torch.float32),
 }
+#: the K-quants in two levels: (groups per super-block, the per-group integers' dtype)
+TWO_LEVEL = {"gguf_q4_k": (8, torch.uint8), "gguf_q6_k": (16, torch.int8)}
 
 
 def fresh_seed() -> int:
@@ -47,9 +55,19 @@ def test_repacked_gguf_dequantizes_to_the_same_bits(scheme: str) -> None:
         assert codes.zero_point == zero_point
     assert torch.equal(dequantize_codes(codes), reference)
     for block_k in {group, 16 if bits == 8 else 32}:
+        one_level = pack_grouped_int(weight, block_k, torch.device("cpu"), two_level=False)
+        assert one_level.scales.dtype == scale_dtype and one_level.zero_point == codes.zero_point
+        assert one_level.sub_groups == 0 and torch.equal(dequantize_packed(one_level), reference)
         packed = pack_grouped_int(weight, block_k, torch.device("cpu"))
-        assert packed.scales.dtype == scale_dtype and packed.zero_point == codes.zero_point
         assert torch.equal(dequantize_packed(packed), reference)
+        if scheme in TWO_LEVEL:
+            # a small integer a group, an fp16 a super-block: exact, a quarter of the bytes or less
+            assert (packed.sub_groups, packed.scales.dtype) == TWO_LEVEL[scheme]
+            assert packed.super_scales.dtype == torch.float16
+            assert (packed.zero_scales is None) == (packed.super_zero_scales is None) == (zero_point is not None)
+            assert packed.nbytes - packed.codes.nbytes <= (one_level.nbytes - one_level.codes.nbytes) // 3
+        else:
+            assert packed.sub_groups == 0 and packed.scales.dtype == scale_dtype
 
 
 def test_q4_1_zero_scales_are_the_negated_minimum() -> None:
@@ -99,11 +117,17 @@ def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) 
 
 
 def test_packed_gguf_bytes_against_the_file() -> None:
-    """What packing costs in memory: float16 scales where exact keep Q4_0 / Q8_0 at their GGUF size."""
+    """What packing costs in memory: float16 scales where exact keep Q4_0 / Q8_0 at their GGUF size; the K-quants'
+    two-level scales keep Q4_K within 3% of it (a byte a group for its 6-bit scale and min, an fp16 pair a
+    super-block; one level: float32 pairs, 4/3 of the file), Q6_K's 6-bit codes take a byte each."""
     out, width = 64, 1024
-    for scheme, ratio in (("gguf_q4_0", 1.0), ("gguf_q8_0", 1.0), ("gguf_q4_1", 1.0), ("gguf_q4_k", 4 / 3)):
+    for scheme, ratio, two_level in (
+        ("gguf_q4_0", 1.0, True), ("gguf_q8_0", 1.0, True), ("gguf_q4_1", 1.0, True),
+        ("gguf_q4_k", (0.5 + 2 / 32 + 4 / 256) / (144 / 256), True), ("gguf_q4_k", 4 / 3, False),
+        ("gguf_q6_k", (1 + 1 / 16 + 2 / 256) / (210 / 256), True),
+    ):  # fmt: skip
         weight = make_quantized_weight(scheme, out, width, seed=4)
-        packed = pack_grouped_int(weight, 32, torch.device("cpu"))
+        packed = pack_grouped_int(weight, 16 if scheme == "gguf_q6_k" else 32, torch.device("cpu"), two_level)
         file_bytes = weight.data.numel()
         assert packed.nbytes == pytest.approx(file_bytes * ratio, rel=0.02), scheme
 
@@ -124,3 +148,32 @@ def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
             problem = compare(got, ref_quantized_linear(x, weight), get_tolerance(torch.float16, quantized=True), scheme)
             assert not problem, problem
     assert np.isfinite(got.float().cpu().numpy()).all()
+
+
+def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> None:
+    """Q4_K and Q6_K with their two-level scales (a small integer a group times an fp16 a super-block, multiplied
+    in float32) give exactly what their expanded float32 scales give, through each kernel that reads them: one row
+    on the integer-dot GEMV and the byte GEMVs (unrolled and wide), 4 rows on the fragment kernel (Q4_K) or the
+    GEMM, 17 on the GEMM, 130 on the dequantized copy; and the float64 product within fp16's tolerance."""
+    base = dataclasses.replace(INTERPRETER_GROUPED_INT_TILES, mma_asm=device.type != "cpu")
+    paths = {
+        1: [base, dataclasses.replace(base, dot_gemv_rows=0), dataclasses.replace(base, dot_gemv_rows=0,
+                                                                                    gemv=(4, 64, 4, 1))],
+        4: [base], 17: [base], 130: [base],
+    }  # fmt: skip
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for scheme in ("gguf_q4_k", "gguf_q6_k"):
+        weight = make_quantized_weight(scheme, 40, 512, seed=fresh_seed())
+        block = 16 if scheme == "gguf_q6_k" else 32
+        two = pack_grouped_int(weight, block, device)
+        one = pack_grouped_int(weight, block, device, two_level=False)
+        assert two.sub_groups and not one.sub_groups
+        bias = torch.randn(40, generator=gen).half().to(device)
+        for rows, variants in paths.items():
+            x = torch.randn(rows, 512, generator=gen).half().to(device)
+            for tiles in variants:
+                got = grouped_int_linear(x, two, bias, tiles)
+                assert torch.equal(got, grouped_int_linear(x, one, bias, tiles)), (scheme, rows, tiles.dot_gemv_rows)
+                want = ref_quantized_linear(x.cpu(), weight) + bias.cpu().float()
+                problem = compare(got, want, get_tolerance(torch.float16, quantized=True), f"{scheme} rows={rows}")
+                assert not problem, problem

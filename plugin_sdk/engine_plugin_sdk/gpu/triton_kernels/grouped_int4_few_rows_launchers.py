@@ -17,6 +17,7 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_fragment_kernels a
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_mma_kernels as g4m
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_args
 
 if TYPE_CHECKING:
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
@@ -51,7 +52,7 @@ def fragment_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIn
     if weight.bits != 4 or rows.dtype not in TILE_BASE:
         return False
     if weight.block_k % 128 == 0:
-        return True
+        return not weight.sub_groups
     return tiles.fragment_narrow_blocks and weight.block_k in (32, 64) and weight.shape[1] % 128 == 0
 
 
@@ -86,8 +87,7 @@ def fragment_linear(
         BLOCK=weight.block_k, WARPS=warps, FP16=rows.dtype == torch.float16, ASM=tiles.mma_asm,
         DEPTH=depth, AHEAD=bool(tiles.fragment_ahead) and not narrow, GATED=gated, PREFETCH=tiles.fragment_prefetch,
         SUB_BITS=sub_bits(rows.dtype, 0 if has_zs else weight.zero_point) if narrow else 0,
-        num_warps=warps, num_stages=1,
-        **pdl.launch_options(),
+        num_warps=warps, num_stages=1, **super_args(weight), **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def mma_fits(rows: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTile
     # the asm's float bit trick holds codes minus an offset below 128 exactly in bf16
     return (
         weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and rows.dtype in TILE_BASE
-        and 0 <= weight.zero_point < 128
+        and 0 <= weight.zero_point < 128 and not weight.sub_groups
     )  # fmt: skip
 
 

@@ -139,11 +139,11 @@ def _chunk_x(x_row, perm_ptr, chunk, t, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.
 
 @triton.jit
 def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr, zs_ptr,
-                       stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                       super_ptr, zsuper_ptr, stride_sn, NUM_CHUNKS: tl.constexpr, PER_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                        GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, NOW: tl.constexpr,
                        LATER: tl.constexpr, WARPS: tl.constexpr, BASE: tl.constexpr, OFFSET: tl.constexpr,
                        FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr,
-                       AHEAD: tl.constexpr, PREFETCH: tl.constexpr, SUB_BITS: tl.constexpr):  # fmt: skip
+                       AHEAD: tl.constexpr, PREFETCH: tl.constexpr, SUB_BITS: tl.constexpr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """The kernel's reduction with each warp's words read ``DEPTH`` iterations ahead in registers (with
     ``AHEAD`` their scales too, the activations one iteration ahead), and with ``PREFETCH`` asked of the L2
     cache that many iterations further ahead."""
@@ -190,8 +190,8 @@ def _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, 
         if BLOCK < 128:
             # each lane's block has its own scales: into the operands (grouped_int4_fragment_scaled)
             group = (chunk * 128 + (t // (BLOCK // 32)) * BLOCK) // GROUP
-            params = _lane_params(scale_ptr, zs_ptr, row_g, row_h, stride_sn, group, chunk < NUM_CHUNKS, HAS_ZS,
-                                  FP16)  # fmt: skip
+            params = _lane_params(scale_ptr, zs_ptr, super_ptr, zsuper_ptr, row_g, row_h, stride_sn, group,
+                                  chunk < NUM_CHUNKS, HAS_ZS, FP16, SUB_GROUPS)  # fmt: skip
             acc += _scaled_chunk_products(wg, wh, xl0, xl1, xh0, xh1, params, WARPS, OFFSET - BASE, SUB_BITS, FP16,
                                           ASM)  # fmt: skip
         else:
@@ -227,6 +227,7 @@ def grouped_int4_fragment_kernel(
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1,
     AHEAD: tl.constexpr = False, GATED: tl.constexpr = -1, PREFETCH: tl.constexpr = 0, SUB_BITS: tl.constexpr = 0,
+    super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n]`` for the program's 16 output features ``n`` and the ``M <= 8`` activation rows; or, with
     ``GATED`` (an activation of :func:`.elementwise_kernels.gated_product`), ``act(gate) * up`` of 8 features
@@ -280,8 +281,9 @@ def grouped_int4_fragment_kernel(
     if USE_PDL:
         gdc_launch_dependents()
     acc = _read_ahead_chunks(acc, w32, row_g, row_h, row_j, stride_w, words, warp, t, x_row, perm_ptr, scale_ptr,
-                             zs_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS, HAS_PERM, NOW, LATER,
-                             WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH, SUB_BITS)  # fmt: skip
+                             zs_ptr, super_ptr, zsuper_ptr, stride_sn, NUM_CHUNKS, PER_BLOCK, BLOCK, GROUP, HAS_ZS,
+                             HAS_PERM, NOW, LATER, WARPS, BASE, OFFSET, FP16, ASM, USE_PDL, DEPTH, AHEAD, PREFETCH,
+                             SUB_BITS, SUB_GROUPS)  # fmt: skip
     total = tl.sum(tl.reshape(acc, (WARPS, 32, 4)), axis=0)
     lane32 = tl.arange(0, 32)[:, None]
     if GATED == _NOT_GATED:

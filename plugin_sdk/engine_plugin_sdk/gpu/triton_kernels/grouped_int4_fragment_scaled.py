@@ -22,6 +22,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import (
     _slot_activations,
     _slot_codes,
 )
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params_masked
 
 
 def _scaled_fragment_asm(float_bits: int, ones: int, kind: str) -> str:
@@ -75,16 +76,18 @@ def _rounded16(values, FP16: tl.constexpr):
 
 
 @triton.jit
-def _lane_params(scale_ptr, zs_ptr, row_g, row_h, stride_sn, group, ok, HAS_ZS: tl.constexpr, FP16: tl.constexpr):
+def _lane_params(scale_ptr, zs_ptr, super_ptr, zsuper_ptr, row_g, row_h, stride_sn, group, ok, HAS_ZS: tl.constexpr,
+                 FP16: tl.constexpr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """int32 ``[LANES, 4]``: the 16-bit pairs of the scales of rows ``g`` and ``g + 8`` in each lane's ``group``
-    ``[LANES]``, then of their negated zero scales (zeros where not ``ok``: such a chunk adds nothing)."""
-    s_g = tl.load(scale_ptr + row_g * stride_sn + group, mask=ok, other=0.0).to(tl.float32)
-    s_h = tl.load(scale_ptr + row_h * stride_sn + group, mask=ok, other=0.0).to(tl.float32)
+    ``[LANES]``, then of their negated zero scales (zeros where not ``ok``: such a chunk adds nothing;
+    :mod:`.grouped_int_params`)."""
+    s_g = group_params_masked(scale_ptr, super_ptr, row_g * stride_sn + group, ok, SUB_GROUPS)
+    s_h = group_params_masked(scale_ptr, super_ptr, row_h * stride_sn + group, ok, SUB_GROUPS)
     z_g = 0.0 * s_g
     z_h = z_g
     if HAS_ZS:
-        z_g = -tl.load(zs_ptr + row_g * stride_sn + group, mask=ok, other=0.0).to(tl.float32)
-        z_h = -tl.load(zs_ptr + row_h * stride_sn + group, mask=ok, other=0.0).to(tl.float32)
+        z_g = -group_params_masked(zs_ptr, zsuper_ptr, row_g * stride_sn + group, ok, SUB_GROUPS)
+        z_h = -group_params_masked(zs_ptr, zsuper_ptr, row_h * stride_sn + group, ok, SUB_GROUPS)
     j = tl.arange(0, 4)[None, :]
     values = tl.where(j == 0, s_g[:, None], tl.where(j == 1, s_h[:, None], tl.where(j == 2, z_g[:, None], z_h[:, None])))
     bits = _bits16(values, FP16)

@@ -35,6 +35,7 @@ import triton.language as tl
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params, group_params_masked
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: 1.5 * 2**23: added to a float below 2**22 in magnitude it leaves the rounded integer in the low mantissa bits
@@ -258,7 +259,7 @@ def _slot_dots(words, pl0, pl1, ph0, ph1, ASM: tl.constexpr, BITS: tl.constexpr)
 @triton.jit
 def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-                BITS: tl.constexpr):  # fmt: skip
+                BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """The rows' words ``[R, S, 4]`` of slots ``s0 ..`` and their group scales (and zero scales) ``[R, S]`` in
     float32."""
     SPB: tl.constexpr = BLOCK // 32
@@ -273,18 +274,18 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
     params = rows[:, None] * stride_sn + group[None, :]
     if EVEN:
         words = tl.reshape(tl.load(w32 + words_at), (R, S, 4))
-        scale = tl.load(scale_ptr + params).to(tl.float32)
+        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + params).to(tl.float32)
+            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
     else:
         ok = (slots < NUM_SLOTS)[None, :]
         fine = (4 * s0 + tl.arange(0, 4 * S) < 4 * NUM_SLOTS)[None, :]
         words = tl.reshape(tl.load(w32 + words_at, mask=fine, other=0), (R, S, 4))
-        scale = tl.load(scale_ptr + params, mask=ok, other=0.0).to(tl.float32)
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + params, mask=ok, other=0.0).to(tl.float32)
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
     return words, scale, zs
 
 
@@ -323,7 +324,7 @@ def grouped_int_dot_gemv_kernel(
     NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
-    AHEAD: tl.constexpr = False,
+    AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -350,7 +351,7 @@ def grouped_int_dot_gemv_kernel(
         gdc_launch_dependents()
     # the weight is constant: its first words are read while the kernel that writes x drains
     words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, 0, S, NUM_SLOTS, BLOCK,
-                                   GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
+                                   GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
     if AHEAD and NUM_SLOTS > S:
@@ -358,7 +359,8 @@ def grouped_int_dot_gemv_kernel(
             # the last step reads its own words again (unused; masked past the end where the steps do not fit)
             ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
             next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
-                                                          NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
+                                                          NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
+                                                          zsuper_ptr, SUB_GROUPS)  # fmt: skip
             acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
                         EVEN, FP16, ASM, BITS)  # fmt: skip
             words, scale, zs = next_words, next_scale, next_zs
@@ -367,7 +369,7 @@ def grouped_int_dot_gemv_kernel(
                     FP16, ASM, BITS)  # fmt: skip
         for s0 in tl.range(S, NUM_SLOTS, S):
             words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
-                                           BLOCK, GROUP, HAS_ZS, EVEN, BITS)  # fmt: skip
+                                           BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
             acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
                         EVEN, FP16, ASM, BITS)  # fmt: skip
     _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)

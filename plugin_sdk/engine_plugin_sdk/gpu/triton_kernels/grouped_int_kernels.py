@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED, _program_rows, _store_rows
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params, group_params_masked
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 
@@ -99,15 +100,16 @@ def _dequant(codes, scale, zs, ZERO: tl.constexpr, HAS_ZS: tl.constexpr):
 
 
 @triton.jit
-def _tile_params(p_ptr, s_rows, n_ok, k0, SUBS: tl.constexpr, RUN: tl.constexpr, SUB: tl.constexpr,
-                 GROUP: tl.constexpr):  # fmt: skip
+def _tile_params(p_ptr, super_ptr, s_rows, n_ok, k0, SUBS: tl.constexpr, RUN: tl.constexpr, SUB: tl.constexpr,
+                 GROUP: tl.constexpr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """float32 ``[BLOCK_N, 1]`` scales (or zero scales) of a tile within one block; across ``SUBS`` packed blocks,
-    each block's broadcast over its ``RUN`` columns of the tile's ``[BLOCK_N, SUBS * RUN]``."""
+    each block's broadcast over its ``RUN`` columns of the tile's ``[BLOCK_N, SUBS * RUN]``
+    (:mod:`.grouped_int_params`)."""
     if SUBS == 1:
-        tile = tl.load(p_ptr + s_rows + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tile = group_params_masked(p_ptr, super_ptr, s_rows + k0 // GROUP, n_ok, SUB_GROUPS)[:, None]
     else:
         groups = (k0 + tl.arange(0, SUBS) * SUB) // GROUP
-        params = tl.load(p_ptr + s_rows[:, None] + groups[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+        params = group_params_masked(p_ptr, super_ptr, s_rows[:, None] + groups[None, :], n_ok[:, None], SUB_GROUPS)
         tile = tl.reshape(tl.broadcast_to(params[:, :, None], (params.shape[0], SUBS, RUN)), (params.shape[0], SUBS * RUN))
     return tile
 
@@ -119,7 +121,7 @@ def grouped_int_gemm_kernel(
     K: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-    SUB: tl.constexpr = 0,
+    SUB: tl.constexpr = 0, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """One ``[BLOCK_M, BLOCK_N]`` output tile over the ``k_per_split`` reduction columns of split ``pid(2)``.
 
@@ -154,10 +156,10 @@ def grouped_int_gemm_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     pdl_begin(USE_PDL)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        scale = _tile_params(scale_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP)
+        scale = _tile_params(scale_ptr, super_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP, SUB_GROUPS)
         zs = scale
         if HAS_ZS:
-            zs = _tile_params(zs_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP)
+            zs = _tile_params(zs_ptr, zsuper_ptr, s_rows, n_ok, k0, SUBS, RUN, PACKED, GROUP, SUB_GROUPS)
         if BITS == 4:
             w_col0 = k0 // 2
         else:
@@ -183,9 +185,9 @@ def grouped_int_gemm_kernel(
 
 
 @triton.jit
-def _gemv_tile(w_ptr, scale_ptr, zs_ptr, row, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-               BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
-               EVEN: tl.constexpr):  # fmt: skip
+def _gemv_tile(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, row, stride_wn, stride_sn, blocks, offs_c,
+               NUM_BLOCKS, BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
+               EVEN: tl.constexpr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """Row ``row``'s codes of sub-blocks ``blocks`` (``[SUBS, W_COLS]`` bytes, one contiguous run) and their
     float32 scales and zero scales ``[SUBS, 1]``: what nothing in a step writes."""
     cols = blocks[:, None] * W_COLS + offs_c[None, :]
@@ -193,37 +195,37 @@ def _gemv_tile(w_ptr, scale_ptr, zs_ptr, row, stride_wn, stride_sn, blocks, offs
     w_row = w_ptr + row.to(tl.int64) * stride_wn
     if EVEN:
         codes = tl.load(w_row + cols)
-        scale = tl.load(scale_ptr + params).to(tl.float32)[:, None]
+        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)[:, None]
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + params).to(tl.float32)[:, None]
+            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)[:, None]
     else:
         ok = blocks < NUM_BLOCKS
         codes = tl.load(w_row + cols, mask=ok[:, None], other=0)
-        scale = tl.load(scale_ptr + params, mask=ok, other=0.0).to(tl.float32)[:, None]
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)[:, None]
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + params, mask=ok, other=0.0).to(tl.float32)[:, None]
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)[:, None]
     return codes, scale, zs
 
 
 @triton.jit
-def _gemv_tiles(w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-                BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr, HAS_ZS: tl.constexpr,
-                EVEN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+def _gemv_tiles(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks,
+                offs_c, NUM_BLOCKS, BLOCK: tl.constexpr, GROUP: tl.constexpr, W_COLS: tl.constexpr,
+                HAS_ZS: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """The tiles of the program's ``ROWS`` rows ``r0 .. r3`` (:func:`_program_rows`); a row beyond ``ROWS``
     repeats row 0's tile, never used."""
-    c0, s0, z0 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r0, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-                            BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+    c0, s0, z0 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r0, stride_wn, stride_sn, blocks, offs_c,
+                            NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, SUB_GROUPS)  # fmt: skip
     c1, s1, z1, c2, s2, z2, c3, s3, z3 = c0, s0, z0, c0, s0, z0, c0, s0, z0
     if ROWS > 1:
-        c1, s1, z1 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r1, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c1, s1, z1 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r1, stride_wn, stride_sn, blocks,
+                                offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, SUB_GROUPS)  # fmt: skip
     if ROWS > 2:
-        c2, s2, z2 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r2, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
-        c3, s3, z3 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS,
-                                BLOCK, GROUP, W_COLS, HAS_ZS, EVEN)  # fmt: skip
+        c2, s2, z2 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r2, stride_wn, stride_sn, blocks,
+                                offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, SUB_GROUPS)  # fmt: skip
+        c3, s3, z3 = _gemv_tile(w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r3, stride_wn, stride_sn, blocks,
+                                offs_c, NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, SUB_GROUPS)  # fmt: skip
     return c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3
 
 
@@ -302,7 +304,8 @@ def grouped_int_gemv_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1, GATED: tl.constexpr = -1,
+    HIGH: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1, GATED: tl.constexpr = -1, super_ptr=None,
+    zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` (1, 2 or 4) output features ``n``;
     with ``GATED`` (``ROWS`` 4, no bias) ``act(gate[f]) * up[f]`` for two features of a weight stacking its gate
@@ -326,8 +329,8 @@ def grouped_int_gemv_kernel(
         # the weight is constant: its first tiles are read while the kernel that writes x drains
         gdc_launch_dependents()
         c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
-            w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, offs_j, offs_c, NUM_BLOCKS, BLOCK, GROUP,
-            W_COLS, HAS_ZS, EVEN, ROWS,
+            w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r0, r1, r2, r3, stride_wn, stride_sn, offs_j, offs_c,
+            NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, ROWS, SUB_GROUPS,
         )  # fmt: skip
         gdc_wait()
         acc0, acc1, acc2, acc3 = _gemv_step(
@@ -340,8 +343,8 @@ def grouped_int_gemv_kernel(
     for b0 in tl.range(first, NUM_BLOCKS, SUBS, num_stages=LOOP_STAGES):
         blocks = b0 + offs_j
         c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3 = _gemv_tiles(
-            w_ptr, scale_ptr, zs_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks, offs_c, NUM_BLOCKS, BLOCK, GROUP,
-            W_COLS, HAS_ZS, EVEN, ROWS,
+            w_ptr, scale_ptr, zs_ptr, super_ptr, zsuper_ptr, r0, r1, r2, r3, stride_wn, stride_sn, blocks, offs_c,
+            NUM_BLOCKS, BLOCK, GROUP, W_COLS, HAS_ZS, EVEN, ROWS, SUB_GROUPS,
         )  # fmt: skip
         acc0, acc1, acc2, acc3 = _gemv_step(
             acc0, acc1, acc2, acc3, c0, s0, z0, c1, s1, z1, c2, s2, z2, c3, s3, z3, x_ptr, perm_ptr, blocks,
@@ -359,6 +362,7 @@ def grouped_int_gemv_wide_kernel(
     NUM_BLOCKS: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr,
     HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, SUBS: tl.constexpr, EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+    super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """:func:`grouped_int_gemv_kernel` with its ``ROWS`` (a power of two) as a dimension of one tile
     ``[ROWS, SUBS, W_COLS]``: a few programs of many rows, as Triton's interpreter wants (each program's
@@ -383,10 +387,10 @@ def grouped_int_gemv_wide_kernel(
         params = s_rows[:, None] + (blocks * BLOCK // GROUP)[None, :]
         ok = blocks < NUM_BLOCKS
         codes = tl.load(w_rows[:, None, None] + cols[None, :, :], mask=ok[None, :, None], other=0)
-        scale = tl.load(scale_ptr + params, mask=ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok[None, :], SUB_GROUPS)[:, :, None]
         zs = scale
         if HAS_ZS:
-            zs = tl.load(zs_ptr + params, mask=ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok[None, :], SUB_GROUPS)[:, :, None]
         xcols = blocks[:, None] * BLOCK + offs_c[None, :]
         x_lo = _gemv_x(x_ptr, perm_ptr, xcols, ok[:, None], HAS_PERM, EVEN)[None]
         x_hi = x_lo
@@ -403,7 +407,7 @@ def grouped_int_gemv_wide_kernel(
 def grouped_int_dequant_kernel(
     w_ptr, scale_ptr, zs_ptr, out_ptr, N, stride_wn, stride_sn, stride_on,
     GROUP: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[n, k] = dequant(W)[n, k]`` in ``out``'s dtype, stored column order, for ``BLOCK_N`` rows and the
     packing's sub-block ``pid(1)`` of ``BLOCK`` columns: the dense copy a many-row product hands to the
@@ -416,10 +420,10 @@ def grouped_int_dequant_kernel(
     offs_c = tl.arange(0, W_COLS)
     codes = tl.load(w_ptr + rows[:, None] * stride_wn + (block * W_COLS + offs_c)[None, :])
     params = rows * stride_sn + block * BLOCK // GROUP
-    scale = tl.load(scale_ptr + params).to(tl.float32)[:, None]
+    scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)[:, None]
     zs = scale
     if HAS_ZS:
-        zs = tl.load(zs_ptr + params).to(tl.float32)[:, None]
+        zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)[:, None]
     out_rows = out_ptr + rows[:, None] * stride_on + block * BLOCK + offs_c[None, :]
     if BITS == 4:
         tl.store(out_rows, _dequant(codes & 0xF, scale, zs, ZERO, HAS_ZS).to(out_ptr.dtype.element_ty),

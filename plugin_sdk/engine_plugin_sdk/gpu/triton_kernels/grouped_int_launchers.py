@@ -25,6 +25,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_few_rows_launchers import
     split_result,
     split_target,
 )
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_args
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
 #: ``tl.dot`` takes a reduction of 16 at least; a 4-bit tile holds two halves of it
@@ -38,7 +39,9 @@ def grouped_int_block_k(group_size: int, bits: int, block_k: int) -> int | None:
     return width if width >= MIN_BLOCK_K[bits] else None
 
 
-def pack_grouped_int(weight: QuantizedWeight, block_k: int, device: torch.device) -> GroupedIntWeight:
+def pack_grouped_int(
+    weight: QuantizedWeight, block_k: int, device: torch.device, two_level: bool = True
+) -> GroupedIntWeight:
     """Repack an ``int4_grouped`` / ``int8_grouped`` weight, or a GGUF weight of a type the kernels take
     (:data:`~engine_plugin_sdk.gpu.grouped_codes.GGUF_GROUPED_FORMS`), into the kernels' layout on ``device``.
 
@@ -47,6 +50,7 @@ def pack_grouped_int(weight: QuantizedWeight, block_k: int, device: torch.device
         block_k: the kernels' reduction sub-block: a power of two dividing the group size, at least
             :data:`MIN_BLOCK_K` of the bit width (:func:`grouped_int_block_k`).
         device: where the packed weight goes (and where GGUF blocks are unpacked).
+        two_level: as for :func:`pack_grouped_codes`.
 
     Returns:
         The packed weight (see :func:`pack_grouped_codes`).
@@ -55,20 +59,25 @@ def pack_grouped_int(weight: QuantizedWeight, block_k: int, device: torch.device
         ValueError: for another scheme, a ``block_k`` that does not fit the group size, or parts whose
             shapes do not match the weight's.
     """
-    return pack_grouped_codes(grouped_codes(weight, device), block_k, device)
+    return pack_grouped_codes(grouped_codes(weight, device), block_k, device, two_level)
 
 
-def pack_grouped_codes(codes: GroupedCodes, block_k: int, device: torch.device) -> GroupedIntWeight:
+def pack_grouped_codes(
+    codes: GroupedCodes, block_k: int, device: torch.device, two_level: bool = True
+) -> GroupedIntWeight:
     """Pack unpacked codes into the kernels' layout on ``device``.
 
     Args:
         codes: one code per value and the group parameters.
         block_k: as for :func:`pack_grouped_int`.
         device: where the packed weight goes.
+        two_level: keep the scales of codes that come with super-block scales (GGUF's K-quants) as a small
+            integer per group and the super-block scale (exactly their product), where they are that.
 
     Returns:
         The packed weight: codes row-major, 4-bit codes paired within each ``block_k`` columns; scales and
-        zero scales ``[out, groups]`` in float16 where that is exact, else float32; an int32 ``perm`` or None.
+        zero scales ``[out, groups]`` in float16 where that is exact, else float32 (or two-level); an int32
+        ``perm`` or None.
 
     Raises:
         ValueError: for a ``block_k`` that does not divide the group size or is below :data:`MIN_BLOCK_K`.
@@ -82,10 +91,15 @@ def pack_grouped_codes(codes: GroupedCodes, block_k: int, device: torch.device) 
         pairs = values.reshape(out_features, in_features // block_k, 2, block_k // 2)
         values = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out_features, in_features // 2)
     perm = None if codes.perm is None else codes.perm.to(device=device, dtype=torch.int32).contiguous()
+    scales = _narrowest(codes.scales.to(device))
     zero_scales = None if codes.zero_scales is None else _narrowest(codes.zero_scales.to(device))
+    sub_groups, supers = 0, (None, None)
+    split = _two_level(codes, device) if two_level and codes.sub_groups else None
+    if split is not None:
+        scales, zero_scales, supers, sub_groups = split[0], split[1], split[2], codes.sub_groups
     return GroupedIntWeight(
         codes=values.contiguous(),
-        scales=_narrowest(codes.scales.to(device)),
+        scales=scales,
         zero_scales=zero_scales,
         perm=perm,
         bits=bits,
@@ -93,7 +107,44 @@ def pack_grouped_codes(codes: GroupedCodes, block_k: int, device: torch.device) 
         block_k=block_k,
         shape=(out_features, in_features),
         zero_point=codes.zero_point,
+        sub_groups=sub_groups,
+        super_scales=supers[0],
+        super_zero_scales=supers[1],
     )
+
+
+def _two_level(codes: GroupedCodes, device: torch.device) -> tuple | None:
+    """``(scales, zero_scales, (super_scales, super_zero_scales))`` of codes whose scales are each a small
+    integer times their super-block's (the integers as uint8 / int8, the super-block scales as
+    :func:`_narrowest` has them), or None where one of them is not that exactly."""
+    sub = _integers(codes.scales.to(device), codes.super_scales, codes.sub_groups, device)
+    if sub is None:
+        return None
+    zero_sub = None
+    if codes.zero_scales is not None:
+        zero_sub = _integers(codes.zero_scales.to(device), codes.super_zero_scales, codes.sub_groups, device)
+        if zero_sub is None:
+            return None
+    super_zero = None if zero_sub is None else _narrowest(codes.super_zero_scales.to(device))
+    return sub, zero_sub, (_narrowest(codes.super_scales.to(device)), super_zero)
+
+
+def _integers(values: torch.Tensor, supers: torch.Tensor | None, sub_groups: int, device: torch.device):
+    """``values [out, groups]`` over their super-block's ``supers [out, groups / sub_groups]`` as uint8 / int8
+    integers, or None where a quotient is not an integer of 8 bits or the product does not give the value back."""
+    if supers is None:
+        return None
+    wide = supers.to(device).float().repeat_interleave(sub_groups, dim=1)
+    if wide.shape != values.shape:
+        return None
+    quotient = torch.where(wide == 0, torch.zeros_like(values), values.float() / wide).round()
+    if not quotient.numel():
+        return None
+    low, high = float(quotient.min()), float(quotient.max())
+    dtype = torch.uint8 if low >= 0 and high <= 255 else torch.int8 if low >= -128 and high <= 127 else None
+    if dtype is None or not torch.equal(quotient * wide, values.float()):
+        return None
+    return quotient.to(dtype).contiguous()
 
 
 def dequantize_packed(weight: GroupedIntWeight) -> torch.Tensor:
@@ -105,10 +156,19 @@ def dequantize_packed(weight: GroupedIntWeight) -> torch.Tensor:
         split = unpack_int4(codes).reshape(out_features, in_features // weight.block_k, half, 2)
         codes = split.transpose(-1, -2).reshape(out_features, in_features)
     unpacked = GroupedCodes(
-        codes, weight.scales.float(), None if weight.zero_scales is None else weight.zero_scales.float(),
+        codes, group_scales(weight, weight.scales, weight.super_scales),
+        None if weight.zero_scales is None else group_scales(weight, weight.zero_scales, weight.super_zero_scales),
         weight.zero_point, weight.bits, weight.group_size,
     )  # fmt: skip
     return dequantize_codes(unpacked)
+
+
+def group_scales(weight: GroupedIntWeight, scales: torch.Tensor, supers: torch.Tensor | None) -> torch.Tensor:
+    """float32 ``[out, groups]`` of ``weight``'s ``scales`` (or zero scales), two-level ones multiplied out."""
+    if not weight.sub_groups:
+        return scales.float()
+    return scales.float() * supers.float().repeat_interleave(weight.sub_groups, dim=1)
+
 
 
 def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: int = 32) -> torch.Tensor:
@@ -129,7 +189,7 @@ def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: in
         weight.codes, scales, weight.zero_scales if weight.zero_scales is not None else scales, out,
         out_features, weight.codes.stride(0), scales.stride(0), out.stride(0),
         GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
-        BLOCK=weight.block_k, BLOCK_N=block_n,
+        BLOCK=weight.block_k, BLOCK_N=block_n, **super_args(weight),
     )  # fmt: skip
     return out
 
@@ -237,8 +297,9 @@ def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
 
 
 def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether one row with ``weight`` takes the word GEMV (4-bit codes in wide blocks), not the byte GEMV."""
-    return weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block
+    """Whether one row with ``weight`` takes the word GEMV (4-bit codes in wide blocks, one-level scales), not the
+    byte GEMV."""
+    return weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and not weight.sub_groups
 
 
 def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
@@ -281,8 +342,7 @@ def _dot_gemv(
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=tiles.dot_gemv_ahead, num_warps=tiles.dot_gemv_warps,
-        num_stages=1,
-        **pdl.launch_options(),
+        num_stages=1, **super_args(weight), **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -336,11 +396,11 @@ def _gemv(
         grid, common["GATED"] = (triton.cdiv(out_features // 2, 2),), gated
     # up to four rows unrolled (the GPU's), more as one tile (the interpreter's): see the kernels
     if rows > 4:
-        gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common)
+        gk.grouped_int_gemv_wide_kernel[grid](*args, BITS=weight.bits, **common, **super_args(weight))
     elif words:
         g4.grouped_int4_gemv_kernel[grid](*args, g4.FLOAT_ONE_BITS if high else g4.FLOAT_2_23_BITS, **common)
     else:
-        gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common)
+        gk.grouped_int_gemv_kernel[grid](*args, BITS=weight.bits, **common, **super_args(weight))
 
 
 def _gemm(
@@ -370,6 +430,6 @@ def _gemm(
         HAS_BIAS=bias is not None and splits == 1,
         PRECISION="ieee" if rows.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUB=weight.block_k, num_warps=warps, num_stages=stages,
-        **pdl.launch_options(),
+        **super_args(weight), **pdl.launch_options(),
     )  # fmt: skip
     return split_result(out, target, splits, bias)

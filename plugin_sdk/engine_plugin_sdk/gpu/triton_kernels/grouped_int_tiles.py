@@ -109,6 +109,12 @@ class GroupedIntTiles:
         dot_gemv_ahead: where its reduction takes several steps (down_proj), it reads each step's words while the
             step before multiplies. Off: on an H200 (2026-12-05, one call) W4A16 batch-1 decode 583.9 against
             570.2 tok/s with it, GGUF Q4_K_M 430.4 against 450.0 (128 registers a thread against 96).
+        two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
+            super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
+            float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
+            about 4.9 GB instead of 6.06). Off on GPUs until timed (2026-12-05, written without a device: its
+            sm_90 integer-dot GEMV over Q4_K takes 127 registers and 760 instructions a thread against 95 and
+            600); on in the interpreter, which checks it against the one-level scales bit for bit.
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
@@ -152,6 +158,7 @@ class GroupedIntTiles:
     dot_gemv_rows: int = 0
     dot_gemv_8bit: bool = False
     dot_gemv_ahead: bool = False
+    two_level_scales: bool = False
     dot_gemv_warps: int = 4
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
@@ -198,5 +205,5 @@ INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
     fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
-    dot_gemv_warps=1,
+    dot_gemv_warps=1, two_level_scales=True,
 )

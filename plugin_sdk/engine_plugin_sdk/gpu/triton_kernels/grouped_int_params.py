@@ -1,0 +1,41 @@
+"""A grouped-integer weight's per-group parameters (scales, zero scales) as the kernels read them: one float per
+group, or, for GGUF's K-quants kept in their own two-level form (``SUB_GROUPS`` groups to a super-block), a small
+integer per group times its super-block's fp16 scale, multiplied in float32 (exact: 11 by at most 8 significant
+bits), so that a product reads about a byte a group instead of four.
+
+The super-block parameters are laid out ``[out, groups / SUB_GROUPS]`` beside ``[out, groups]`` ones, so a
+group's flat offset ``row * groups + g`` divided by ``SUB_GROUPS`` is its super-block's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+def super_args(weight: Any) -> dict:
+    """A launch's arguments for a :class:`~engine_plugin_sdk.gpu.gemm.GroupedIntWeight`'s super-block scales: for
+    one-level scales any pointer (unread with ``SUB_GROUPS`` 0; always a tensor, so that no launch specializes
+    on a missing one)."""
+    if not weight.sub_groups:
+        return {"super_ptr": weight.scales, "zsuper_ptr": weight.scales, "SUB_GROUPS": 0}
+    zsuper = weight.super_zero_scales if weight.super_zero_scales is not None else weight.super_scales
+    return {"super_ptr": weight.super_scales, "zsuper_ptr": zsuper, "SUB_GROUPS": weight.sub_groups}
+
+
+@triton.jit
+def group_params(p_ptr, super_ptr, at, SUB_GROUPS: tl.constexpr):
+    """float32 parameters of the groups at flat offsets ``at`` (any shape)."""
+    if SUB_GROUPS == 0:
+        return tl.load(p_ptr + at).to(tl.float32)
+    return tl.load(p_ptr + at).to(tl.float32) * tl.load(super_ptr + at // SUB_GROUPS).to(tl.float32)
+
+
+@triton.jit
+def group_params_masked(p_ptr, super_ptr, at, ok, SUB_GROUPS: tl.constexpr):
+    """:func:`group_params` where ``ok``, 0 elsewhere."""
+    if SUB_GROUPS == 0:
+        return tl.load(p_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    sub = tl.load(p_ptr + at, mask=ok, other=0).to(tl.float32)
+    return sub * tl.load(super_ptr + at // SUB_GROUPS, mask=ok, other=0.0).to(tl.float32)
