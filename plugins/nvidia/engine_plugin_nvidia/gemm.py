@@ -80,7 +80,8 @@ class CudaGemmBackend(TorchGemmBackend):
 
             tiles = H200_GROUPED_INT_TILES
             if torch.cuda.get_device_capability(self.device) < FRAGMENT_MIN_CAPABILITY:
-                tiles = dataclasses.replace(tiles, fragment_rows=0)
+                # and the integer-dot GEMV's NaN-keeping max (max.NaN.f32) is sm_80's too
+                tiles = dataclasses.replace(tiles, fragment_rows=0, dot_gemv_rows=0)
             self.grouped_int_tiles = tiles
         return self.grouped_int_tiles
 

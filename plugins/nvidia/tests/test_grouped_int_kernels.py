@@ -428,9 +428,11 @@ def test_gemv_in_a_graph_with_pdl_matches_eager() -> None:
 
 @pytest.mark.parametrize(("capability", "fragment_rows"), [((7, 5), 0), ((8, 0), 8), ((9, 0), 8)])
 def test_fragment_kernel_only_from_ampere(monkeypatch, capability: tuple[int, int], fragment_rows: int) -> None:
-    """The NVIDIA backend's few-row tiles keep the fragment kernel (``mma.m16n8k16``) off before sm_80, where
-    that instruction does not exist; the rest of the H200 tiles stay."""
+    """The NVIDIA backend's few-row tiles keep the fragment kernel (``mma.m16n8k16``) and the integer-dot GEMV
+    (``max.NaN.f32``) off before sm_80, where those instructions do not exist; the rest of the H200 tiles stay."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     tiles = CudaGemmBackend(torch.device("cpu"))._grouped_int_tiles()
     assert tiles.fragment_rows == fragment_rows
-    assert dataclasses.replace(tiles, fragment_rows=8) == H200_GROUPED_INT_TILES
+    assert tiles.dot_gemv_rows == (H200_GROUPED_INT_TILES.dot_gemv_rows if fragment_rows else 0)
+    restored = dataclasses.replace(tiles, fragment_rows=8, dot_gemv_rows=H200_GROUPED_INT_TILES.dot_gemv_rows)
+    assert restored == H200_GROUPED_INT_TILES
