@@ -38,7 +38,7 @@ def weights_of(kind: str, n: int, k: int, copies: int, gen: Any) -> tuple[list[A
     import torch
 
     from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
-    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import pack_grouped_codes
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes
 
     if kind == "bf16":
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(copies)]

@@ -311,11 +311,8 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
     from engine_plugin_nvidia.gemm import CudaGemmBackend
     from engine_plugin_sdk.gpu.triton_kernels import pdl
-    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-        GroupedIntTiles,
-        dequantize_grouped,
-        dequantize_packed,
-    )
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import GroupedIntTiles, dequantize_grouped
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed
 
     pdl.configure(torch.cuda.get_device_capability()[0] >= 9)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -78,7 +78,7 @@ class Fp8Weight:
 class GroupedIntWeight:
     """A grouped-integer weight (``int4_grouped`` / ``int8_grouped``, or a GGUF type repacked exactly into
     that form) in the layout of the Triton weight-only GEMM and GEMV
-    (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.pack_grouped_codes` says it).
+    (:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing.pack_grouped_codes` says it).
 
     Stored column ``j`` of row ``o`` is ``code * scale - zero_scale`` of its group, or
     ``(code - zero_point) * scale`` when ``zero_scales`` is None.
@@ -294,7 +294,7 @@ class TorchGemmBackend(GemmBackend):
     def _prepare_grouped_int(self, weight: QuantizedWeight, dtype: torch.dtype) -> GroupedIntWeight | None:
         """The weight repacked for the Triton kernels with ``dtype`` activations, or None for a group size
         whose largest power-of-two divisor is below the kernel's smallest tile (it is dequantized instead)."""
-        from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as gil
+        from engine_plugin_sdk.gpu.triton_kernels import grouped_int_packing as gil
 
         tiles = self._grouped_int_tiles()
         widest = tiles.fp32_block_k if dtype == torch.float32 else tiles.block_k

@@ -1,6 +1,6 @@
 """Grouped-integer and GGUF weights unpacked to one code per value with their group scales: the core
 loader's :mod:`engine.loader.grouped_codes`, the form the Triton weight-only kernels are packed from
-(:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers.pack_grouped_codes`)."""
+(:func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing.pack_grouped_codes`)."""
 
 from __future__ import annotations
 

@@ -14,11 +14,10 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launch
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import GELU_TANH, SILU
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_gemv_kernels import _dot8_asm, _dot_asm
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-    dequantize_packed,
     grouped_int_gated_linear,
     grouped_int_linear,
-    pack_grouped_codes,
 )
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed, pack_grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     H200_GROUPED_INT_TILES,
     INTERPRETER_GROUPED_INT_TILES,

@@ -13,11 +13,8 @@ import torch
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-    dequantize_packed,
-    grouped_int_linear,
-    pack_grouped_int,
-)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed, pack_grouped_int
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,

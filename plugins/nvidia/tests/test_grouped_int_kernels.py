@@ -19,10 +19,12 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launch
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     dequantize_grouped,
-    dequantize_packed,
     gemv_subs,
-    grouped_int_block_k,
     grouped_int_linear,
+)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import (
+    dequantize_packed,
+    grouped_int_block_k,
     pack_grouped_codes,
     pack_grouped_int,
 )

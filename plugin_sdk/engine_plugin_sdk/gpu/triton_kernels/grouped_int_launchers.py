@@ -1,17 +1,15 @@
 """Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
-:mod:`.grouped_int4_gemv_kernels`): the load-time repacking, grids, and the choice of a kernel by the
-number of activation rows (the few-row tensor-core kernels' launchers and the split-K sums are in
-:mod:`.grouped_int4_few_rows_launchers`, the launch parameters in :mod:`.grouped_int_tiles`)."""
+:mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int_dot_gemv_kernels`): grids, and the choice of a kernel by
+the number of activation rows (the load-time repacking is in :mod:`.grouped_int_packing`, the few-row
+tensor-core kernels' launchers and the split-K sums in :mod:`.grouped_int4_few_rows_launchers`, the launch
+parameters in :mod:`.grouped_int_tiles`)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
-from engine.interfaces.gemm import QuantizedWeight
-from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_gemv_kernels as dot
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
@@ -27,148 +25,6 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_few_rows_launchers import
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_args
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
-
-#: ``tl.dot`` takes a reduction of 16 at least; a 4-bit tile holds two halves of it
-MIN_BLOCK_K = {4: 32, 8: 16}
-
-
-def grouped_int_block_k(group_size: int, bits: int, block_k: int) -> int | None:
-    """The tile's reduction width for a group size: ``block_k`` capped at the largest power of two that
-    divides the group, or None when that is below what ``tl.dot`` takes (the weight is then dequantized)."""
-    width = min(block_k, group_size & -group_size)
-    return width if width >= MIN_BLOCK_K[bits] else None
-
-
-def pack_grouped_int(
-    weight: QuantizedWeight, block_k: int, device: torch.device, two_level: bool = True
-) -> GroupedIntWeight:
-    """Repack an ``int4_grouped`` / ``int8_grouped`` weight, or a GGUF weight of a type the kernels take
-    (:data:`~engine_plugin_sdk.gpu.grouped_codes.GGUF_GROUPED_FORMS`), into the kernels' layout on ``device``.
-
-    Args:
-        weight: the weight in the plugin API's layout (:mod:`engine.interfaces.grouped_int`, or GGUF blocks).
-        block_k: the kernels' reduction sub-block: a power of two dividing the group size, at least
-            :data:`MIN_BLOCK_K` of the bit width (:func:`grouped_int_block_k`).
-        device: where the packed weight goes (and where GGUF blocks are unpacked).
-        two_level: as for :func:`pack_grouped_codes`.
-
-    Returns:
-        The packed weight (see :func:`pack_grouped_codes`).
-
-    Raises:
-        ValueError: for another scheme, a ``block_k`` that does not fit the group size, or parts whose
-            shapes do not match the weight's.
-    """
-    return pack_grouped_codes(grouped_codes(weight, device), block_k, device, two_level)
-
-
-def pack_grouped_codes(
-    codes: GroupedCodes, block_k: int, device: torch.device, two_level: bool = True
-) -> GroupedIntWeight:
-    """Pack unpacked codes into the kernels' layout on ``device``.
-
-    Args:
-        codes: one code per value and the group parameters.
-        block_k: as for :func:`pack_grouped_int`.
-        device: where the packed weight goes.
-        two_level: keep the scales of codes that come with super-block scales (GGUF's K-quants) as a small
-            integer per group and the super-block scale (exactly their product), where they are that.
-
-    Returns:
-        The packed weight: codes row-major, 4-bit codes paired within each ``block_k`` columns; scales and
-        zero scales ``[out, groups]`` in float16 where that is exact, else float32 (or two-level); an int32
-        ``perm`` or None.
-
-    Raises:
-        ValueError: for a ``block_k`` that does not divide the group size or is below :data:`MIN_BLOCK_K`.
-    """
-    bits, group = codes.bits, codes.group_size
-    out_features, in_features = (int(d) for d in codes.codes.shape)
-    if group <= 0 or in_features % group or group % block_k or block_k < MIN_BLOCK_K[bits]:
-        raise ValueError(f"block_k {block_k} does not fit {in_features} columns in groups of {group} ({bits}-bit)")
-    values = codes.codes.to(device=device, dtype=torch.uint8)
-    if bits == 4:
-        pairs = values.reshape(out_features, in_features // block_k, 2, block_k // 2)
-        values = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out_features, in_features // 2)
-    perm = None if codes.perm is None else codes.perm.to(device=device, dtype=torch.int32).contiguous()
-    scales = _narrowest(codes.scales.to(device))
-    zero_scales = None if codes.zero_scales is None else _narrowest(codes.zero_scales.to(device))
-    sub_groups, supers = 0, (None, None)
-    split = _two_level(codes, device) if two_level and codes.sub_groups else None
-    if split is not None:
-        scales, zero_scales, supers, sub_groups = split[0], split[1], split[2], codes.sub_groups
-    return GroupedIntWeight(
-        codes=values.contiguous(),
-        scales=scales,
-        zero_scales=zero_scales,
-        perm=perm,
-        bits=bits,
-        group_size=group,
-        block_k=block_k,
-        shape=(out_features, in_features),
-        zero_point=codes.zero_point,
-        sub_groups=sub_groups,
-        super_scales=supers[0],
-        super_zero_scales=supers[1],
-    )
-
-
-def _two_level(codes: GroupedCodes, device: torch.device) -> tuple | None:
-    """``(scales, zero_scales, (super_scales, super_zero_scales))`` of codes whose scales are each a small
-    integer times their super-block's (the integers as uint8 / int8, the super-block scales as
-    :func:`_narrowest` has them), or None where one of them is not that exactly."""
-    sub = _integers(codes.scales.to(device), codes.super_scales, codes.sub_groups, device)
-    if sub is None:
-        return None
-    zero_sub = None
-    if codes.zero_scales is not None:
-        zero_sub = _integers(codes.zero_scales.to(device), codes.super_zero_scales, codes.sub_groups, device)
-        if zero_sub is None:
-            return None
-    super_zero = None if zero_sub is None else _narrowest(codes.super_zero_scales.to(device))
-    return sub, zero_sub, (_narrowest(codes.super_scales.to(device)), super_zero)
-
-
-def _integers(values: torch.Tensor, supers: torch.Tensor | None, sub_groups: int, device: torch.device):
-    """``values [out, groups]`` over their super-block's ``supers [out, groups / sub_groups]`` as uint8 / int8
-    integers, or None where a quotient is not an integer of 8 bits or the product does not give the value back."""
-    if supers is None:
-        return None
-    wide = supers.to(device).float().repeat_interleave(sub_groups, dim=1)
-    if wide.shape != values.shape:
-        return None
-    quotient = torch.where(wide == 0, torch.zeros_like(values), values.float() / wide).round()
-    if not quotient.numel():
-        return None
-    low, high = float(quotient.min()), float(quotient.max())
-    dtype = torch.uint8 if low >= 0 and high <= 255 else torch.int8 if low >= -128 and high <= 127 else None
-    if dtype is None or not torch.equal(quotient * wide, values.float()):
-        return None
-    return quotient.to(dtype).contiguous()
-
-
-def dequantize_packed(weight: GroupedIntWeight) -> torch.Tensor:
-    """float32 ``[out, in]`` of a packed weight in stored column order, by the kernels' formula (for checks)."""
-    out_features, in_features = weight.shape
-    codes = weight.codes
-    if weight.bits == 4:
-        half = weight.block_k // 2
-        split = unpack_int4(codes).reshape(out_features, in_features // weight.block_k, half, 2)
-        codes = split.transpose(-1, -2).reshape(out_features, in_features)
-    unpacked = GroupedCodes(
-        codes, group_scales(weight, weight.scales, weight.super_scales),
-        None if weight.zero_scales is None else group_scales(weight, weight.zero_scales, weight.super_zero_scales),
-        weight.zero_point, weight.bits, weight.group_size,
-    )  # fmt: skip
-    return dequantize_codes(unpacked)
-
-
-def group_scales(weight: GroupedIntWeight, scales: torch.Tensor, supers: torch.Tensor | None) -> torch.Tensor:
-    """float32 ``[out, groups]`` of ``weight``'s ``scales`` (or zero scales), two-level ones multiplied out."""
-    if not weight.sub_groups:
-        return scales.float()
-    return scales.float() * supers.float().repeat_interleave(weight.sub_groups, dim=1)
-
 
 
 def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: int = 32) -> torch.Tensor:
@@ -192,13 +48,6 @@ def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: in
         BLOCK=weight.block_k, BLOCK_N=block_n, **super_args(weight),
     )  # fmt: skip
     return out
-
-
-def _narrowest(values: torch.Tensor) -> torch.Tensor:
-    """float16 when it holds every value exactly (half the bytes the kernels stream), else float32."""
-    values = values.float().contiguous()
-    half = values.half()
-    return half if torch.equal(half.float(), values) else values
 
 
 def grouped_int_linear(
