@@ -8,7 +8,8 @@ the clocks left alone), for example the stall reasons of each launch:
         regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,gpu__time_duration.sum \\
         python benchmarks/nvidia_h200_int4_ncu_probe.py --shapes gate_up down --variants word frag2 frag2a
 
-Variants: ``word`` the word GEMV (one row), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
+Variants: ``word`` the word GEMV (one row), ``dot`` the integer-dot GEMV (``dotA`` its words a step ahead,
+``dot8w2`` 8 rows a program, 2 warps), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
 the same with its scales read with its words (``GroupedIntTiles.fragment_ahead``), ``fragDpP`` with L2 prefetches
 ``P`` iterations past its read-ahead (``GroupedIntTiles.fragment_prefetch``); ``--rows`` 1-8.
 """
@@ -24,7 +25,12 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 def tiles_of(variant: str, h200: object) -> object:
     """The ``GroupedIntTiles`` a variant label names."""
     if variant == "word":
-        return dataclasses.replace(h200, fragment_rows=0, mma_rows=0)
+        return dataclasses.replace(h200, fragment_rows=0, mma_rows=0, dot_gemv_rows=0)
+    if variant.startswith("dot"):
+        # dot, dotA (words a step ahead), dot<rows>w<warps>[A]: the integer-dot GEMV
+        spec = variant[3:].rstrip("A")
+        rows, warps = (int(v) for v in spec.split("w")) if spec else (h200.dot_gemv_rows, h200.dot_gemv_warps)
+        return dataclasses.replace(h200, dot_gemv_rows=rows, dot_gemv_warps=warps, dot_gemv_ahead=variant.endswith("A"))
     if not variant.startswith("frag"):
         raise SystemExit(f"unknown variant {variant!r}")
     depth = int(variant[4])
@@ -59,7 +65,7 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
             for variant in args.variants:
-                if variant == "word" and rows > 1:
+                if (variant == "word" or variant.startswith("dot")) and rows > 1:
                     continue
                 launches.append(f"{shape} {rows} rows {variant}")
                 work.append((x, weight, tiles_of(variant, H200_GROUPED_INT_TILES)))

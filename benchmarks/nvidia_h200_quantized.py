@@ -225,6 +225,10 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                                               "engine_start_s": start}  # fmt: skip
                 print(f"decode {label:24s} {read / 1e9:6.2f} GB/step  {rate:7.1f} tok/s  roofline {roofline:7.1f}"
                       f" ({rate / roofline:.2f})  start {start:.0f} s", flush=True)  # fmt: skip
+                if args.profile:
+                    from nvidia_h200_profile_decode import kernel_table
+
+                    results[f"decode_{label}"]["kernels"] = kernel_table(llm, 16, graphs=True, top=args.profile)
                 for batch in args.decode_batch:
                     total = batched_decode_rate(llm, batch, new_tokens=args.decode_tokens)
                     results[f"decode_{label}"][f"batch_{batch}_tok_s"] = total
@@ -407,6 +411,10 @@ def main() -> None:
                        "gemv_loop_stages=3")
     bench.add_argument("--throughput", nargs="*", default=["bf16", "w4a16", "fp8"], choices=list(PLANS))
     bench.add_argument("--num-prompts", type=int, default=1000)
+    bench.add_argument("--profile", type=int, default=0, metavar="TOP",
+                       help="also list the TOP kernels of the decode graphs by time (torch.profiler, 16 steps)")
+    bench.add_argument("--without-norms", action="store_true",
+                       help="the residual norms return their input (wrong tokens on purpose): what the norm nodes cost")
     for p in (check, bench):
         p.add_argument("--tokenizer", default=default_tok, help="a folder holding a HF tokenizer")
     for p in sub.choices.values():
@@ -414,6 +422,10 @@ def main() -> None:
     args = parser.parse_args()
     from nvidia_h200_quantized_check import cmd_check
 
+    if getattr(args, "without_norms", False):
+        from nvidia_h200_decode_nodes import without_norms
+
+        without_norms()
     result = {"check": cmd_check, "kernels": cmd_kernels, "bench": cmd_bench}[args.command](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")

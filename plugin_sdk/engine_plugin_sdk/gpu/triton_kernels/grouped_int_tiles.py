@@ -112,9 +112,9 @@ class GroupedIntTiles:
         two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
             super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
             float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
-            about 4.9 GB instead of 6.06). Off on GPUs until timed (2026-12-05, written without a device: its
-            sm_90 integer-dot GEMV over Q4_K takes 127 registers and 760 instructions a thread against 95 and
-            600); on in the interpreter, which checks it against the one-level scales bit for bit.
+            about 4.83 GB instead of 6.06). On an H100 (2026-12-05, two calls) Q4_K_M batch-1 decode 408.1 / 408.7
+            against 362.1 / 362.4 tok/s (+12.7%), 4 sequences 832.9 against 862.2 (-3.4%: the fragment kernel's
+            extra loads); on in the interpreter, which checks it against the one-level scales bit for bit.
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
@@ -193,10 +193,11 @@ class GroupedIntTiles:
 #: GGUF's 32-column blocks on the fragment kernel (Q4_K_M decode of 4 sequences 821.9 against 501.3 tok/s) and
 #: in 128-column GEMM tiles (532.4 against 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill); one row
 #: of 4-bit codes on the integer-dot GEMV, 8 rows a program, gate/up with its activation (it beat the word and
-#: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too.
+#: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too; GGUF's
+#: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
-    gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True,
+    gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
