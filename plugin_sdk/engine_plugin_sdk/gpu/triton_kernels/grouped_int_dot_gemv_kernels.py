@@ -290,10 +290,10 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
 
 
 @triton.jit
-def _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
-          ZERO: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr,
-          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """``acc [R, S]`` plus the rows' products over slots ``s0 ..``, the activations read and converted once."""
+def _slot_activations(x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+                      HAS_PERM: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """Slots ``s0 ..``'s 16-bit activations as pairs ``[S, 4]``: the low columns' two runs of eight and (4-bit codes)
+    the high columns' (8-bit codes: the low ones again)."""
     SPB: tl.constexpr = BLOCK // 32
     slots = s0 + tl.arange(0, S)
     ok = slots < NUM_SLOTS
@@ -307,6 +307,14 @@ def _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS
     if BITS == 4:
         xh0 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
         xh1 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
+    return xl0, xl1, xh0, xh1
+
+
+@triton.jit
+def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS: tl.constexpr, FP16: tl.constexpr,
+          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over one step's slots (:func:`_slot_activations`' pairs), the
+    activations converted once."""
     pl0, pl1, ph0, ph1, unit, x_sum = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
     part = _slot_dots(words, pl0, pl1, ph0, ph1, ASM, BITS).to(tl.float32) * unit[None, :]
     if HAS_ZS:
@@ -335,8 +343,8 @@ def grouped_int_dot_gemv_kernel(
     ``BLOCK``, a multiple of 32, columns; 8-bit ones in groups of a multiple of 16), ``stride_wn`` (bytes) a
     multiple of 16; ``NUM_SLOTS`` is ``K / 32`` (``K / 16`` for 8-bit codes); ``WARPS`` the launch's
     ``num_warps`` (each step takes ``32 * WARPS`` slots of every row). ``AHEAD``: a reduction of several steps
-    reads each step's words before the step before it multiplies (twice the words in flight, for as many
-    registers).
+    reads each step's words and activations before the step before it multiplies (twice the words in flight,
+    for as many registers).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -354,22 +362,25 @@ def grouped_int_dot_gemv_kernel(
                                    GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
+    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
     if AHEAD and NUM_SLOTS > S:
         for s0 in tl.range(0, NUM_SLOTS, S):
-            # the last step reads its own words again (unused; masked past the end where the steps do not fit)
+            # the next step's words and activations are read before this step multiplies, so neither's latency
+            # follows the arithmetic (the last step reads its own again, unused; masked past the end where the
+            # steps do not fit)
             ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
             next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
                                                           NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
                                                           zsuper_ptr, SUB_GROUPS)  # fmt: skip
-            acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
-                        EVEN, FP16, ASM, BITS)  # fmt: skip
+            nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+            acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
             words, scale, zs = next_words, next_scale, next_zs
+            xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
     else:
-        acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM, EVEN,
-                    FP16, ASM, BITS)  # fmt: skip
+        acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
         for s0 in tl.range(S, NUM_SLOTS, S):
             words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
                                            BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-            acc = _step(acc, words, scale, zs, x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, ZERO, HAS_ZS, HAS_PERM,
-                        EVEN, FP16, ASM, BITS)  # fmt: skip
+            xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+            acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
     _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)

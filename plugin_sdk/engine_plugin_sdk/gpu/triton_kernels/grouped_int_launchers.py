@@ -166,6 +166,13 @@ def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTil
     )
 
 
+def _dot_ahead(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether the integer-dot GEMV reads a step's operands ahead for ``weight``: 4-bit codes with one zero point
+    (with zero scales, GGUF's K-quants, the extra registers made it slower; 8-bit codes, Q4_K_M's Q6_K tensors,
+    were only timed in that losing mix)."""
+    return tiles.dot_gemv_ahead and weight.bits == 4 and weight.zero_scales is None
+
+
 def _dot_gemv(
     row: torch.Tensor,
     weight: GroupedIntWeight,
@@ -190,7 +197,7 @@ def _dot_gemv(
         NUM_SLOTS=in_features // (32 if weight.bits == 4 else 16), GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
-        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=tiles.dot_gemv_ahead, num_warps=tiles.dot_gemv_warps,
+        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles), num_warps=tiles.dot_gemv_warps,
         num_stages=1, **super_args(weight), **pdl.launch_options(),
     )  # fmt: skip
 

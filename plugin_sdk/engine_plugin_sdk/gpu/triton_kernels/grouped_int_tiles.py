@@ -106,9 +106,13 @@ class GroupedIntTiles:
             Q8_0, 8-bit GPTQ), a word of four codes two ``dp2a`` (off: the byte GEMV). On an H100 (2026-12-05) GGUF
             Q4_K_M batch-1 decode (its Q6_K tensors) 362.5 against 342.6 tok/s; on an H200 450.0 with it (413.7
             without, an earlier call).
-        dot_gemv_ahead: where its reduction takes several steps (down_proj), it reads each step's words while the
-            step before multiplies. Off: on an H200 (2026-12-05, one call) W4A16 batch-1 decode 583.9 against
-            570.2 tok/s with it, GGUF Q4_K_M 430.4 against 450.0 (128 registers a thread against 96).
+        dot_gemv_ahead: where its reduction takes several steps (down_proj), it reads each step's words and
+            activations while the step before multiplies, for 4-bit codes with one zero point (GPTQ / AWQ's
+            form). On an H100 (2026-12-05) down_proj 13.7 against 15.5 us, W4A16 batch-1 decode 479.9 against
+            465.4 tok/s; with zero scales (GGUF's K-quants) down_proj took 17.4 against 16.4 us and Q4_K_M's
+            decode (its Q6_K tensors 8-bit, with it too) 378.5 against 394.9 tok/s, so neither takes it (128
+            registers a thread against 96). Its first form read the words alone ahead: on an H200 W4A16 583.9
+            against 570.2 tok/s.
         two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
             super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
             float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
@@ -194,10 +198,11 @@ class GroupedIntTiles:
 #: in 128-column GEMM tiles (532.4 against 501.3 at 64 and 426.7 at 32 on the GEMM, though they spill); one row
 #: of 4-bit codes on the integer-dot GEMV, 8 rows a program, gate/up with its activation (it beat the word and
 #: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too; GGUF's
-#: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``).
+#: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``); the
+#: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
-    gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True,
+    gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True, dot_gemv_ahead=True,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
