@@ -26,10 +26,10 @@
 #   dot-tiles: the integer-dot GEMV's next variants (session 38): 16 rows a program (x's conversion shared by
 #            more rows) per product, then W4A16 / Q4_K_M batch-1 decode with 16 rows and with the words a step
 #            ahead (one call measured W4A16 +2.4%, Q4_K_M -4.4%: repeated here), against the defaults.
-#   two-level: GGUF K-quants with their own two-level scales (two_level_scales, session 38, off on GPUs until
-#            this runs): the GGUF kernel tests on the GPU (two-level against one-level bit for bit through every
-#            kernel), then Q4_K_M decode of 1 and 4 sequences with them against the defaults, bf16 and the
-#            dequantized copy.
+#   two-level: GGUF K-quants with their own two-level scales (two_level_scales, session 38; on since session
+#            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
+#            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
+#            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -108,7 +108,7 @@ elif [ "$PART" = two-level ]; then
     plugins/nvidia/tests/test_dot_gemv.py > $LOGS/two_level_tests.log 2>&1
   tail -2 $LOGS/two_level_tests.log
   timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 gguf_q4_k_m \
-    gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=1} --throughput \
+    gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
 elif [ "$PART" = overlap ]; then
