@@ -30,7 +30,9 @@ def tiles_of(variant: str, h200: object) -> object:
         # dot, dotA (words a step ahead), dot<rows>w<warps>[A]: the integer-dot GEMV
         spec = variant[3:].rstrip("A")
         rows, warps = (int(v) for v in spec.split("w")) if spec else (h200.dot_gemv_rows, h200.dot_gemv_warps)
-        return dataclasses.replace(h200, dot_gemv_rows=rows, dot_gemv_warps=warps, dot_gemv_ahead=variant.endswith("A"))
+        ahead = variant.endswith("A")
+        return dataclasses.replace(h200, dot_gemv_rows=rows, dot_gemv_warps=warps, dot_gemv_ahead=ahead,
+                                   dot_gemv_ahead_all=ahead)
     if not variant.startswith("frag"):
         raise SystemExit(f"unknown variant {variant!r}")
     depth = int(variant[4])

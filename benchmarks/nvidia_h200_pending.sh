@@ -30,6 +30,12 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   confirm: issue 25's batch-1 figures at the defaults (session 39: two-level scales, the dot GEMV's operands a
+#            step ahead), measured only on H100s so far: bf16, W4A16, GGUF Q4_K_M and its dequantized copy, one
+#            process, 1 and 4 sequences.
+#   gguf:    why GGUF Q4_K_M runs further from its roofline than W4A16 (0.63 against 0.74 on an H100): its dot
+#            GEMVs per product over 32-column blocks with zero scales at 4 / 8 rows, 2 / 4 warps, operands ahead
+#            or not (dot_gemv_ahead_all), then its decode with those variants and each one's kernel profile.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -37,7 +43,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh confirm|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -111,6 +117,19 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = confirm ]; then
+  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --decode-batch 4 --throughput --json "$OUT/confirm_decode.json" > $LOGS/confirm_decode.log 2>&1
+  grep -E "^decode" $LOGS/confirm_decode.log
+elif [ "$PART" = gguf ]; then
+  timeout 150 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 --group 32 --fragment-warps --dot-rows 4 8 \
+    --dot-warps 2 4 --dot-ahead 0 1 --shapes qkv o_proj gate_up down --json "$OUT/gguf_dot_kernels.json" \
+    > $LOGS/gguf_dot_kernels.log 2>&1
+  grep -E "zero scales" $LOGS/gguf_dot_kernels.log | grep -E "default|dot"
+  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 gguf_q4_k_m \
+    --grouped-tiles ${TILES:-dot_gemv_rows=4 dot_gemv_ahead_all=1 dot_gemv_rows=4,dot_gemv_ahead_all=1} --profile 12 \
+    --throughput --json "$OUT/gguf_decode.json" > $LOGS/gguf_decode.log 2>&1
+  grep -E "^decode|us/step|grouped_int|gemv|paged|merge|norm" $LOGS/gguf_decode.log
 elif [ "$PART" = overlap ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log

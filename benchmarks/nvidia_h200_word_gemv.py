@@ -81,7 +81,7 @@ def variants_for(
                 )
         for (dot_rows, dot_warps), ahead in ((d, a) for d in dot for a in dot_ahead):
             variants[f"dot {dot_rows} rows, {dot_warps} warps" + (", ahead" if ahead else "")] = tiles_class(
-                dot_gemv_rows=dot_rows, dot_gemv_warps=dot_warps, dot_gemv_ahead=ahead
+                dot_gemv_rows=dot_rows, dot_gemv_warps=dot_warps, dot_gemv_ahead=ahead, dot_gemv_ahead_all=ahead
             )
     if rows <= 8:
         for warps in fragment_warps:

@@ -41,7 +41,7 @@ CASES8 = [(16, False, False, 208, 5), (32, False, False, 256, 8), (128, True, Tr
 def _tiles(device: torch.device, rows: int, warps: int = 1, ahead: bool = False) -> GroupedIntTiles:
     base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
     return dataclasses.replace(base, dot_gemv_rows=rows, dot_gemv_warps=warps, fragment_rows=0, dot_gemv_8bit=True,
-                               dot_gemv_ahead=ahead, mma_asm=device.type != "cpu")  # fmt: skip
+                               dot_gemv_ahead=ahead, dot_gemv_ahead_all=ahead, mma_asm=device.type != "cpu")  # fmt: skip
 
 
 def _weight(gen: torch.Generator, block: int, zero_scales: bool, perm: bool, k: int, n: int, device: torch.device,
@@ -85,11 +85,9 @@ def _check_cases(device, cases, bits: int, rows: int, ahead: bool, seed: int) ->
 @pytest.mark.parametrize(("rows", "ahead"), [(1, False), (2, True), (4, False), (8, True)])
 def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -> None:
     """Every block width, zero point and zero scales, act-order and bias, with and without the words read a
-    step ahead (several steps a reduction: one warp's 32 slots a step; the kernel's read-ahead on zero scales
-    too, where the launcher does not take it)."""
+    step ahead (several steps a reduction: one warp's 32 slots a step; on zero scales too, ``dot_gemv_ahead_all``)."""
     calls = []
     monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
-    monkeypatch.setattr(launchers, "_dot_ahead", lambda weight, tiles: tiles.dot_gemv_ahead)
     _check_cases(device, CASES, 4, rows, ahead, 101 + rows)
     assert len(calls) == 2 * 2 * len(CASES)
 
@@ -100,7 +98,6 @@ def test_dot_gemv_takes_8_bit_codes(device, rows: int, ahead: bool, monkeypatch)
     act-order; without the switch they take the byte GEMV."""
     calls = []
     monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
-    monkeypatch.setattr(launchers, "_dot_ahead", lambda weight, tiles: tiles.dot_gemv_ahead)
     _check_cases(device, CASES8, 8, rows, ahead, 301 + rows)
     assert len(calls) == 2 * 2 * len(CASES8)
     weight, _ = _weight(torch.Generator().manual_seed(3), 32, False, False, 256, 4, device, bits=8)
@@ -113,13 +110,15 @@ def test_read_ahead_only_for_4_bit_codes_with_one_zero_point(device) -> None:
     """``dot_gemv_ahead`` reads a step's operands ahead for GPTQ / AWQ's form only: zero scales (GGUF's K-quants)
     ran slower with it, and 8-bit codes (Q4_K_M's Q6_K tensors) were only timed in that losing mix."""
     gen = torch.Generator().manual_seed(5)
-    tiles = _tiles(device, 8, ahead=True)
+    tiles = dataclasses.replace(_tiles(device, 8), dot_gemv_ahead=True)
     one_zero, _ = _weight(gen, 128, False, False, 256, 4, device)
     zero_scales, _ = _weight(gen, 32, True, False, 256, 4, device)
     eight_bit, _ = _weight(gen, 32, False, False, 256, 4, device, bits=8)
     assert launchers._dot_ahead(one_zero, tiles)
     assert not launchers._dot_ahead(zero_scales, tiles) and not launchers._dot_ahead(eight_bit, tiles)
     assert not launchers._dot_ahead(one_zero, _tiles(device, 8, ahead=False))
+    every = dataclasses.replace(tiles, dot_gemv_ahead_all=True)
+    assert launchers._dot_ahead(zero_scales, every) and launchers._dot_ahead(eight_bit, every)
 
 
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:

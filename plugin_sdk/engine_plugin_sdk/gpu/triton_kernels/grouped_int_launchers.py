@@ -167,9 +167,10 @@ def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTil
 
 
 def _dot_ahead(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether the integer-dot GEMV reads a step's operands ahead for ``weight``: 4-bit codes with one zero point
-    (with zero scales, GGUF's K-quants, the extra registers made it slower; 8-bit codes, Q4_K_M's Q6_K tensors,
-    were only timed in that losing mix)."""
+    """Whether the integer-dot GEMV reads a step's operands ahead for ``weight`` (``dot_gemv_ahead`` for 4-bit
+    codes with one zero point, ``dot_gemv_ahead_all`` for zero scales and 8-bit codes too)."""
+    if tiles.dot_gemv_ahead_all:
+        return True
     return tiles.dot_gemv_ahead and weight.bits == 4 and weight.zero_scales is None
 
 

@@ -113,6 +113,7 @@ class GroupedIntTiles:
             decode (its Q6_K tensors 8-bit, with it too) 378.5 against 394.9 tok/s, so neither takes it (128
             registers a thread against 96). Its first form read the words alone ahead: on an H200 W4A16 583.9
             against 570.2 tok/s.
+        dot_gemv_ahead_all: ... and for zero scales and 8-bit codes too (off: the H100 figures above).
         two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
             super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
             float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
@@ -162,6 +163,7 @@ class GroupedIntTiles:
     dot_gemv_rows: int = 0
     dot_gemv_8bit: bool = False
     dot_gemv_ahead: bool = False
+    dot_gemv_ahead_all: bool = False
     two_level_scales: bool = False
     dot_gemv_warps: int = 4
 
