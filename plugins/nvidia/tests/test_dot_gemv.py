@@ -12,7 +12,7 @@ import torch
 from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import GELU_TANH, SILU
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_gemv_kernels import _dot8_asm, _dot_asm
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _dot8_asm, _dot_asm
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     grouped_int_gated_linear,
     grouped_int_linear,
@@ -119,6 +119,20 @@ def test_read_ahead_only_for_4_bit_codes_with_one_zero_point(device) -> None:
     assert not launchers._dot_ahead(one_zero, _tiles(device, 8, ahead=False))
     every = dataclasses.replace(tiles, dot_gemv_ahead_all=True)
     assert launchers._dot_ahead(zero_scales, every) and launchers._dot_ahead(eight_bit, every)
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["late", "late-prefetched"])
+def test_group_parameters_read_after_the_wait_give_the_same_bits(device, prefetch: bool) -> None:
+    """``dot_gemv_early_params`` off (the first step's scales read after the PDL wait, their L2 lines asked for
+    before it with ``dot_gemv_prefetch_params``): every 4- and 8-bit case gives the default's bits."""
+    gen = torch.Generator().manual_seed(17)
+    late = dataclasses.replace(_tiles(device, 8), dot_gemv_early_params=False, dot_gemv_prefetch_params=prefetch)
+    for bits, cases in ((4, CASES), (8, CASES8)):
+        for block, zero_scales, perm, k, n in cases:
+            weight, _ = _weight(gen, block, zero_scales, perm, k, n, device, bits)
+            x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
+            want = grouped_int_linear(x, weight, None, _tiles(device, 8))
+            assert torch.equal(grouped_int_linear(x, weight, None, late), want), (bits, block, zero_scales, perm)
 
 
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:

@@ -150,12 +150,12 @@ def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
 def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> None:
     """Q4_K and Q6_K with their two-level scales (a small integer a group times an fp16 a super-block, multiplied
     in float32) give exactly what their expanded float32 scales give, through each kernel that reads them: one row
-    on the integer-dot GEMV and the byte GEMVs (unrolled and wide), 4 rows on the fragment kernel (Q4_K) or the
+    on the integer-dot GEMV (its first scales read before or after the PDL wait) and the byte GEMVs (unrolled and wide), 4 rows on the fragment kernel (Q4_K) or the
     GEMM, 17 on the GEMM, 130 on the dequantized copy; and the float64 product within fp16's tolerance."""
     base = dataclasses.replace(INTERPRETER_GROUPED_INT_TILES, mma_asm=device.type != "cpu")
     paths = {
-        1: [base, dataclasses.replace(base, dot_gemv_rows=0), dataclasses.replace(base, dot_gemv_rows=0,
-                                                                                    gemv=(4, 64, 4, 1))],
+        1: [base, dataclasses.replace(base, dot_gemv_early_params=False, dot_gemv_prefetch_params=True),
+            dataclasses.replace(base, dot_gemv_rows=0), dataclasses.replace(base, dot_gemv_rows=0, gemv=(4, 64, 4, 1))],
         4: [base], 17: [base], 130: [base],
     }  # fmt: skip
     gen = torch.Generator().manual_seed(fresh_seed())

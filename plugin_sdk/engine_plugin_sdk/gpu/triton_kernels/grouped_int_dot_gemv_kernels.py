@@ -24,7 +24,8 @@ magnitude below 2**15 and rounded to integers: exact for every bf16 activation w
 2**4), else within 2**-16 of the largest; the integer sums are exact (below 2**28 a slot a step), and the float32
 sums as in the other GEMVs. An infinite or NaN activation makes its slot's share, and so the row, NaN.
 
-The PTX runs on sm_61 and later; the interpreter (``ASM`` off) computes the same integer sums with plain ops.
+The slot's dot products (PTX on sm_61 and later; in the interpreter, ``ASM`` off, the same integer sums with plain
+ops) are :mod:`.grouped_int_dot_products`'.
 """
 
 from __future__ import annotations
@@ -34,49 +35,14 @@ import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _slot_dots
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params, group_params_masked
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 #: 1.5 * 2**23: added to a float below 2**22 in magnitude it leaves the rounded integer in the low mantissa bits
 _ROUNDING = tl.constexpr(12582912.0)
-
-
-def _dot_asm() -> str:
-    """PTX for one slot of one row of 4-bit codes: ``$0`` the sum over its four words ``$4..$7`` of 16 x (codes .
-    activations), the activations as int16 pairs: ``$8..$11`` / ``$12..$15`` the low columns' pairs 0-3 / 4-7,
-    ``$16..$23`` the high columns' (``$1..$3`` are zero)."""
-    lines = [".reg .b32 l, h, sl, sh;", "mov.b32 sl, 0;", "mov.b32 sh, 0;"]
-    for j in range(4):
-        # word j's columns 4j .. 4j+3 are pairs 2j and 2j + 1 of the slot's eight
-        first, second = 8 + 2 * j, 9 + 2 * j
-        lines += [
-            f"and.b32 l, ${4 + j}, 0x0F0F0F0F;",
-            f"and.b32 h, ${4 + j}, 0xF0F0F0F0;",
-            f"dp2a.lo.s32.u32 sl, ${first}, l, sl;",
-            f"dp2a.hi.s32.u32 sl, ${second}, l, sl;",
-            f"dp2a.lo.s32.u32 sh, ${first + 8}, h, sh;",
-            f"dp2a.hi.s32.u32 sh, ${second + 8}, h, sh;",
-        ]
-    lines += ["mad.lo.s32 $0, sl, 16, sh;", "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-def _dot8_asm() -> str:
-    """PTX for one slot of one row of 8-bit codes: ``$0`` the sum over its four words ``$4..$7`` (columns ``4j ..
-    4j + 3``) of codes . activations, the activations' pairs 0-3 / 4-7 in ``$8..$11`` / ``$12..$15``."""
-    lines = [".reg .b32 s;", "mov.b32 s, 0;"]
-    for j in range(4):
-        lines += [f"dp2a.lo.s32.u32 s, ${8 + 2 * j}, ${4 + j}, s;", f"dp2a.hi.s32.u32 s, ${9 + 2 * j}, ${4 + j}, s;"]
-    lines += ["mov.b32 $0, s;", "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-_DOT_ASM = tl.constexpr(_dot_asm())
-_DOT8_ASM = tl.constexpr(_dot8_asm())
-#: four int32 outputs, 20 int32 inputs (four registers of each of five tensors); 12 for 8-bit codes (three)
-_DOT_CONSTRAINTS = tl.constexpr("=r," * 4 + ",".join(["r"] * 20))
-_DOT8_CONSTRAINTS = tl.constexpr("=r," * 4 + ",".join(["r"] * 12))
 
 
 @triton.jit
@@ -195,65 +161,64 @@ def _integer_pairs(xl0, xl1, xh0, xh1, FP16: tl.constexpr, SUM: tl.constexpr, AS
 
 
 @triton.jit
-def _element0(t):
-    """``t[..., 0]`` of a ``[R, S, 4]`` tensor (a thread's own registers)."""
-    a, _ = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
-    first, _ = tl.split(a)
-    return first
+def _slot_words(w32, rows, stride_w, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, EVEN: tl.constexpr):
+    """The rows' words ``[R, S, 4]`` of slots ``s0 ..``."""
+    R: tl.constexpr = rows.shape[0]
+    # one flat run of 4 S words a row: each thread its slot's four (a [R, S, 4] load spreads rows over threads)
+    words_at = rows[:, None] * stride_w + 4 * s0 + tl.arange(0, 4 * S)[None, :]
+    if EVEN:
+        return tl.reshape(tl.load(w32 + words_at), (R, S, 4))
+    fine = (4 * s0 + tl.arange(0, 4 * S) < 4 * NUM_SLOTS)[None, :]
+    return tl.reshape(tl.load(w32 + words_at, mask=fine, other=0), (R, S, 4))
 
 
 @triton.jit
-def _word_pairs(p0, p1):
-    """The pairs of each word ``j``: pair ``2j`` and ``2j + 1`` of the slot's eight (``p0`` holds 0-3, ``p1`` 4-7),
-    as two ``[S, 4]`` tensors."""
-    S: tl.constexpr = p0.shape[0]
-    eight = tl.reshape(tl.permute(tl.join(p0, p1), (0, 2, 1)), (S, 8))
-    return tl.split(tl.reshape(eight, (S, 4, 2)))
+def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
+                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+    """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
+    SPB: tl.constexpr = BLOCK // 32
+    slots = s0 + tl.arange(0, S)
+    if BITS == 4:
+        group = (slots // SPB) * BLOCK // GROUP
+    else:
+        group = slots * 16 // GROUP
+    params = rows[:, None] * stride_sn + group[None, :]
+    if EVEN:
+        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
+        zs = scale
+        if HAS_ZS:
+            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
+    else:
+        ok = (slots < NUM_SLOTS)[None, :]
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
+        zs = scale
+        if HAS_ZS:
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
+    return scale, zs
 
 
 @triton.jit
-def _dots_emulated(words, pl0, pl1, ph0, ph1):
-    """What :func:`_dot_asm` computes, with plain integer ops: ``[R, S]``."""
-    la, lb = _word_pairs(pl0, pl1)
-    ha, hb = _word_pairs(ph0, ph1)
-    w = words
-    low = ((la << 16) >> 16)[None] * (w & 0xF) + (la >> 16)[None] * ((w >> 8) & 0xF)
-    low += ((lb << 16) >> 16)[None] * ((w >> 16) & 0xF) + (lb >> 16)[None] * ((w >> 24) & 0xF)
-    high = ((ha << 16) >> 16)[None] * ((w >> 4) & 0xF) + (ha >> 16)[None] * ((w >> 12) & 0xF)
-    high += ((hb << 16) >> 16)[None] * ((w >> 20) & 0xF) + (hb >> 16)[None] * ((w >> 28) & 0xF)
-    return tl.sum(16 * (low + high), axis=2)
-
-
-@triton.jit
-def _dots8_emulated(words, pl0, pl1):
-    """What :func:`_dot8_asm` computes, with plain integer ops: ``[R, S]``."""
-    la, lb = _word_pairs(pl0, pl1)
-    w = words
-    low = ((la << 16) >> 16)[None] * (w & 0xFF) + (la >> 16)[None] * ((w >> 8) & 0xFF)
-    low += ((lb << 16) >> 16)[None] * ((w >> 16) & 0xFF) + (lb >> 16)[None] * ((w >> 24) & 0xFF)
-    return tl.sum(low, axis=2)
-
-
-@triton.jit
-def _slot_dots(words, pl0, pl1, ph0, ph1, ASM: tl.constexpr, BITS: tl.constexpr):
-    """The integer dot product of each row's slot ``[R, S]`` with the slots' int16 activations (16 times it for
-    4-bit codes)."""
-    if ASM and BITS == 4:
-        d = tl.inline_asm_elementwise(
-            asm=_DOT_ASM, constraints=_DOT_CONSTRAINTS,
-            args=[words, pl0[None, :, :], pl1[None, :, :], ph0[None, :, :], ph1[None, :, :]],
-            dtype=tl.int32, is_pure=True, pack=4,
-        )  # fmt: skip
-        return _element0(d)
-    elif ASM:
-        d = tl.inline_asm_elementwise(
-            asm=_DOT8_ASM, constraints=_DOT8_CONSTRAINTS, args=[words, pl0[None, :, :], pl1[None, :, :]],
-            dtype=tl.int32, is_pure=True, pack=4,
-        )  # fmt: skip
-        return _element0(d)
-    elif BITS == 4:
-        return _dots_emulated(words, pl0, pl1, ph0, ph1)
-    return _dots8_emulated(words, pl0, pl1)
+def _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                     BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, BITS: tl.constexpr,
+                     super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Ask the L2 cache for the lines of the first step's group parameters (:func:`_slot_params`' reads), holding
+    no registers for them."""
+    SPB: tl.constexpr = BLOCK // 32
+    slots = tl.arange(0, S)
+    if BITS == 4:
+        group = (slots // SPB) * BLOCK // GROUP
+    else:
+        group = slots * 16 // GROUP
+    params = rows[:, None] * stride_sn + group[None, :]
+    ok = (slots < NUM_SLOTS)[None, :]
+    prefetch_l2(scale_ptr + params, ok, ASM)
+    if HAS_ZS:
+        prefetch_l2(zs_ptr + params, ok, ASM)
+    if SUB_GROUPS != 0:
+        prefetch_l2(super_ptr + params // SUB_GROUPS, ok, ASM)
+        if HAS_ZS:
+            prefetch_l2(zsuper_ptr + params // SUB_GROUPS, ok, ASM)
 
 
 @triton.jit
@@ -262,30 +227,9 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
     """The rows' words ``[R, S, 4]`` of slots ``s0 ..`` and their group scales (and zero scales) ``[R, S]`` in
     float32."""
-    SPB: tl.constexpr = BLOCK // 32
-    R: tl.constexpr = rows.shape[0]
-    slots = s0 + tl.arange(0, S)
-    # one flat run of 4 S words a row: each thread its slot's four (a [R, S, 4] load spreads rows over threads)
-    words_at = rows[:, None] * stride_w + 4 * s0 + tl.arange(0, 4 * S)[None, :]
-    if BITS == 4:
-        group = (slots // SPB) * BLOCK // GROUP
-    else:
-        group = slots * 16 // GROUP
-    params = rows[:, None] * stride_sn + group[None, :]
-    if EVEN:
-        words = tl.reshape(tl.load(w32 + words_at), (R, S, 4))
-        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
-        zs = scale
-        if HAS_ZS:
-            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
-    else:
-        ok = (slots < NUM_SLOTS)[None, :]
-        fine = (4 * s0 + tl.arange(0, 4 * S) < 4 * NUM_SLOTS)[None, :]
-        words = tl.reshape(tl.load(w32 + words_at, mask=fine, other=0), (R, S, 4))
-        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
-        zs = scale
-        if HAS_ZS:
-            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
+    words = _slot_words(w32, rows, stride_w, s0, S, NUM_SLOTS, EVEN)
+    scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
+                             super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     return words, scale, zs
 
 
@@ -333,6 +277,7 @@ def grouped_int_dot_gemv_kernel(
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WARPS: tl.constexpr,
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
+    EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -344,7 +289,9 @@ def grouped_int_dot_gemv_kernel(
     multiple of 16; ``NUM_SLOTS`` is ``K / 32`` (``K / 16`` for 8-bit codes); ``WARPS`` the launch's
     ``num_warps`` (each step takes ``32 * WARPS`` slots of every row). ``AHEAD``: a reduction of several steps
     reads each step's words and activations before the step before it multiplies (twice the words in flight,
-    for as many registers).
+    for as many registers). Under PDL the first step's words are read before the wait, and with
+    ``EARLY_PARAMS`` their group parameters too (else after it, their L2 lines asked for before it with
+    ``PREFETCH_PARAMS``): what is read before the wait holds its registers across it.
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -357,11 +304,20 @@ def grouped_int_dot_gemv_kernel(
     acc = tl.zeros((ROWS, S), dtype=tl.float32)
     if USE_PDL:
         gdc_launch_dependents()
-    # the weight is constant: its first words are read while the kernel that writes x drains
-    words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, 0, S, NUM_SLOTS, BLOCK,
-                                   GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    # the weight is constant: its first words (and, with EARLY_PARAMS, their scales) are read while the kernel
+    # that writes x drains; what is read before the wait stays live across it, in registers
+    words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
+    if EARLY_PARAMS:
+        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
+                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    elif PREFETCH_PARAMS:
+        _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, BITS, super_ptr,
+                         zsuper_ptr, SUB_GROUPS, ASM)  # fmt: skip
     if USE_PDL:
         gdc_wait()
+    if not EARLY_PARAMS:
+        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
+                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
     if AHEAD and NUM_SLOTS > S:
         for s0 in tl.range(0, NUM_SLOTS, S):

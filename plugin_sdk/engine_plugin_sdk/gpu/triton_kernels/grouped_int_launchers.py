@@ -198,7 +198,9 @@ def _dot_gemv(
         NUM_SLOTS=in_features // (32 if weight.bits == 4 else 16), GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
-        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles), num_warps=tiles.dot_gemv_warps,
+        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
+        EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
+        num_warps=tiles.dot_gemv_warps,
         num_stages=1, **super_args(weight), **pdl.launch_options(),
     )  # fmt: skip
 

@@ -114,6 +114,13 @@ class GroupedIntTiles:
             registers a thread against 96). Its first form read the words alone ahead: on an H200 W4A16 583.9
             against 570.2 tok/s.
         dot_gemv_ahead_all: ... and for zero scales and 8-bit codes too (off: the H100 figures above).
+        dot_gemv_early_params: under PDL it reads its first step's group parameters, with its words, before it
+            waits for the kernel that writes its activations. What it reads there stays live across the wait:
+            sm_90 code (Triton 3.6, 8 rows a program, one step) 127 registers a thread over GGUF's two-level zero
+            scales against 80 with them read after the wait (4 programs a multiprocessor against 6: qkv's 768
+            need two waves at 4), W4A16's 92 against 79 (5 against 6). On until timed (2026-12-05).
+        dot_gemv_prefetch_params: ... and where it reads them after the wait, it asks the L2 cache for their
+            lines before it (W4A16: 80 registers; over GGUF's form 124, the addresses kept across the wait).
         two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
             super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
             float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
@@ -164,6 +171,8 @@ class GroupedIntTiles:
     dot_gemv_8bit: bool = False
     dot_gemv_ahead: bool = False
     dot_gemv_ahead_all: bool = False
+    dot_gemv_early_params: bool = True
+    dot_gemv_prefetch_params: bool = False
     two_level_scales: bool = False
     dot_gemv_warps: int = 4
 
