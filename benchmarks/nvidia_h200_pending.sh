@@ -36,6 +36,9 @@
 #   gguf:    why GGUF Q4_K_M runs further from its roofline than W4A16 (0.63 against 0.74 on an H100): its dot
 #            GEMVs per product over 32-column blocks with zero scales at 4 / 8 rows, 2 / 4 warps, operands ahead
 #            or not (dot_gemv_ahead_all), then its decode with those variants and each one's kernel profile.
+#   params:  the integer-dot GEMV's first scales read after the PDL wait (dot_gemv_early_params=0: fewer registers
+#            held across it, so more programs a multiprocessor; with dot_gemv_prefetch_params=1 their L2 lines
+#            asked for before it): W4A16 and GGUF Q4_K_M batch-1 decode against the defaults, bf16 beside them.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -43,7 +46,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh confirm|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh confirm|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -130,6 +133,14 @@ elif [ "$PART" = gguf ]; then
     --grouped-tiles ${TILES:-dot_gemv_rows=4 dot_gemv_ahead_all=1 dot_gemv_rows=4,dot_gemv_ahead_all=1} --profile 12 \
     --throughput --json "$OUT/gguf_decode.json" > $LOGS/gguf_decode.log 2>&1
   grep -E "^decode|us/step|grouped_int|gemv|paged|merge|norm" $LOGS/gguf_decode.log
+elif [ "$PART" = params ]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv.py -k "after_the_wait" \
+    > $LOGS/params_tests.log 2>&1
+  tail -1 $LOGS/params_tests.log
+  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --grouped-tiles ${TILES:-dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1} \
+    --throughput --json "$OUT/params_decode.json" > $LOGS/params_decode.log 2>&1
+  grep -E "^decode" $LOGS/params_decode.log
 elif [ "$PART" = overlap ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_step_overlap.py > $LOGS/overlap_tests.log 2>&1
   tail -4 $LOGS/overlap_tests.log
