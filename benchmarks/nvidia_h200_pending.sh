@@ -38,7 +38,8 @@
 #            or not (dot_gemv_ahead_all), then its decode with those variants and each one's kernel profile.
 #   params:  the integer-dot GEMV's first scales read after the PDL wait (dot_gemv_early_params=0: fewer registers
 #            held across it, so more programs a multiprocessor; with dot_gemv_prefetch_params=1 their L2 lines
-#            asked for before it): W4A16 and GGUF Q4_K_M batch-1 decode against the defaults, bf16 beside them.
+#            asked for before it; or a cap of 80 registers instead, dot_gemv_max_registers): W4A16 and GGUF
+#            Q4_K_M batch-1 decode against the defaults, bf16 beside them.
 #   overlap: dual-batch overlap (session 35, --enable-dbo): its GPU tests (two streams, eager and in graphs),
 #            then single decode steps of an 8-layer Llama-3-8B (256-1024 sequences of 640 / 2,048 tokens)
 #            whole, without attention, and overlapped with 0 / 16 / 32 SMs left to attention.
@@ -138,7 +139,7 @@ elif [ "$PART" = params ]; then
     > $LOGS/params_tests.log 2>&1
   tail -1 $LOGS/params_tests.log
   timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --grouped-tiles ${TILES:-dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1} \
+    --grouped-tiles ${TILES:-dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1 dot_gemv_max_registers=80} \
     --throughput --json "$OUT/params_decode.json" > $LOGS/params_decode.log 2>&1
   grep -E "^decode" $LOGS/params_decode.log
 elif [ "$PART" = overlap ]; then

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import subprocess
 import tempfile
@@ -99,6 +100,8 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     attrs = {(index[name],): [["tt.divisibility", 16]] for name in ALIGNED if name in index}
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     options = {"num_warps": warps, "num_stages": stages}
+    if os.environ.get("MAXNREG"):
+        options["maxnreg"] = int(os.environ["MAXNREG"])
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 

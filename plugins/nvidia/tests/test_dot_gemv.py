@@ -121,12 +121,18 @@ def test_read_ahead_only_for_4_bit_codes_with_one_zero_point(device) -> None:
     assert launchers._dot_ahead(zero_scales, every) and launchers._dot_ahead(eight_bit, every)
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["late", "late-prefetched"])
-def test_group_parameters_read_after_the_wait_give_the_same_bits(device, prefetch: bool) -> None:
+@pytest.mark.parametrize(
+    "change",
+    [{"dot_gemv_early_params": False}, {"dot_gemv_early_params": False, "dot_gemv_prefetch_params": True},
+     {"dot_gemv_max_registers": 80}],
+    ids=["late", "late-prefetched", "capped"],
+)  # fmt: skip
+def test_group_parameters_read_after_the_wait_give_the_same_bits(device, change: dict) -> None:
     """``dot_gemv_early_params`` off (the first step's scales read after the PDL wait, their L2 lines asked for
-    before it with ``dot_gemv_prefetch_params``): every 4- and 8-bit case gives the default's bits."""
+    before it with ``dot_gemv_prefetch_params``), or a cap on the registers (on the GPU: spills): every 4- and
+    8-bit case gives the default's bits."""
     gen = torch.Generator().manual_seed(17)
-    late = dataclasses.replace(_tiles(device, 8), dot_gemv_early_params=False, dot_gemv_prefetch_params=prefetch)
+    late = dataclasses.replace(_tiles(device, 8), **change)
     for bits, cases in ((4, CASES), (8, CASES8)):
         for block, zero_scales, perm, k, n in cases:
             weight, _ = _weight(gen, block, zero_scales, perm, k, n, device, bits)

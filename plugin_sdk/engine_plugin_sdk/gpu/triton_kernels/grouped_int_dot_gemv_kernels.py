@@ -173,17 +173,23 @@ def _slot_words(w32, rows, stride_w, s0, S: tl.constexpr, NUM_SLOTS: tl.constexp
 
 
 @triton.jit
-def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
-                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
-    """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
+def _param_offsets(rows, stride_sn, slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr):
+    """The flat offsets ``[R, S]`` of the rows' group parameters for slots ``slots``."""
     SPB: tl.constexpr = BLOCK // 32
-    slots = s0 + tl.arange(0, S)
     if BITS == 4:
         group = (slots // SPB) * BLOCK // GROUP
     else:
         group = slots * 16 // GROUP
-    params = rows[:, None] * stride_sn + group[None, :]
+    return rows[:, None] * stride_sn + group[None, :]
+
+
+@triton.jit
+def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
+                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+    """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
+    slots = s0 + tl.arange(0, S)
+    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
     if EVEN:
         scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
         zs = scale
@@ -204,13 +210,8 @@ def _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S: tl.constexpr, NUM_SL
                      super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Ask the L2 cache for the lines of the first step's group parameters (:func:`_slot_params`' reads), holding
     no registers for them."""
-    SPB: tl.constexpr = BLOCK // 32
     slots = tl.arange(0, S)
-    if BITS == 4:
-        group = (slots // SPB) * BLOCK // GROUP
-    else:
-        group = slots * 16 // GROUP
-    params = rows[:, None] * stride_sn + group[None, :]
+    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
     ok = (slots < NUM_SLOTS)[None, :]
     prefetch_l2(scale_ptr + params, ok, ASM)
     if HAS_ZS:

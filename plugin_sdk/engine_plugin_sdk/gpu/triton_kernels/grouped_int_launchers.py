@@ -174,6 +174,11 @@ def _dot_ahead(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return tiles.dot_gemv_ahead and weight.bits == 4 and weight.zero_scales is None
 
 
+def _register_cap(tiles: GroupedIntTiles) -> dict:
+    """The integer-dot GEMV's launch option capping its registers a thread (none where the tiles set no cap)."""
+    return {"maxnreg": tiles.dot_gemv_max_registers} if tiles.dot_gemv_max_registers else {}
+
+
 def _dot_gemv(
     row: torch.Tensor,
     weight: GroupedIntWeight,
@@ -201,7 +206,7 @@ def _dot_gemv(
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
         EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
         num_warps=tiles.dot_gemv_warps,
-        num_stages=1, **super_args(weight), **pdl.launch_options(),
+        num_stages=1, **super_args(weight), **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip
 
 

@@ -121,6 +121,9 @@ class GroupedIntTiles:
             need two waves at 4), W4A16's 92 against 79 (5 against 6). On until timed (2026-12-05).
         dot_gemv_prefetch_params: ... and where it reads them after the wait, it asks the L2 cache for their
             lines before it (W4A16: 80 registers; over GGUF's form 124, the addresses kept across the wait).
+        dot_gemv_max_registers: the other way to one wave: a cap on its registers a thread (ptxas's
+            ``maxnreg``; 0: none). At 80 with its scales read early, sm_90 code spills 4 registers for W4A16
+            and 28 over GGUF's form; untimed (2026-12-05).
         two_level_scales: GGUF's K-quants keep their own scales: a uint8 / int8 per group times an fp16 per
             super-block of 256 columns (exact, as the expanded float32 ones), about a byte a group where the
             float32 scale and zero scale took eight (Q4_K: 0.58 bytes a weight instead of 0.75; Q4_K_M's step
@@ -173,6 +176,7 @@ class GroupedIntTiles:
     dot_gemv_ahead_all: bool = False
     dot_gemv_early_params: bool = True
     dot_gemv_prefetch_params: bool = False
+    dot_gemv_max_registers: int = 0
     two_level_scales: bool = False
     dot_gemv_warps: int = 4
 
