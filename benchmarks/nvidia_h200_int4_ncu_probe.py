@@ -8,8 +8,8 @@ the clocks left alone), for example the stall reasons of each launch:
         regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,gpu__time_duration.sum \\
         python benchmarks/nvidia_h200_int4_ncu_probe.py --shapes gate_up down --variants word frag2 frag2a
 
-Variants: ``word`` the word GEMV (one row), ``dot`` the integer-dot GEMV (``dotA`` its words a step ahead,
-``dot8w2`` 8 rows a program, 2 warps), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
+Variants: ``word`` the word GEMV (one row), ``dot`` the integer-dot GEMV (``dotA`` its operands a step ahead
+for every form of codes, ``dot8w2`` 8 rows a program, 2 warps), ``fragD`` the fragment kernel reading D iterations ahead, ``fragDa``
 the same with its scales read with its words (``GroupedIntTiles.fragment_ahead``), ``fragDpP`` with L2 prefetches
 ``P`` iterations past its read-ahead (``GroupedIntTiles.fragment_prefetch``); ``--rows`` 1-8.
 """

@@ -20,6 +20,7 @@ memory latency a chunk. ``--set DEPTH=2`` shows the prologue's two chunks and on
     python benchmarks/sass_shape.py word-gemv --set NUM_BLOCKS=32 SUBS=32 --warps 4 --stages 2
     python benchmarks/sass_shape.py moe-down-experts --set BLOCK_N=2 --warps 4
     python benchmarks/sass_shape.py dot-gemv --set ROWS=8 NUM_SLOTS=448 AHEAD=true --warps 4
+    MAXNREG=80 python benchmarks/sass_shape.py dot-gemv --set ROWS=8 USE_PDL=true --warps 4   # ptxas's maxnreg
 """
 
 from __future__ import annotations
