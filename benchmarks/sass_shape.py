@@ -37,13 +37,14 @@ from typing import Any
 #: the pointer arguments' types: bf16 activations, fp16 scales, 4-bit codes as bytes
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
             "bias_ptr": "*bf16", "out_ptr": "*bf16",
-            "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
+            "super_ptr": "*fp16", "zsuper_ptr": "*fp16", "plane_ptr": "*u8"}  # fmt: skip
 #: ... and of the MoE down GEMVs (bf16 experts, float32 routing weights)
 MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
                 "topw_ptr": "*fp32", "out_ptr": "*bf16",
             "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
-ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn")
+ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn",
+           "plane_ptr", "stride_pn")
 FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
             "BLOCK": 128, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
 WORD_GEMV = {"NUM_BLOCKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
@@ -92,7 +93,8 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     for name, parameter in parameters.items():
         if name in pointers:
             signature[name] = pointers[name]
-        elif name not in constants and parameter.default is inspect.Parameter.empty:
+        elif name not in constants and (parameter.default is inspect.Parameter.empty or name.startswith("stride")):
+            # a stride with a default (a 6-bit plane's) is still a runtime argument where the launcher passes it
             signature[name] = "i32"
         else:
             signature[name] = "constexpr"

@@ -83,13 +83,19 @@ class GroupedIntWeight:
     Stored column ``j`` of row ``o`` is ``code * scale - zero_scale`` of its group, or
     ``(code - zero_point) * scale`` when ``zero_scales`` is None.
 
+    6-bit codes (8-bit ones that all fit 6 bits: GGUF's Q6_K) are their low nibbles in the 4-bit layout over
+    blocks of 32 columns plus a plane of their high two bits, ``high_bits`` ``[out, in / 4]``: 8 bytes a block,
+    ``A`` then ``B``, byte ``k`` of ``A`` holding in bits ``2i, 2i + 1`` the high bits of the block's column ``4 i +
+    k`` and ``B`` those of column ``16 + 4 i + k`` (so that ``(A >> 2i) & 0x03030303`` are the high bits of the
+    four columns whose low nibbles word ``i`` of the block's codes holds).
+
     Attributes:
         codes: uint8 row-major codes, ``[out, in]`` (8-bit) or ``[out, in / 2]`` (4-bit, paired within
-            each ``block_k`` columns).
+            each ``block_k`` columns; 6-bit: their low nibbles so).
         scales: ``[out, groups]``, float16 where that holds every scale exactly, else float32.
         zero_scales: ``[out, groups]`` (``zeros * scales``, same dtype rule), or None for one zero point.
         perm: int32 ``[in]`` act-order (stored column ``j`` multiplies input feature ``perm[j]``), or None.
-        bits: 4 or 8.
+        bits: 4, 6 or 8.
         group_size: columns per group.
         block_k: the kernels' reduction sub-block, fixed by the 4-bit pairing.
         shape: ``(out_features, in_features)``.
@@ -99,6 +105,7 @@ class GroupedIntWeight:
             ``super_scales`` (``super_zero_scales``) ``[out, groups / sub_groups]`` (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_params`).
         super_scales: see ``sub_groups``.
         super_zero_scales: see ``sub_groups``.
+        high_bits: 6-bit codes' plane of high bits (see above), or None.
     """
 
     codes: torch.Tensor
@@ -113,11 +120,15 @@ class GroupedIntWeight:
     sub_groups: int = 0
     super_scales: torch.Tensor | None = None
     super_zero_scales: torch.Tensor | None = None
+    high_bits: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
         """Device bytes of the packed weight (what one product streams)."""
-        parts = (self.codes, self.scales, self.zero_scales, self.perm, self.super_scales, self.super_zero_scales)
+        parts = (
+            self.codes, self.scales, self.zero_scales, self.perm, self.super_scales, self.super_zero_scales,
+            self.high_bits,
+        )  # fmt: skip
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
@@ -302,7 +313,9 @@ class TorchGemmBackend(GemmBackend):
         block_k = None if form is None else gil.grouped_int_block_k(form[1], form[0], widest)
         if block_k is None:
             return None
-        return gil.pack_grouped_int(weight, block_k, self.device, two_level=tiles.two_level_scales)
+        return gil.pack_grouped_int(
+            weight, block_k, self.device, two_level=tiles.two_level_scales, six_bit=tiles.six_bit_codes
+        )
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
         out_features, _ = weight.shape

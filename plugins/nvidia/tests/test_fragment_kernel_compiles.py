@@ -18,6 +18,7 @@ import pytest
 
 PROBE = Path(__file__).with_name("fragment_compile_probe.py")
 GEMV_PROBE = Path(__file__).with_name("gemv_compile_probe.py")
+DOT_PROBE = Path(__file__).with_name("dot_gemv_compile_probe.py")
 
 
 def run_probe(probe: Path) -> object:
@@ -57,3 +58,17 @@ def test_gemv_loops_pipeline_only_when_asked() -> None:
     assert copies["word 3"] > 0 and copies["byte 3"] > 0, copies
     assert copies["word gated 1"] == 0 and copies["word gated 3"] > 0, copies
     assert copies["byte gated 1"] == 0 and copies["byte gated 3"] > 0, copies
+
+
+def test_six_bit_dot_gemv_hands_its_asm_the_plane_as_two_registers() -> None:
+    """Over 6-bit codes the integer-dot GEMV reads a block's plane as one 8-byte load beside its 16-byte words, and
+    its asm takes the plane's four int16 halves as two 32-bit registers after the four words (``$8`` = ``A``,
+    ``$9`` = ``B``, as :func:`_dot6_asm` reads them); no layout shuffle through shared memory beyond the 8-bit
+    kernel's (the plane in a thread's own registers, as its words)."""
+    cases = {(case["bits"], case["in_features"]): case for case in run_probe(DOT_PROBE)}
+    for width in (4096, 14336):
+        six, eight = cases[6, width], cases[8, width]
+        assert six["operands"] == ["i32"] * 4 + ["<2 x i16>"] * 2 + ["i32"] * 16, six
+        assert eight["operands"] == ["i32"] * 12, eight
+        assert "v2.b32" in six["loads"] and "v4.b32" in six["loads"], six
+        assert six["shared"] <= eight["shared"], (six, eight)

@@ -98,16 +98,21 @@ def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) 
     assert set(GGUF_GROUPED_FORMS) <= gemm.supported_quant_schemes
     assert "gguf_q5_0" not in gemm.supported_quant_schemes and "gguf_q5_k" not in gemm.supported_quant_schemes
     gen = torch.Generator().manual_seed(fresh_seed())
+    eight_bit = dataclasses.replace(INTERPRETER_GROUPED_INT_TILES, six_bit_codes=False)
     for scheme in GGUF_GROUPED_FORMS:
         weight = make_quantized_weight(scheme, 40, 256, seed=fresh_seed())
-        prepared = gemm.prepare_weight(weight, torch.float32)
-        assert isinstance(prepared, GroupedIntWeight) and prepared.bits == EXPECTED[scheme][0]
-        for rows in (1, 3):
-            x = torch.randn(rows, 256, generator=gen)
-            tol = get_tolerance(torch.float32, quantized=True)
-            got = gemm.linear(x.to(device), prepared)
-            problem = compare(got, ref_quantized_linear(x, weight), tol, f"{scheme} M={rows}")
-            assert not problem, problem
+        for tiles in (INTERPRETER_GROUPED_INT_TILES, eight_bit):
+            gemm.grouped_int_tiles = tiles
+            prepared = gemm.prepare_weight(weight, torch.float32)
+            # Q6_K in 6 bits where the tiles keep codes that fit so (six_bit_codes)
+            bits = 6 if scheme == "gguf_q6_k" and tiles.six_bit_codes else EXPECTED[scheme][0]
+            assert isinstance(prepared, GroupedIntWeight) and prepared.bits == bits
+            for rows in (1, 3):
+                x = torch.randn(rows, 256, generator=gen)
+                tol = get_tolerance(torch.float32, quantized=True)
+                got = gemm.linear(x.to(device), prepared)
+                problem = compare(got, ref_quantized_linear(x, weight), tol, f"{scheme} M={rows} bits={bits}")
+                assert not problem, problem
     other = make_quantized_weight("gguf_q5_0", 8, 256, seed=3)
     prepared = gemm.prepare_weight(other, torch.float32)
     assert isinstance(prepared, torch.Tensor) and torch.equal(prepared.cpu(), other.dequantize())

@@ -92,8 +92,10 @@ def _form(weight: object) -> tuple | str:
     return "dense"
 
 
-@pytest.mark.slow  # two engines in the interpreter: about 10 s on 2 cores
+@pytest.mark.slow  # four engines in the interpreter: about 15 s on 2 cores
 def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32: the prompts' logits (the GEMM; 6-bit Q6_K included) and a sequence's greedy decode (single rows);
+    float16: a one-token prompt's logits, every product a single row on the integer-dot GEMV (4-, 6- and 8-bit)."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
@@ -103,25 +105,32 @@ def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monk
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     runs = {}
     for quantization in ("auto", "none"):
-        llm = LLM(model=str(path), tokenizer=tokenizer, device="cuda", dtype="float32", quantization=quantization,
-                  max_model_len=128, kv_cache_memory_bytes=8 << 20)  # fmt: skip
-        model = llm.llm_engine.model
-        forms = [[_form(getattr(layer, f)) for f in ("qkv", "o_proj", "gate_up", "down")] for layer in model.layers]
-        logits = [engine_prefill_logits(llm, [prompt]).float() for prompt in PROMPTS]
-        # one sequence: its decode steps are single rows, the GEMV's
-        tokens = list(llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0].token_ids)
-        runs[quantization] = (forms, _form(model.lm_head), logits, tokens)
-        assert isinstance(model.embed_tokens, torch.Tensor)
-        llm.shutdown()
-    forms, head, logits, tokens = runs["auto"]
+        for dtype in ("float32", "float16"):
+            llm = LLM(model=str(path), tokenizer=tokenizer, device="cuda", dtype=dtype, quantization=quantization,
+                      max_model_len=128, kv_cache_memory_bytes=8 << 20)  # fmt: skip
+            model = llm.llm_engine.model
+            forms = [[_form(getattr(layer, f)) for f in ("qkv", "o_proj", "gate_up", "down")] for layer in model.layers]
+            if dtype == "float16":
+                runs[quantization, dtype] = engine_prefill_logits(llm, PROMPTS[1:]).float()
+            else:
+                logits = [engine_prefill_logits(llm, [prompt]).float() for prompt in PROMPTS]
+                # one sequence: its decode steps are single rows, the GEMV's
+                tokens = list(llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0].token_ids)
+                runs[quantization, dtype] = (forms, _form(model.lm_head), logits, tokens)
+            assert isinstance(model.embed_tokens, torch.Tensor)
+            llm.shutdown()
+    forms, head, logits, tokens = runs["auto", "float32"]
     assert forms == [
-        # q and k stacked in one block, v in its own
-        [[(4, 32, 8), (8, 32, 128)], (8, 32, 128), (4, 32, None), (8, 16, 32)],
-        [[(4, 32, None), (8, 16, 32)], (8, 16, 32), (8, 32, 128), "dense"],  # Q5_0: no packed form
+        # q and k stacked in one block, v in its own; Q6_K in 6 bits
+        [[(4, 32, 8), (8, 32, 128)], (8, 32, 128), (4, 32, None), (6, 16, 32)],
+        [[(4, 32, None), (6, 16, 32)], (6, 16, 32), (8, 32, 128), "dense"],  # Q5_0: no packed form
     ]
-    assert head == (8, 16, 32)
-    assert runs["none"][0] == [["dense"] * 4] * 2 and runs["none"][1] == "dense"
-    for got, want in zip(logits, runs["none"][2], strict=True):
+    assert head == (6, 16, 32)
+    dense = runs["none", "float32"]
+    assert dense[0] == [["dense"] * 4] * 2 and dense[1] == "dense"
+    for got, want in zip(logits, dense[2], strict=True):
         # the prompt's 6 rows run through the GEMM, the single row through the GEMV
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert tokens == runs["none"][3]
+    assert tokens == dense[3]
+    # float16 activations rounded to 16-bit integers a 32-column slot, against the dense float16 model
+    torch.testing.assert_close(runs["auto", "float16"], runs["none", "float16"], atol=2e-2, rtol=2e-2)

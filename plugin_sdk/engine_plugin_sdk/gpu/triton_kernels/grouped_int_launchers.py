@@ -45,9 +45,16 @@ def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: in
         weight.codes, scales, weight.zero_scales if weight.zero_scales is not None else scales, out,
         out_features, weight.codes.stride(0), scales.stride(0), out.stride(0),
         GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
-        BLOCK=weight.block_k, BLOCK_N=block_n, **super_args(weight),
+        BLOCK=weight.block_k, BLOCK_N=block_n, **super_args(weight), **plane_args(weight),
     )  # fmt: skip
     return out
+
+
+def plane_args(weight: GroupedIntWeight) -> dict:
+    """A launch's arguments for a 6-bit weight's plane of high bits (for other weights its codes, unread: always a
+    tensor, so that no launch specializes on a missing one)."""
+    plane = weight.high_bits if weight.high_bits is not None else weight.codes
+    return {"plane_ptr": plane, "stride_pn": plane.stride(0)}
 
 
 def grouped_int_linear(
@@ -122,9 +129,9 @@ def grouped_int_gated_linear(
     fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
     if m == 1 and _takes_dot(rows, weight, tiles):
         # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
-        gemv = tiles.gated_epilogue and tiles.dot_gemv_rows % 2 == 0
+        gemv = tiles.gated_epilogue and _dot_rows(weight, tiles) % 2 == 0
     else:
-        gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4
+        gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4 and weight.bits != 6
     if not (fragments or gemv):
         return None
     if rows.stride(-1) != 1:
@@ -152,17 +159,19 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
 
 
 def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4-bit codes (or, with
+    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4- and 6-bit codes (or, with
     ``tiles.dot_gemv_8bit``, 8-bit codes in groups of a multiple of 16 columns) against 16-bit activations whose
-    pairs and words it reads as aligned 32-bit / 16-byte vectors."""
+    pairs and words it reads as aligned 32-bit / 16-byte vectors (a 6-bit plane's as 8-byte ones)."""
     eight = tiles.dot_gemv_8bit and weight.bits == 8 and weight.group_size % 16 == 0
+    plane = weight.high_bits
     return (
         tiles.dot_gemv_rows > 0
-        and (weight.bits == 4 or eight)
+        and (weight.bits in (4, 6) or eight)
         and row.dtype in (torch.bfloat16, torch.float16)
         and row.data_ptr() % 4 == 0
         and weight.codes.data_ptr() % 16 == 0
         and weight.codes.stride(0) % 16 == 0
+        and (plane is None or (plane.data_ptr() % 8 == 0 and plane.stride(0) % 8 == 0))
     )
 
 
@@ -172,6 +181,13 @@ def _dot_ahead(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     if tiles.dot_gemv_ahead_all:
         return True
     return tiles.dot_gemv_ahead and weight.bits == 4 and weight.zero_scales is None
+
+
+def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
+    """Rows a program of the integer-dot GEMV for ``weight`` (6-bit codes may take their own)."""
+    if weight.bits == 6 and tiles.dot_gemv_six_bit_rows:
+        return tiles.dot_gemv_six_bit_rows
+    return tiles.dot_gemv_rows
 
 
 def _register_cap(tiles: GroupedIntTiles) -> dict:
@@ -189,7 +205,7 @@ def _dot_gemv(
 ) -> None:
     """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments)."""
     out_features, in_features = weight.shape
-    rows = tiles.dot_gemv_rows
+    rows = _dot_rows(weight, tiles)
     if rows & (rows - 1) or rows > 64:
         raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
@@ -200,13 +216,13 @@ def _dot_gemv(
         row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
         out_features, weight.codes.stride(0), weight.scales.stride(0),
-        NUM_SLOTS=in_features // (32 if weight.bits == 4 else 16), GROUP=weight.group_size, ZERO=weight.zero_point,
+        NUM_SLOTS=in_features // (16 if weight.bits == 8 else 32), GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
         EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
-        num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **pdl.launch_options(),
-        **_register_cap(tiles),
+        num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **plane_args(weight),
+        **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip
 
 
@@ -227,6 +243,12 @@ def _gemv(
     program on the others: ``act(gate) * up`` into ``out [1, N / 2]``)."""
     if _takes_dot(row, weight, tiles):
         _dot_gemv(row, weight, bias, tiles, out, gated)
+        return
+    if weight.bits == 6:
+        # the byte GEMVs read whole bytes a code: 6-bit codes' other rows (float32 ones) take the GEMM
+        result = _gemm(row, weight, bias, tiles, out)
+        if result is not out:
+            out.copy_(result)
         return
     out_features, in_features = weight.shape
     words = _takes_words(weight, tiles)
@@ -294,6 +316,6 @@ def _gemm(
         HAS_BIAS=bias is not None and splits == 1,
         PRECISION="ieee" if rows.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUB=weight.block_k, num_warps=warps, num_stages=stages,
-        **super_args(weight), **pdl.launch_options(),
+        **super_args(weight), **plane_args(weight), **pdl.launch_options(),
     )  # fmt: skip
     return split_result(out, target, splits, bias)

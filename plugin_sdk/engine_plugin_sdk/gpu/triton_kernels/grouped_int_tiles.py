@@ -130,6 +130,15 @@ class GroupedIntTiles:
             about 4.83 GB instead of 6.06). On an H100 (2026-12-05, two calls) Q4_K_M batch-1 decode 408.1 / 408.7
             against 362.1 / 362.4 tok/s (+12.7%), 4 sequences 832.9 against 862.2 (-3.4%: the fragment kernel's
             extra loads); on in the interpreter, which checks it against the one-level scales bit for bit.
+        six_bit_codes: 8-bit codes that all fit 6 bits (GGUF's Q6_K) are kept in 6: their low nibbles as 4-bit
+            codes, their high bits in a plane beside (:class:`~engine_plugin_sdk.gpu.gemm.GroupedIntWeight`), 6.5
+            bits a weight with Q6_K's two-level scales (its file's size) against 8.6. Q4_K_M keeps the LM head,
+            ``attn_v`` and about half of ``ffn_down`` in Q6_K: its Llama-3-8B step reads 4.45 GB instead of 4.83.
+            The integer-dot GEMV takes one row, the GEMM the others (the fragment kernels read 4-bit codes only).
+            Off until timed (2026-12-05).
+        dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
+            sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
+            and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
@@ -178,6 +187,8 @@ class GroupedIntTiles:
     dot_gemv_prefetch_params: bool = False
     dot_gemv_max_registers: int = 0
     two_level_scales: bool = False
+    six_bit_codes: bool = False
+    dot_gemv_six_bit_rows: int = 0
     dot_gemv_warps: int = 4
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
@@ -226,5 +237,5 @@ INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
     fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
-    dot_gemv_warps=1, two_level_scales=True,
+    dot_gemv_warps=1, two_level_scales=True, six_bit_codes=True,
 )
