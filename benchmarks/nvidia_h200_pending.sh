@@ -33,6 +33,9 @@
 #   confirm: issue 25's batch-1 figures at the defaults (session 39: two-level scales, the dot GEMV's operands a
 #            step ahead), measured only on H100s so far: bf16, W4A16, GGUF Q4_K_M and its dequantized copy, one
 #            process, 1 and 4 sequences.
+#   next:    the first call of a session with a device (session 40's plan): the GPU tests of the 6-bit codes and of
+#            the dot GEMV, then one process timing issue 25's batch-1 figures at the defaults (bf16, W4A16, Q4_K_M,
+#            its dequantized copy; 1 and 4 sequences) with `six-bit`'s and `params`' variants beside them.
 #   six-bit: GGUF's Q6_K kept in 6 bits (six_bit_codes, session 40, written without a device; off until timed):
 #            its GPU tests (the 6-bit dp2a PTX against float64, the GEMM, the dense copy), then Q4_K_M batch-1 and
 #            4-sequence decode with it at 8 and 4 rows a program (dot_gemv_six_bit_rows) against the defaults,
@@ -51,7 +54,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh confirm|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -129,6 +132,15 @@ elif [ "$PART" = confirm ]; then
   timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     gguf_q4_k_m_dequantized --decode-batch 4 --throughput --json "$OUT/confirm_decode.json" > $LOGS/confirm_decode.log 2>&1
   grep -E "^decode" $LOGS/confirm_decode.log
+elif [ "$PART" = next ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
+    plugins/nvidia/tests/test_dot_gemv.py > $LOGS/next_tests.log 2>&1
+  tail -3 $LOGS/next_tests.log
+  timeout 420 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 six_bit_codes=1,dot_gemv_six_bit_rows=4 \
+    dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1} --decode-batch 4 --throughput \
+    --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
+  grep -E "^decode" $LOGS/next_decode.log
 elif [ "$PART" = six-bit ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_dot_gemv.py > $LOGS/six_bit_tests.log 2>&1

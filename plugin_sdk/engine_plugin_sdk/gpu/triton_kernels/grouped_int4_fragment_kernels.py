@@ -235,7 +235,7 @@ def grouped_int4_fragment_kernel(
     holding gate and up rows where a plain product holds rows ``g`` and ``g + 8``: one launch, no round trip.
 
     ``x``: ``[M, K]`` bf16 (fp16 with ``FP16``), rows ``stride_xm`` apart (even), 4-byte aligned; ``w``, ``scale``,
-    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel` (``BLOCK`` 32, 64 or
+    ``zs``, ``perm``, ``bias`` as for :func:`~.grouped_int_gemm_kernels.grouped_int_gemm_kernel` (``BLOCK`` 32, 64 or
     a multiple of 128, ``stride_wn`` a multiple of 16 bytes); ``out``: ``[M, N]`` in its dtype. ``WARPS`` must be the launch's
     ``num_warps``; ``NUM_CHUNKS`` is ``K / 128``. ``DEPTH`` (1-3): how many iterations ahead a warp reads
     its chunks' words. ``AHEAD``: their group scales too, and the activations one iteration ahead.

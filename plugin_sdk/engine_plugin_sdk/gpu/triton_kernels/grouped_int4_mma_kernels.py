@@ -87,7 +87,7 @@ def grouped_int4_mma_kernel(
     """One ``[BLOCK_M, BLOCK_N]`` output tile over split ``pid(1)`` of the reduction's blocks.
 
     ``x`` holds ``M <= BLOCK_M`` rows in bf16, or fp16 with ``FP16`` (the tile's dtype); ``w``, ``scale``, ``zs``, ``perm``,
-    ``bias`` as for :func:`~.grouped_int_kernels.grouped_int_gemm_kernel`. ``sub_bits``: the 16-bit float
+    ``bias`` as for :func:`~.grouped_int_gemm_kernels.grouped_int_gemm_kernel`. ``sub_bits``: the 16-bit float
     ``-(128 + offset)`` (fp16: ``-(1024 + offset)``) twice over in an int32, where ``offset`` is ``ZERO``, or 0
     with zero scales. ``out`` is ``[M, N]`` in its dtype, or float32 partial sums ``[SPLIT, M, N]``.
     """

@@ -1,4 +1,4 @@
-"""Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`,
+"""Host side of the grouped-integer weight-only GEMM and GEMVs (:mod:`.grouped_int_kernels`, :mod:`.grouped_int_gemm_kernels`,
 :mod:`.grouped_int4_gemv_kernels`, :mod:`.grouped_int_dot_gemv_kernels`): grids, and the choice of a kernel by
 the number of activation rows (the load-time repacking is in :mod:`.grouped_int_packing`, the few-row
 tensor-core kernels' launchers and the split-K sums in :mod:`.grouped_int4_few_rows_launchers`, the launch
@@ -12,6 +12,7 @@ import triton
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_gemv_kernels as dot
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemm_kernels as gemm_kernels
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
@@ -41,7 +42,7 @@ def dequantize_grouped(weight: GroupedIntWeight, dtype: torch.dtype, block_n: in
     out_features, in_features = weight.shape
     out = torch.empty((out_features, in_features), dtype=dtype, device=weight.codes.device)
     scales = weight.scales
-    gk.grouped_int_dequant_kernel[(triton.cdiv(out_features, block_n), in_features // weight.block_k)](
+    gemm_kernels.grouped_int_dequant_kernel[(triton.cdiv(out_features, block_n), in_features // weight.block_k)](
         weight.codes, scales, weight.zero_scales if weight.zero_scales is not None else scales, out,
         out_features, weight.codes.stride(0), scales.stride(0), out.stride(0),
         GROUP=weight.group_size, BITS=weight.bits, ZERO=weight.zero_point, HAS_ZS=weight.zero_scales is not None,
@@ -306,7 +307,7 @@ def _gemm(
     splits = triton.cdiv(k_blocks, blocks_per_split)
     target = split_target(out, splits)
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    gk.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
+    gemm_kernels.grouped_int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), splits)](
         rows, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, target,
         m, out_features, blocks_per_split * block_k, rows.stride(0), weight.codes.stride(0),
