@@ -141,6 +141,14 @@ def test_one_row_takes_the_integer_dot_gemv(device, rows: int, six_rows: int, mo
     assert len(calls) == 2 * 2 * len(weights)
 
 
+def test_group_parameters_read_after_the_wait_give_the_same_bits(device) -> None:
+    gen = torch.Generator().manual_seed(fresh_seed())
+    late = dataclasses.replace(_tiles(device, 8), dot_gemv_early_params=False)
+    for what, weight, _ in _weights(device, fresh_seed()):
+        x = (torch.randn(1, weight.shape[1], generator=gen) * 3).to(torch.bfloat16).to(device)
+        assert torch.equal(grouped_int_linear(x, weight, None, late), grouped_int_linear(x, weight, None, _tiles(device, 8))), what
+
+
 def test_other_rows_take_the_gemm_or_the_dequantized_copy(device, monkeypatch) -> None:
     """A float32 row, 3 and 17 rows on the grouped GEMM, 130 on the dense copy (the same values as the 8-bit
     packing's copy, bit for bit)."""

@@ -213,16 +213,22 @@ def _six_bit_step(acc, words, plane, scale, zs, scale_hi, zs_hi, xl0, xl1, xh0, 
 def _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_p, stride_sn,
                   NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
                   HAS_PERM: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
-                  USE_PDL: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+                  USE_PDL: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                  EARLY_PARAMS: tl.constexpr):  # fmt: skip
     """The rows' products ``[R, S]`` (to be summed over the slots) over 6-bit codes: the kernel's loop with each
-    step's plane words beside its code words (its first ones and their parameters read before the PDL wait)."""
+    step's plane words beside its code words (its first ones, and with ``EARLY_PARAMS`` their parameters, read
+    before the PDL wait)."""
     acc = tl.zeros((rows.shape[0], S), dtype=tl.float32)
     words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
     plane = six_bit_plane_words(p16, rows, stride_p, 0, S, NUM_SLOTS, EVEN)
-    scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, GROUP, HAS_ZS,
-                                                 EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    if EARLY_PARAMS:
+        scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, GROUP,
+                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
+    if not EARLY_PARAMS:
+        scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, GROUP,
+                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, 32, HAS_PERM, EVEN, 6)
     acc = _six_bit_step(acc, words, plane, scale, zs, scale_hi, zs_hi, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM)
     for s0 in tl.range(S, NUM_SLOTS, S):
@@ -259,8 +265,8 @@ def grouped_int_dot_gemv_kernel(
     for as many registers). Under PDL the first step's words are read before the wait, and with
     ``EARLY_PARAMS`` their group parameters too (else after it, their L2 lines asked for before it with
     ``PREFETCH_PARAMS``): what is read before the wait holds its registers across it. 6-bit codes (``BLOCK`` 32,
-    ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; neither ``AHEAD`` nor
-    ``EARLY_PARAMS`` apply: parameters read early) take :func:`_six_bit_sums`.
+    ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; ``AHEAD`` and
+    ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`.
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -277,7 +283,7 @@ def grouped_int_dot_gemv_kernel(
         p16 = plane_ptr.to(tl.pointer_type(tl.int16))
         acc = _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_pn // 2, stride_sn,
                             NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, S, EVEN, FP16, ASM, USE_PDL, super_ptr,
-                            zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                            zsuper_ptr, SUB_GROUPS, EARLY_PARAMS)  # fmt: skip
     else:
         acc = tl.zeros((ROWS, S), dtype=tl.float32)
         # the weight is constant: its first words (and, with EARLY_PARAMS, their scales) are read while the kernel
