@@ -34,7 +34,7 @@
 #            step ahead), measured only on H100s so far: bf16, W4A16, GGUF Q4_K_M and its dequantized copy, one
 #            process, 1 and 4 sequences.
 #   next:    the first call of a session with a device (session 40's plan): the GPU tests of the 6-bit codes and of
-#            the dot GEMV, then one process timing issue 25's batch-1 figures at the defaults (bf16, W4A16, Q4_K_M,
+#            the dot GEMV, `check --one-at-a-time` with the Q6_K LM head in 6 bits, then one process timing issue 25's batch-1 figures at the defaults (bf16, W4A16, Q4_K_M,
 #            its dequantized copy; 1 and 4 sequences) with `six-bit`'s and `params`' variants beside them.
 #   six-bit: GGUF's Q6_K kept in 6 bits (six_bit_codes, session 40, written without a device; off until timed):
 #            its GPU tests (the 6-bit dp2a PTX against float64, the GEMM, the dense copy), then Q4_K_M batch-1 and
@@ -136,6 +136,9 @@ elif [ "$PART" = next ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_dot_gemv.py > $LOGS/next_tests.log 2>&1
   tail -3 $LOGS/next_tests.log
+  timeout 150 python3 benchmarks/nvidia_h200_quantized.py check --one-at-a-time --grouped-tiles six_bit_codes=1 \
+    --json "$OUT/next_check.json" > $LOGS/next_check.log 2>&1
+  grep -E "greedy" $LOGS/next_check.log
   timeout 420 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 six_bit_codes=1,dot_gemv_six_bit_rows=4 \
     dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1} --decode-batch 4 --throughput \

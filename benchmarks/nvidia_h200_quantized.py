@@ -385,6 +385,8 @@ def main() -> None:
     check = sub.add_parser("check", help="packed vs dequantized greedy tokens of tiny GPTQ / GGUF checkpoints")
     check.add_argument("--one-at-a-time", action="store_true",
                        help="generate each prompt alone (batch-1 decode: the GEMVs) instead of all together")
+    check.add_argument("--grouped-tiles", default="",
+                       help="GroupedIntTiles fields of the H200 to check with, e.g. six_bit_codes=1")
     check.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                        help="cpu: the NVIDIA platform in Triton's interpreter (float32 only; slow, a smoke test)")
     kernels = sub.add_parser("kernels", help="the packed GEMV / GEMM per Llama-3-8B shape against bf16")

@@ -1,7 +1,8 @@
 """``nvidia_h200_quantized.py check``: a tiny GPTQ W4A16 checkpoint and a tiny GGUF (Q4_K, lm_head Q6_K) on
 ``cuda``, greedy tokens and prefill logits of the packed weights against the same checkpoint dequantized at
 load (``quantization="none"``), in float32 (must agree) and bf16 (reported); ``--device cpu`` runs the same
-logic in Triton's interpreter, float32 only (a smoke test)."""
+logic in Triton's interpreter, float32 only (a smoke test); ``--grouped-tiles`` runs it with those fields of the
+H200's ``GroupedIntTiles`` (``six_bit_codes=1``: the Q6_K LM head in 6 bits)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
     from gguf_test_models import write_tiny_llama_gguf
     from nvidia_h200 import release
     from nvidia_h200_dense import tokenizer_only
+    from nvidia_h200_quantized import grouped_tiles, tile_overrides
     from prequantized_checkpoints import write_gptq
 
     from engine import LLM, SamplingParams
@@ -42,8 +44,9 @@ def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
             for dtype in ["float32"] if interpret else ["float32", "bfloat16"]:
                 runs = {}
                 for quantization in ("auto", "none"):
-                    llm = LLM(model=model, device="cuda", dtype=dtype, quantization=quantization, max_model_len=256,
-                              kv_cache_memory_bytes=64 << 20, **extra)  # fmt: skip
+                    with grouped_tiles(tile_overrides(args.grouped_tiles) if args.grouped_tiles else {}):
+                        llm = LLM(model=model, device="cuda", dtype=dtype, quantization=quantization,
+                                  max_model_len=256, kv_cache_memory_bytes=64 << 20, **extra)  # fmt: skip
                     layer = llm.llm_engine.model.layers[0]
                     packed = sum(isinstance(getattr(layer, f), GroupedIntWeight) for f in ("qkv", "o_proj", "gate_up", "down"))
                     if args.one_at_a_time:
