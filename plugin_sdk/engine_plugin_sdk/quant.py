@@ -4,8 +4,8 @@ Scheme names and layouts (``QuantizedWeight.data`` / ``extra``):
 
 - ``gguf_<type>`` (``gguf_q4_0``, ``gguf_q8_0``, ...): ``data`` is a ``torch.uint8`` tensor
   ``[out_features, bytes_per_row]`` holding GGUF blocks row by row; ``extra["ggml_type"]`` is the
-  ``gguf.GGMLQuantizationType`` value. ``gguf_q4_k`` and ``gguf_q6_k``, which the gguf package cannot
-  quantize, are random valid blocks; every GGUF type dequantizes through gguf's reference.
+  ``gguf.GGMLQuantizationType`` value. ``gguf_q3_k``, ``gguf_q4_k``, ``gguf_q5_k`` and ``gguf_q6_k``, which the
+  gguf package cannot quantize, are random valid blocks; every GGUF type dequantizes through gguf's reference.
 - ``int8``: symmetric per-output-channel; ``data`` is ``torch.int8 [out, in]``, ``extra["scale"]`` float32 ``[out]``;
   the weight is ``data * scale[:, None]``.
 - ``int4_grouped`` / ``int8_grouped``: weight-only codes with group-wise scales and zero points and an
@@ -30,7 +30,7 @@ SCALED_SCHEMES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 GGUF_PREFIX = "gguf_"
 #: K-quants the gguf package cannot quantize: their test weights are random valid blocks instead
 #: (super-block bytes; scale fields drawn small so that the weights stay O(1 / sqrt(in)))
-RANDOM_BLOCK_SCHEMES = {"gguf_q4_k": 144, "gguf_q6_k": 210}
+RANDOM_BLOCK_SCHEMES = {"gguf_q4_k": 144, "gguf_q5_k": 176, "gguf_q6_k": 210, "gguf_q3_k": 110}
 
 
 class UnknownSchemeError(ValueError):
@@ -128,7 +128,7 @@ def _grouped_int(scheme: str, dense: torch.Tensor, gen: torch.Generator, device:
 
 
 def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
-    """Random GGUF Q4_K / Q6_K bytes ``[out, in / 256 * block_bytes]`` with finite, small scales.
+    """Random GGUF Q3_K / Q4_K / Q5_K / Q6_K bytes ``[out, in / 256 * block_bytes]`` with finite, small scales.
 
     Raises:
         UnknownSchemeError: if ``in_features`` is not a multiple of 256.
@@ -142,9 +142,11 @@ def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torc
         return (torch.rand(count, n, generator=gen) * scale).to(torch.float16).view(torch.uint8)
 
     step = in_features**-0.5 / 64
-    if scheme == "gguf_q4_k":  # d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+    if scheme in ("gguf_q4_k", "gguf_q5_k"):  # d, dmin, 12 bytes of 6-bit scales/mins, (32 of high bits), nibbles
         blocks[:, 0:2] = halves(1, step)
         blocks[:, 2:4] = halves(1, step)
+    elif scheme == "gguf_q3_k":  # 32 bytes of high bits, 64 of 2-bit quants, 12 of 6-bit scales, d
+        blocks[:, 108:110] = halves(1, step)
     else:  # 128 + 64 bytes of quants, 16 int8 scales, d
         blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, dtype=torch.int8).view(torch.uint8)
         blocks[:, 208:210] = halves(1, step / 2)

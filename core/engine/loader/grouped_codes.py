@@ -1,6 +1,6 @@
 """Grouped-integer weights unpacked to one code per value, with their group scales: the form the GPU
 plugins' weight-only kernels are packed from, and the loader's fast path to float32 for GGUF blocks.
-It is reached from the plugin API's ``int4_grouped`` / ``int8_grouped`` weights and, exactly, from five GGUF
+It is reached from the plugin API's ``int4_grouped`` / ``int8_grouped`` weights and, exactly, from eight GGUF
 block types. Plugins reach it through ``engine_plugin_sdk.gpu.grouped_codes``.
 
 A GGUF type is kept when every value of it is ``code * scale - zero_scale`` (or ``(code - zero_point) *
@@ -12,9 +12,12 @@ reference dequantizer (``gguf.quants``), so that the repacked weight dequantizes
 - ``Q8_0``: 8-bit (the int8 value plus 128), groups of 32, ``(q - 128) * d``;
 - ``Q4_K``: 4-bit, super-blocks of 256 in eight groups of 32, ``(d * sc) * q - dmin * mn``: both products
   are exact in float32 (an fp16 times a 6-bit integer), as is ``d * sc * q``;
-- ``Q6_K``: 6-bit codes in 8-bit storage, sixteen groups of 16 per super-block, ``(q - 32) * (d * sc)``.
+- ``Q6_K``: 6-bit codes in 8-bit storage, sixteen groups of 16 per super-block, ``(q - 32) * (d * sc)``;
+- ``Q5_0`` / ``Q5_1``: 5-bit codes (a nibble and a bit from the block's 32-bit ``qh``) in 8-bit storage, groups of
+  32, ``(q - 16) * d`` / ``q * d + m``;
+- ``Q5_K``: 5-bit codes in 8-bit storage, Q4_K's super-blocks, scales and formula.
 
-The other GGUF types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, ...) have no such form and dequantize through ``gguf.quants``.
+The other GGUF types (Q2_K, Q3_K, the IQ types, ...) have no such form and dequantize through ``gguf.quants``.
 Unpacking in torch is what makes loading a GGUF file quick: the embedded 135M model's tensors take 0.9 s
 this way against 4 s through ``gguf.quants`` (a 2-core CPU).
 """
@@ -31,12 +34,13 @@ from engine.interfaces.grouped_int import GROUPED_INT_BITS, grouped_int_codes
 #: GGUF scheme -> (bits per code, columns per group) of its grouped-integer form
 GGUF_GROUPED_FORMS = {
     "gguf_q4_0": (4, 32), "gguf_q4_1": (4, 32), "gguf_q8_0": (8, 32), "gguf_q4_k": (4, 32), "gguf_q6_k": (8, 16),
+    "gguf_q5_0": (8, 32), "gguf_q5_1": (8, 32), "gguf_q5_k": (8, 32),
 }  # fmt: skip
 GGUF_GROUPED_SCHEMES = frozenset(GGUF_GROUPED_FORMS)
 #: GGUF scheme -> (values, bytes) of one block
 _BLOCKS = {
     "gguf_q4_0": (32, 18), "gguf_q4_1": (32, 20), "gguf_q8_0": (32, 34), "gguf_q4_k": (256, 144),
-    "gguf_q6_k": (256, 210),
+    "gguf_q6_k": (256, 210), "gguf_q5_0": (32, 22), "gguf_q5_1": (32, 24), "gguf_q5_k": (256, 176),
 }  # fmt: skip
 
 
@@ -50,7 +54,7 @@ class GroupedCodes:
         zero_scales: float32 ``[out, groups]`` (value ``code * scale - zero_scale``), or None when every
             group has the zero point ``zero_point`` (value ``(code - zero_point) * scale``).
         zero_point: the shared zero point in code units (read only when ``zero_scales`` is None).
-        bits: 4 or 8: the codes' storage width.
+        bits: 4 or 8: the codes' storage width (Q5 / Q6 codes: 8).
         group_size: columns per group.
         perm: int64 ``[in]`` act-order (stored column ``j`` is input feature ``perm[j]``), or None.
         sub_groups: GGUF's K-quants: groups per super-block, whose scales (and zero scales) are a super-block
@@ -152,6 +156,15 @@ def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:
     return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
 
 
+def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 6-bit scales and mins ``[blocks, 8]`` of Q4_K / Q5_K's eight sub-blocks from their 12 bytes
+    (``gguf.quants.Q4_K.get_scale_min``)."""
+    lo, hi, mixed = packed.reshape(-1, 3, 4).unbind(1)
+    sc = torch.cat([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], dim=1)
+    mn = torch.cat([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], dim=1)
+    return sc, mn
+
+
 def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
     """Unpack GGUF blocks (the layouts of ``gguf.quants``) into codes and float32 group parameters."""
     out_features, in_features = (int(d) for d in weight.shape)
@@ -181,18 +194,32 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
         # int8 q as the unsigned code q + 128 (flipping the sign bit): value (code - 128) * d
         codes = blocks[:, 2:] ^ 0x80
         scales, zero_point = _half(blocks, 0), 128
-    elif weight.scheme == "gguf_q4_k":
+    elif weight.scheme in ("gguf_q5_0", "gguf_q5_1"):
+        start = 2 if weight.scheme == "gguf_q5_0" else 4
+        qs = blocks[:, start + 4 :]
+        # value i's high bit is bit i of the little-endian 32-bit qh
+        qh = blocks[:, start : start + 4].long()
+        bits32 = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
+        high = ((bits32[:, None] >> torch.arange(32, device=blocks.device)) & 1).to(torch.uint8)
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=1) | (high << 4)
+        scales = _half(blocks, 0)
+        if weight.scheme == "gguf_q5_1":
+            zero_scales = -_half(blocks, 2)
+        else:
+            zero_point = 16
+    elif weight.scheme in ("gguf_q4_k", "gguf_q5_k"):
         d, dmin = _half(blocks, 0), _half(blocks, 2)
-        packed = blocks[:, 4:16].reshape(-1, 3, 4)
-        lo, hi, mixed = packed[:, 0], packed[:, 1], packed[:, 2]
-        # the 6-bit scales and mins of the eight sub-blocks (gguf.quants.Q4_K.get_scale_min)
-        sc = torch.cat([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], dim=1)
-        mn = torch.cat([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], dim=1)
+        sc, mn = _k_scales_mins(blocks[:, 4:16])
         scales, zero_scales = d * sc.float(), dmin * mn.float()
         supers = (d, dmin)
         # each 32-byte chunk holds sub-block 2c in its low nibbles and 2c + 1 in its high ones
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
-        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
+        qs = blocks[:, 16:144] if weight.scheme == "gguf_q4_k" else blocks[:, 48:176]
+        codes = torch.cat([qs.reshape(-1, 4, 1, 32) & 0x0F, qs.reshape(-1, 4, 1, 32) >> 4], dim=2).reshape(-1, 256)
+        if weight.scheme == "gguf_q5_k":
+            # sub-block i's high bits: bit i of the 32 bytes of qh, value j's in byte j
+            qh = blocks[:, 16:48]
+            high = torch.stack([(qh >> i) & 1 for i in range(8)], dim=1).reshape(-1, 256)
+            codes = codes | (high << 4)
     else:  # gguf_q6_k
         ql = blocks[:, :128].reshape(-1, 2, 1, 64)
         qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)

@@ -1,6 +1,6 @@
 """GEMM on a torch GPU: bf16 / fp16 / fp32 through torch (cuBLAS / hipBLASLt), FP8 e4m3 weights through
 torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``, and the GGUF types
-Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K repacked exactly into that form, :mod:`~engine_plugin_sdk.gpu.grouped_codes`)
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K repacked exactly into that form, :mod:`~engine_plugin_sdk.gpu.grouped_codes`)
 through a Triton weight-only GEMM, or a GEMV for a single row, that dequantize in registers
 (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`), and batched LoRA adapters through two
 Triton kernels that read each row's slot on the device

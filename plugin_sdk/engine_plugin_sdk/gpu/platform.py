@@ -53,7 +53,8 @@ FP8_SCHEME = "fp8_e4m3"
 #: types repacked into them exactly at load (``engine_plugin_sdk.gpu.grouped_codes``; spelled out here:
 #: importing either module would import torch); other GGUF types are dequantized at load
 GROUPED_INT_SCHEMES = (
-    "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
+    "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k", "gguf_q5_0",
+    "gguf_q5_1", "gguf_q5_k",
 )  # fmt: skip
 INTERPRETER_KV_CACHE_BYTES = 256 * 1024**2
 

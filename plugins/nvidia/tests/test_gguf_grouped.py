@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights kept packed by the GPU backend: repacked into the grouped
+"""GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights kept packed by the GPU backend: repacked into the grouped
 integer form exactly (bit for bit in float32 against gguf's dequantizer), multiplied by the Triton GEMM and
 GEMV (interpreter on the CPU), other GGUF types dequantized at load."""
 
@@ -30,9 +30,14 @@ EXPECTED = {
     "gguf_q8_0": (8, 32, 128, torch.float16),
     "gguf_q4_k": (4, 32, None, torch.float32),
     "gguf_q6_k": (8, 16, 32, torch.float32),
+    "gguf_q5_0": (8, 32, 16, torch.float16),
+    "gguf_q5_1": (8, 32, None, torch.float16),
+    "gguf_q5_k": (8, 32, None, torch.float32),
 }
 #: the K-quants in two levels: (groups per super-block, the per-group integers' dtype)
-TWO_LEVEL = {"gguf_q4_k": (8, torch.uint8), "gguf_q6_k": (16, torch.int8)}
+TWO_LEVEL = {"gguf_q4_k": (8, torch.uint8), "gguf_q5_k": (8, torch.uint8), "gguf_q6_k": (16, torch.int8)}
+#: 5- and 6-bit codes in 8-bit storage
+NARROW = {"gguf_q5_0": 5, "gguf_q5_1": 5, "gguf_q5_k": 5, "gguf_q6_k": 6}
 
 
 def fresh_seed() -> int:
@@ -46,7 +51,7 @@ def test_repacked_gguf_dequantizes_to_the_same_bits(scheme: str) -> None:
     codes = grouped_codes(weight, torch.device("cpu"))
     bits, group, zero_point, scale_dtype = EXPECTED[scheme]
     assert (codes.bits, codes.group_size) == (bits, group) == GGUF_GROUPED_FORMS[scheme]
-    assert codes.codes.dtype == torch.uint8 and int(codes.codes.max()) < 2 ** (6 if scheme == "gguf_q6_k" else bits)
+    assert codes.codes.dtype == torch.uint8 and int(codes.codes.max()) < 2 ** NARROW.get(scheme, bits)
     assert (codes.zero_scales is None) == (zero_point is not None)
     if zero_point is not None:
         assert codes.zero_point == zero_point
@@ -92,11 +97,11 @@ def test_extreme_q6_k_and_q8_0_codes_stay_exact() -> None:
         assert torch.equal(dequantize_packed(pack_grouped_int(weight, 16, torch.device("cpu"))), weight.dequantize())
 
 
-def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) -> None:
+def test_backend_keeps_the_eight_types_packed_and_dequantizes_the_others(device) -> None:
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int, gemm.grouped_int_tiles = True, INTERPRETER_GROUPED_INT_TILES
     assert set(GGUF_GROUPED_FORMS) <= gemm.supported_quant_schemes
-    assert "gguf_q5_0" not in gemm.supported_quant_schemes and "gguf_q5_k" not in gemm.supported_quant_schemes
+    assert "gguf_q3_k" not in gemm.supported_quant_schemes and "gguf_q2_k" not in gemm.supported_quant_schemes
     gen = torch.Generator().manual_seed(fresh_seed())
     eight_bit = dataclasses.replace(INTERPRETER_GROUPED_INT_TILES, six_bit_codes=False)
     for scheme in GGUF_GROUPED_FORMS:
@@ -104,8 +109,8 @@ def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) 
         for tiles in (INTERPRETER_GROUPED_INT_TILES, eight_bit):
             gemm.grouped_int_tiles = tiles
             prepared = gemm.prepare_weight(weight, torch.float32)
-            # Q6_K in 6 bits where the tiles keep codes that fit so (six_bit_codes)
-            bits = 6 if scheme == "gguf_q6_k" and tiles.six_bit_codes else EXPECTED[scheme][0]
+            # Q5 / Q6_K codes in 6 bits where the tiles keep codes that fit so (six_bit_codes)
+            bits = 6 if scheme in NARROW and tiles.six_bit_codes else EXPECTED[scheme][0]
             assert isinstance(prepared, GroupedIntWeight) and prepared.bits == bits
             for rows in (1, 3):
                 x = torch.randn(rows, 256, generator=gen)
@@ -113,7 +118,7 @@ def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) 
                 got = gemm.linear(x.to(device), prepared)
                 problem = compare(got, ref_quantized_linear(x, weight), tol, f"{scheme} M={rows} bits={bits}")
                 assert not problem, problem
-    other = make_quantized_weight("gguf_q5_0", 8, 256, seed=3)
+    other = make_quantized_weight("gguf_q3_k", 8, 256, seed=3)
     prepared = gemm.prepare_weight(other, torch.float32)
     assert isinstance(prepared, torch.Tensor) and torch.equal(prepared.cpu(), other.dequantize())
 
@@ -121,17 +126,21 @@ def test_backend_keeps_the_five_types_packed_and_dequantizes_the_others(device) 
 def test_packed_gguf_bytes_against_the_file() -> None:
     """What packing costs in memory: float16 scales where exact keep Q4_0 / Q8_0 at their GGUF size; the K-quants'
     two-level scales keep Q4_K within 3% of it (a byte a group for its 6-bit scale and min, an fp16 pair a
-    super-block; one level: float32 pairs, 4/3 of the file), Q6_K's 6-bit codes take a byte each."""
+    super-block; one level: float32 pairs, 4/3 of the file); 5- and 6-bit codes take a byte each, or 6 bits with
+    ``six_bit`` (Q6_K: its file's size)."""
     out, width = 64, 1024
-    for scheme, ratio, two_level in (
-        ("gguf_q4_0", 1.0, True), ("gguf_q8_0", 1.0, True), ("gguf_q4_1", 1.0, True),
-        ("gguf_q4_k", (0.5 + 2 / 32 + 4 / 256) / (144 / 256), True), ("gguf_q4_k", 4 / 3, False),
-        ("gguf_q6_k", (1 + 1 / 16 + 2 / 256) / (210 / 256), True),
+    for scheme, ratio, two_level, six_bit in (
+        ("gguf_q4_0", 1.0, True, False), ("gguf_q8_0", 1.0, True, False), ("gguf_q4_1", 1.0, True, False),
+        ("gguf_q4_k", (0.5 + 2 / 32 + 4 / 256) / (144 / 256), True, False), ("gguf_q4_k", 4 / 3, False, False),
+        ("gguf_q6_k", (1 + 1 / 16 + 2 / 256) / (210 / 256), True, False), ("gguf_q6_k", 1.0, True, True),
+        ("gguf_q5_0", 34 / 22, True, False), ("gguf_q5_0", 26 / 22, True, True), ("gguf_q5_1", 28 / 24, True, True),
+        ("gguf_q5_k", (1 + 2 / 32 + 4 / 256) / (176 / 256), True, False),
+        ("gguf_q5_k", (0.75 + 2 / 32 + 4 / 256) / (176 / 256), True, True),
     ):  # fmt: skip
         weight = make_quantized_weight(scheme, out, width, seed=4)
-        packed = pack_grouped_int(weight, 16 if scheme == "gguf_q6_k" else 32, torch.device("cpu"), two_level)
+        packed = pack_grouped_int(weight, 16 if scheme in NARROW else 32, torch.device("cpu"), two_level, six_bit)
         file_bytes = weight.data.numel()
-        assert packed.nbytes == pytest.approx(file_bytes * ratio, rel=0.02), scheme
+        assert packed.nbytes == pytest.approx(file_bytes * ratio, rel=0.02), (scheme, six_bit)
 
 
 def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
@@ -153,7 +162,7 @@ def test_gemv_and_gemm_read_gguf_in_float16(device) -> None:
 
 
 def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> None:
-    """Q4_K and Q6_K with their two-level scales (a small integer a group times an fp16 a super-block, multiplied
+    """Q4_K, Q5_K and Q6_K with their two-level scales (a small integer a group times an fp16 a super-block, multiplied
     in float32) give exactly what their expanded float32 scales give, through each kernel that reads them: one row
     on the integer-dot GEMV (its first scales read before or after the PDL wait) and the byte GEMVs (unrolled and wide), 4 rows on the fragment kernel (Q4_K) or the
     GEMM, 17 on the GEMM, 130 on the dequantized copy; and the float64 product within fp16's tolerance."""
@@ -164,9 +173,9 @@ def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> Non
         4: [base], 17: [base], 130: [base],
     }  # fmt: skip
     gen = torch.Generator().manual_seed(fresh_seed())
-    for scheme in ("gguf_q4_k", "gguf_q6_k"):
+    for scheme in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k"):
         weight = make_quantized_weight(scheme, 40, 512, seed=fresh_seed())
-        block = 16 if scheme == "gguf_q6_k" else 32
+        block = 16 if scheme in NARROW else 32
         two = pack_grouped_int(weight, block, device)
         one = pack_grouped_int(weight, block, device, two_level=False)
         assert two.sub_groups and not one.sub_groups

@@ -41,7 +41,7 @@ OUT = 96  # not a power of two: the last column tile is masked
 ROWS = (1, 5, 37)
 SCHEMES = ("int4_grouped", "int8_grouped")
 #: the GGUF types the GPU backends keep packed in the grouped-integer form
-GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
+GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k", "gguf_q5_0", "gguf_q5_1", "gguf_q5_k")
 #: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
 SPLIT_TILES = GroupedIntTiles(
     block_k=32,

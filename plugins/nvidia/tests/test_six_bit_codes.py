@@ -1,4 +1,4 @@
-"""8-bit codes that fit 6 bits (GGUF's Q6_K) kept in 6 on GPUs (``GroupedIntTiles.six_bit_codes``): their low
+"""8-bit codes that fit 6 bits (GGUF's Q6_K, and its Q5 types) kept in 6 on GPUs (``GroupedIntTiles.six_bit_codes``): their low
 nibbles as 4-bit codes over blocks of 32 columns and a plane of their high bits. The packing is exact and takes
 the file's size; the integer-dot GEMV (one 16-bit row; ``dp2a`` PTX on the GPU, plain integer ops in the
 interpreter, the PTX itself run by :mod:`ptx_emulator`), the GEMM and the dequantized copy multiply them as
@@ -69,10 +69,14 @@ def _reference(x: torch.Tensor, weight, order: torch.Tensor | None) -> torch.Ten
 
 def _weights(device: torch.device, seed: int) -> list[tuple[str, object, torch.Tensor | None]]:
     """Q6_K (two-level scales) over reductions of one masked step, several exact steps and a masked tail (one
-    warp's 32 blocks a step), and one-level forms: groups of 16 with a zero point, 32 with zero scales and
+    warp's 32 blocks a step), Q5_K / Q5_0 / Q5_1, and one-level forms: groups of 16 with a zero point, 32 with zero scales and
     act-order, 64 with a zero point; output counts the rows of a program do not divide."""
     gen = torch.Generator().manual_seed(seed)
     weights = [(f"q6_k k={k}", *_q6_k(n, k, device, seed + k)) for k, n in ((512, 5), (2048, 4), (2304, 3))]
+    # 5-bit GGUF types: Q5_K's two-level zero scales, Q5_0's zero point of 16, Q5_1's one-level zero scales
+    for scheme, k, n in (("gguf_q5_k", 512, 3), ("gguf_q5_0", 320, 2), ("gguf_q5_1", 1056, 3)):
+        weight = make_quantized_weight(scheme, n, k, seed=seed + 7)
+        weights.append((scheme, pack_grouped_int(weight, 16, device, six_bit=True), None))
     for group, zero_scales, perm, k, n in ((16, False, False, 224, 3), (32, True, True, 320, 5), (64, False, True, 1088, 2)):
         weights.append((f"group {group} zs={zero_scales} perm={perm}", *_synthetic(gen, group, zero_scales, perm, k, n, device)))
     for _, weight, _ in weights:
@@ -156,7 +160,10 @@ def test_other_rows_take_the_gemm_or_the_dequantized_copy(device, monkeypatch) -
     monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
     gen = torch.Generator().manual_seed(fresh_seed())
     tiles = _tiles(device, 8)
-    for what, weight, order in _weights(device, fresh_seed())[:2] + _weights(device, fresh_seed())[4:5]:
+    picked = [w for w in _weights(device, fresh_seed()) if w[0] in ("q6_k k=512", "q6_k k=2048", "gguf_q5_k")
+              or "zs=True perm=True" in w[0]]  # fmt: skip
+    assert len(picked) == 4
+    for what, weight, order in picked:
         n, k = weight.shape
         for m, dtype in ((1, torch.float32), (3, torch.float16), (17, torch.float16), (130, torch.float16)):
             x = torch.randn(m, k, generator=gen).to(dtype)

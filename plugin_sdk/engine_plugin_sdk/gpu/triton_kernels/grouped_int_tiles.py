@@ -130,9 +130,10 @@ class GroupedIntTiles:
             about 4.83 GB instead of 6.06). On an H100 (2026-12-05, two calls) Q4_K_M batch-1 decode 408.1 / 408.7
             against 362.1 / 362.4 tok/s (+12.7%), 4 sequences 832.9 against 862.2 (-3.4%: the fragment kernel's
             extra loads); on in the interpreter, which checks it against the one-level scales bit for bit.
-        six_bit_codes: 8-bit codes that all fit 6 bits (GGUF's Q6_K) are kept in 6: their low nibbles as 4-bit
-            codes, their high bits in a plane beside (:class:`~engine_plugin_sdk.gpu.gemm.GroupedIntWeight`), 6.5
-            bits a weight with Q6_K's two-level scales (its file's size) against 8.6. Q4_K_M keeps the LM head,
+        six_bit_codes: 8-bit codes that all fit 6 bits (GGUF's Q6_K, Q5_0, Q5_1, Q5_K) are kept in 6: their low
+            nibbles as 4-bit codes, their high bits in a plane beside
+            (:class:`~engine_plugin_sdk.gpu.gemm.GroupedIntWeight`), 6.5 bits a weight with Q6_K's two-level
+            scales (its file's size) against 8.6. Q4_K_M keeps the LM head,
             ``attn_v`` and about half of ``ffn_down`` in Q6_K: its Llama-3-8B step reads 4.45 GB instead of 4.83.
             The integer-dot GEMV takes one row, the GEMM the others (the fragment kernels read 4-bit codes only).
             Off until timed (2026-12-05).
