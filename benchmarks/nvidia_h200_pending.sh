@@ -35,7 +35,9 @@
 #            process, 1 and 4 sequences.
 #   next:    the first call of a session with a device (session 40's plan): the GPU tests of the 6-bit codes and of
 #            the dot GEMV, `check --one-at-a-time` with the Q6_K LM head in 6 bits, then one process timing issue 25's batch-1 figures at the defaults (bf16, W4A16, Q4_K_M,
-#            its dequantized copy; 1 and 4 sequences) with `six-bit`'s and `params`' variants beside them.
+#            its dequantized copy; 1 and 4 sequences) with the first variants of `six-bit` and `params` beside them,
+#            and single-step products taking two row groups a program (dot_gemv_row_groups=2, session 40); the
+#            other variants (6 bits at 4 rows, the scales' L2 prefetch, the register cap) are those parts'.
 #   six-bit: GGUF's Q6_K kept in 6 bits (six_bit_codes, session 40, written without a device; off until timed):
 #            its GPU tests (the 6-bit dp2a PTX against float64, the GEMM, the dense copy), then Q4_K_M batch-1 and
 #            4-sequence decode with it at 8 and 4 rows a program (dot_gemv_six_bit_rows) against the defaults,
@@ -140,9 +142,8 @@ elif [ "$PART" = next ]; then
     --json "$OUT/next_check.json" > $LOGS/next_check.log 2>&1
   grep -E "greedy" $LOGS/next_check.log
   timeout 420 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 six_bit_codes=1,dot_gemv_six_bit_rows=4 \
-    dot_gemv_early_params=0 dot_gemv_early_params=0,dot_gemv_prefetch_params=1} --decode-batch 4 --throughput \
-    --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 dot_gemv_early_params=0 dot_gemv_row_groups=2} \
+    --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
 elif [ "$PART" = six-bit ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \

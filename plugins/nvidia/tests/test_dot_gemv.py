@@ -141,6 +141,30 @@ def test_group_parameters_read_after_the_wait_give_the_same_bits(device, change:
             assert torch.equal(grouped_int_linear(x, weight, None, late), want), (bits, block, zero_scales, perm)
 
 
+@pytest.mark.parametrize("groups", [2, 3])
+def test_row_groups_give_the_same_bits(device, groups: int) -> None:
+    """``dot_gemv_row_groups``: a program taking several groups of rows one after another (single-step products:
+    each case's reduction within one warp's 32 slots, or several steps, where the groups do not apply) gives the
+    one-group program's bits, with a bias, on a gate/up weight with its activation, and where the outputs leave
+    the last program's groups partly or wholly past the end."""
+    gen = torch.Generator().manual_seed(29 + groups)
+    for bits, cases in ((4, CASES), (8, CASES8)):
+        for block, zero_scales, perm, k, n in cases:
+            weight, _ = _weight(gen, block, zero_scales, perm, k, 4 * n + 1, device, bits)
+            x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
+            bias = torch.randn(4 * n + 1, generator=gen).to(torch.bfloat16).to(device)
+            one = _tiles(device, 2)
+            many = dataclasses.replace(one, dot_gemv_row_groups=groups)
+            want = grouped_int_linear(x, weight, bias, one)
+            assert torch.equal(grouped_int_linear(x, weight, bias, many), want), (bits, block, k, n)
+    weight, _ = _weight(gen, 128, True, False, 256, 2 * 7, device)
+    x = torch.randn(1, 256, generator=gen).to(torch.float16).to(device)
+    one = dataclasses.replace(_tiles(device, 2), gemv_gated_epilogue=True)
+    gated = grouped_int_gated_linear(x, weight, SILU, one)
+    assert torch.equal(grouped_int_gated_linear(x, weight, SILU, dataclasses.replace(one, dot_gemv_row_groups=groups)),
+                       gated)  # fmt: skip
+
+
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
     """bf16 activations whose 32-column slots span less than 2**7 become 16-bit integers exactly: the product
     is float64's to float32 sums' rounding (a wrong code-to-activation pairing is far off)."""

@@ -33,87 +33,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
     _integer_pairs,
+    _param_offsets,
+    _params_at,
+    _program_rows,
     _slot_activations,
+    _slot_params,
     _slot_words,
+    _store,
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _slot_dots, _slot_dots6
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params, group_params_masked
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_six_bit import six_bit_plane_words
 from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
-
-
-@triton.jit
-def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr):
-    """The program's weight rows ``[ROWS]`` (past ``N`` the last again, never stored) and its first output feature:
-    ``ROWS`` consecutive rows, or with ``GATED`` the gate rows of ``ROWS / 2`` features then their up rows."""
-    if GATED == _NOT_GATED:
-        first = tl.program_id(0) * ROWS
-        return tl.minimum(first + tl.arange(0, ROWS), N - 1).to(tl.int64), first
-    else:
-        F: tl.constexpr = ROWS // 2
-        first = tl.program_id(0) * F
-        gate = tl.minimum(first + tl.arange(0, F), N // 2 - 1)
-        rows = tl.reshape(tl.permute(tl.join(gate, gate + N // 2), (1, 0)), (ROWS,))
-        return rows.to(tl.int64), first
-
-
-@triton.jit
-def _store(out_ptr, bias_ptr, first, N, y, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
-    """The program's outputs from its rows' sums ``y [ROWS]`` (:func:`_program_rows`' rows)."""
-    if GATED == _NOT_GATED:
-        feature = first + tl.arange(0, ROWS)
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + feature, mask=feature < N, other=0.0).to(tl.float32)
-        tl.store(out_ptr + feature, y.to(out_ptr.dtype.element_ty), mask=feature < N)
-    else:
-        F: tl.constexpr = ROWS // 2
-        gate, up = tl.split(tl.permute(tl.reshape(y, (2, F)), (1, 0)))
-        feature = first + tl.arange(0, F)
-        tl.store(out_ptr + feature, gated_product(gate, up, GATED).to(out_ptr.dtype.element_ty), mask=feature < N // 2)
-
-
-@triton.jit
-def _param_offsets(rows, stride_sn, slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr):
-    """The flat offsets ``[R, S]`` of the rows' group parameters for slots ``slots``."""
-    SPB: tl.constexpr = BLOCK // 32
-    if BITS == 4:
-        group = (slots // SPB) * BLOCK // GROUP
-    else:
-        group = slots * 16 // GROUP
-    return rows[:, None] * stride_sn + group[None, :]
-
-
-@triton.jit
-def _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-               super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
-    """The group scales (and zero scales) at flat offsets ``params [R, S]`` of slots ``slots`` in float32."""
-    if EVEN:
-        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
-        zs = scale
-        if HAS_ZS:
-            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
-    else:
-        ok = (slots < NUM_SLOTS)[None, :]
-        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
-        zs = scale
-        if HAS_ZS:
-            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
-    return scale, zs
-
-
-@triton.jit
-def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
-                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
-    """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
-    slots = s0 + tl.arange(0, S)
-    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
-    return _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)
 
 
 @triton.jit
@@ -178,11 +112,10 @@ def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.con
 
 
 @triton.jit
-def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS: tl.constexpr, FP16: tl.constexpr,
-          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """``acc [R, S]`` plus the rows' products over one step's slots (:func:`_slot_activations`' pairs), the
-    activations converted once."""
-    pl0, pl1, ph0, ph1, unit, x_sum, _ = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
+def _accumulate(acc, words, scale, zs, pl0, pl1, ph0, ph1, unit, x_sum, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+                ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over one step's slots, its activations converted
+    (:func:`_integer_pairs`)."""
     part = _slot_dots(words, pl0, pl1, ph0, ph1, ASM, BITS).to(tl.float32) * unit[None, :]
     if HAS_ZS:
         return acc + part * scale - zs * x_sum[None, :]
@@ -190,6 +123,50 @@ def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS:
         return acc + (part - ZERO * x_sum[None, :]) * scale
     else:
         return acc + part * scale
+
+
+@triton.jit
+def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS: tl.constexpr, FP16: tl.constexpr,
+          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over one step's slots (:func:`_slot_activations`' pairs), the
+    activations converted once."""
+    pl0, pl1, ph0, ph1, unit, x_sum, _ = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
+    return _accumulate(acc, words, scale, zs, pl0, pl1, ph0, ph1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+
+
+@triton.jit
+def _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, stride_w, stride_sn,
+                NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+                GATED: tl.constexpr, BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                EARLY_PARAMS: tl.constexpr, GROUPS: tl.constexpr):  # fmt: skip
+    """A single-step product's ``GROUPS`` groups of ``ROWS`` rows, one after another, each stored as it is done:
+    each group's words and scales are read while the group before multiplies, so a program's loads stay in
+    flight through its arithmetic; the activations are read and converted once for every group."""
+    rows, first = _program_rows(N, ROWS, GATED, 0, GROUPS)
+    words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
+    if EARLY_PARAMS:
+        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
+                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+    if not EARLY_PARAMS:
+        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
+                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+    pl0, pl1, ph0, ph1, unit, x_sum, _ = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
+    for g in tl.static_range(GROUPS):
+        if g + 1 < GROUPS:
+            next_rows, next_first = _program_rows(N, ROWS, GATED, g + 1, GROUPS)
+            next_words = _slot_words(w32, next_rows, stride_w, 0, S, NUM_SLOTS, EVEN)
+            next_scale, next_zs = _slot_params(scale_ptr, zs_ptr, next_rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP,
+                                               HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+        acc = _accumulate(tl.zeros((ROWS, S), dtype=tl.float32), words, scale, zs, pl0, pl1, ph0, ph1, unit, x_sum,
+                          ZERO, HAS_ZS, ASM, BITS)  # fmt: skip
+        _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)
+        if g + 1 < GROUPS:
+            rows, first, words, scale, zs = next_rows, next_first, next_words, next_scale, next_zs
 
 
 @triton.jit
@@ -251,6 +228,7 @@ def grouped_int_dot_gemv_kernel(
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
+    ROW_GROUPS: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -266,7 +244,9 @@ def grouped_int_dot_gemv_kernel(
     ``EARLY_PARAMS`` their group parameters too (else after it, their L2 lines asked for before it with
     ``PREFETCH_PARAMS``): what is read before the wait holds its registers across it. 6-bit codes (``BLOCK`` 32,
     ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; ``AHEAD`` and
-    ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`.
+    ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`. ``ROW_GROUPS`` (a single-step product of 4- or
+    8-bit codes, ``NUM_SLOTS`` at most ``32 * WARPS``): a program takes that many groups of ``ROWS`` rows one after
+    another (:func:`_row_groups`).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -274,12 +254,17 @@ def grouped_int_dot_gemv_kernel(
     tl.static_assert(GATED == _NOT_GATED or (ROWS % 2 == 0 and not HAS_BIAS), "a gated GEMV runs even rows, no bias")
     S: tl.constexpr = 32 * WARPS
     EVEN: tl.constexpr = NUM_SLOTS % S == 0
-    rows, first = _program_rows(N, ROWS, GATED)
+    tl.static_assert(ROW_GROUPS == 1 or (NUM_SLOTS <= 32 * WARPS and BITS != 6), "row groups of single steps")
+    rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
     if USE_PDL:
         gdc_launch_dependents()
-    if BITS == 6:
+    if ROW_GROUPS > 1:
+        _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, stride_w, stride_sn, NUM_SLOTS, GROUP,
+                    ZERO, HAS_ZS, HAS_PERM, HAS_BIAS, BLOCK, ROWS, S, EVEN, FP16, ASM, USE_PDL, GATED, BITS, super_ptr,
+                    zsuper_ptr, SUB_GROUPS, EARLY_PARAMS, ROW_GROUPS)  # fmt: skip
+    elif BITS == 6:
         p16 = plane_ptr.to(tl.pointer_type(tl.int16))
         acc = _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_pn // 2, stride_sn,
                             NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, S, EVEN, FP16, ASM, USE_PDL, super_ptr,
@@ -321,4 +306,5 @@ def grouped_int_dot_gemv_kernel(
                                                BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
                 xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
                 acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
-    _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)
+    if ROW_GROUPS == 1:
+        _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)

@@ -1,13 +1,16 @@
-"""What a step of the integer-dot GEMV (:mod:`.grouped_int_dot_gemv_kernels`) reads, and its activations as
-integers: a slot's code words, its 16-bit activations as pairs, and their conversion to int16 pairs under a power
-of two a slot (the precision argument is the kernel module's)."""
+"""What a program of the integer-dot GEMV (:mod:`.grouped_int_dot_gemv_kernels`) reads and writes: its rows and
+outputs, a step's code words and group parameters, its 16-bit activations as pairs, and their conversion to int16
+pairs under a power of two a slot (the precision argument is the kernel module's)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import group_params, group_params_masked
 
 #: 1.5 * 2**23: added to a float below 2**22 in magnitude it leaves the rounded integer in the low mantissa bits
 _ROUNDING = tl.constexpr(12582912.0)
@@ -135,3 +138,73 @@ def _slot_activations(x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.conste
         xh0 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2, ok, HAS_PERM, EVEN)
         xh1 = _pairs(x_ptr, perm_ptr, cols + BLOCK // 2 + 8, ok, HAS_PERM, EVEN)
     return xl0, xl1, xh0, xh1
+
+
+@triton.jit
+def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr, group=0, GROUPS: tl.constexpr = 1):
+    """The program's weight rows ``[ROWS]`` (past ``N`` the last again, never stored) and its first output feature:
+    ``ROWS`` consecutive rows, or with ``GATED`` the gate rows of ``ROWS / 2`` features then their up rows; a
+    program of ``GROUPS`` row groups takes its ``group``-th."""
+    if GATED == _NOT_GATED:
+        first = (tl.program_id(0) * GROUPS + group) * ROWS
+        return tl.minimum(first + tl.arange(0, ROWS), N - 1).to(tl.int64), first
+    else:
+        F: tl.constexpr = ROWS // 2
+        first = (tl.program_id(0) * GROUPS + group) * F
+        gate = tl.minimum(first + tl.arange(0, F), N // 2 - 1)
+        rows = tl.reshape(tl.permute(tl.join(gate, gate + N // 2), (1, 0)), (ROWS,))
+        return rows.to(tl.int64), first
+
+
+@triton.jit
+def _store(out_ptr, bias_ptr, first, N, y, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """The program's outputs from its rows' sums ``y [ROWS]`` (:func:`_program_rows`' rows)."""
+    if GATED == _NOT_GATED:
+        feature = first + tl.arange(0, ROWS)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + feature, mask=feature < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + feature, y.to(out_ptr.dtype.element_ty), mask=feature < N)
+    else:
+        F: tl.constexpr = ROWS // 2
+        gate, up = tl.split(tl.permute(tl.reshape(y, (2, F)), (1, 0)))
+        feature = first + tl.arange(0, F)
+        tl.store(out_ptr + feature, gated_product(gate, up, GATED).to(out_ptr.dtype.element_ty), mask=feature < N // 2)
+
+
+@triton.jit
+def _param_offsets(rows, stride_sn, slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr):
+    """The flat offsets ``[R, S]`` of the rows' group parameters for slots ``slots``."""
+    SPB: tl.constexpr = BLOCK // 32
+    if BITS == 4:
+        group = (slots // SPB) * BLOCK // GROUP
+    else:
+        group = slots * 16 // GROUP
+    return rows[:, None] * stride_sn + group[None, :]
+
+
+@triton.jit
+def _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
+               super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+    """The group scales (and zero scales) at flat offsets ``params [R, S]`` of slots ``slots`` in float32."""
+    if EVEN:
+        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
+        zs = scale
+        if HAS_ZS:
+            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
+    else:
+        ok = (slots < NUM_SLOTS)[None, :]
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
+        zs = scale
+        if HAS_ZS:
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
+    return scale, zs
+
+
+@triton.jit
+def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
+                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+    """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
+    slots = s0 + tl.arange(0, S)
+    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
+    return _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)

@@ -210,18 +210,21 @@ def _dot_gemv(
     if rows & (rows - 1) or rows > 64:
         raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
     unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
-    grid = (triton.cdiv(out_features, rows),)
+    slots = in_features // (16 if weight.bits == 8 else 32)
+    # row groups only where one step takes the whole reduction (and not over 6-bit codes)
+    groups = tiles.dot_gemv_row_groups if slots <= 32 * tiles.dot_gemv_warps and weight.bits != 6 else 1
+    grid = (triton.cdiv(out_features, rows * groups),)
     if gated != gated_rows.NOT_GATED:
-        grid = (triton.cdiv(out_features // 2, rows // 2),)
+        grid = (triton.cdiv(out_features // 2, rows // 2 * groups),)
     dot.grouped_int_dot_gemv_kernel[grid](
         row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
         out_features, weight.codes.stride(0), weight.scales.stride(0),
-        NUM_SLOTS=in_features // (16 if weight.bits == 8 else 32), GROUP=weight.group_size, ZERO=weight.zero_point,
+        NUM_SLOTS=slots, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
-        EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
+        EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
         num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **plane_args(weight),
         **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip

@@ -140,6 +140,12 @@ class GroupedIntTiles:
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
+        dot_gemv_row_groups: where one step takes a product's whole reduction (4- and 8-bit codes over
+            ``32 * dot_gemv_warps`` slots: qkv, o_proj, gate_up and the LM head of Llama-3-8B at 4 warps), a program
+            takes this many groups of ``dot_gemv_rows`` rows one after another, each group's words read while the
+            one before multiplies and the activations converted once for all (1: a group a program). Why: such a
+            program reads its words, then multiplies, and has nothing in flight meanwhile; gate_up streamed at
+            3.3 TB/s on an H200 (2026-12-05), of about 4.2 a copy moves. Untimed (2026-12-05).
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
@@ -190,6 +196,7 @@ class GroupedIntTiles:
     two_level_scales: bool = False
     six_bit_codes: bool = False
     dot_gemv_six_bit_rows: int = 0
+    dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
