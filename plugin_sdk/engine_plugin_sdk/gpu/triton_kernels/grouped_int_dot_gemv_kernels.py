@@ -135,26 +135,46 @@ def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS:
 
 
 @triton.jit
-def _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, stride_w, stride_sn,
-                NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
-                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
-                GATED: tl.constexpr, BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
-                EARLY_PARAMS: tl.constexpr, GROUPS: tl.constexpr):  # fmt: skip
-    """A single-step product's ``GROUPS`` groups of ``ROWS`` rows, one after another, each stored as it is done:
-    each group's words and scales are read while the group before multiplies, so a program's loads stay in
-    flight through its arithmetic; the activations are read and converted once for every group."""
-    rows, first = _program_rows(N, ROWS, GATED, 0, GROUPS)
+def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_sn, NUM_SLOTS: tl.constexpr,
+                GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK: tl.constexpr,
+                S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, BITS: tl.constexpr,
+                super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, EARLY_PARAMS: tl.constexpr,
+                PREFETCH_PARAMS: tl.constexpr):  # fmt: skip
+    """The rows' first step: its words, group parameters and activation pairs, across the PDL wait. The weight is
+    constant: its words (and, with ``EARLY_PARAMS``, their scales; else with ``PREFETCH_PARAMS`` their L2 lines)
+    are read while the kernel that writes ``x`` drains; what is read before the wait stays live across it, in
+    registers."""
     words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
     if EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
                                  super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+    elif PREFETCH_PARAMS:
+        _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, BITS, super_ptr,
+                         zsuper_ptr, SUB_GROUPS, ASM)  # fmt: skip
     if USE_PDL:
         gdc_wait()
     if not EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
                                  super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+    return words, scale, zs, xl0, xl1, xh0, xh1
+
+
+@triton.jit
+def _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, stride_w, stride_sn,
+                NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
+                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+                GATED: tl.constexpr, BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                EARLY_PARAMS: tl.constexpr, PREFETCH_PARAMS: tl.constexpr, GROUPS: tl.constexpr):  # fmt: skip
+    """A single-step product's ``GROUPS`` groups of ``ROWS`` rows, one after another, each stored as it is done:
+    each group's words and scales are read while the group before multiplies, so a program's loads stay in
+    flight through its arithmetic; the activations are read and converted once for every group."""
+    rows, first = _program_rows(N, ROWS, GATED, 0, GROUPS)
+    words, scale, zs, xl0, xl1, xh0, xh1 = _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
+                                                       stride_sn, NUM_SLOTS, GROUP, HAS_ZS, HAS_PERM, BLOCK, S, EVEN,
+                                                       ASM, USE_PDL, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                                       EARLY_PARAMS, PREFETCH_PARAMS)  # fmt: skip
     pl0, pl1, ph0, ph1, unit, x_sum, _ = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
     for g in tl.static_range(GROUPS):
         if g + 1 < GROUPS:
@@ -263,7 +283,7 @@ def grouped_int_dot_gemv_kernel(
     if ROW_GROUPS > 1:
         _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, stride_w, stride_sn, NUM_SLOTS, GROUP,
                     ZERO, HAS_ZS, HAS_PERM, HAS_BIAS, BLOCK, ROWS, S, EVEN, FP16, ASM, USE_PDL, GATED, BITS, super_ptr,
-                    zsuper_ptr, SUB_GROUPS, EARLY_PARAMS, ROW_GROUPS)  # fmt: skip
+                    zsuper_ptr, SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS, ROW_GROUPS)  # fmt: skip
     elif BITS == 6:
         p16 = plane_ptr.to(tl.pointer_type(tl.int16))
         acc = _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_pn // 2, stride_sn,
@@ -271,21 +291,10 @@ def grouped_int_dot_gemv_kernel(
                             zsuper_ptr, SUB_GROUPS, EARLY_PARAMS)  # fmt: skip
     else:
         acc = tl.zeros((ROWS, S), dtype=tl.float32)
-        # the weight is constant: its first words (and, with EARLY_PARAMS, their scales) are read while the kernel
-        # that writes x drains; what is read before the wait stays live across it, in registers
-        words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
-        if EARLY_PARAMS:
-            scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                     super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        elif PREFETCH_PARAMS:
-            _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, BITS, super_ptr,
-                             zsuper_ptr, SUB_GROUPS, ASM)  # fmt: skip
-        if USE_PDL:
-            gdc_wait()
-        if not EARLY_PARAMS:
-            scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                     super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+        words, scale, zs, xl0, xl1, xh0, xh1 = _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
+                                                           stride_sn, NUM_SLOTS, GROUP, HAS_ZS, HAS_PERM, BLOCK, S,
+                                                           EVEN, ASM, USE_PDL, BITS, super_ptr, zsuper_ptr,
+                                                           SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS)  # fmt: skip
         if AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency
