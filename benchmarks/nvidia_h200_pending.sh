@@ -135,13 +135,13 @@ elif [ "$PART" = confirm ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --throughput --json "$OUT/confirm_decode.json" > $LOGS/confirm_decode.log 2>&1
   grep -E "^decode" $LOGS/confirm_decode.log
 elif [ "$PART" = next ]; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
+  timeout 110 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_dot_gemv.py > $LOGS/next_tests.log 2>&1
   tail -3 $LOGS/next_tests.log
-  timeout 150 python3 benchmarks/nvidia_h200_quantized.py check --one-at-a-time --grouped-tiles six_bit_codes=1 \
+  timeout 100 python3 benchmarks/nvidia_h200_quantized.py check --one-at-a-time --grouped-tiles six_bit_codes=1 \
     --json "$OUT/next_check.json" > $LOGS/next_check.log 2>&1
   grep -E "greedy" $LOGS/next_check.log
-  timeout 420 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+  timeout 370 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 dot_gemv_early_params=0 dot_gemv_row_groups=2} \
     --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
