@@ -197,10 +197,9 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
     elif weight.scheme in ("gguf_q5_0", "gguf_q5_1"):
         start = 2 if weight.scheme == "gguf_q5_0" else 4
         qs = blocks[:, start + 4 :]
-        # value i's high bit is bit i of the little-endian 32-bit qh
-        qh = blocks[:, start : start + 4].long()
-        bits32 = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
-        high = ((bits32[:, None] >> torch.arange(32, device=blocks.device)) & 1).to(torch.uint8)
+        # value i's high bit is bit i of the little-endian 32-bit qh: bit i % 8 of its byte i // 8
+        qh = blocks[:, start : start + 4]
+        high = torch.stack([(qh >> b) & 1 for b in range(8)], dim=2).reshape(-1, 32)
         codes = torch.cat([qs & 0x0F, qs >> 4], dim=1) | (high << 4)
         scales = _half(blocks, 0)
         if weight.scheme == "gguf_q5_1":
