@@ -38,6 +38,9 @@
 #            its dequantized copy; 1 and 4 sequences) with the first variants of `six-bit` and `params` beside them,
 #            and single-step products taking two row groups a program (dot_gemv_row_groups=2, session 40); the
 #            other variants (6 bits at 4 rows, the scales' L2 prefetch, the register cap) are those parts'.
+#   q5:      a Llama-3-8B-shaped GGUF Q5_K_M (Q5_K, and Q6_K where Q4_K_M puts it), kept packed on GPUs since
+#            session 40 (8-bit codes; 6 with six_bit_codes), against its dequantized copy: batch-1 and 4-sequence
+#            decode, and the interpreter-checked kernels' GPU tests.
 #   six-bit: GGUF's Q6_K kept in 6 bits (six_bit_codes, session 40, written without a device; off until timed):
 #            its GPU tests (the 6-bit dp2a PTX against float64, the GEMM, the dense copy), then Q4_K_M batch-1 and
 #            4-sequence decode with it at 8 and 4 rows a program (dot_gemv_six_bit_rows) against the defaults,
@@ -56,7 +59,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -145,6 +148,13 @@ elif [ "$PART" = next ]; then
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 dot_gemv_early_params=0 dot_gemv_row_groups=2} \
     --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
+elif [ "$PART" = q5 ]; then
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/q5_tests.log 2>&1
+  tail -3 $LOGS/q5_tests.log
+  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q5_k_m \
+    gguf_q5_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1} --decode-batch 4 --throughput \
+    --json "$OUT/q5_decode.json" > $LOGS/q5_decode.log 2>&1
+  grep -E "^decode" $LOGS/q5_decode.log
 elif [ "$PART" = six-bit ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_dot_gemv.py > $LOGS/six_bit_tests.log 2>&1

@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT / "core" / "tests"), str(ROOT / "benchmarks")]
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}  # fmt: skip
 #: what each weight kind is drawn as; "bf16" stays the dummy loader's own tensor
-KINDS = ("int4_g128", "gguf_q4_0", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k")
+KINDS = ("int4_g128", "gguf_q4_0", "gguf_q8_0", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -101,24 +101,27 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     if kind == "gguf_q6_k":
         blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, device=device, dtype=torch.int8).view(torch.uint8)
         put(208, 2e-5, 6e-5)
-    else:  # Q4_K: d and dmin first; Q4_0 / Q8_0: one fp16 scale first
-        for at in (0, 2) if kind == "gguf_q4_k" else (0,):
-            put(at, *{"gguf_q4_k": (5e-5, 1.5e-4), "gguf_q4_0": (2e-3, 6e-3), "gguf_q8_0": (1e-4, 3e-4)}[kind])
+    else:  # Q4_K / Q5_K: d and dmin first; Q4_0 / Q8_0: one fp16 scale first
+        ranges = {"gguf_q4_k": (5e-5, 1.5e-4), "gguf_q5_k": (2.5e-5, 7.5e-5), "gguf_q4_0": (2e-3, 6e-3),
+                  "gguf_q8_0": (1e-4, 3e-4)}  # fmt: skip
+        for at in (0, 2) if kind in ("gguf_q4_k", "gguf_q5_k") else (0,):
+            put(at, *ranges[kind])
     weight = QuantizedWeight(kind, blocks.reshape(out, -1), (out, width), None, {"ggml_type": int(qtype)})
     weight.dequantize = lambda: dequantize_codes(grouped_codes(weight, device))
     return weight
 
 
-def q4_k_m_kind(name: str, layers: int) -> str:
+def q4_k_m_kind(name: str, layers: int, base: str = "gguf_q4_k") -> str:
     """llama.cpp's Q4_K_M choice for a tensor: Q6_K for ``output``, and for ``attn_v`` / ``ffn_down`` of the
-    first and last eighth of the layers and every third between (``use_more_bits``), Q4_K elsewhere."""
+    first and last eighth of the layers and every third between (``use_more_bits``), Q4_K elsewhere (``base``:
+    Q5_K for Q5_K_M, which makes the same choice)."""
     if name == "lm_head.weight":
         return "gguf_q6_k"
     if name.endswith(("v_proj.weight", "down_proj.weight")):
         i = int(name.split(".")[2])
         if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2:
             return "gguf_q6_k"
-    return "gguf_q4_k"
+    return base
 
 
 #: variant -> how the dummy loader's tensors become weights: (name, layers) -> kind, or None to keep bf16;
@@ -131,12 +134,18 @@ PLANS: dict[str, Callable[[str, int], str | None]] = {
     "gguf_q4_k_m_dequantized": lambda name, layers: (
         q4_k_m_kind(name, layers) + ":dense" if name != "model.embed_tokens.weight" else None
     ),
+    "gguf_q5_k_m": lambda name, layers: (
+        q4_k_m_kind(name, layers, "gguf_q5_k") if name != "model.embed_tokens.weight" else None
+    ),
+    "gguf_q5_k_m_dequantized": lambda name, layers: (
+        q4_k_m_kind(name, layers, "gguf_q5_k") + ":dense" if name != "model.embed_tokens.weight" else None
+    ),
     "fp8": lambda name, layers: "fp8" if name.split(".")[-2] in PROJECTIONS else None,
     "fp8_weight_only": lambda name, layers: "fp8_weight_only" if name.split(".")[-2] in PROJECTIONS else None,
 }
 
 #: the decode variants whose products run the grouped-integer kernels (the others ignore their tiles)
-GROUPED_DECODE = ("w4a16", "w4a16_zp", "gguf_q4_k_m")
+GROUPED_DECODE = ("w4a16", "w4a16_zp", "gguf_q4_k_m", "gguf_q5_k_m")
 
 
 @contextlib.contextmanager
