@@ -38,6 +38,8 @@
 #            its dequantized copy; 1 and 4 sequences) with the first variants of `six-bit` and `params` beside them,
 #            and single-step products taking two row groups a program (dot_gemv_row_groups=2, session 40); the
 #            other variants (6 bits at 4 rows, the scales' L2 prefetch, the register cap) are those parts'.
+#   groups:  the row groups per product (dot_gemv_row_groups 1 / 2 / 3; qkv, o_proj, gate_up; groups of 128 and
+#            GGUF's 32 columns), then W4A16 and Q4_K_M batch-1 decode with 2 and 3 groups against the defaults.
 #   q5:      a Llama-3-8B-shaped GGUF Q5_K_M (Q5_K, and Q6_K where Q4_K_M puts it), kept packed on GPUs since
 #            session 40 (8-bit codes; 6 with six_bit_codes), against its dequantized copy: batch-1 and 4-sequence
 #            decode, and the interpreter-checked kernels' GPU tests.
@@ -59,7 +61,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -148,6 +150,17 @@ elif [ "$PART" = next ]; then
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 dot_gemv_early_params=0 dot_gemv_row_groups=2} \
     --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
+elif [ "$PART" = groups ]; then
+  for group in 128 32; do
+    timeout 100 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 --group $group --fragment-warps --dot-rows 8 \
+      --dot-warps 4 --dot-row-groups 1 2 3 --shapes qkv o_proj gate_up --json "$OUT/groups_kernels_g$group.json" \
+      > $LOGS/groups_kernels_g$group.log 2>&1
+    grep -E "dot" $LOGS/groups_kernels_g$group.log
+  done
+  timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    --grouped-tiles ${TILES:-dot_gemv_row_groups=2 dot_gemv_row_groups=3} --throughput \
+    --json "$OUT/groups_decode.json" > $LOGS/groups_decode.log 2>&1
+  grep -E "^decode" $LOGS/groups_decode.log
 elif [ "$PART" = q5 ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/q5_tests.log 2>&1
   tail -3 $LOGS/q5_tests.log

@@ -57,14 +57,15 @@ def variants_for(
     rows: int, tiles_class: Any, h200: Any, fragment_warps: list[int], fragment_depth: list[int], all_words: bool,
     loop_stages: tuple[int, ...] = (1,), fragment_ahead: tuple[bool, ...] = (False,),
     fragment_prefetch: tuple[int, ...] = (0,), dot: tuple[tuple[int, int], ...] = (),
-    dot_ahead: tuple[bool, ...] = (False,),
+    dot_ahead: tuple[bool, ...] = (False,), dot_row_groups: tuple[int, ...] = (1,),
 ) -> dict[str, Any]:
     """The kernels compared at ``rows`` activation rows, by label: the H200's defaults, the kernels it
     would take without the fragment kernel (the GEMVs with each of ``loop_stages``), and the fragment kernel
     with each of ``fragment_warps``, ``fragment_depth`` (iterations a warp reads its words ahead) and
     ``fragment_ahead`` (its scales with them, the activations an iteration ahead) and ``fragment_prefetch`` (L2
     prefetches that many iterations past the read-ahead); at one row the integer-dot GEMV with each ``(rows,
-    warps)`` of ``dot``, each with each of ``dot_ahead`` (its words a step ahead)."""
+    warps)`` of ``dot``, each with each of ``dot_ahead`` (its words a step ahead) and of ``dot_row_groups`` (groups
+    of rows a program of a single-step product takes one after another)."""
     variants = {"default": h200}
     if rows > 1:
         variants |= {"grouped GEMM": tiles_class(), "tensor cores": tiles_class(mma_rows=16)}
@@ -79,9 +80,11 @@ def variants_for(
                 variants[f"words {row_bytes} B, {warps} warps{tag}"] = tiles_class(
                     gemv4=(4, row_bytes, warps, 2), gemv_loop_stages=stages
                 )
-        for (dot_rows, dot_warps), ahead in ((d, a) for d in dot for a in dot_ahead):
-            variants[f"dot {dot_rows} rows, {dot_warps} warps" + (", ahead" if ahead else "")] = tiles_class(
-                dot_gemv_rows=dot_rows, dot_gemv_warps=dot_warps, dot_gemv_ahead=ahead, dot_gemv_ahead_all=ahead
+        for (dot_rows, dot_warps), ahead, groups in ((d, a, g) for d in dot for a in dot_ahead for g in dot_row_groups):
+            label = f"dot {dot_rows} rows, {dot_warps} warps" + (", ahead" if ahead else "")
+            variants[label + (f", {groups} groups" if groups > 1 else "")] = tiles_class(
+                dot_gemv_rows=dot_rows, dot_gemv_warps=dot_warps, dot_gemv_ahead=ahead, dot_gemv_ahead_all=ahead,
+                dot_gemv_row_groups=groups,
             )
     if rows <= 8:
         for warps in fragment_warps:
@@ -124,6 +127,8 @@ def main() -> None:
     parser.add_argument("--dot-warps", type=int, nargs="*", default=[4], help="integer-dot GEMV warps")
     parser.add_argument("--dot-ahead", type=int, nargs="*", default=[0], choices=[0, 1],
                         help="the integer-dot GEMV reads a step's words ahead (GroupedIntTiles.dot_gemv_ahead)")
+    parser.add_argument("--dot-row-groups", type=int, nargs="*", default=[1],
+                        help="groups of rows a program of a single-step product takes (GroupedIntTiles.dot_gemv_row_groups)")
     parser.add_argument("--group", type=int, default=128, choices=[32, 128], help="columns a group (and block)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -154,7 +159,7 @@ def main() -> None:
                     m, GroupedIntTiles, H200_GROUPED_INT_TILES, args.fragment_warps, args.fragment_depth,
                     args.all_word_tiles, tuple(args.gemv_loop_stages), tuple(bool(a) for a in args.fragment_ahead),
                     tuple(args.fragment_prefetch), tuple((r, w) for r in args.dot_rows for w in args.dot_warps),
-                    tuple(bool(a) for a in args.dot_ahead),
+                    tuple(bool(a) for a in args.dot_ahead), tuple(args.dot_row_groups),
                 ).items():
                     got = grouped_int_linear(x, weights[0], None, tiles).double()
                     err = float((got - ref).norm() / ref.norm())
