@@ -150,6 +150,7 @@ elif [ "$PART" = next ]; then
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1 dot_gemv_early_params=0 dot_gemv_row_groups=2} \
     --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
+  python3 benchmarks/decode_variants_table.py "$OUT/next_decode.json"
 elif [ "$PART" = groups ]; then
   for group in 128 32; do
     timeout 100 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 --group $group --fragment-warps --dot-rows 8 \
@@ -161,6 +162,7 @@ elif [ "$PART" = groups ]; then
     --grouped-tiles ${TILES:-dot_gemv_row_groups=2 dot_gemv_row_groups=3} --throughput \
     --json "$OUT/groups_decode.json" > $LOGS/groups_decode.log 2>&1
   grep -E "^decode" $LOGS/groups_decode.log
+  python3 benchmarks/decode_variants_table.py "$OUT/groups_decode.json"
 elif [ "$PART" = q5 ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/q5_tests.log 2>&1
   tail -3 $LOGS/q5_tests.log
@@ -168,6 +170,7 @@ elif [ "$PART" = q5 ]; then
     gguf_q5_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1} --decode-batch 4 --throughput \
     --json "$OUT/q5_decode.json" > $LOGS/q5_decode.log 2>&1
   grep -E "^decode" $LOGS/q5_decode.log
+  python3 benchmarks/decode_variants_table.py "$OUT/q5_decode.json"
 elif [ "$PART" = six-bit ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_dot_gemv.py > $LOGS/six_bit_tests.log 2>&1
