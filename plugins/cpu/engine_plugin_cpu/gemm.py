@@ -31,7 +31,14 @@ import torch
 
 from engine_plugin_cpu.amx_kernels import AmxWeight, amx_packable, pack_amx_weight
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
-from engine_plugin_cpu.native_kernels import NativeKernels, TiledWeight, tile_q4, tile_q6_k, tile_q8
+from engine_plugin_cpu.native_kernels import (
+    NativeKernels,
+    TiledWeight,
+    tile_q4,
+    tile_q5_k,
+    tile_q6_k,
+    tile_q8,
+)
 from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
 from engine_plugin_sdk import (
     GemmBackend,
@@ -45,7 +52,7 @@ from engine_plugin_sdk import (
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
 #: K-quants kept quantized by the C kernels only (torch's kernels cannot express their scales)
-NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q6_k": "Q6_K"}
+NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q5_k": "Q5_K", "gguf_q6_k": "Q6_K"}
 #: grouped-int schemes: repacked into the GGUF schemes above where exact, else dequantised at load
 GROUPED_SCHEMES = frozenset(SYMMETRIC_ZERO)
 #: the activation dtype the packed kernels run in
@@ -195,8 +202,9 @@ class CpuGemmBackend(GemmBackend):
         if type_name == "Q8_0":
             tiled, max_rows = tile_q8(data, (out, width)), TILED8_MAX_PACKED_ROWS
             dense32 = unpack_q8_0(data, (out, width)) if self.dense_copy else None
-        elif type_name == "Q6_K":
-            tiled, max_rows = tile_q6_k(data, (out, width)), TILED8_MAX_PACKED_ROWS
+        elif type_name in ("Q6_K", "Q5_K"):
+            tile = tile_q6_k if type_name == "Q6_K" else tile_q5_k
+            tiled, max_rows = tile(data, (out, width)), TILED8_MAX_PACKED_ROWS
             dense32 = _dequantize(weight) if self.dense_copy else None
         else:
             tiled, max_rows = tile_q4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS

@@ -62,6 +62,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "q4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q6_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "q5_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),

@@ -31,8 +31,9 @@ class TiledWeight:
     """A GGUF 4-, 6- or 8-bit matrix regrouped into the C kernels' 16-row tile records.
 
     Attributes:
-        bits: 4 (``w = d * q + m``, q in 0..15), 8 (``w = d * q``, q in -127..127) or 6 (GGUF Q6_K:
-            ``w = d * q``, q in -32..31, one ``d`` per 16 weights).
+        bits: 4 (``w = d * q + m``, q in 0..15), 8 (``w = d * q``, q in -127..127), 6 (GGUF Q6_K:
+            ``w = d * q``, q in -32..31, one ``d`` per 16 weights) or 5 (GGUF Q5_K: ``w = d * q + m``, q in
+            0..31, in 8-bit records).
         records: uint8 ``[ceil(out / 16), in / 32, record bytes]`` (layout in ``csrc/quantized_linear.c``).
         out_features: rows of the logical weight (padding rows of the last tile are zero).
         in_features: columns, a multiple of 32.
@@ -58,7 +59,7 @@ def _fp16_lanes(values: torch.Tensor, out: int) -> torch.Tensor:
 
 
 #: GGUF K-quant type -> bytes per 256-weight super-block
-K_QUANT_BYTES = {"Q4_K": 144, "Q6_K": 210}
+K_QUANT_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 K_SUPER_BLOCK = 256
 
 
@@ -82,23 +83,27 @@ def k_quant_blocks(data: torch.Tensor, type_name: str, shape: tuple[int, int]) -
 
 
 def _q4_k_parts(
-    data: torch.Tensor, shape: tuple[int, int]
+    data: torch.Tensor, shape: tuple[int, int], type_name: str = "Q4_K"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K as 32-weight blocks: q ``[out, blocks, 32]`` and fp16 ``d``, ``m`` with ``w = d q + m``.
+    """Q4_K (or Q5_K) as 32-weight blocks: q ``[out, blocks, 32]`` and fp16 ``d``, ``m`` with ``w = d q + m``.
 
     A super-block holds fp16 ``d``, ``dmin``, twelve bytes of 6-bit scales and mins for its eight
-    sub-blocks, and 128 bytes of nibbles (sub-blocks 2i and 2i + 1 share bytes 32i..32i+31, low and high
-    nibbles); ``w = d * sc * q - dmin * mn``. ``d * sc`` rounds to fp16 here (2^-11 relative at most).
+    sub-blocks, (Q5_K: 32 bytes whose bit ``i`` is the fifth bit of sub-block ``i``'s weights) and 128 bytes
+    of nibbles (sub-blocks 2i and 2i + 1 share bytes 32i..32i+31, low and high nibbles);
+    ``w = d * sc * q - dmin * mn``. ``d * sc`` rounds to fp16 here (2^-11 relative at most).
     """
     out = shape[0]
-    blocks = k_quant_blocks(data, "Q4_K", shape)
+    blocks = k_quant_blocks(data, type_name, shape)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()
     dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
     raw = blocks[..., 4:16].to(torch.int32)
     low = torch.cat([raw[..., 0:4] & 63, (raw[..., 8:12] & 0x0F) | ((raw[..., 0:4] >> 6) << 4)], dim=-1)
     mins = torch.cat([raw[..., 4:8] & 63, (raw[..., 8:12] >> 4) | ((raw[..., 4:8] >> 6) << 4)], dim=-1)
-    qs = blocks[..., 16:144].reshape(out, -1, 4, 32)
+    qs = blocks[..., -128:].reshape(out, -1, 4, 32)
     q = torch.stack([qs & 0x0F, qs >> 4], dim=3).reshape(out, -1, 32)
+    if type_name == "Q5_K":
+        qh = blocks[..., 16:48].reshape(out, -1, 1, 32)
+        q = q | ((torch.cat([(qh >> i) & 1 for i in range(8)], dim=2).reshape(out, -1, 32)) << 4)
     scale = (d * low.float()).reshape(out, -1).to(torch.float16)
     zero = (-dmin * mins.float()).reshape(out, -1).to(torch.float16)
     return q, scale, zero
@@ -170,6 +175,21 @@ def tile_q6_k(data: torch.Tensor, shape: tuple[int, int]) -> TiledWeight:
         [_byte_tiles(q, out, width), _fp16_lanes(scale[..., 0], out), _fp16_lanes(scale[..., 1], out)], dim=-1
     )
     return TiledWeight(6, records.contiguous(), out, width)
+
+
+def tile_q5_k(data: torch.Tensor, shape: tuple[int, int]) -> TiledWeight:
+    """GGUF Q5_K bytes as 5-bit tile records (576 bytes per tile and 32-weight block): the 8-bit records' bytes
+    holding q as it is, then fp16 ``d`` and ``m`` (``d * sc`` and ``-dmin * mn`` rounded to fp16, as for Q4_K).
+
+    Raises:
+        ValueError: for bytes that do not match the shape.
+    """
+    out, width = shape
+    q, d, m = _q4_k_parts(data, shape, "Q5_K")
+    # _byte_tiles stores q + 128: unsigned q as it is
+    codes = _byte_tiles(q.to(torch.int16).reshape(out, width) - 128, out, width)
+    records = torch.cat([codes, _fp16_lanes(d, out), _fp16_lanes(m, out)], dim=-1).contiguous()
+    return TiledWeight(5, records, out, width)
 
 
 def tile_q8(data: torch.Tensor, shape: tuple[int, int]) -> TiledWeight:
@@ -279,7 +299,7 @@ class NativeKernels(AmxKernels):
         out = torch.empty((*x.shape[:-1], weight.out_features), dtype=out_dtype)
         work = weight.out_features * weight.in_features * rows
         threads = self.threads if work >= PARALLEL_MIN_WEIGHTS else 1
-        fn = {4: self.lib.q4_linear, 8: self.lib.q8_linear, 6: self.lib.q6_linear}[weight.bits]
+        fn = {4: self.lib.q4_linear, 8: self.lib.q8_linear, 6: self.lib.q6_linear, 5: self.lib.q5_linear}[weight.bits]
         if fn(
             self._pool, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows, weight.out_features,
             weight.in_features, int(out_dtype == torch.float32), threads,

@@ -38,7 +38,7 @@ QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
 #: into the GGUF types above (engine_plugin_cpu.grouped_int), else dequantized at load
 GROUPED_QUANT_SCHEMES = ("int4_grouped", "int8_grouped")
 #: GGUF K-quants, kept quantized where the plugin's C kernels run (else dequantized at load)
-NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q6_k")
+NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
 #: /proc/cpuinfo flags of a native bf16 dot product (AVX-512 BF16, AMX)
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 CPUINFO_PATH = "/proc/cpuinfo"

@@ -1,4 +1,4 @@
-"""A GGUF Llama whose matrices are Q4_K (lm_head Q6_K), through ``LLM``: the C kernels keep them
+"""A GGUF Llama whose matrices are Q4_K or Q5_K (lm_head Q6_K), through ``LLM``: the C kernels keep them
 quantized, and the bf16 fast path's log-probabilities stay close to the float32 dequantised path's."""
 
 from __future__ import annotations
@@ -26,20 +26,21 @@ def _smollm_gguf() -> str:
 
 
 @pytest.mark.slow
-def test_k_quant_gguf_runs_quantized_and_matches_float32(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("scheme", "bits"), [("gguf_q4_k", 4), ("gguf_q5_k", 5)])
+def test_k_quant_gguf_runs_quantized_and_matches_float32(tmp_path: Path, scheme: str, bits: int) -> None:
     if native_prerequisites():
         pytest.skip(f"no C kernels here: {native_prerequisites()}")
     tokenizer = _smollm_gguf()
-    path = tmp_path / "tiny-q4_k.gguf"
-    write_tiny_llama_gguf(path)
+    path = tmp_path / f"tiny-{scheme}.gguf"
+    write_tiny_llama_gguf(path, scheme)
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True)
     outputs = []
     for kwargs in ({"dtype": "float32", "quantization": "none"}, {"dtype": "bfloat16"}):
         llm = LLM(model=str(path), tokenizer=tokenizer, device="cpu", kv_cache_memory_bytes=16 << 20, **kwargs)
         outputs.append(llm.generate(PROMPTS, params, use_tqdm=False))
     model = llm.llm_engine.model
-    assert all(layer.qkv.kind == "tiled" and layer.qkv.tiled.bits == 4 for layer in model.layers)
-    assert model.layers[0].down.tiled.bits == 4
+    assert all(layer.qkv.kind == "tiled" and layer.qkv.tiled.bits == bits for layer in model.layers)
+    assert model.layers[0].down.tiled.bits == bits
     assert model.lm_head.kind == "tiled" and model.lm_head.tiled.bits == 6
     compared = 0
     for exact, fast in zip(*outputs):

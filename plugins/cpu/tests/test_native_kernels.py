@@ -15,7 +15,7 @@ from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.fast_ops import add_layer_norm as torch_add_layer_norm
 from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
 from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native, ownership_problem
-from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q6_k, tile_q8
+from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q5_k, tile_q6_k, tile_q8
 from engine_plugin_cpu.platform import cpu_flags
 from engine_plugin_sdk.quant import make_quantized_weight
 
@@ -120,6 +120,8 @@ def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):
         return tile_q8(data, shape)
     if scheme == "gguf_q6_k":
         return tile_q6_k(data, shape)
+    if scheme == "gguf_q5_k":
+        return tile_q5_k(data, shape)
     return tile_q4(data, scheme[len("gguf_") :].upper(), shape)
 
 
@@ -142,11 +144,11 @@ def test_tiled_linear_against_float64(
     assert err <= LINEAR_REL_TOL * expected.abs().max().item(), f"{scheme} {shape} rows={rows}: error {err}"
 
 
-@pytest.mark.parametrize("scheme", ["gguf_q4_k", "gguf_q6_k"])
+@pytest.mark.parametrize("scheme", ["gguf_q4_k", "gguf_q5_k", "gguf_q6_k"])
 @pytest.mark.parametrize("shape", [(16, 256), (40, 512)])
 @pytest.mark.parametrize("rows", [1, 4, 6])
 def test_k_quant_tiles_against_float64(native: NativeKernels, scheme: str, shape: tuple[int, int], rows: int) -> None:
-    """Q4_K / Q6_K decoded by the plugin (scales rounded to fp16) against gguf's own dequantisation."""
+    """Q4_K / Q5_K / Q6_K decoded by the plugin (scales rounded to fp16) against gguf's own dequantisation."""
     weight = make_quantized_weight(scheme, *shape, seed=rows + shape[0])
     tiled = _tile(scheme, weight.data, shape)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)

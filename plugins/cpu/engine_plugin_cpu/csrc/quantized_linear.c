@@ -16,6 +16,8 @@
  * q + 128 (unsigned); then 16 fp16 d, w = d * q.
  * 6-bit record (576 bytes, GGUF Q6_K, whose scales cover 16 weights): the 8-bit layout with q in -32..31,
  * then 16 fp16 scales of weights 0-15 and 16 of weights 16-31 (GGUF's d times the sub-block's scale).
+ * 5-bit record (576 bytes, GGUF Q5_K): the 8-bit layout with q in 0..31 as it is (no offset), then 16 fp16 d
+ * and 16 fp16 m, w = d * q + m.
  */
 #include "common.h"
 
@@ -23,6 +25,7 @@
 #define Q4_TILE_RECORD 320
 #define Q8_TILE_RECORD 544
 #define Q6_TILE_RECORD 576
+#define Q5_TILE_RECORD 576
 
 typedef struct {
     int8_t *xh, *xl;           /* [rows][k] */
@@ -212,6 +215,45 @@ static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *
     for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
 }
 
+/* one 16-row tile of 5-bit (Q5_K) weights: 8-bit records of unsigned q with a d and an m per 32 weights */
+static inline __attribute__((always_inline)) void q5_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    const int64_t nblk = a->k / Q4_BLOCK;
+    const activations_t *act = a->act;
+    const uint8_t *rec = a->w + t * nblk * Q5_TILE_RECORD;
+    __m512 total[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++, rec += Q5_TILE_RECORD) {
+        __m512i h0[4], h1[4], l0[4], l1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) h0[r] = h1[r] = l0[r] = l1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 8; c += 2) {
+            __m512i v0 = _mm512_loadu_si512((const void *)(rec + 64 * c));
+            __m512i v1 = _mm512_loadu_si512((const void *)(rec + 64 * c + 64));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int64_t off = (r0 + r) * a->k + b * Q4_BLOCK + 4 * c;
+                h0[r] = _mm512_dpbusd_epi32(h0[r], v0, _mm512_set1_epi32(load_i32(act->xh + off)));
+                h1[r] = _mm512_dpbusd_epi32(h1[r], v1, _mm512_set1_epi32(load_i32(act->xh + off + 4)));
+                l0[r] = _mm512_dpbusd_epi32(l0[r], v0, _mm512_set1_epi32(load_i32(act->xl + off)));
+                l1[r] = _mm512_dpbusd_epi32(l1[r], v1, _mm512_set1_epi32(load_i32(act->xl + off + 4)));
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 544)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const int64_t idx = (r0 + r) * nblk + b;
+            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]), 0, d,
+                                 act->scale[idx]);
+            total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
+}
+
 #define TILE_DISPATCH(fn)                                                         \
     static void fn##_task(void *ctx, int tid, int nthreads) {                     \
         const qlinear_args_t *a = ctx;                                            \
@@ -230,6 +272,7 @@ static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *
 TILE_DISPATCH(q4_tile)
 TILE_DISPATCH(q8_tile)
 TILE_DISPATCH(q6_tile)
+TILE_DISPATCH(q5_tile)
 
 static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n,
                    int64_t k, int out_f32, int nthreads) {
@@ -258,4 +301,10 @@ int q8_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t 
 int q6_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
               int out_f32, int nthreads) {
     return qlinear(pool, q6_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
+}
+
+/* The same for W in 5-bit (Q5_K) tile records. */
+int q5_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
+              int out_f32, int nthreads) {
+    return qlinear(pool, q5_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
 }
