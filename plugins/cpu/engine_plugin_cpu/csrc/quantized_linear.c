@@ -139,15 +139,18 @@ static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *
     for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
 }
 
-/* one 16-row tile of 8-bit weights against R activation rows from r0 */
-static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+/* one 16-row tile of 8-bit records against R activation rows from r0: Q8_0's (q + 128, the offset removed
+ * again through the activations' correction) or, with_min, Q5_K's (q as it is, then m times the block's
+ * activation sum) */
+static inline __attribute__((always_inline)) void byte_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R,
+                                                            const int64_t record, const int with_min) {
     const int64_t nblk = a->k / Q4_BLOCK;
     const activations_t *act = a->act;
-    const uint8_t *rec = a->w + t * nblk * Q8_TILE_RECORD;
+    const uint8_t *rec = a->w + t * nblk * record;
     __m512 total[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b++, rec += Q8_TILE_RECORD) {
+    for (int64_t b = 0; b < nblk; b++, rec += record) {
         __m512i h0[4], h1[4], l0[4], l1[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) h0[r] = h1[r] = l0[r] = l1[r] = _mm512_setzero_si512();
@@ -165,16 +168,29 @@ static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *
             }
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        __m512 m = with_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 544))) : _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int64_t idx = (r0 + r) * nblk + b;
+            const int32_t correction =
+                with_min ? 0 : act->bias_correction[2 * idx] + act->bias_correction[2 * idx + 1];
             total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]),
-                                 act->bias_correction[2 * idx] + act->bias_correction[2 * idx + 1], d,
-                                 act->scale[idx]);
+                                 correction, d, act->scale[idx]);
+            if (with_min) total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
+}
+
+/* one 16-row tile of 8-bit (Q8_0) weights against R activation rows from r0 */
+static inline __attribute__((always_inline)) void q8_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    byte_tile(a, t, r0, R, Q8_TILE_RECORD, 0);
+}
+
+/* one 16-row tile of 5-bit (Q5_K) weights: 8-bit records of unsigned q with a d and an m per 32 weights */
+static inline __attribute__((always_inline)) void q5_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    byte_tile(a, t, r0, R, Q5_TILE_RECORD, 1);
 }
 
 /* one 16-row tile of 6-bit (Q6_K) weights: 8-bit records whose two 16-weight halves have their own scale */
@@ -209,45 +225,6 @@ static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *
             const int64_t idx = (r0 + r) * nblk + b;
             total[r] = add_block(total[r], ha[r], la[r], act->bias_correction[2 * idx], da, act->scale[idx]);
             total[r] = add_block(total[r], hb[r], lb[r], act->bias_correction[2 * idx + 1], db, act->scale[idx]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
-}
-
-/* one 16-row tile of 5-bit (Q5_K) weights: 8-bit records of unsigned q with a d and an m per 32 weights */
-static inline __attribute__((always_inline)) void q5_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
-    const int64_t nblk = a->k / Q4_BLOCK;
-    const activations_t *act = a->act;
-    const uint8_t *rec = a->w + t * nblk * Q5_TILE_RECORD;
-    __m512 total[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b++, rec += Q5_TILE_RECORD) {
-        __m512i h0[4], h1[4], l0[4], l1[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) h0[r] = h1[r] = l0[r] = l1[r] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int c = 0; c < 8; c += 2) {
-            __m512i v0 = _mm512_loadu_si512((const void *)(rec + 64 * c));
-            __m512i v1 = _mm512_loadu_si512((const void *)(rec + 64 * c + 64));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const int64_t off = (r0 + r) * a->k + b * Q4_BLOCK + 4 * c;
-                h0[r] = _mm512_dpbusd_epi32(h0[r], v0, _mm512_set1_epi32(load_i32(act->xh + off)));
-                h1[r] = _mm512_dpbusd_epi32(h1[r], v1, _mm512_set1_epi32(load_i32(act->xh + off + 4)));
-                l0[r] = _mm512_dpbusd_epi32(l0[r], v0, _mm512_set1_epi32(load_i32(act->xl + off)));
-                l1[r] = _mm512_dpbusd_epi32(l1[r], v1, _mm512_set1_epi32(load_i32(act->xl + off + 4)));
-            }
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
-        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 544)));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const int64_t idx = (r0 + r) * nblk + b;
-            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]), 0, d,
-                                 act->scale[idx]);
-            total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
         }
     }
 #pragma GCC unroll 4
