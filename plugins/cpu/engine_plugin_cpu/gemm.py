@@ -39,7 +39,14 @@ from engine_plugin_cpu.native_kernels import (
     tile_q6_k,
     tile_q8,
 )
-from engine_plugin_cpu.quant_pack import GGUF_BLOCK, pack_int4, requantize_int8_rows, unpack_q4, unpack_q8_0
+from engine_plugin_cpu.quant_pack import (
+    GGUF_BLOCK,
+    pack_int4,
+    q5_0_as_q8_0,
+    requantize_int8_rows,
+    unpack_q4,
+    unpack_q8_0,
+)
 from engine_plugin_sdk import (
     GemmBackend,
     QuantizedWeight,
@@ -53,6 +60,8 @@ from engine_plugin_sdk import (
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
 #: K-quants kept quantized by the C kernels only (torch's kernels cannot express their scales)
 NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q5_k": "Q5_K", "gguf_q6_k": "Q6_K"}
+#: GGUF schemes repacked exactly into one of the above at load: Q5_0's 5-bit values into Q8_0's bytes
+REPACKED_SCHEMES = {"gguf_q5_0": "gguf_q8_0"}
 #: grouped-int schemes: repacked into the GGUF schemes above where exact, else dequantised at load
 GROUPED_SCHEMES = frozenset(SYMMETRIC_ZERO)
 #: the activation dtype the packed kernels run in
@@ -129,7 +138,7 @@ class CpuGemmBackend(GemmBackend):
     gated_activations: frozenset[str] = frozenset({"silu", "gelu_tanh"})
     fused_activations: frozenset[str] = frozenset({"gelu"})
     #: the torch path's schemes; an instance with the C kernels adds the K-quants (see ``__init__``)
-    supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | GROUPED_SCHEMES
+    supported_quant_schemes: frozenset[str] = frozenset(PACKED_SCHEMES) | frozenset(REPACKED_SCHEMES) | GROUPED_SCHEMES
 
     def __init__(
         self, dense_copy: bool | None = None, prepack: bool = True, native: NativeKernels | None = None
@@ -141,7 +150,7 @@ class CpuGemmBackend(GemmBackend):
         self.native = native
         schemes = PACKED_SCHEMES if native is None else {**PACKED_SCHEMES, **NATIVE_ONLY_SCHEMES}
         self.type_names = schemes
-        self.supported_quant_schemes = frozenset(schemes) | GROUPED_SCHEMES
+        self.supported_quant_schemes = frozenset(schemes) | frozenset(REPACKED_SCHEMES) | GROUPED_SCHEMES
 
     def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
         target = torch_dtype(dtype)
@@ -151,6 +160,8 @@ class CpuGemmBackend(GemmBackend):
                 # None where the GGUF blocks cannot hold it exactly: it then takes the dequantising path
                 if repacked is not None:
                     weight = repacked
+            if weight.scheme in REPACKED_SCHEMES and target == PACKED_DTYPE:
+                weight = _repacked_gguf(weight)
             if weight.scheme in self.type_names and target == PACKED_DTYPE:
                 return self._pack(weight)
             weight = _dequantize(weight)
@@ -358,3 +369,12 @@ def _dequantize(weight: QuantizedWeight) -> torch.Tensor:
             f"expected {tuple(weight.shape)}"
         )
     return dense
+
+
+def _repacked_gguf(weight: QuantizedWeight) -> QuantizedWeight:
+    """A GGUF weight of :data:`REPACKED_SCHEMES` as the scheme it repacks into exactly (its ``dequantize`` the
+    original's)."""
+    shape = (int(weight.shape[0]), int(weight.shape[1]))
+    data = q5_0_as_q8_0(torch.as_tensor(weight.data).to("cpu"), shape)
+    scheme = REPACKED_SCHEMES[weight.scheme]
+    return QuantizedWeight(scheme, data, weight.shape, weight.dequantize, {"repacked_from": weight.scheme})

@@ -33,7 +33,7 @@ CGROUP_MEMORY_CURRENT = "/sys/fs/cgroup/memory.current"
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 #: GGUF schemes the GEMM keeps quantized (packed int4 / int8 kernels, in bfloat16)
-QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
+QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_0")
 #: grouped-int weights (GPTQ / AWQ / compressed-tensors): on the packed kernels where they repack exactly
 #: into the GGUF types above (engine_plugin_cpu.grouped_int), else dequantized at load
 GROUPED_QUANT_SCHEMES = ("int4_grouped", "int8_grouped")

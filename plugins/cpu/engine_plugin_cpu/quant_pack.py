@@ -20,7 +20,7 @@ import torch
 
 GGUF_BLOCK = 32
 #: GGUF type name -> bytes per block of 32 weights, for the types this module unpacks
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22}
 #: torch's int4 packing tiles the input dimension; 2 is what its CPU kernel expects
 INT4_INNER_K_TILES = 2
 #: the int4 kernel's row count must be a multiple of this
@@ -127,3 +127,16 @@ def requantize_int8_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torc
     scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(dtype)
     q = torch.round(weight / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
     return q.contiguous(), scale
+
+
+def q5_0_as_q8_0(data: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Q5_0 bytes as Q8_0 bytes of the same matrix, exactly: a block's ``d * (q - 16)`` with ``q`` its nibble and
+    its bit of the little-endian 32-bit ``qh`` is Q8_0's ``d * q8`` with ``q8 = q - 16`` (-16..15) and the same
+    fp16 ``d``."""
+    blocks = gguf_blocks(data, "Q5_0", shape)
+    qh = blocks[..., 2:6]
+    # value i's high bit: bit i % 8 of qh's byte i // 8
+    high = torch.stack([(qh >> b) & 1 for b in range(8)], dim=-1).reshape(*qh.shape[:-1], 32)
+    q = nibbles(blocks[..., 6:22]) | (high << 4)
+    q8 = (q.to(torch.int16) - 16).to(torch.int8).view(torch.uint8)
+    return torch.cat([blocks[..., 0:2], q8], dim=-1).reshape(shape[0], -1).contiguous()

@@ -60,7 +60,7 @@ def test_capabilities() -> None:
     # K-quants are claimed only where the C kernels can be built
     k_quants = {"gguf_q4_k", "gguf_q5_k", "gguf_q6_k"} if CpuPlatform().native_kernels_possible() else set()
     grouped = {"int4_grouped", "int8_grouped"}
-    assert set(caps.quant_schemes) == {"gguf_q4_0", "gguf_q4_1", "gguf_q8_0"} | grouped | k_quants
+    assert set(caps.quant_schemes) == {"gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_0"} | grouped | k_quants
     assert set(caps.quant_schemes) == set(CpuPlatform().make_gemm_backend().supported_quant_schemes)
     # "auto" is the first listed dtype: bf16 only where the CPU has a native bf16 dot product
     assert caps.dtypes[0] == preferred_dtype() == caps.extra["preferred_dtype"]
