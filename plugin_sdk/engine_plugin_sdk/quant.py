@@ -4,7 +4,7 @@ Scheme names and layouts (``QuantizedWeight.data`` / ``extra``):
 
 - ``gguf_<type>`` (``gguf_q4_0``, ``gguf_q8_0``, ...): ``data`` is a ``torch.uint8`` tensor
   ``[out_features, bytes_per_row]`` holding GGUF blocks row by row; ``extra["ggml_type"]`` is the
-  ``gguf.GGMLQuantizationType`` value. ``gguf_q3_k``, ``gguf_q4_k``, ``gguf_q5_k`` and ``gguf_q6_k``, which the
+  ``gguf.GGMLQuantizationType`` value. ``gguf_q2_k`` .. ``gguf_q6_k``, ``gguf_iq4_nl`` and ``gguf_iq4_xs``, which the
   gguf package cannot quantize, are random valid blocks; every GGUF type dequantizes through gguf's reference.
 - ``int8``: symmetric per-output-channel; ``data`` is ``torch.int8 [out, in]``, ``extra["scale"]`` float32 ``[out]``;
   the weight is ``data * scale[:, None]``.
@@ -30,7 +30,12 @@ SCALED_SCHEMES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 GGUF_PREFIX = "gguf_"
 #: K-quants the gguf package cannot quantize: their test weights are random valid blocks instead
 #: (super-block bytes; scale fields drawn small so that the weights stay O(1 / sqrt(in)))
-RANDOM_BLOCK_SCHEMES = {"gguf_q4_k": 144, "gguf_q5_k": 176, "gguf_q6_k": 210, "gguf_q3_k": 110}
+RANDOM_BLOCK_SCHEMES = {
+    "gguf_q4_k": 144, "gguf_q5_k": 176, "gguf_q6_k": 210, "gguf_q3_k": 110, "gguf_q2_k": 84, "gguf_iq4_xs": 136,
+    "gguf_iq4_nl": 18,
+}  # fmt: skip
+#: values a block of those that are not 256
+RANDOM_BLOCK_VALUES = {"gguf_iq4_nl": 32}
 
 
 class UnknownSchemeError(ValueError):
@@ -128,14 +133,16 @@ def _grouped_int(scheme: str, dense: torch.Tensor, gen: torch.Generator, device:
 
 
 def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
-    """Random GGUF Q3_K / Q4_K / Q5_K / Q6_K bytes ``[out, in / 256 * block_bytes]`` with finite, small scales.
+    """Random GGUF Q2_K .. Q6_K / IQ4_NL / IQ4_XS bytes ``[out, in / values * block_bytes]`` with finite, small
+    scales.
 
     Raises:
-        UnknownSchemeError: if ``in_features`` is not a multiple of 256.
+        UnknownSchemeError: if ``in_features`` is not whole blocks (256 values, IQ4_NL's 32).
     """
-    if in_features % 256:
-        raise UnknownSchemeError(f"{scheme} needs a multiple of 256 columns, got {in_features}")
-    count = out_features * (in_features // 256)
+    values = RANDOM_BLOCK_VALUES.get(scheme, 256)
+    if in_features % values:
+        raise UnknownSchemeError(f"{scheme} needs a multiple of {values} columns, got {in_features}")
+    count = out_features * (in_features // values)
     blocks = torch.randint(0, 256, (count, RANDOM_BLOCK_SCHEMES[scheme]), generator=gen, dtype=torch.uint8)
 
     def halves(n: int, scale: float) -> torch.Tensor:
@@ -147,6 +154,11 @@ def _random_k_blocks(scheme: str, out_features: int, in_features: int, gen: torc
         blocks[:, 2:4] = halves(1, step)
     elif scheme == "gguf_q3_k":  # 32 bytes of high bits, 64 of 2-bit quants, 12 of 6-bit scales, d
         blocks[:, 108:110] = halves(1, step)
+    elif scheme in ("gguf_iq4_nl", "gguf_iq4_xs"):  # d, (IQ4_XS: 6-bit scales in 2 + 4 bytes), nibbles
+        blocks[:, 0:2] = halves(1, step if scheme == "gguf_iq4_nl" else step / 16)
+    elif scheme == "gguf_q2_k":  # 16 bytes of 4-bit scales and mins, 64 of 2-bit quants, d, dmin
+        blocks[:, 80:82] = halves(1, step * 4)
+        blocks[:, 82:84] = halves(1, step * 4)
     else:  # 128 + 64 bytes of quants, 16 int8 scales, d
         blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, dtype=torch.int8).view(torch.uint8)
         blocks[:, 208:210] = halves(1, step / 2)

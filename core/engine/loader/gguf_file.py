@@ -28,14 +28,15 @@ if TYPE_CHECKING:
 # Which GGUF `general.architecture` values load, under which HF name, how tensor names map and which
 # rows were permuted: all of it comes from the registered model classes (CausalLM.gguf_*).
 
-# The types gguf's numpy dequantiser handles at a tolerable speed.
+# The types gguf's numpy dequantiser handles at a tolerable speed, or the loader's own in torch (IQ4_NL / IQ4_XS:
+# engine.loader.grouped_codes).
 DEQUANTIZABLE_TYPES = frozenset(
     {
         GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
         GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
         GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q2_K,
         GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.Q6_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS,
     }
 )  # fmt: skip
 

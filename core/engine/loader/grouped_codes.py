@@ -1,7 +1,7 @@
 """Grouped-integer weights unpacked to one code per value, with their group scales: the form the GPU
 plugins' weight-only kernels are packed from, and the loader's fast path to float32 for GGUF blocks.
-It is reached from the plugin API's ``int4_grouped`` / ``int8_grouped`` weights and, exactly, from eight GGUF
-block types. Plugins reach it through ``engine_plugin_sdk.gpu.grouped_codes``.
+It is reached from the plugin API's ``int4_grouped`` / ``int8_grouped`` weights and, exactly, from twelve GGUF
+block types. Plugins reach it through ``engine_plugin_sdk.grouped_codes``.
 
 A GGUF type is kept when every value of it is ``code * scale - zero_scale`` (or ``(code - zero_point) *
 scale``) with one scale pair per fixed group of columns, computed in float32 with the same roundings as the
@@ -15,9 +15,17 @@ reference dequantizer (``gguf.quants``), so that the repacked weight dequantizes
 - ``Q6_K``: 6-bit codes in 8-bit storage, sixteen groups of 16 per super-block, ``(q - 32) * (d * sc)``;
 - ``Q5_0`` / ``Q5_1``: 5-bit codes (a nibble and a bit from the block's 32-bit ``qh``) in 8-bit storage, groups of
   32, ``(q - 16) * d`` / ``q * d + m``;
-- ``Q5_K``: 5-bit codes in 8-bit storage, Q4_K's super-blocks, scales and formula.
+- ``Q5_K``: 5-bit codes in 8-bit storage, Q4_K's super-blocks, scales and formula;
+- ``Q3_K``: 3-bit codes (two bits and a high bit) in 8-bit storage, sixteen groups of 16 per super-block,
+  ``(q - 4) * (d * (sc - 32))``: an fp16 times a 6-bit integer is exact in float32, as is its product with
+  ``q - 4``;
+- ``Q2_K``: 2-bit codes in 8-bit storage, sixteen groups of 16 per super-block, ``(d * sc) * q - dmin * mn``
+  with 4-bit ``sc`` and ``mn`` (Q4_K's formula and exactness);
+- ``IQ4_NL`` / ``IQ4_XS``: a nibble indexes a fixed table of 16 int8 values, so the table's value plus 128 is an
+  8-bit code with Q8_0's zero point: groups of 32, ``(q - 128) * d`` (IQ4_XS: ``d * (ls - 32)`` with a 6-bit
+  ``ls`` per group under the super-block's ``d``).
 
-The other GGUF types (Q2_K, Q3_K, the IQ types, ...) have no such form and dequantize through ``gguf.quants``.
+The other GGUF types (the other IQ types, ...) have no such form and dequantize through ``gguf.quants``.
 Unpacking in torch is what makes loading a GGUF file quick: the embedded 135M model's tensors take 0.9 s
 this way against 4 s through ``gguf.quants`` (a 2-core CPU).
 """
@@ -34,14 +42,18 @@ from engine.interfaces.grouped_int import GROUPED_INT_BITS, grouped_int_codes
 #: GGUF scheme -> (bits per code, columns per group) of its grouped-integer form
 GGUF_GROUPED_FORMS = {
     "gguf_q4_0": (4, 32), "gguf_q4_1": (4, 32), "gguf_q8_0": (8, 32), "gguf_q4_k": (4, 32), "gguf_q6_k": (8, 16),
-    "gguf_q5_0": (8, 32), "gguf_q5_1": (8, 32), "gguf_q5_k": (8, 32),
+    "gguf_q5_0": (8, 32), "gguf_q5_1": (8, 32), "gguf_q5_k": (8, 32), "gguf_q3_k": (8, 16),
+    "gguf_q2_k": (8, 16), "gguf_iq4_nl": (8, 32), "gguf_iq4_xs": (8, 32),
 }  # fmt: skip
 GGUF_GROUPED_SCHEMES = frozenset(GGUF_GROUPED_FORMS)
 #: GGUF scheme -> (values, bytes) of one block
 _BLOCKS = {
     "gguf_q4_0": (32, 18), "gguf_q4_1": (32, 20), "gguf_q8_0": (32, 34), "gguf_q4_k": (256, 144),
     "gguf_q6_k": (256, 210), "gguf_q5_0": (32, 22), "gguf_q5_1": (32, 24), "gguf_q5_k": (256, 176),
+    "gguf_q3_k": (256, 110), "gguf_q2_k": (256, 84), "gguf_iq4_nl": (32, 18), "gguf_iq4_xs": (256, 136),
 }  # fmt: skip
+#: IQ4_NL / IQ4_XS's values of their 16 nibbles (ggml's ``kvalues_iq4nl``)
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 @dataclass(slots=True)
@@ -165,6 +177,13 @@ def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
+def _two_bit_quants(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K / Q3_K's 2-bit quants ``[blocks, 8, 32]`` from their 64 bytes: bits ``2 j`` of byte ``32 h + l`` are
+    value ``128 h + 32 j + l``."""
+    ql = qs.reshape(-1, 2, 1, 32)
+    return torch.cat([(ql >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2).reshape(-1, 8, 32)
+
+
 def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
     """Unpack GGUF blocks (the layouts of ``gguf.quants``) into codes and float32 group parameters."""
     out_features, in_features = (int(d) for d in weight.shape)
@@ -219,6 +238,45 @@ def _gguf_codes(weight: QuantizedWeight, device: torch.device) -> GroupedCodes:
             qh = blocks[:, 16:48]
             high = torch.stack([(qh >> i) & 1 for i in range(8)], dim=1).reshape(-1, 256)
             codes = codes | (high << 4)
+    elif weight.scheme in ("gguf_iq4_nl", "gguf_iq4_xs"):
+        # a run of 16 bytes holds its 32 values' nibbles, values 0..15 low and 16..31 high; a value's code is its
+        # table entry plus 128
+        qs = blocks[:, 2:] if weight.scheme == "gguf_iq4_nl" else blocks[:, 8:]
+        qs = qs.reshape(-1, qs.shape[1] // 16, 1, 16)
+        nibbles = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(blocks.shape[0], -1)
+        table = torch.tensor([v + 128 for v in IQ4_VALUES], dtype=torch.uint8, device=blocks.device)
+        codes = table[nibbles.long()]
+        zero_point = 128
+        d = _half(blocks, 0)
+        if weight.scheme == "gguf_iq4_nl":
+            scales = d
+        else:
+            # group j's 6-bit ls: nibble j % 2 of byte 4 + j // 2, its top two bits at bits 2 j of the 16-bit word
+            low = blocks[:, 4:8].reshape(-1, 4, 1) >> torch.tensor([0, 4], dtype=torch.uint8, device=blocks.device)
+            word = blocks[:, 2].int() | (blocks[:, 3].int() << 8)
+            high = (word[:, None] >> (2 * torch.arange(8, device=blocks.device))) & 0x03
+            ls = (low.reshape(-1, 8).int() & 0x0F) | (high << 4)
+            scales = d * (ls.float() - 32.0)
+            supers = (d, None)
+    elif weight.scheme == "gguf_q2_k":
+        codes = _two_bit_quants(blocks[:, 16:80]).reshape(-1, 256)
+        # group g's scale in the low nibble of byte g, its min in the high one
+        d, dmin = _half(blocks, 80), _half(blocks, 82)
+        scales, zero_scales = d * (blocks[:, 0:16] & 0x0F).float(), dmin * (blocks[:, 0:16] >> 4).float()
+        supers = (d, dmin)
+    elif weight.scheme == "gguf_q3_k":
+        low = _two_bit_quants(blocks[:, 32:96])
+        # value 128 h + 32 j + l's high bit is bit 4 h + j of byte l
+        high = torch.stack([(blocks[:, 0:32] >> b) & 1 for b in range(8)], dim=1)
+        codes = (low | (high << 2)).reshape(-1, 256)
+        # group g's 6-bit scale: the nibble g // 8 of byte g % 8, and bits 2 (g // 4) of byte 8 + g % 4 above it
+        raw = blocks[:, 96:108]
+        nibble = torch.cat([raw[:, 0:8] & 0x0F, raw[:, 0:8] >> 4], dim=1)
+        pair = torch.cat([(raw[:, 8:12] >> (2 * i)) & 0x03 for i in range(4)], dim=1)
+        d = _half(blocks, 108)
+        scales = d * ((nibble | (pair << 4)).float() - 32.0)
+        zero_point = 4
+        supers = (d, None)
     else:  # gguf_q6_k
         ql = blocks[:, :128].reshape(-1, 2, 1, 64)
         qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)

@@ -66,7 +66,7 @@ def make_gguf_weight(
 def dequantize_gguf_bytes(data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> torch.Tensor:
     """GGUF blocks ``[rows, bytes_per_row]`` as float32 of ``shape``, bit for bit ``gguf.quants``' values.
 
-    The eight types with a grouped-integer form unpack in torch (:mod:`engine.loader.grouped_codes`, about
+    The types with a grouped-integer form unpack in torch (:mod:`engine.loader.grouped_codes`, about
     five times faster on the embedded model); the others go through ``gguf.quants``.
     """
     scheme = gguf_scheme(qtype)

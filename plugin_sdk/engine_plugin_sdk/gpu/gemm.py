@@ -1,6 +1,6 @@
 """GEMM on a torch GPU: bf16 / fp16 / fp32 through torch (cuBLAS / hipBLASLt), FP8 e4m3 weights through
 torch's scaled matmul, grouped integer weights (``int4_grouped`` / ``int8_grouped``, and the GGUF types
-Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K repacked exactly into that form, :mod:`~engine_plugin_sdk.gpu.grouped_codes`)
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K .. Q6_K / IQ4_NL / IQ4_XS repacked exactly into that form, :mod:`~engine_plugin_sdk.grouped_codes`)
 through a Triton weight-only GEMM, or a GEMV for a single row, that dequantize in registers
 (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels`), and batched LoRA adapters through two
 Triton kernels that read each row's slot on the device
@@ -40,8 +40,8 @@ from engine.interfaces.gemm import (
 from engine.interfaces.grouped_int import GROUPED_INT_BITS
 from engine.interfaces.ops import quantize_rows as reference_quantize_rows
 from engine_plugin_sdk.dtypes import torch_dtype
-from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_SCHEMES, grouped_form
 from engine_plugin_sdk.gpu.moe import StackedExperts, stack_experts
+from engine_plugin_sdk.grouped_codes import GGUF_GROUPED_SCHEMES, grouped_form
 
 FP8_SCHEME = "fp8_e4m3"
 #: largest finite value of each e4m3 flavour

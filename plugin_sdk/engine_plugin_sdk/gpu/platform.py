@@ -50,11 +50,11 @@ BLOCK_SIZES = (8, 16, 32, 64)
 HEAD_SIZES = (64, 80, 96, 128, 256)
 FP8_SCHEME = "fp8_e4m3"
 #: weight-only schemes the shared Triton GEMM / GEMV run on every GPU: the grouped integer ones, and the GGUF
-#: types repacked into them exactly at load (``engine_plugin_sdk.gpu.grouped_codes``; spelled out here:
+#: types repacked into them exactly at load (``engine_plugin_sdk.grouped_codes``; spelled out here:
 #: importing either module would import torch); other GGUF types are dequantized at load
 GROUPED_INT_SCHEMES = (
     "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k", "gguf_q5_0",
-    "gguf_q5_1", "gguf_q5_k",
+    "gguf_q5_1", "gguf_q5_k", "gguf_q3_k", "gguf_q2_k", "gguf_iq4_nl", "gguf_iq4_xs",
 )  # fmt: skip
 INTERPRETER_KV_CACHE_BYTES = 256 * 1024**2
 

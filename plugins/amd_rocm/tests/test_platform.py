@@ -16,7 +16,7 @@ REAL_ROCM = getattr(torch.version, "hip", None) is not None and torch.cuda.devic
 #: the weight-only schemes the shared Triton GEMM / GEMV run: grouped integers and the GGUF types kept packed
 GROUPED_INT_CLAIMS = (
     "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
-    "gguf_q5_0", "gguf_q5_1", "gguf_q5_k",
+    "gguf_q5_0", "gguf_q5_1", "gguf_q5_k", "gguf_q3_k", "gguf_q2_k", "gguf_iq4_nl", "gguf_iq4_xs",
 )  # fmt: skip
 simulated_only = pytest.mark.skipif(REAL_ROCM, reason="simulates a ROCm host; this one is real")
 

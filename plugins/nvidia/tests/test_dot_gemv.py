@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import GELU_TANH, SILU
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _dot8_asm, _dot_asm
@@ -23,6 +22,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
 )
+from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 #: (block and group, zero scales, act-order, in_features, out_features): blocks of 128 / 64 / 32 columns,

@@ -13,13 +13,13 @@ import torch
 
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed, pack_grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     H200_GROUPED_INT_TILES,
     INTERPRETER_GROUPED_INT_TILES,
 )
+from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 #: the activations' reference formulas, float64

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed, pack_grouped_codes
@@ -20,6 +19,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
 )
+from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 

@@ -12,13 +12,13 @@ import torch
 
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed, pack_grouped_int
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
 )
+from engine_plugin_sdk.grouped_codes import GGUF_GROUPED_FORMS, dequantize_codes, grouped_codes
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance
@@ -33,11 +33,18 @@ EXPECTED = {
     "gguf_q5_0": (8, 32, 16, torch.float16),
     "gguf_q5_1": (8, 32, None, torch.float16),
     "gguf_q5_k": (8, 32, None, torch.float32),
+    "gguf_q3_k": (8, 16, 4, torch.float32),
+    "gguf_q2_k": (8, 16, None, torch.float32),
+    "gguf_iq4_nl": (8, 32, 128, torch.float16),
+    "gguf_iq4_xs": (8, 32, 128, torch.float32),
 }
 #: the K-quants in two levels: (groups per super-block, the per-group integers' dtype)
-TWO_LEVEL = {"gguf_q4_k": (8, torch.uint8), "gguf_q5_k": (8, torch.uint8), "gguf_q6_k": (16, torch.int8)}
-#: 5- and 6-bit codes in 8-bit storage
-NARROW = {"gguf_q5_0": 5, "gguf_q5_1": 5, "gguf_q5_k": 5, "gguf_q6_k": 6}
+TWO_LEVEL = {
+    "gguf_q4_k": (8, torch.uint8), "gguf_q5_k": (8, torch.uint8), "gguf_q6_k": (16, torch.int8),
+    "gguf_q3_k": (16, torch.int8), "gguf_q2_k": (16, torch.uint8), "gguf_iq4_xs": (8, torch.int8),
+}  # fmt: skip
+#: 2-, 3-, 5- and 6-bit codes in 8-bit storage
+NARROW = {"gguf_q5_0": 5, "gguf_q5_1": 5, "gguf_q5_k": 5, "gguf_q6_k": 6, "gguf_q3_k": 3, "gguf_q2_k": 2}
 
 
 def fresh_seed() -> int:
@@ -97,11 +104,11 @@ def test_extreme_q6_k_and_q8_0_codes_stay_exact() -> None:
         assert torch.equal(dequantize_packed(pack_grouped_int(weight, 16, torch.device("cpu"))), weight.dequantize())
 
 
-def test_backend_keeps_the_eight_types_packed_and_dequantizes_the_others(device) -> None:
+def test_backend_keeps_the_twelve_types_packed_and_dequantizes_the_others(device) -> None:
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int, gemm.grouped_int_tiles = True, INTERPRETER_GROUPED_INT_TILES
     assert set(GGUF_GROUPED_FORMS) <= gemm.supported_quant_schemes
-    assert "gguf_q3_k" not in gemm.supported_quant_schemes and "gguf_q2_k" not in gemm.supported_quant_schemes
+    assert "gguf_tq1_0" not in gemm.supported_quant_schemes
     gen = torch.Generator().manual_seed(fresh_seed())
     eight_bit = dataclasses.replace(INTERPRETER_GROUPED_INT_TILES, six_bit_codes=False)
     for scheme in GGUF_GROUPED_FORMS:
@@ -109,7 +116,7 @@ def test_backend_keeps_the_eight_types_packed_and_dequantizes_the_others(device)
         for tiles in (INTERPRETER_GROUPED_INT_TILES, eight_bit):
             gemm.grouped_int_tiles = tiles
             prepared = gemm.prepare_weight(weight, torch.float32)
-            # Q5 / Q6_K codes in 6 bits where the tiles keep codes that fit so (six_bit_codes)
+            # Q2_K / Q3_K / Q5 / Q6_K codes in 6 bits where the tiles keep codes that fit so (six_bit_codes)
             bits = 6 if scheme in NARROW and tiles.six_bit_codes else EXPECTED[scheme][0]
             assert isinstance(prepared, GroupedIntWeight) and prepared.bits == bits
             for rows in (1, 3):
@@ -118,7 +125,7 @@ def test_backend_keeps_the_eight_types_packed_and_dequantizes_the_others(device)
                 got = gemm.linear(x.to(device), prepared)
                 problem = compare(got, ref_quantized_linear(x, weight), tol, f"{scheme} M={rows} bits={bits}")
                 assert not problem, problem
-    other = make_quantized_weight("gguf_q3_k", 8, 256, seed=3)
+    other = make_quantized_weight("gguf_tq1_0", 8, 256, seed=3)
     prepared = gemm.prepare_weight(other, torch.float32)
     assert isinstance(prepared, torch.Tensor) and torch.equal(prepared.cpu(), other.dequantize())
 
@@ -136,6 +143,11 @@ def test_packed_gguf_bytes_against_the_file() -> None:
         ("gguf_q5_0", 34 / 22, True, False), ("gguf_q5_0", 26 / 22, True, True), ("gguf_q5_1", 28 / 24, True, True),
         ("gguf_q5_k", (1 + 2 / 32 + 4 / 256) / (176 / 256), True, False),
         ("gguf_q5_k", (0.75 + 2 / 32 + 4 / 256) / (176 / 256), True, True),
+        ("gguf_q3_k", (1 + 1 / 16 + 2 / 256) / (110 / 256), True, False),
+        ("gguf_q3_k", (0.75 + 1 / 16 + 2 / 256) / (110 / 256), True, True),
+        ("gguf_q2_k", (1 + 2 / 16 + 4 / 256) / (84 / 256), True, False),
+        ("gguf_q2_k", (0.75 + 2 / 16 + 4 / 256) / (84 / 256), True, True),
+        ("gguf_iq4_nl", 34 / 18, True, False), ("gguf_iq4_xs", (1 + 1 / 32 + 2 / 256) / (136 / 256), True, False),
     ):  # fmt: skip
         weight = make_quantized_weight(scheme, out, width, seed=4)
         packed = pack_grouped_int(weight, 16 if scheme in NARROW else 32, torch.device("cpu"), two_level, six_bit)
@@ -173,7 +185,7 @@ def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> Non
         4: [base], 17: [base], 130: [base],
     }  # fmt: skip
     gen = torch.Generator().manual_seed(fresh_seed())
-    for scheme in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k"):
+    for scheme in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q3_k", "gguf_q2_k", "gguf_iq4_xs"):
         weight = make_quantized_weight(scheme, 40, 512, seed=fresh_seed())
         block = 16 if scheme in NARROW else 32
         two = pack_grouped_int(weight, block, device)

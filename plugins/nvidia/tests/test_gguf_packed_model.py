@@ -1,6 +1,5 @@
-"""A tiny GGUF Llama whose matrices mix Q4_0 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K (and one Q3_K) on device
-``cuda`` in Triton's interpreter: the packable types stay packed (the embedding table, which is looked up, and the
-Q3_K matrix are dequantized), and the logits equal the dequantized model's in float32, through the GEMM
+"""A tiny GGUF Llama whose matrices mix Q4_0 / Q5_0 / Q5_1 / Q8_0 / Q2_K / Q3_K / Q4_K / Q6_K / IQ4_XS on device ``cuda`` in
+Triton's interpreter: they stay packed (the embedding table, which is looked up, is dequantized), and the logits equal the dequantized model's in float32, through the GEMM
 (a prompt's rows) and the GEMV (a single row, decode)."""
 
 from __future__ import annotations
@@ -21,12 +20,12 @@ from engine_plugin_sdk.quant import make_quantized_weight
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 512
 #: per layer: attention q/k, attention v, attention output, MLP gate/up, MLP down (v differs from q/k in
 #: both layers, as in llama.cpp's Q4_K_M mix, so the fused qkv is kept as row blocks)
-LAYER_TYPES = [("q4_0", "q8_0", "q5_1", "q4_k", "q6_k"), ("q4_k", "q6_k", "q5_k", "q5_0", "q3_k")]
+LAYER_TYPES = [("q4_0", "q8_0", "q5_1", "q4_k", "q2_k"), ("q4_k", "q6_k", "iq4_xs", "q5_0", "q3_k")]
 PROMPTS = [[5, 17, 300, 42, 7, 99], [311]]
 
 
 def write_mixed_gguf(path: Path, seed: int) -> None:
-    """A random Llama GGUF with the types of :data:`LAYER_TYPES` (embedding Q4_K, output Q6_K)."""
+    """A random Llama GGUF with the types of :data:`LAYER_TYPES` (embedding IQ4_NL, output Q6_K)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -51,7 +50,7 @@ def write_mixed_gguf(path: Path, seed: int) -> None:
     def vector(name: str) -> None:
         writer.add_tensor(name, (1.0 + 0.1 * gen.standard_normal(HIDDEN)).astype(np.float32))
 
-    matrix("token_embd.weight", VOCAB, HIDDEN, "q4_k")
+    matrix("token_embd.weight", VOCAB, HIDDEN, "iq4_nl")
     matrix("output.weight", VOCAB, HIDDEN, "q6_k")
     vector("output_norm.weight")
     head_dim = HIDDEN // HEADS
@@ -121,9 +120,9 @@ def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monk
             llm.shutdown()
     forms, head, logits, tokens = runs["auto", "float32"]
     assert forms == [
-        # q and k stacked in one block, v in its own; the Q5 types and Q6_K in 6 bits
-        [[(4, 32, 8), (8, 32, 128)], (6, 32, None), (4, 32, None), (6, 16, 32)],
-        [[(4, 32, None), (6, 16, 32)], (6, 32, None), (6, 32, 16), "dense"],  # Q3_K: no packed form
+        # q and k stacked in one block, v in its own; the Q3 / Q5 types and Q6_K in 6 bits
+        [[(4, 32, 8), (8, 32, 128)], (6, 32, None), (4, 32, None), (6, 16, None)],  # Q2_K's 2-bit codes in 6 bits
+        [[(4, 32, None), (6, 16, 32)], (8, 32, 128), (6, 32, 16), (6, 16, 4)],  # Q3_K's 3-bit codes in 6 bits
     ]
     assert head == (6, 16, 32)
     dense = runs["none", "float32"]

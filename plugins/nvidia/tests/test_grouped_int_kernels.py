@@ -13,7 +13,6 @@ from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
 from engine_plugin_sdk.gpu.gemm import GROUPED_INT_SCHEMES, GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_few_rows_launchers as few_rows
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels import pdl
@@ -33,6 +32,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     INTERPRETER_GROUPED_INT_TILES,
     GroupedIntTiles,
 )
+from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.reference_ops import ref_quantized_linear
 from engine_plugin_sdk.tolerances import compare, get_tolerance
@@ -41,7 +41,10 @@ OUT = 96  # not a power of two: the last column tile is masked
 ROWS = (1, 5, 37)
 SCHEMES = ("int4_grouped", "int8_grouped")
 #: the GGUF types the GPU backends keep packed in the grouped-integer form
-GGUF_PACKED = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k", "gguf_q5_0", "gguf_q5_1", "gguf_q5_k")
+GGUF_PACKED = (
+    "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k", "gguf_q5_0", "gguf_q5_1", "gguf_q5_k", "gguf_q3_k",
+    "gguf_q2_k", "gguf_iq4_nl", "gguf_iq4_xs",
+)  # fmt: skip
 #: small column tiles and a reduction split 3 ways (unevenly: 8 tiles of 32 columns at K=256)
 SPLIT_TILES = GroupedIntTiles(
     block_k=32,

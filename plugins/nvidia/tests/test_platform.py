@@ -49,7 +49,7 @@ def test_claims_and_validate(platform: CudaPlatform) -> None:
         assert "bfloat16" not in caps.dtypes and not caps.graph_capture
         assert caps.quant_schemes == (
             "int4_grouped", "int8_grouped", "gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q4_k", "gguf_q6_k",
-            "gguf_q5_0", "gguf_q5_1", "gguf_q5_k",
+            "gguf_q5_0", "gguf_q5_1", "gguf_q5_k", "gguf_q3_k", "gguf_q2_k", "gguf_iq4_nl", "gguf_iq4_xs",
         )  # fmt: skip
         assert any("bfloat16" in r for r in platform.validate(EngineConfig(dtype="bfloat16")))
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 from ptx_emulator import run_ptx
 
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, grouped_codes
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import SILU
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _dot6_asm, _dot8_asm, _dot_asm
@@ -31,6 +30,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     H200_GROUPED_INT_TILES,
     INTERPRETER_GROUPED_INT_TILES,
 )
+from engine_plugin_sdk.grouped_codes import GroupedCodes, grouped_codes
 from engine_plugin_sdk.quant import make_quantized_weight
 from engine_plugin_sdk.tolerances import compare, get_tolerance
 

@@ -99,7 +99,7 @@ def grouped_int_gemm_kernel(
             x_lo = _load_x(x_rows, m_ok, perm_ptr, k0 + cols_c, HAS_PERM)
             x_hi = _load_x(x_rows, m_ok, perm_ptr, k0 + RUN + cols_c, HAS_PERM)
             p_rows = plane_ptr + offs_n.to(tl.int64)[:, None] * stride_pn
-            low, high = six_bit_halves(codes, p_rows, k0 // 4, offs_c, n_ok[:, None])
+            low, high = six_bit_halves(codes, p_rows, k0 // 4, n_ok[:, None])
             scale_hi, zs_hi = scale, zs
             if SPLIT_GROUPS:
                 scale_hi = _tile_params(scale_ptr, super_ptr, s_rows, n_ok, k0 + RUN, SUBS, RUN, PACKED, GROUP,
@@ -156,8 +156,7 @@ def grouped_int_dequant_kernel(
         zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)[:, None]
     out_rows = out_ptr + rows[:, None] * stride_on + block * BLOCK + offs_c[None, :]
     if BITS == 6:
-        low, high = six_bit_halves(codes, plane_ptr + rows[:, None] * stride_pn, block * (BLOCK // 4), offs_c,
-                                   n_ok[:, None])  # fmt: skip
+        low, high = six_bit_halves(codes, plane_ptr + rows[:, None] * stride_pn, block * (BLOCK // 4), n_ok[:, None])
         high_params = rows * stride_sn + (block * BLOCK + W_COLS) // GROUP
         scale_hi = group_params(scale_ptr, super_ptr, high_params, SUB_GROUPS)[:, None]
         zs_hi = scale_hi

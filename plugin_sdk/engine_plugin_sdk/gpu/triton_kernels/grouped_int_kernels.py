@@ -1,6 +1,6 @@
 """Weight-only products over grouped integer weights (``int4_grouped`` / ``int8_grouped``, the layout of
 :mod:`engine.interfaces.grouped_int`, and the GGUF types repacked exactly into it,
-:mod:`engine_plugin_sdk.gpu.grouped_codes`): ``y = x[:, perm] @ dequant(W).T (+ bias)``.
+:mod:`engine_plugin_sdk.grouped_codes`): ``y = x[:, perm] @ dequant(W).T (+ bias)``.
 
 The weight stays in its codes in device memory and is dequantized in registers (``code * scale -
 zero_scale``, or ``(code - ZERO) * scale`` for a weight with one zero point), accumulating in float32.

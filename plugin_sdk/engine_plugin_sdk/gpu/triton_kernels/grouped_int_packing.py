@@ -8,7 +8,7 @@ import torch
 from engine.interfaces.gemm import QuantizedWeight
 from engine.interfaces.grouped_int import unpack_int4
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
-from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
+from engine_plugin_sdk.grouped_codes import GroupedCodes, dequantize_codes, grouped_codes
 
 #: ``tl.dot`` takes a reduction of 16 at least; a 4-bit tile holds two halves of it
 MIN_BLOCK_K = {4: 32, 8: 16}
@@ -27,7 +27,7 @@ def pack_grouped_int(
     weight: QuantizedWeight, block_k: int, device: torch.device, two_level: bool = True, six_bit: bool = False
 ) -> GroupedIntWeight:
     """Repack an ``int4_grouped`` / ``int8_grouped`` weight, or a GGUF weight of a type the kernels take
-    (:data:`~engine_plugin_sdk.gpu.grouped_codes.GGUF_GROUPED_FORMS`), into the kernels' layout on ``device``.
+    (:data:`~engine_plugin_sdk.grouped_codes.GGUF_GROUPED_FORMS`), into the kernels' layout on ``device``.
 
     Args:
         weight: the weight in the plugin API's layout (:mod:`engine.interfaces.grouped_int`, or GGUF blocks).

@@ -19,19 +19,22 @@ SIX_BLOCK = tl.constexpr(32)
 
 
 @triton.jit
-def six_bit_halves(codes, plane_rows, p_col0, offs_c, mask):
-    """int32 codes of a tile's low and high halves ``[N, C]`` from its nibble bytes ``codes [N, C]``: byte ``c`` of
-    the tile is byte ``c % 16`` of its ``c // 16``-th block, whose plane starts at byte ``p_col0 + 8 (c // 16)`` of
-    ``plane_rows`` (``[N, 1]`` row pointers; ``mask`` their rows')."""
-    r = offs_c % 16
-    at = p_col0 + (offs_c // 16) * 8 + r % 4
-    shift = (2 * (r // 4))[None, :]
-    a = tl.load(plane_rows + at[None, :], mask=mask, other=0).to(tl.int32)
-    b = tl.load(plane_rows + (at + 4)[None, :], mask=mask, other=0).to(tl.int32)
+def six_bit_halves(codes, plane_rows, p_col0, mask):
+    """int32 codes of a tile's low and high halves ``[N, C]`` from its nibble bytes ``codes [N, C]`` (whole blocks:
+    byte ``c`` is byte ``c % 16`` of the tile's ``c // 16``-th block), whose planes are the ``C / 2`` bytes from byte
+    ``p_col0`` of ``plane_rows`` (``[N, 1]`` row pointers; ``mask`` their rows')."""
+    N: tl.constexpr = codes.shape[0]
+    C: tl.constexpr = codes.shape[1]
+    BLOCKS: tl.constexpr = C // 16
+    # the planes as one contiguous run a row (a vector load, pipelined with the codes'), then spread over the
+    # bytes: byte r of a block takes bits 2 (r // 4) of its plane bytes r % 4 (low half) and 4 + r % 4 (high)
+    plane = tl.load(plane_rows + (p_col0 + tl.arange(0, C // 2))[None, :], mask=mask, other=0).to(tl.int32)
+    a, b = tl.split(tl.permute(tl.reshape(plane, (N, BLOCKS, 2, 4)), (0, 1, 3, 2)))
+    shift = (2 * tl.arange(0, 4))[None, None, :, None]
+    a = tl.reshape((a[:, :, None, :] >> shift) & 0x3, (N, C))
+    b = tl.reshape((b[:, :, None, :] >> shift) & 0x3, (N, C))
     wide = codes.to(tl.int32)
-    low = (wide & 0xF) | (((a >> shift) & 0x3) << 4)
-    high = (wide >> 4) | (((b >> shift) & 0x3) << 4)
-    return low, high
+    return (wide & 0xF) | (a << 4), (wide >> 4) | (b << 4)
 
 
 @triton.jit
