@@ -31,22 +31,16 @@ import torch
 
 from engine_plugin_cpu.amx_kernels import AmxWeight, amx_packable, pack_amx_weight
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
-from engine_plugin_cpu.native_kernels import (
-    NativeKernels,
-    TiledWeight,
-    tile_q4,
-    tile_q5_k,
-    tile_q6_k,
-    tile_q8,
-)
+from engine_plugin_cpu.native_kernels import NativeKernels
 from engine_plugin_cpu.quant_pack import (
     GGUF_BLOCK,
+    codes_as_q8_0,
     pack_int4,
-    q5_0_as_q8_0,
     requantize_int8_rows,
     unpack_q4,
     unpack_q8_0,
 )
+from engine_plugin_cpu.tiled_weights import TiledWeight, tile_iq4, tile_q2, tile_q4, tile_q5, tile_q6, tile_q8
 from engine_plugin_sdk import (
     GemmBackend,
     QuantizedWeight,
@@ -59,9 +53,16 @@ from engine_plugin_sdk import (
 #: scheme name -> GGUF type name, for the schemes kept quantized
 PACKED_SCHEMES = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
 #: K-quants kept quantized by the C kernels only (torch's kernels cannot express their scales)
-NATIVE_ONLY_SCHEMES = {"gguf_q4_k": "Q4_K", "gguf_q5_k": "Q5_K", "gguf_q6_k": "Q6_K"}
-#: GGUF schemes repacked exactly into one of the above at load: Q5_0's 5-bit values into Q8_0's bytes
-REPACKED_SCHEMES = {"gguf_q5_0": "gguf_q8_0"}
+NATIVE_ONLY_SCHEMES = {
+    "gguf_q4_k": "Q4_K", "gguf_q5_k": "Q5_K", "gguf_q6_k": "Q6_K", "gguf_q5_1": "Q5_1", "gguf_q3_k": "Q3_K",
+    "gguf_q2_k": "Q2_K", "gguf_iq4_nl": "IQ4_NL", "gguf_iq4_xs": "IQ4_XS",
+}  # fmt: skip
+#: the GGUF types whose tile records hold a byte a weight, by their builder
+BYTE_TILES = {"Q6_K": tile_q6, "Q3_K": tile_q6, "Q5_K": tile_q5, "Q5_1": tile_q5, "Q2_K": tile_q2}
+#: GGUF schemes repacked into Q8_0's bytes at load (``codes_as_q8_0``): Q5_0's 5-bit values and IQ4_NL's table
+#: values exactly, IQ4_XS's with its group scales rounded to fp16 (as the K-quants' tiles round);
+#: the IQ4 types only without the C kernels, which read their nibbles as they are
+REPACKED_SCHEMES = frozenset({"gguf_q5_0", "gguf_iq4_nl", "gguf_iq4_xs"})
 #: grouped-int schemes: repacked into the GGUF schemes above where exact, else dequantised at load
 GROUPED_SCHEMES = frozenset(SYMMETRIC_ZERO)
 #: the activation dtype the packed kernels run in
@@ -160,7 +161,7 @@ class CpuGemmBackend(GemmBackend):
                 # None where the GGUF blocks cannot hold it exactly: it then takes the dequantising path
                 if repacked is not None:
                     weight = repacked
-            if weight.scheme in REPACKED_SCHEMES and target == PACKED_DTYPE:
+            if weight.scheme in REPACKED_SCHEMES and weight.scheme not in self.type_names and target == PACKED_DTYPE:
                 weight = _repacked_gguf(weight)
             if weight.scheme in self.type_names and target == PACKED_DTYPE:
                 return self._pack(weight)
@@ -213,9 +214,12 @@ class CpuGemmBackend(GemmBackend):
         if type_name == "Q8_0":
             tiled, max_rows = tile_q8(data, (out, width)), TILED8_MAX_PACKED_ROWS
             dense32 = unpack_q8_0(data, (out, width)) if self.dense_copy else None
-        elif type_name in ("Q6_K", "Q5_K"):
-            tile = tile_q6_k if type_name == "Q6_K" else tile_q5_k
-            tiled, max_rows = tile(data, (out, width)), TILED8_MAX_PACKED_ROWS
+        elif type_name in BYTE_TILES:
+            tile = BYTE_TILES[type_name]
+            tiled, max_rows = tile(data, type_name, (out, width)), TILED8_MAX_PACKED_ROWS
+            dense32 = _dequantize(weight) if self.dense_copy else None
+        elif type_name in ("IQ4_NL", "IQ4_XS"):
+            tiled, max_rows = tile_iq4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
             dense32 = _dequantize(weight) if self.dense_copy else None
         else:
             tiled, max_rows = tile_q4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
@@ -372,9 +376,7 @@ def _dequantize(weight: QuantizedWeight) -> torch.Tensor:
 
 
 def _repacked_gguf(weight: QuantizedWeight) -> QuantizedWeight:
-    """A GGUF weight of :data:`REPACKED_SCHEMES` as the scheme it repacks into exactly (its ``dequantize`` the
-    original's)."""
+    """A GGUF weight of :data:`REPACKED_SCHEMES` as Q8_0 (its ``dequantize`` the original's)."""
     shape = (int(weight.shape[0]), int(weight.shape[1]))
-    data = q5_0_as_q8_0(torch.as_tensor(weight.data).to("cpu"), shape)
-    scheme = REPACKED_SCHEMES[weight.scheme]
-    return QuantizedWeight(scheme, data, weight.shape, weight.dequantize, {"repacked_from": weight.scheme})
+    data = codes_as_q8_0(torch.as_tensor(weight.data).to("cpu"), weight.scheme, shape)
+    return QuantizedWeight("gguf_q8_0", data, weight.shape, weight.dequantize, {"repacked_from": weight.scheme})

@@ -63,6 +63,8 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "q8_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q6_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "q5_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "q2_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "iq4_linear": ([_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),

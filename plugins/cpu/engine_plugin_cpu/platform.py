@@ -33,12 +33,13 @@ CGROUP_MEMORY_CURRENT = "/sys/fs/cgroup/memory.current"
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 #: GGUF schemes the GEMM keeps quantized (packed int4 / int8 kernels, in bfloat16)
-QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_0")
+QUANT_SCHEMES = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_0", "gguf_iq4_nl", "gguf_iq4_xs")
 #: grouped-int weights (GPTQ / AWQ / compressed-tensors): on the packed kernels where they repack exactly
 #: into the GGUF types above (engine_plugin_cpu.grouped_int), else dequantized at load
 GROUPED_QUANT_SCHEMES = ("int4_grouped", "int8_grouped")
-#: GGUF K-quants, kept quantized where the plugin's C kernels run (else dequantized at load)
-NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
+#: GGUF K-quants (Q3_K in Q6_K's records, Q2_K in them with mins; and Q5_1, whose d and m per 32 weights are
+#: Q5_K's records), kept quantized where the plugin's C kernels run (else dequantized at load)
+NATIVE_QUANT_SCHEMES = ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q5_1", "gguf_q3_k", "gguf_q2_k")
 #: /proc/cpuinfo flags of a native bf16 dot product (AVX-512 BF16, AMX)
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 CPUINFO_PATH = "/proc/cpuinfo"

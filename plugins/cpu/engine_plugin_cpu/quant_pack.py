@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_plugin_sdk import QuantizedWeight
+from engine_plugin_sdk.grouped_codes import GroupedCodes, grouped_codes
+
 GGUF_BLOCK = 32
 #: GGUF type name -> bytes per block of 32 weights, for the types this module unpacks
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 #: torch's int4 packing tiles the input dimension; 2 is what its CPU kernel expects
 INT4_INNER_K_TILES = 2
 #: the int4 kernel's row count must be a multiple of this
@@ -129,14 +132,26 @@ def requantize_int8_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torc
     return q.contiguous(), scale
 
 
-def q5_0_as_q8_0(data: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """Q5_0 bytes as Q8_0 bytes of the same matrix, exactly: a block's ``d * (q - 16)`` with ``q`` its nibble and
-    its bit of the little-endian 32-bit ``qh`` is Q8_0's ``d * q8`` with ``q8 = q - 16`` (-16..15) and the same
-    fp16 ``d``."""
-    blocks = gguf_blocks(data, "Q5_0", shape)
-    qh = blocks[..., 2:6]
-    # value i's high bit: bit i % 8 of qh's byte i // 8
-    high = torch.stack([(qh >> b) & 1 for b in range(8)], dim=-1).reshape(*qh.shape[:-1], 32)
-    q = nibbles(blocks[..., 6:22]) | (high << 4)
-    q8 = (q.to(torch.int16) - 16).to(torch.int8).view(torch.uint8)
-    return torch.cat([blocks[..., 0:2], q8], dim=-1).reshape(shape[0], -1).contiguous()
+def gguf_codes(data: torch.Tensor, scheme: str, shape: tuple[int, int]) -> GroupedCodes:
+    """GGUF bytes of ``scheme`` as one code per value and float32 group scales (the SDK's unpacking, bit for bit
+    ``gguf.quants``' values).
+
+    Raises:
+        ValueError: for bytes that do not match the shape, or a scheme without that form.
+    """
+    return grouped_codes(QuantizedWeight(scheme, data, shape, None, {}), torch.device("cpu"))
+
+
+def codes_as_q8_0(data: torch.Tensor, scheme: str, shape: tuple[int, int]) -> torch.Tensor:
+    """GGUF bytes whose codes less their zero point fit int8 with one scale per 32 values (Q5_0, IQ4_NL, IQ4_XS) as
+    Q8_0 bytes of the same matrix: ``(q - zero_point) * d`` is a Q8_0 block's ``d * q8``. Exact where ``d`` is an fp16
+    value (Q5_0's, IQ4_NL's); IQ4_XS's ``d * (ls - 32)`` rounds to fp16 (2^-11 relative at most, as the K-quants'
+    ``d * sc`` do on the C kernels).
+
+    Raises:
+        ValueError: for bytes that do not match the shape.
+    """
+    codes = gguf_codes(data, scheme, shape)
+    q8 = (codes.codes.to(torch.int16) - codes.zero_point).to(torch.int8).reshape(shape[0], -1, GGUF_BLOCK)
+    d = codes.scales.to(torch.float16).unsqueeze(-1).view(torch.uint8)
+    return torch.cat([d, q8.view(torch.uint8)], dim=-1).reshape(shape[0], -1).contiguous()

@@ -1,4 +1,4 @@
-"""A GGUF Llama whose matrices are Q4_K or Q5_K (lm_head Q6_K), through ``LLM``: the C kernels keep them
+"""A GGUF Llama whose matrices are Q4_K, Q5_K, Q5_1, Q3_K, Q2_K, IQ4_XS or IQ4_NL (lm_head Q6_K), through ``LLM``: the C kernels keep them
 quantized, and the bf16 fast path's log-probabilities stay close to the float32 dequantised path's."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from engine_plugin_cpu.native_build import native_prerequisites
 
 #: largest |logprob_fast - logprob_fp32| over the top-5 tokens of each compared step (measured: up to 0.044)
 LOGPROB_TOL = 0.15
+#: random Q5_1 blocks (a minimum per 32 weights) give this model larger logits: its bf16 dequantized copy is
+#: 0.28 from float32, the packed kernels 0.17 (measured)
+LOGPROB_TOLS = {"gguf_q5_1": 0.3}
 PROMPTS = [[5, 17, 300, 42, 7], [100, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [511, 0, 256]]
 
 
@@ -26,7 +29,7 @@ def _smollm_gguf() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("scheme", "bits"), [("gguf_q4_k", 4), ("gguf_q5_k", 5)])
+@pytest.mark.parametrize(("scheme", "bits"), [("gguf_q4_k", 4), ("gguf_q5_k", 5), ("gguf_q5_1", 5), ("gguf_q3_k", 6), ("gguf_q2_k", 2), ("gguf_iq4_xs", 4), ("gguf_iq4_nl", 4)])
 def test_k_quant_gguf_runs_quantized_and_matches_float32(tmp_path: Path, scheme: str, bits: int) -> None:
     if native_prerequisites():
         pytest.skip(f"no C kernels here: {native_prerequisites()}")
@@ -51,7 +54,7 @@ def test_k_quant_gguf_runs_quantized_and_matches_float32(tmp_path: Path, scheme:
             common = set(ref_lp) & set(got_lp)
             assert len(common) >= 3
             worst = max(abs(ref_lp[t] - got_lp[t]) for t in common)
-            assert worst <= LOGPROB_TOL, f"step {step}: logprob differs by {worst:.3f}"
+            assert worst <= LOGPROB_TOLS.get(scheme, LOGPROB_TOL), f"step {step}: logprob differs by {worst:.3f}"
             compared += 1
             if ref_tok != got_tok:
                 break

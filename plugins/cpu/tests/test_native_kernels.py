@@ -13,10 +13,11 @@ import torch
 
 from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.fast_ops import add_layer_norm as torch_add_layer_norm
-from engine_plugin_cpu.gemm import TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
+from engine_plugin_cpu.gemm import BYTE_TILES, TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
 from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native, ownership_problem
-from engine_plugin_cpu.native_kernels import NativeKernels, tile_q4, tile_q5_k, tile_q6_k, tile_q8
+from engine_plugin_cpu.native_kernels import NativeKernels
 from engine_plugin_cpu.platform import cpu_flags
+from engine_plugin_cpu.tiled_weights import tile_iq4, tile_q4, tile_q8
 from engine_plugin_sdk.quant import make_quantized_weight
 
 #: bf16 output rounding (2^-8 relative) plus the two-level int8 activations (~2^-15 of a block's largest
@@ -116,16 +117,17 @@ def test_a_kernel_cache_others_can_write_is_not_loaded_from(monkeypatch: pytest.
 
 
 def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):
-    if scheme == "gguf_q8_0":
+    type_name = scheme[len("gguf_") :].upper()
+    if type_name == "Q8_0":
         return tile_q8(data, shape)
-    if scheme == "gguf_q6_k":
-        return tile_q6_k(data, shape)
-    if scheme == "gguf_q5_k":
-        return tile_q5_k(data, shape)
-    return tile_q4(data, scheme[len("gguf_") :].upper(), shape)
+    if type_name in BYTE_TILES:
+        return BYTE_TILES[type_name](data, type_name, shape)
+    if type_name.startswith("IQ4"):
+        return tile_iq4(data, type_name, shape)
+    return tile_q4(data, type_name, shape)
 
 
-@pytest.mark.parametrize("scheme", ["gguf_q4_0", "gguf_q4_1", "gguf_q8_0"])
+@pytest.mark.parametrize("scheme", ["gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_1", "gguf_iq4_nl"])
 @pytest.mark.parametrize("shape", [(16, 32), (40, 96), (100, 64)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 def test_tiled_linear_against_float64(
@@ -144,11 +146,11 @@ def test_tiled_linear_against_float64(
     assert err <= LINEAR_REL_TOL * expected.abs().max().item(), f"{scheme} {shape} rows={rows}: error {err}"
 
 
-@pytest.mark.parametrize("scheme", ["gguf_q4_k", "gguf_q5_k", "gguf_q6_k"])
+@pytest.mark.parametrize("scheme", ["gguf_q2_k", "gguf_q3_k", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_iq4_xs"])
 @pytest.mark.parametrize("shape", [(16, 256), (40, 512)])
 @pytest.mark.parametrize("rows", [1, 4, 6])
 def test_k_quant_tiles_against_float64(native: NativeKernels, scheme: str, shape: tuple[int, int], rows: int) -> None:
-    """Q4_K / Q5_K / Q6_K decoded by the plugin (scales rounded to fp16) against gguf's own dequantisation."""
+    """Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS decoded by the plugin (scales rounded to fp16) against gguf's own dequantisation."""
     weight = make_quantized_weight(scheme, *shape, seed=rows + shape[0])
     tiled = _tile(scheme, weight.data, shape)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)

@@ -58,9 +58,11 @@ def test_capabilities() -> None:
     assert caps.swap and caps.sliding_window and caps.logits_soft_cap and not caps.graph_capture
     assert caps.attention_sinks and caps.non_causal_attention
     # K-quants are claimed only where the C kernels can be built
-    k_quants = {"gguf_q4_k", "gguf_q5_k", "gguf_q6_k"} if CpuPlatform().native_kernels_possible() else set()
+    native = {"gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q5_1", "gguf_q3_k", "gguf_q2_k"}
+    k_quants = native if CpuPlatform().native_kernels_possible() else set()
     grouped = {"int4_grouped", "int8_grouped"}
-    assert set(caps.quant_schemes) == {"gguf_q4_0", "gguf_q4_1", "gguf_q8_0", "gguf_q5_0"} | grouped | k_quants
+    repacked = {"gguf_q5_0", "gguf_iq4_nl", "gguf_iq4_xs"}
+    assert set(caps.quant_schemes) == {"gguf_q4_0", "gguf_q4_1", "gguf_q8_0"} | repacked | grouped | k_quants
     assert set(caps.quant_schemes) == set(CpuPlatform().make_gemm_backend().supported_quant_schemes)
     # "auto" is the first listed dtype: bf16 only where the CPU has a native bf16 dot product
     assert caps.dtypes[0] == preferred_dtype() == caps.extra["preferred_dtype"]

@@ -18,6 +18,12 @@
  * then 16 fp16 scales of weights 0-15 and 16 of weights 16-31 (GGUF's d times the sub-block's scale).
  * 5-bit record (576 bytes, GGUF Q5_K): the 8-bit layout with q in 0..31 as it is (no offset), then 16 fp16 d
  * and 16 fp16 m, w = d * q + m.
+ * IQ4 record (320 bytes, GGUF IQ4_NL / IQ4_XS): the 4-bit layout whose nibbles index the format's table of 16
+ * int8 values (a byte shuffle gives them plus 128, removed again through the activations' correction), then 16
+ * fp16 d (m unread), w = d * table[q].
+ * 2-bit record (640 bytes, GGUF Q2_K, whose scales and mins cover 16 weights): the 6-bit record with q in 0..3,
+ * then 16 fp16 m of weights 0-15 and 16 of weights 16-31, w = d * q + m; m multiplies the half's activation sum
+ * as the products see it (the quantized levels' sum, which the offset correction holds already).
  */
 #include "common.h"
 
@@ -26,6 +32,7 @@
 #define Q8_TILE_RECORD 544
 #define Q6_TILE_RECORD 576
 #define Q5_TILE_RECORD 576
+#define Q2_TILE_RECORD 640
 
 typedef struct {
     int8_t *xh, *xl;           /* [rows][k] */
@@ -99,12 +106,18 @@ static inline __m512 add_block(__m512 total, __m512i h, __m512i l, int32_t corre
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d, _mm512_set1_ps(s)), total);
 }
 
-/* one 16-row tile of 4-bit weights against R activation rows from r0 */
-static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+/* one 16-row tile of 4-bit weights against R activation rows from r0: w = d * q + m or, with lut, the IQ4
+ * table's value of q (plus 128) times d */
+static inline __attribute__((always_inline)) void nibble_tile(const qlinear_args_t *a, int64_t t, int64_t r0,
+                                                              const int R, const int lut) {
     const int64_t nblk = a->k / Q4_BLOCK;
     const activations_t *act = a->act;
     const uint8_t *rec = a->w + t * nblk * Q4_TILE_RECORD;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* IQ4's values -127, -104, ..., 113 plus 128, in each 128-bit lane for the shuffle */
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181,
+                      (char)197, (char)217, (char)241));
     __m512 total[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
@@ -116,6 +129,10 @@ static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *
         for (int c = 0; c < 4; c++) {
             __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * c));
             __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if (lut) {
+                lo = _mm512_shuffle_epi8(table, lo);
+                hi = _mm512_shuffle_epi8(table, hi);
+            }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const int64_t off = (r0 + r) * a->k + b * Q4_BLOCK + 8 * c;
@@ -130,13 +147,24 @@ static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int64_t idx = (r0 + r) * nblk + b;
-            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]), 0, d,
-                                 act->scale[idx]);
-            total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
+            const int32_t correction = lut ? act->bias_correction[2 * idx] + act->bias_correction[2 * idx + 1] : 0;
+            total[r] = add_block(total[r], _mm512_add_epi32(h0[r], h1[r]), _mm512_add_epi32(l0[r], l1[r]),
+                                 correction, d, act->scale[idx]);
+            if (!lut) total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(act->xsum[idx]), total[r]);
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
+}
+
+/* one 16-row tile of 4-bit weights (Q4_0 / Q4_1 / Q4_K) */
+static inline __attribute__((always_inline)) void q4_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    nibble_tile(a, t, r0, R, 0);
+}
+
+/* one 16-row tile of IQ4 weights: 4-bit records whose nibbles index the IQ4 table */
+static inline __attribute__((always_inline)) void iq4_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    nibble_tile(a, t, r0, R, 1);
 }
 
 /* one 16-row tile of 8-bit records against R activation rows from r0: Q8_0's (q + 128, the offset removed
@@ -193,15 +221,18 @@ static inline __attribute__((always_inline)) void q5_tile(const qlinear_args_t *
     byte_tile(a, t, r0, R, Q5_TILE_RECORD, 1);
 }
 
-/* one 16-row tile of 6-bit (Q6_K) weights: 8-bit records whose two 16-weight halves have their own scale */
-static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+/* one 16-row tile of 8-bit records whose two 16-weight halves have their own scale against R activation rows
+ * from r0: Q6_K's or, with_min, Q2_K's (then an m per half times the half's activation sum) */
+static inline __attribute__((always_inline)) void half_scaled_tile(const qlinear_args_t *a, int64_t t, int64_t r0,
+                                                                   const int R, const int64_t record,
+                                                                   const int with_min) {
     const int64_t nblk = a->k / Q4_BLOCK;
     const activations_t *act = a->act;
-    const uint8_t *rec = a->w + t * nblk * Q6_TILE_RECORD;
+    const uint8_t *rec = a->w + t * nblk * record;
     __m512 total[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b++, rec += Q6_TILE_RECORD) {
+    for (int64_t b = 0; b < nblk; b++, rec += record) {
         __m512i ha[4], hb[4], la[4], lb[4]; /* a: weights 0-15 (chunks 0-3), b: weights 16-31 */
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) ha[r] = hb[r] = la[r] = lb[r] = _mm512_setzero_si512();
@@ -226,9 +257,31 @@ static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *
             total[r] = add_block(total[r], ha[r], la[r], act->bias_correction[2 * idx], da, act->scale[idx]);
             total[r] = add_block(total[r], hb[r], lb[r], act->bias_correction[2 * idx + 1], db, act->scale[idx]);
         }
+        if (with_min) {
+            __m512 ma = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 576)));
+            __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 608)));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int64_t idx = (r0 + r) * nblk + b;
+                /* a half's sum of s / 256 * (256 xh + xl): its correction is 128 times the integer part */
+                const float s = act->scale[idx] / 128.0f;
+                total[r] = _mm512_fmadd_ps(ma, _mm512_set1_ps(s * (float)act->bias_correction[2 * idx]), total[r]);
+                total[r] = _mm512_fmadd_ps(mb, _mm512_set1_ps(s * (float)act->bias_correction[2 * idx + 1]), total[r]);
+            }
+        }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) store_tile(a, t, r0 + r, total[r]);
+}
+
+/* one 16-row tile of 6-bit (Q6_K) weights: 8-bit records whose two 16-weight halves have their own scale */
+static inline __attribute__((always_inline)) void q6_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    half_scaled_tile(a, t, r0, R, Q6_TILE_RECORD, 0);
+}
+
+/* one 16-row tile of 2-bit (Q2_K) weights: Q6_K's records with an m per half */
+static inline __attribute__((always_inline)) void q2_tile(const qlinear_args_t *a, int64_t t, int64_t r0, const int R) {
+    half_scaled_tile(a, t, r0, R, Q2_TILE_RECORD, 1);
 }
 
 #define TILE_DISPATCH(fn)                                                         \
@@ -250,6 +303,8 @@ TILE_DISPATCH(q4_tile)
 TILE_DISPATCH(q8_tile)
 TILE_DISPATCH(q6_tile)
 TILE_DISPATCH(q5_tile)
+TILE_DISPATCH(q2_tile)
+TILE_DISPATCH(iq4_tile)
 
 static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n,
                    int64_t k, int out_f32, int nthreads) {
@@ -261,27 +316,16 @@ static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, 
     return 0;
 }
 
-/* out[rows, n] = x[rows, k] @ W^T for W in 4-bit tile records; x contiguous bf16, k % 32 == 0; out
+/* Each entry: out[rows, n] = x[rows, k] @ W^T for W in its tile records; x contiguous bf16, k % 32 == 0; out
  * contiguous bf16, or float32 when out_f32. Returns 0, or -1 when out of memory. */
-int q4_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
-              int out_f32, int nthreads) {
-    return qlinear(pool, q4_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
-}
-
-/* The same for W in 8-bit tile records. */
-int q8_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
-              int out_f32, int nthreads) {
-    return qlinear(pool, q8_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
-}
-
-/* The same for W in 6-bit (Q6_K) tile records. */
-int q6_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
-              int out_f32, int nthreads) {
-    return qlinear(pool, q6_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
-}
-
-/* The same for W in 5-bit (Q5_K) tile records. */
-int q5_linear(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,
-              int out_f32, int nthreads) {
-    return qlinear(pool, q5_tile_task, x, w, out, rows, n, k, out_f32, nthreads);
-}
+#define QLINEAR_ENTRY(name, task)                                                                          \
+    int name(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,  \
+             int out_f32, int nthreads) {                                                                   \
+        return qlinear(pool, task, x, w, out, rows, n, k, out_f32, nthreads);                               \
+    }
+QLINEAR_ENTRY(q4_linear, q4_tile_task)   /* 4-bit records (Q4_0 / Q4_1 / Q4_K) */
+QLINEAR_ENTRY(q8_linear, q8_tile_task)   /* 8-bit (Q8_0) */
+QLINEAR_ENTRY(q6_linear, q6_tile_task)   /* 6-bit (Q6_K, Q3_K) */
+QLINEAR_ENTRY(q5_linear, q5_tile_task)   /* 5-bit (Q5_K, Q5_1) */
+QLINEAR_ENTRY(q2_linear, q2_tile_task)   /* 2-bit (Q2_K) */
+QLINEAR_ENTRY(iq4_linear, iq4_tile_task) /* IQ4 (IQ4_NL / IQ4_XS) */
