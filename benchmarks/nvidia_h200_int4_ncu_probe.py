@@ -46,10 +46,10 @@ def tiles_of(variant: str, h200: object) -> object:
 def main() -> None:
     import torch
 
-    from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES
+    from engine_plugin_sdk.grouped_codes import GroupedCodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["gate_up"], choices=list(SHAPES))

@@ -37,8 +37,8 @@ def weights_of(kind: str, n: int, k: int, copies: int, gen: Any) -> tuple[list[A
     """``copies`` random weights of ``kind``, the tensor of each that a prefetch asks for, and its bytes."""
     import torch
 
-    from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes
+    from engine_plugin_sdk.grouped_codes import GroupedCodes
 
     if kind == "bf16":
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(copies)]

@@ -38,6 +38,16 @@
 #            its dequantized copy; 1 and 4 sequences) with the first variants of `six-bit` and `params` beside them,
 #            and single-step products taking two row groups a program (dot_gemv_row_groups=2, session 40); the
 #            other variants (6 bits at 4 rows, the scales' L2 prefetch, the register cap) are those parts'.
+#   six-bit-rows: the 6-bit codes' GEMM at 2-16 rows after its planes became one vector load a row (session 41,
+#            a87dd42; session 41's H100 call before it: Q4_K_M 4 sequences 269 tok/s against 844 in 8 bits, Q5_K_M
+#            69 against 465): its GPU tests, then Q4_K_M and Q5_K_M batch-1 and 4-sequence decode with
+#            six_bit_codes=1 against the defaults and the dequantized copy. Flip six_bit_codes on where 4 sequences
+#            no longer lose (at one row: +3.7% / +17% on an H100).
+#   q3:      a Llama-3-8B-shaped GGUF Q3_K_M (Q3_K, with Q4_K / Q5_K / Q6_K where llama.cpp's mix puts them), its
+#            Q3_K kept packed on GPUs since session 41 (3-bit codes a byte each; 6 bits with six_bit_codes), against
+#            its dequantized copy: the GGUF kernel tests on the GPU, batch-1 and 4-sequence decode.
+#   iq4:     the same for a Llama-3-8B-shaped GGUF IQ4_XS (every projection IQ4_XS, the LM head Q6_K), kept packed
+#            on GPUs since session 41 (its table values plus 128 as 8-bit codes, Q8_0's form with two-level scales).
 #   groups:  the row groups per product (dot_gemv_row_groups 1 / 2 / 3; qkv, o_proj, gate_up; groups of 128 and
 #            GGUF's 32 columns), then W4A16 and Q4_K_M batch-1 decode with 2 and 3 groups against the defaults.
 #   q5:      a Llama-3-8B-shaped GGUF Q5_K_M (Q5_K, and Q6_K where Q4_K_M puts it), kept packed on GPUs since
@@ -61,7 +71,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -69,6 +79,16 @@
 # overlap-e2e / overlap-fp8 wait for attention kernels that share the GPU; decode is still to run on an H200.
 PART=$1; OUT=$2; MODEL=.nvcarry/llama3-8b-dummy; LOGS=/tmp/nvlogs; mkdir -p $LOGS
 source benchmarks/nvidia_h200_setup.sh
+# a GGUF plan's GPU kernel tests, then its batch-1 and 4-sequence decode (TILES: its variants, default the 6-bit
+# codes) against its dequantized copy
+gguf_plan() {
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/$1_tests.log 2>&1
+  tail -3 $LOGS/$1_tests.log
+  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode $2 ${2}_dequantized \
+    --grouped-tiles ${TILES:-six_bit_codes=1} --decode-batch 4 --throughput --json "$OUT/$1_decode.json" > $LOGS/$1_decode.log 2>&1
+  grep -E "^decode" $LOGS/$1_decode.log
+  python3 benchmarks/decode_variants_table.py "$OUT/$1_decode.json"
+}
 if [ "$PART" = kernels ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
     plugins/nvidia/tests/test_fragment_kernels.py plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
@@ -151,6 +171,18 @@ elif [ "$PART" = next ]; then
     --decode-batch 4 --throughput --json "$OUT/next_decode.json" > $LOGS/next_decode.log 2>&1
   grep -E "^decode" $LOGS/next_decode.log
   python3 benchmarks/decode_variants_table.py "$OUT/next_decode.json"
+elif [ "$PART" = six-bit-rows ]; then
+  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py > $LOGS/six_rows_tests.log 2>&1
+  tail -2 $LOGS/six_rows_tests.log
+  timeout 420 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q4_k_m gguf_q5_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1} --decode-batch 4 --throughput \
+    --json "$OUT/six_rows_decode.json" > $LOGS/six_rows_decode.log 2>&1
+  grep -E "^decode" $LOGS/six_rows_decode.log
+  python3 benchmarks/decode_variants_table.py "$OUT/six_rows_decode.json"
+elif [ "$PART" = q3 ]; then
+  gguf_plan q3 gguf_q3_k_m
+elif [ "$PART" = iq4 ]; then
+  gguf_plan iq4 gguf_iq4_xs
 elif [ "$PART" = groups ]; then
   for group in 128 32; do
     timeout 100 python3 benchmarks/nvidia_h200_word_gemv.py --rows 1 --group $group --fragment-warps --dot-rows 8 \
@@ -164,13 +196,7 @@ elif [ "$PART" = groups ]; then
   grep -E "^decode" $LOGS/groups_decode.log
   python3 benchmarks/decode_variants_table.py "$OUT/groups_decode.json"
 elif [ "$PART" = q5 ]; then
-  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_gguf_grouped.py > $LOGS/q5_tests.log 2>&1
-  tail -3 $LOGS/q5_tests.log
-  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q5_k_m \
-    gguf_q5_k_m_dequantized --grouped-tiles ${TILES:-six_bit_codes=1} --decode-batch 4 --throughput \
-    --json "$OUT/q5_decode.json" > $LOGS/q5_decode.log 2>&1
-  grep -E "^decode" $LOGS/q5_decode.log
-  python3 benchmarks/decode_variants_table.py "$OUT/q5_decode.json"
+  gguf_plan q5 gguf_q5_k_m
 elif [ "$PART" = six-bit ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_six_bit_codes.py \
     plugins/nvidia/tests/test_gguf_grouped.py plugins/nvidia/tests/test_dot_gemv.py > $LOGS/six_bit_tests.log 2>&1

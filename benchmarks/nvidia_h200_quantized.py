@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT / "core" / "tests"), str(ROOT / "benchmarks")]
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}  # fmt: skip
 #: what each weight kind is drawn as; "bf16" stays the dummy loader's own tensor
-KINDS = ("int4_g128", "gguf_q4_0", "gguf_q8_0", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
+KINDS = ("int4_g128", "gguf_q4_0", "gguf_q8_0", "gguf_q3_k", "gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_iq4_xs")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -69,7 +69,7 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
 
     from engine.interfaces.gemm import ACTIVATIONS_KEY, PER_TOKEN_ACTIVATIONS, QuantizedWeight
     from engine.interfaces.grouped_int import grouped_int_weight
-    from engine_plugin_sdk.gpu.grouped_codes import dequantize_codes, grouped_codes
+    from engine_plugin_sdk.grouped_codes import dequantize_codes, grouped_codes
 
     def uniform(n: int, low: float, high: float) -> torch.Tensor:
         return torch.rand(n, generator=gen, device=device) * (high - low) + low
@@ -101,6 +101,10 @@ def random_weight(kind: str, out: int, width: int, device: Any, gen: Any) -> Any
     if kind == "gguf_q6_k":
         blocks[:, 192:208] = torch.randint(-64, 64, (count, 16), generator=gen, device=device, dtype=torch.int8).view(torch.uint8)
         put(208, 2e-5, 6e-5)
+    elif kind == "gguf_q3_k":  # 6-bit scales (sc - 32) and codes q - 4 average about 16 and 2.5
+        put(108, 3e-4, 8e-4)
+    elif kind in ("gguf_iq4_nl", "gguf_iq4_xs"):  # table values average about 60 (IQ4_XS: times ls - 32, ~16)
+        put(0, *((2e-4, 5e-4) if kind == "gguf_iq4_nl" else (1.2e-5, 3e-5)))
     else:  # Q4_K / Q5_K: d and dmin first; Q4_0 / Q8_0: one fp16 scale first
         ranges = {"gguf_q4_k": (5e-5, 1.5e-4), "gguf_q5_k": (2.5e-5, 7.5e-5), "gguf_q4_0": (2e-3, 6e-3),
                   "gguf_q8_0": (1e-4, 3e-4)}  # fmt: skip
@@ -124,6 +128,24 @@ def q4_k_m_kind(name: str, layers: int, base: str = "gguf_q4_k") -> str:
     return base
 
 
+def q3_k_m_kind(name: str, layers: int) -> str:
+    """llama.cpp's Q3_K_M choice for a tensor: Q6_K for ``output``; Q4_K for ``attn_output`` and ``attn_v`` (Q5_K in
+    the first two layers); for ``ffn_down`` Q5_K in the first sixteenth of the layers, Q4_K where
+    ``use_more_bits`` (as in :func:`q4_k_m_kind`), Q3_K elsewhere and for the other matrices."""
+    if name == "lm_head.weight":
+        return "gguf_q6_k"
+    if name.endswith(("v_proj.weight", "o_proj.weight", "down_proj.weight")):
+        i = int(name.split(".")[2])
+        if name.endswith("o_proj.weight"):
+            return "gguf_q4_k"
+        if name.endswith("v_proj.weight"):
+            return "gguf_q5_k" if i < 2 else "gguf_q4_k"
+        if i < layers // 16:
+            return "gguf_q5_k"
+        return "gguf_q4_k" if q4_k_m_kind(name, layers) == "gguf_q6_k" else "gguf_q3_k"
+    return "gguf_q3_k"
+
+
 #: variant -> how the dummy loader's tensors become weights: (name, layers) -> kind, or None to keep bf16;
 #: ``:dense`` dequantizes the drawn weight at load (the GGUF path before packed GGUF on GPUs)
 PLANS: dict[str, Callable[[str, int], str | None]] = {
@@ -140,12 +162,23 @@ PLANS: dict[str, Callable[[str, int], str | None]] = {
     "gguf_q5_k_m_dequantized": lambda name, layers: (
         q4_k_m_kind(name, layers, "gguf_q5_k") + ":dense" if name != "model.embed_tokens.weight" else None
     ),
+    "gguf_q3_k_m": lambda name, layers: q3_k_m_kind(name, layers) if name != "model.embed_tokens.weight" else None,
+    "gguf_q3_k_m_dequantized": lambda name, layers: (
+        q3_k_m_kind(name, layers) + ":dense" if name != "model.embed_tokens.weight" else None
+    ),
+    "gguf_iq4_xs": lambda name, layers: (
+        ("gguf_q6_k" if name == "lm_head.weight" else "gguf_iq4_xs") if name != "model.embed_tokens.weight" else None
+    ),
+    "gguf_iq4_xs_dequantized": lambda name, layers: (
+        ("gguf_q6_k" if name == "lm_head.weight" else "gguf_iq4_xs") + ":dense"
+        if name != "model.embed_tokens.weight" else None
+    ),
     "fp8": lambda name, layers: "fp8" if name.split(".")[-2] in PROJECTIONS else None,
     "fp8_weight_only": lambda name, layers: "fp8_weight_only" if name.split(".")[-2] in PROJECTIONS else None,
 }
 
 #: the decode variants whose products run the grouped-integer kernels (the others ignore their tiles)
-GROUPED_DECODE = ("w4a16", "w4a16_zp", "gguf_q4_k_m", "gguf_q5_k_m")
+GROUPED_DECODE = ("w4a16", "w4a16_zp", "gguf_q4_k_m", "gguf_q5_k_m", "gguf_q3_k_m", "gguf_iq4_xs")
 
 
 @contextlib.contextmanager

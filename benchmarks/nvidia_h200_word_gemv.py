@@ -103,10 +103,10 @@ def variants_for(
 def main() -> None:
     import torch
 
-    from engine_plugin_sdk.gpu.grouped_codes import GroupedCodes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes
     from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES, GroupedIntTiles
+    from engine_plugin_sdk.grouped_codes import GroupedCodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="activation rows (1-16)")

@@ -20,6 +20,7 @@ memory latency a chunk. ``--set DEPTH=2`` shows the prologue's two chunks and on
     python benchmarks/sass_shape.py word-gemv --set NUM_BLOCKS=32 SUBS=32 --warps 4 --stages 2
     python benchmarks/sass_shape.py moe-down-experts --set BLOCK_N=2 --warps 4
     python benchmarks/sass_shape.py dot-gemv --set ROWS=8 NUM_SLOTS=448 AHEAD=true --warps 4
+    python benchmarks/sass_shape.py gemm --set BITS=8 --warps 4 --stages 4   # Q6_K a byte a code
     MAXNREG=80 python benchmarks/sass_shape.py dot-gemv --set ROWS=8 USE_PDL=true --warps 4   # ptxas's maxnreg
 """
 
@@ -44,7 +45,7 @@ MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bia
             "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
 ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn",
-           "plane_ptr", "stride_pn")
+           "plane_ptr", "stride_pn", "k_per_split", "N", "stride_sn", "stride_om", "stride_os", "super_ptr")
 FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
             "BLOCK": 128, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
 WORD_GEMV = {"NUM_BLOCKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
@@ -55,6 +56,10 @@ BYTE_GEMV = {"NUM_BLOCKS": 448, "GROUP": 32, "BITS": 4, "ZERO": 0, "HAS_ZS": Tru
 #: the integer-dot GEMV over the same codes (o_proj's shape: 128 slots of 32 columns)
 DOT_GEMV = {"NUM_SLOTS": 128, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
             "BLOCK": 128, "ROWS": 4, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
+#: the grouped GEMM over GGUF Q6_K's codes (groups of 16, two-level scales) at 2-16 rows, the H200 tiles
+GEMM = {"GROUP": 16, "BITS": 6, "ZERO": 32, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
+        "PRECISION": "tf32", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SUB": 32, "SUB_GROUPS": 16, "K": 4096,
+        "USE_PDL": True}  # fmt: skip
 #: a Qwen3-30B-A3B layer's down experts at batch 1 (H200 tiles: 4 rows, 1,024 columns, PDL prefetch of 4)
 MOE_DOWN = {"K": 768, "TOP_K": 8, "K_P2": 8, "HAS_SCALE": False, "HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024,
             "USE_PDL": True, "PREFETCH": 4}  # fmt: skip
@@ -70,6 +75,7 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
         grouped_int4_fragment_kernels,
         grouped_int4_gemv_kernels,
         grouped_int_dot_gemv_kernels,
+        grouped_int_gemm_kernels,
         grouped_int_kernels,
         moe_kernels,
     )
@@ -82,6 +88,8 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     elif kind == "dot-gemv":
         fn = grouped_int_dot_gemv_kernels.grouped_int_dot_gemv_kernel
         constants = {**DOT_GEMV, "WARPS": warps}
+    elif kind == "gemm":
+        fn, constants = grouped_int_gemm_kernels.grouped_int_gemm_kernel, dict(GEMM)
     elif kind == "byte-gemv":
         fn, constants = grouped_int_kernels.grouped_int_gemv_kernel, dict(BYTE_GEMV)
     else:
@@ -121,7 +129,7 @@ def disassemble(cubin: bytes) -> tuple[list[str], str, str]:
         usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
                                text=True, check=True).stdout  # fmt: skip
     instructions = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(.*?);", text)]
-    resources = " ".join(re.findall(r"(?:REG|SHARED):\d+", usage))
+    resources = " ".join(re.findall(r"(?:REG|SHARED|STACK|LOCAL):\d+", usage))
     return instructions, text, resources
 
 
@@ -230,7 +238,7 @@ def main() -> None:
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "moe-down",
+    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "gemm", "moe-down",
                                            "moe-down-experts"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")
