@@ -39,7 +39,7 @@
 #            and single-step products taking two row groups a program (dot_gemv_row_groups=2, session 40); the
 #            other variants (6 bits at 4 rows, the scales' L2 prefetch, the register cap) are those parts'.
 #   six-bit-rows: the 6-bit codes' GEMM at 2-16 rows after its planes became one vector load a row (session 41,
-#            a87dd42; session 41's H100 call before it: Q4_K_M 4 sequences 269 tok/s against 844 in 8 bits, Q5_K_M
+#            b49caf7; session 41's H100 call before it: Q4_K_M 4 sequences 269 tok/s against 844 in 8 bits, Q5_K_M
 #            69 against 465): its GPU tests, then Q4_K_M and Q5_K_M batch-1 and 4-sequence decode with
 #            six_bit_codes=1 against the defaults and the dequantized copy. Flip six_bit_codes on where 4 sequences
 #            no longer lose (at one row: +3.7% / +17% on an H100).
