@@ -169,8 +169,8 @@ class EngineConfig(BaseModel):
         quantization: ``auto`` keeps a checkpoint's quantized matrices (GGUF; GPTQ, AWQ, compressed-tensors
             and FP8 folders, read from their ``quantization_config``) quantized where the platform's GEMM
             runs their scheme (``GemmBackend.supported_quant_schemes``) and dequantizes the others;
-            ``gptq``, ``awq`` and ``compressed-tensors`` do the same after checking that the checkpoint is
-            of that method; ``none`` dequantises every
+            ``gptq``, ``awq``, ``compressed-tensors`` and ``gguf`` do the same after checking that the
+            checkpoint is of that method (``gguf``: a ``.gguf`` file); ``none`` dequantises every
             weight to the model dtype at load time; ``fp8`` quantizes a float checkpoint's layer projections
             to FP8 e4m3 with a scale per output channel as it loads, and their activations to FP8 per token
             (W8A8: about twice the matmul rate of bf16 on GPUs with FP8 units, at some accuracy; the
@@ -197,7 +197,7 @@ class EngineConfig(BaseModel):
     load_format: str = "auto"
     tokenizer: str | None = None
     enforce_eager: bool = False
-    quantization: Literal["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"] = "auto"
+    quantization: Literal["auto", "none", "fp8", "gptq", "awq", "compressed-tensors", "gguf"] = "auto"
     generation_config: Literal["auto", "none"] = "auto"
     runner: Literal["auto", "generate", "pooling"] = "auto"
     speculative_config: SpeculativeConfig | None = None

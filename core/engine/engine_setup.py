@@ -29,7 +29,7 @@ from engine.kv_groups import KVGroupLayout, plan_kv_groups
 from engine.kv_pool import longest_fitting_len, make_kv_pool
 from engine.loader import dummy_weights, iter_weights, load_model_config, load_tokenizer, resolve_model_path
 from engine.loader.fp8 import FP8_E4M3_SCHEME, quantize_fp8_per_channel
-from engine.loader.paths import default_served_name
+from engine.loader.paths import default_served_name, is_gguf_file
 from engine.loader.prequantized.config import PRE_QUANTIZED_METHODS
 from engine.lora.manager import LoraManager
 from engine.lora.setup import attach_lora, lora_config_problems
@@ -220,7 +220,7 @@ def resolve_model(
     dtype_name = config.dtype if config.dtype != "auto" else platform.capabilities().dtypes[0]
     config = config.model_copy(update={"dtype": dtype_name})
     config = with_step_budget(config, platform, model_class, config.max_model_len or model_config.max_position_embeddings)
-    _check_config(config, platform, model_config, model_class)
+    _check_config(config, platform, model_config, model_class, is_gguf_file(model_path))
     parallel = config.parallel
     if parallel.world_size > 1:
         if config.scheduler.target_step_time_ms is not None:
@@ -417,8 +417,9 @@ def _finish_parts(
 
 
 def _check_config(
-    config: EngineConfig, platform: Platform, model_config: ModelConfig, model_class: type[CausalLM] | None = None
-) -> None:
+    config: EngineConfig, platform: Platform, model_config: ModelConfig, model_class: type[CausalLM] | None = None,
+    gguf: bool = False,
+) -> None:  # fmt: skip
     """Raise :class:`EngineConfigError` listing every reason the configuration cannot run here."""
     reasons = platform.validate(config)
     caps = platform.capabilities()
@@ -438,6 +439,8 @@ def _check_config(
         found = model_config.hf_config.get("quantization_config") or {}
         if found.get("quant_method") != method:
             reasons.append(f"quantization {method!r} needs a {method} checkpoint; this one is {found.get('quant_method') or 'not quantized'}")
+    if method == "gguf" and not gguf:
+        reasons.append("quantization 'gguf' needs a .gguf model file; this one is a folder")
     if model_config.head_dim not in head_sizes:
         reasons.append(f"head size {model_config.head_dim} is not supported on {platform.name} (supported: {list(head_sizes)})")
     model_max = model_config.max_position_embeddings

@@ -70,6 +70,8 @@ def test_the_quantization_option_checks_the_checkpoint_method(plain_llama, tmp_p
     path, _ = write_awq(plain_llama, str(tmp_path / "awq"), str(tmp_path / "reference"))
     with pytest.raises(EngineConfigError, match="quantization 'gptq' needs a gptq checkpoint; this one is awq"):
         _llm(path, quantization="gptq")
+    with pytest.raises(EngineConfigError, match="quantization 'gguf' needs a .gguf model file; this one is a folder"):
+        _llm(path, quantization="gguf")
     with caplog.at_level("INFO", logger="engine.engine_setup"):
         assert _llm(path, quantization="awq").generate(["Hi"], SamplingParams(max_tokens=2), use_tqdm=False)
     assert any("the weights take" in r.getMessage() for r in caplog.records)

@@ -134,10 +134,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
                         help="'pooling' serves embeddings, classification and scores only; 'generate' generation "
                              "only; 'auto' what the checkpoint serves")
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors"],
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors", "gguf"],
                         help="'auto' keeps a quantized checkpoint's matrices (GGUF, GPTQ, AWQ, "
                              "compressed-tensors, FP8) quantized where the device's GEMM runs them; "
-                             "'gptq' / 'awq' / 'compressed-tensors' also check the checkpoint's method; "
+                             "'gptq' / 'awq' / 'compressed-tensors' / 'gguf' also check the checkpoint's method; "
                              "'none' dequantizes (with --dtype float32: exactly Hugging Face's numbers); "
                              "'fp8' quantizes the layer projections to FP8 at load, activations per token "
                              "(W8A8, on GPUs with FP8 matmuls)")

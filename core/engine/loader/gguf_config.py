@@ -32,6 +32,10 @@ COMMON_KEYS: Mapping[str, str] = MappingProxyType(
         "attention.layer_norm_rms_epsilon": "rms_norm_eps",
         "rope.freq_base": "rope_theta",
         "attention.sliding_window": "sliding_window",
+        "expert_count": "num_experts",
+        "expert_used_count": "num_experts_per_tok",
+        "expert_feed_forward_length": "moe_intermediate_size",
+        "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
     }
 )
 #: the common keys a file must have
@@ -103,9 +107,15 @@ _LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
 #: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
 GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
     {
-        "llama": GgufKind(),
+        # a llama file with experts is Mixtral, which spells the count num_local_experts
+        "llama": GgufKind(keys={"expert_count": "num_local_experts"}),
         "qwen2": GgufKind(),
         "qwen3": GgufKind(),
+        # llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's (it reads no key for it), and
+        # runs every layer as a mixture of experts
+        "qwen2moe": GgufKind(fixed={"norm_topk_prob": False}),
+        "qwen3moe": GgufKind(fixed={"norm_topk_prob": True}),
+        "olmoe": GgufKind(fixed={"norm_topk_prob": False}),
         "gemma2": GgufKind(
             keys={"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"},
             derive=gemma_attention_scalar(46),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,7 +18,13 @@ from engine.loader.architectures import registry_or_core
 from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_config import GGUF_KINDS, field_value, gguf_hf_config
 from engine.loader.gguf_reader import GgufFile, GgufTensor
-from engine.loader.quantized import dequantize_gguf_bytes, gguf_quantized_weight, gguf_scheme, map_rows
+from engine.loader.quantized import (
+    dequantize_gguf_bytes,
+    gguf_quantized_weight,
+    gguf_scheme,
+    make_gguf_weight,
+    map_rows,
+)
 from engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -83,6 +89,15 @@ def gguf_architecture(reader: GgufFile, path: str) -> str:
     return str(field_value(field))
 
 
+def model_kind(reader: GgufFile, gguf_arch: str, kinds: Mapping[str, str]) -> str:
+    """The kind a file resolves as: ``<arch>:experts`` for a file with experts when a class loads that
+    (llama.cpp writes Mixtral as ``llama`` with ``llama.expert_count``), else ``gguf_arch``."""
+    experts = reader.fields.get(f"{gguf_arch}.expert_count")
+    if experts is not None and int(field_value(experts)) > 0 and f"{gguf_arch}:experts" in kinds:
+        return f"{gguf_arch}:experts"
+    return gguf_arch
+
+
 def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelConfig:
     """Build a ModelConfig from a GGUF file's metadata, checking every tensor can be dequantised.
 
@@ -105,7 +120,7 @@ def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelC
     reader = open_gguf(path)
     gguf_arch = gguf_architecture(reader, path)
     models = registry_or_core(registry)
-    hf_arch = models.resolve_gguf(gguf_arch, path)
+    hf_arch = models.resolve_gguf(model_kind(reader, gguf_arch, models.gguf_architectures()), path)
     for tensor in reader.tensors:
         if tensor.tensor_type not in DEQUANTIZABLE_TYPES:
             raise ModelLoadError(
@@ -211,15 +226,34 @@ def iter_gguf_weights(
             raise ModelLoadError(
                 f"tensor '{tensor.name}' in {path} has unsupported GGUF type {tensor.tensor_type.name}"
             )
-        weight: torch.Tensor | QuantizedWeight
-        if gguf_scheme(tensor.tensor_type) in keep_quantized and len(tensor.shape) == 2:
-            weight = gguf_quantized_weight(tensor)
+        quantized = gguf_scheme(tensor.tensor_type) in keep_quantized
+        if len(tensor.shape) == 3:
+            if "{}" not in name:
+                raise ModelLoadError(f"GGUF tensor '{tensor.name}' in {path} is 3-D but {name} is not a stack of experts")
+            parts = [(name.format(e), w) for e, w in enumerate(expert_matrices(tensor, quantized))]
         else:
-            weight = dequantize_tensor(tensor)
-        heads = model_class.gguf_permuted_heads(gguf_arch, name, config)
-        if heads:
-            weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
-        yield from model_class.gguf_restore(gguf_arch, name, weight, config)
+            parts = [(name, gguf_quantized_weight(tensor) if quantized and len(tensor.shape) == 2 else dequantize_tensor(tensor))]
+        for part_name, weight in parts:
+            heads = model_class.gguf_permuted_heads(gguf_arch, part_name, config)
+            if heads:
+                weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
+            yield from model_class.gguf_restore(gguf_arch, part_name, weight, config)
+
+
+def expert_matrices(tensor: GgufTensor, quantized: bool) -> Iterator[torch.Tensor | QuantizedWeight]:
+    """A stacked-expert tensor (ggml ``[in, out, experts]``) one expert's ``[out, in]`` matrix at a time:
+    its GGUF blocks when ``quantized``, else float32 (each expert dequantised alone, so that a layer's
+    experts never stand in float32 at once)."""
+    in_features, out_features, experts = (int(d) for d in tensor.shape.tolist())
+    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        whole = dequantize_tensor(tensor).reshape(experts, out_features, in_features)
+        yield from whole.unbind(0)
+        return
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(experts, out_features, -1)
+    for e in range(experts):
+        data = torch.from_numpy(np.array(raw[e], copy=True))
+        weight = make_gguf_weight(data, tensor.tensor_type, (out_features, in_features))
+        yield weight if quantized else weight.dequantize()
 
 
 def reorder_rows(

@@ -41,11 +41,15 @@ class CausalLM(ABC):
         device: where tensors live.
     """
 
-    #: GGUF ``general.architecture`` value -> the HF architecture name it loads as; empty: no GGUF files
+    #: GGUF ``general.architecture`` value -> the HF architecture name it loads as; empty: no GGUF files.
+    #: A kind with ``:experts`` after it (``"llama:experts"``) is that kind's files that hold experts
+    #: (``<kind>.expert_count`` above 0), which llama.cpp writes under the dense kind's name (Mixtral)
     gguf_architectures: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: llama.cpp's global tensor names -> HF names (used by the default :meth:`gguf_tensor_name`)
     gguf_global_tensor_names: ClassVar[Mapping[str, str]] = MappingProxyType({})
-    #: llama.cpp's per-layer names (after ``blk.<i>.``) -> HF names (after :attr:`hf_layer_prefix`)
+    #: llama.cpp's per-layer names (after ``blk.<i>.``) -> HF names (after :attr:`hf_layer_prefix`); a HF
+    #: name with ``{}`` stands for a 3-D tensor of stacked experts, which the loader yields one expert at a
+    #: time with the expert's index in the braces
     gguf_layer_tensor_names: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: the HF name prefix of layer ``i``, formatted with ``i``
     hf_layer_prefix: ClassVar[str] = "model.layers.{}."

@@ -3,8 +3,11 @@ top-k, not renormalised unless ``norm_topk_prob``)."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import EXPERT_NAMES, GLOBAL_NAMES, LAYER_NAMES, QK_NORM_NAMES, extend
 from engine.models.layers.spec import DecoderSpec, LayerSpec, MoeSpec
 from engine.models.llama import standard_rope
 from engine.models.qwen_moe import num_experts
@@ -16,6 +19,10 @@ class OlmoeForCausalLM(DenseDecoder):
     Raises:
         ValueError: for ``clip_qkv`` (clamped q/k/v activations), which the engine does not apply.
     """
+
+    gguf_architectures = MappingProxyType({"olmoe": "OlmoeForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = extend(extend(LAYER_NAMES, QK_NORM_NAMES), EXPERT_NAMES)
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:

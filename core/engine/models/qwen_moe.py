@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
+import torch
+
+from engine.interfaces.gemm import QuantizedWeight
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import (
+    EXPERT_NAMES,
+    GLOBAL_NAMES,
+    LAYER_NAMES,
+    QK_NORM_NAMES,
+    SHARED_EXPERT_NAMES,
+    extend,
+)
 from engine.models.layers.hf_config import layer_windows
 from engine.models.layers.spec import DecoderSpec, LayerSpec, MoeSpec
 from engine.models.llama import standard_rope
@@ -49,6 +61,10 @@ class Qwen2MoeForCausalLM(DenseDecoder):
     """``Qwen2MoeForCausalLM``: q/k/v biases; experts without renormalisation by default, plus a shared
     expert behind a sigmoid gate."""
 
+    gguf_architectures = MappingProxyType({"qwen2moe": "Qwen2MoeForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = extend(extend(LAYER_NAMES, EXPERT_NAMES), SHARED_EXPERT_NAMES)
+
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
         """Qwen2's attention; sparse layers per ``decoder_sparse_step`` / ``mlp_only_layers``."""
@@ -59,9 +75,22 @@ class Qwen2MoeForCausalLM(DenseDecoder):
             moe=qwen_moe_spec(config, shared_expert=True),
         )
 
+    @classmethod
+    def gguf_restore(
+        cls, gguf_architecture: str, name: str, weight: torch.Tensor | QuantizedWeight, config: ModelConfig
+    ) -> list[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """The shared expert's gate is one row, which llama.cpp may store as a vector."""
+        if name.endswith("shared_expert_gate.weight") and isinstance(weight, torch.Tensor):
+            return [(name, weight.reshape(1, -1))]
+        return [(name, weight)]
+
 
 class Qwen3MoeForCausalLM(DenseDecoder):
     """``Qwen3MoeForCausalLM``: Qwen3's per-head q/k norms; experts renormalised per ``norm_topk_prob``."""
+
+    gguf_architectures = MappingProxyType({"qwen3moe": "Qwen3MoeForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = extend(extend(LAYER_NAMES, QK_NORM_NAMES), EXPERT_NAMES)
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:

@@ -78,3 +78,25 @@ def llama_permuted_heads(name: str, config: ModelConfig) -> int:
     if ".q_proj." in name:
         return config.num_heads
     return config.num_kv_heads if ".k_proj." in name else 0
+
+
+#: llama.cpp's stacked-expert tensors (``[experts, out, in]``) and router of a mixture of experts under
+#: ``mlp`` (Qwen-MoE, OLMoE): ``{}`` is the expert's index, which the loader fills in for each expert
+EXPERT_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "ffn_gate_inp.weight": "mlp.gate.weight",
+        "ffn_gate_exps.weight": "mlp.experts.{}.gate_proj.weight",
+        "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
+        "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
+    }
+)
+
+#: Qwen2-MoE's shared expert and its sigmoid gate
+SHARED_EXPERT_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+        "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+        "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+        "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    }
+)
