@@ -65,6 +65,16 @@ CASES: dict[str, tuple[str, str, dict[str, Any], GGMLQuantizationType]] = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
     ), Q8_0),
     "olmoe": ("olmoe", "OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=64), F16),
+    # gpt-oss: sinks, a sliding first layer, biased router and experts (transformers' interleaved gate/up
+    # stack, which the converter splits), YaRN; matrices in MXFP4 as the released GGUFs' experts
+    "gpt-oss": ("gpt-oss", "GptOssForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+        rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 64, "rope_theta": 150000.0,
+        },
+    ), GGMLQuantizationType.MXFP4),
 }
 #: the kinds transformers' GGUF loader reads
 TRANSFORMERS_KINDS = {"llama", "qwen3", "gemma2", "gemma3", "phi3", "stablelm"}
@@ -132,6 +142,12 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
             writer.add_parallel_residual(cfg.use_parallel_residual),
         ),
         "command-r": lambda: writer.add_logit_scale(cfg.logit_scale),
+        "gpt-oss": lambda: (
+            writer.add_sliding_window(cfg.sliding_window),
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN),
+            writer.add_rope_scaling_factor(rope["factor"]),
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"]),
+        ),
     }
     if kind in PERMUTED_KINDS:
         writer.add_rope_dimension_count(head_dim)
@@ -168,10 +184,13 @@ def write_gguf(
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight")
     expected: dict[str, torch.Tensor] = {}
-    stacked: dict[str, list[np.ndarray]] = {}
+    norm_stacks: dict[str, list[np.ndarray]] = {}
     for name, array in state.items():
+        if kind == "gpt-oss" and ".mlp.experts." in name:
+            expected[name] = torch.from_numpy(add_gpt_oss_experts(writer, names, name, array, qtype))
+            continue
         # routers stay float, as llama.cpp's quantizer leaves them
-        routing = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
+        routing = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight"))
         data, back = roundtrip(array, qtype if array.ndim >= 2 and "norm" not in name and not routing else F32)
         expected[name] = torch.from_numpy(np.ascontiguousarray(back))
         if name.endswith("mlp.experts.gate_up_proj"):  # transformers' [experts, gate rows then up rows, in]
@@ -186,14 +205,17 @@ def write_gguf(
         if name.endswith("shared_expert_gate.weight"):  # one row, which the converter may write as a vector
             data = data.reshape(-1)
         if ".norms." in name:  # StableLM's per-head q/k norms: the converter stacks them
-            stacked.setdefault(name.split(".norms.")[0] + ".weight", []).append(data)
+            norm_stacks.setdefault(name.split(".norms.")[0] + ".weight", []).append(data)
             continue
         if kind in PERMUTED_KINDS and (".q_proj." in name or ".k_proj." in name):
             data = permute_rows(data, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
         if kind in PLUS_ONE_KINDS and name.endswith("norm.weight"):
             data = data + 1.0
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data, raw_dtype=qtype if data.dtype != np.float32 else F32)
-    for name, rows in stacked.items():
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if name.endswith(".sinks"):  # the converter names gpt-oss's sinks as a weight
+            gguf_name += ".weight"
+        writer.add_tensor(gguf_name, data, raw_dtype=qtype if data.dtype != np.float32 else F32)
+    for name, rows in norm_stacks.items():
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), np.stack(rows))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -210,6 +232,23 @@ def add_experts(writer: gguf.GGUFWriter, stacked_name: str, data: np.ndarray, qt
         return
     for e, expert in enumerate(data):
         writer.add_tensor(f"{stacked_name.removesuffix('_exps')}.{e}.weight", np.ascontiguousarray(expert), raw_dtype=raw)
+
+
+def add_gpt_oss_experts(writer: gguf.GGUFWriter, names: Any, name: str, array: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """gpt-oss's experts as its converter writes them: transformers' ``[experts, in, out]`` stacks turned to
+    ``[experts, out, in]`` and quantized, the interleaved gate/up outputs (even: gate) split into two stacks,
+    the biases likewise. Returns what the file holds, in transformers' layout."""
+    stem = names.get_name(name.split(".mlp.experts.")[0] + ".mlp.experts.down_proj", try_suffixes=()).removesuffix("_down_exps")
+    if name.endswith("_bias"):
+        parts = {"gate": array[:, 0::2], "up": array[:, 1::2]} if "gate_up" in name else {"down": array}
+        for projection, bias in parts.items():
+            writer.add_tensor(f"{stem}_{projection}_exps.bias", np.ascontiguousarray(bias))
+        return array
+    data, back = roundtrip(np.ascontiguousarray(array.transpose(0, 2, 1)), qtype)
+    parts = {"gate": data[:, 0::2], "up": data[:, 1::2]} if "gate_up" in name else {"down": data}
+    for projection, weight in parts.items():
+        writer.add_tensor(f"{stem}_{projection}_exps.weight", np.ascontiguousarray(weight), raw_dtype=qtype)
+    return np.ascontiguousarray(back.transpose(0, 2, 1))
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -102,6 +102,16 @@ def factor_list(tensor: GgufTensor) -> list[float]:
     return [float(v) for v in np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(-1)]
 
 
+def gpt_oss_yarn(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
+    """gpt-oss's YaRN keeps its correction range unrounded (HF's ``truncate: false``), which the converter
+    does not write."""
+    scaling = hf.get("rope_scaling")
+    if scaling and scaling.get("rope_type") == "yarn":
+        scaling.setdefault("beta_fast", 32.0)
+        scaling.setdefault("beta_slow", 1.0)
+        scaling["truncate"] = False
+
+
 _LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
 
 #: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
@@ -116,6 +126,10 @@ GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
         "qwen2moe": GgufKind(fixed={"norm_topk_prob": False}),
         "qwen3moe": GgufKind(fixed={"norm_topk_prob": True}),
         "olmoe": GgufKind(fixed={"norm_topk_prob": False}),
+        # experts a tensor per projection (gate and up apart), not transformers' interleaved stack
+        "gpt-oss": GgufKind(
+            keys={"expert_count": "num_local_experts"}, fixed={"expert_layout": "per_expert"}, derive=gpt_oss_yarn,
+        ),
         "gemma2": GgufKind(
             keys={"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"},
             derive=gemma_attention_scalar(46),

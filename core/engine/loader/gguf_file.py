@@ -43,6 +43,7 @@ DEQUANTIZABLE_TYPES = frozenset(
         GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q2_K,
         GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS,
+        GGMLQuantizationType.MXFP4,
     }
 )  # fmt: skip
 
@@ -227,10 +228,12 @@ def iter_gguf_weights(
                 f"tensor '{tensor.name}' in {path} has unsupported GGUF type {tensor.tensor_type.name}"
             )
         quantized = gguf_scheme(tensor.tensor_type) in keep_quantized
-        if len(tensor.shape) == 3:
-            if "{}" not in name:
-                raise ModelLoadError(f"GGUF tensor '{tensor.name}' in {path} is 3-D but {name} is not a stack of experts")
+        if len(tensor.shape) == 3 and "{}" not in name:
+            raise ModelLoadError(f"GGUF tensor '{tensor.name}' in {path} is 3-D but {name} is not a stack of experts")
+        if "{}" in name and len(tensor.shape) == 3:
             parts = [(name.format(e), w) for e, w in enumerate(expert_matrices(tensor, quantized))]
+        elif "{}" in name:  # the experts' biases, a row each
+            parts = [(name.format(e), row) for e, row in enumerate(dequantize_tensor(tensor).unbind(0))]
         else:
             parts = [(name, gguf_quantized_weight(tensor) if quantized and len(tensor.shape) == 2 else dequantize_tensor(tensor))]
         for part_name, weight in parts:

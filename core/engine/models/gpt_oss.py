@@ -2,27 +2,33 @@
 head with a learned attention sink, q/k/v/o biases, YaRN positions, and a mixture of experts in every layer:
 a biased router (softmax over the top-k logits), experts with biases and the clamped SwiGLU.
 
-The experts load from transformers' stacked layout, or from the MXFP4 blocks and scales the released
-checkpoints ship (dequantized at load to the model dtype)."""
+The experts load from transformers' stacked layout, from the MXFP4 blocks and scales the released
+checkpoints ship (dequantized at load to the model dtype), or from llama.cpp's ``gpt-oss`` GGUF files (a
+tensor per projection and expert stack, gate and up apart; MXFP4 dequantized at load)."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from engine.interfaces.moe import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.hf_config import FULL, SLIDING, layer_windows
 from engine.models.layers.spec import DecoderSpec, ExpertLayout, LayerSpec, MoeSpec
 from engine.models.llama import standard_rope
 
 
 def expert_layout(hf: dict[str, Any]) -> ExpertLayout:
-    """``stacked_mxfp4`` for a checkpoint whose ``quantization_config`` says ``mxfp4``, else ``stacked``.
+    """``stacked_mxfp4`` for a checkpoint whose ``quantization_config`` says ``mxfp4``, ``per_expert`` for a
+    GGUF file (its loader says so in ``expert_layout``), else ``stacked``.
 
     Raises:
         ValueError: another quantization method.
     """
+    if hf.get("expert_layout") == "per_expert":
+        return "per_expert"
     quant = hf.get("quantization_config") or {}
     method = quant.get("quant_method")
     if method is None:
@@ -40,6 +46,21 @@ class GptOssForCausalLM(DenseDecoder):
             which the fused-MoE op's ``swigluoai`` activation has built in.
     """
 
+    gguf_architectures = MappingProxyType({"gpt-oss": "GptOssForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    # llama.cpp's post_attention_norm is the norm before the experts (HF's post_attention_layernorm)
+    gguf_layer_tensor_names = extend(
+        LAYER_NAMES,
+        {
+            "post_attention_norm.weight": "post_attention_layernorm.weight",
+            "attn_sinks.weight": "self_attn.sinks",
+            "ffn_gate_inp.weight": "mlp.router.weight",
+            "ffn_gate_inp.bias": "mlp.router.bias",
+            **{f"ffn_{p}_exps.{kind}": f"mlp.experts.{{}}.{p}_proj.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
+        },
+        drop=("ffn_norm.weight",),
+    )
+
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
         """Alternating windows (even layers slide unless ``layer_types`` says otherwise), sinks, experts."""
@@ -56,7 +77,7 @@ class GptOssForCausalLM(DenseDecoder):
             renormalize=True,  # a softmax over the chosen logits is the full softmax renormalised over them
             intermediate_size=config.intermediate_size,
             router="mlp.router",
-            expert="mlp.experts.",
+            expert="mlp.experts.{}." if expert_layout(hf) == "per_expert" else "mlp.experts.",
             layout=expert_layout(hf),
             expert_bias=True,
             router_bias=True,

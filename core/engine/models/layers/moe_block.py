@@ -99,6 +99,8 @@ def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tupl
         shapes[p + gate + ".weight"] = (inter, hidden)
         shapes[p + up + ".weight"] = (inter, hidden)
         shapes[p + down + ".weight"] = (hidden, inter)
+        if spec.expert_bias:
+            shapes.update({p + gate + ".bias": (inter,), p + up + ".bias": (inter,), p + down + ".bias": (hidden,)})
     if spec.shared_intermediate_size is not None:
         p, shared = prefix + spec.shared_expert, spec.shared_intermediate_size
         shapes.update({
@@ -127,20 +129,27 @@ def load_moe(loader: LayerLoader, prefix: str, spec: MoeSpec) -> MoeMLP:
         own_experts = range(rows.start, rows.stop)
     elif tp is not None:
         own_width = tp.rows(inter)
+    # every expert-parallel rank adds its own experts' down biases; width-split ranks leave them to rank 0
+    adds_down_bias = tp is None or tp.expert_parallel or tp.rank == 0
     if spec.layout == "per_expert":
-        gate_ups, downs = [], []
+        gate_ups, downs, gate_up_biases, down_biases = [], [], [], []
         for e in range(spec.num_experts):
             p = prefix + spec.expert.format(e)
             parts = [loader.take(p + gate + ".weight", (inter, hidden), lazy), loader.take(p + up + ".weight", (inter, hidden), lazy)]
             down_weight = loader.take(p + down + ".weight", (hidden, inter), lazy)
+            if spec.expert_bias:
+                gate_bias, up_bias = (torch.as_tensor(loader.take(p + name + ".bias", (inter,))) for name in (gate, up))
+                down_bias = torch.as_tensor(loader.take(p + down + ".bias", (hidden,)))
             if e not in own_experts:
                 continue
             gate_ups.append(concat_weights([materialize(weight_rows(part, own_width)) for part in parts]))
             downs.append(_contiguous(materialize(weight_columns(down_weight, own_width))))
-        matrices = ExpertMatrices(gate_ups, downs, None, None)
+            if spec.expert_bias:
+                gate_up_biases.append(torch.cat([gate_bias[own_width], up_bias[own_width]]))
+                down_biases.append(down_bias if adds_down_bias else torch.zeros_like(down_bias))
+        biased = spec.expert_bias
+        matrices = ExpertMatrices(gate_ups, downs, gate_up_biases if biased else None, down_biases if biased else None)
     else:
-        # every expert-parallel rank adds its own experts' down biases; width-split ranks leave them to rank 0
-        adds_down_bias = tp is None or tp.expert_parallel or tp.rank == 0
         matrices = load_stacked_experts(loader, prefix, spec, own_experts, own_width, adds_down_bias)
     device = model.device
     biases = [
