@@ -318,7 +318,11 @@ def test_gguf_experts_stay_quantized(tmp_path, hf_tokenizer_dir, qtype):
     kind, arch, overrides, _ = CASES["qwen3moe"]
     folder = save_tiny(arch, str(tmp_path), hf_tokenizer_dir, seed=5, **{**SIZES, **overrides})
     path = Path(folder) / f"experts-{qtype.name}.gguf"
-    write_gguf(path, kind, load_hf(folder), qtype)
+    hf = load_hf(folder)
+    with torch.no_grad():  # decisive routers: the two runs' rounding must not swap a layer's chosen experts
+        for layer in hf.model.layers:
+            layer.mlp.gate.weight.mul_(8.0)
+    write_gguf(path, kind, hf, qtype)
     runs = []
     for quantization in ("gguf", "none"):
         llm = LLM(model=str(path), tokenizer=hf_tokenizer_dir, device="cpu", dtype="bfloat16", quantization=quantization,
@@ -331,9 +335,10 @@ def test_gguf_experts_stay_quantized(tmp_path, hf_tokenizer_dir, qtype):
         runs.append((engine_prefill_logits(llm, ids), [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)]))
         assert_all_blocks_free(llm)
     (packed_logits, packed_tokens), (dense_logits, dense_tokens) = runs
-    diff = (packed_logits - dense_logits).abs().max().item()
-    # measured 0.023 (Q8_0) and 0.025 (Q4_0): the C kernels' 8-bit activations against bf16 products
-    assert diff < 0.08, f"max |packed - dequantised logit| = {diff:.2e}"
+    diff = (packed_logits - dense_logits).abs()
+    # measured over three seeds: max 0.037-0.079, mean 0.0036-0.0042 (logits up to 3.7): the C kernels'
+    # 8-bit activations against bf16 products
+    assert diff.max() < 0.15 and diff.mean() < 0.01, f"packed against dequantised: max {diff.max():.3f}, mean {diff.mean():.4f}"
     # bf16 decode steps may part on a near tie after a few tokens; the first is the prefill's argmax
     assert [t[0] for t in packed_tokens] == [t[0] for t in dense_tokens] and all(len(t) == 6 for t in packed_tokens)
 

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         reference_add_lora,
     )
     from engine.interfaces.model_runner import FlatStep, PlatformModelRunner
+    from engine.interfaces.moe import ExpertWeights, expert_activation, reference_fused_moe
     from engine.interfaces.ops import CORE_OP_NAMES, OP_NAMES, OpTable, silu_and_mul
     from engine.interfaces.ops import reference_ops as reference_op_table
     from engine_plugin_sdk.communicator import TorchDistributedCommunicator
@@ -116,6 +117,10 @@ _LAZY = {
     "group_lora_rows": "engine.interfaces.lora",
     "grouped_add_lora": "engine.interfaces.lora",
     "reference_add_lora": "engine.interfaces.lora",
+    # mixtures of experts: the default experts' form, their activation and the per-expert product
+    "ExpertWeights": "engine.interfaces.moe",
+    "expert_activation": "engine.interfaces.moe",
+    "reference_fused_moe": "engine.interfaces.moe",
     "CORE_OP_NAMES": "engine.interfaces.ops",
     # the core's torch ops, for a plugin kernel's fallback
     "silu_and_mul": "engine.interfaces.ops",
@@ -158,6 +163,7 @@ __all__ = [
     "DetectResult",
     "EagerGraphCapture",
     "EngineConfig",
+    "ExpertWeights",
     "FlatStep",
     "GemmBackend",
     "GraphCapture",
@@ -183,6 +189,7 @@ __all__ = [
     "check_api_compatibility",
     "dequantize_stored",
     "dtype_name",
+    "expert_activation",
     "get_tolerance",
     "group_lora_rows",
     "gelu_tanh_and_mul",
@@ -193,6 +200,7 @@ __all__ = [
     "make_attention_problem",
     "make_quantized_weight",
     "pack_int4",
+    "reference_fused_moe",
     "reference_add_lora",
     "reference_op_table",
     "scaffold_plugin",

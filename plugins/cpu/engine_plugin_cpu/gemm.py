@@ -31,6 +31,7 @@ import torch
 
 from engine_plugin_cpu.amx_kernels import AmxWeight, amx_packable, pack_amx_weight
 from engine_plugin_cpu.grouped_int import SYMMETRIC_ZERO, repack_grouped_as_gguf
+from engine_plugin_cpu.moe import fused_moe_few_tokens
 from engine_plugin_cpu.native_kernels import NativeKernels
 from engine_plugin_cpu.quant_pack import (
     GGUF_BLOCK,
@@ -42,6 +43,7 @@ from engine_plugin_cpu.quant_pack import (
 )
 from engine_plugin_cpu.tiled_weights import TiledWeight, tile_iq4, tile_q2, tile_q4, tile_q5, tile_q6, tile_q8
 from engine_plugin_sdk import (
+    ExpertWeights,
     GemmBackend,
     QuantizedWeight,
     gelu_tanh_and_mul,
@@ -153,8 +155,11 @@ class CpuGemmBackend(GemmBackend):
         self.type_names = schemes
         self.supported_quant_schemes = frozenset(schemes) | frozenset(REPACKED_SCHEMES) | GROUPED_SCHEMES
 
-    def prepare_weight(self, weight: Any, dtype: Any) -> torch.Tensor | PackedWeight:
+    def prepare_weight(self, weight: Any, dtype: Any, dense_copy: bool | None = None) -> torch.Tensor | PackedWeight:
+        """:meth:`GemmBackend.prepare_weight`; ``dense_copy`` overrides the instance's choice of a bf16 copy
+        beside a packed weight."""
         target = torch_dtype(dtype)
+        copy = self.dense_copy if dense_copy is None else dense_copy
         if isinstance(weight, QuantizedWeight):
             if weight.scheme in GROUPED_SCHEMES and target == PACKED_DTYPE:
                 repacked = repack_grouped_as_gguf(weight)
@@ -164,7 +169,7 @@ class CpuGemmBackend(GemmBackend):
             if weight.scheme in REPACKED_SCHEMES and weight.scheme not in self.type_names and target == PACKED_DTYPE:
                 weight = _repacked_gguf(weight)
             if weight.scheme in self.type_names and target == PACKED_DTYPE:
-                return self._pack(weight)
+                return self._pack(weight, copy)
             weight = _dequantize(weight)
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"cannot prepare a weight of type {type(weight).__name__}; expected a tensor")
@@ -187,12 +192,28 @@ class CpuGemmBackend(GemmBackend):
             return pack_amx_weight(weight)
         return prepack_dense(weight)
 
-    def _pack(self, weight: QuantizedWeight) -> PackedWeight:
+    def prepare_experts(
+        self, gate_up: list[Any], down: list[Any], dtype: Any, gate_up_bias: list[Any] | None = None,
+        down_bias: list[Any] | None = None,
+    ) -> ExpertWeights:  # fmt: skip
+        """Each expert packed as a layer's weight is, but without the bf16 copy for long prompts: a layer's
+        copies would take several times its packed experts, each of which sees a fraction of the rows."""
+        return ExpertWeights(
+            [self.prepare_weight(w, dtype, dense_copy=False) for w in gate_up],
+            [self.prepare_weight(w, dtype, dense_copy=False) for w in down], gate_up_bias, down_bias,
+        )  # fmt: skip
+
+    def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
+        native = self.native
+        gated = native.silu_and_mul if native is not None and native.accepts(x) else None
+        return fused_moe_few_tokens(self, x, experts, topk_weights, topk_ids, activation, gated)
+
+    def _pack(self, weight: QuantizedWeight, copy: bool) -> PackedWeight:
         type_name = self.type_names[weight.scheme]
         out, width = (int(d) for d in weight.shape)
         data = weight.data.to("cpu")
         if self.native is not None:
-            return self._tile(weight, data, type_name, out, width)
+            return self._tile(weight, data, type_name, out, width, copy)
         if type_name == "Q8_0":
             dense32 = unpack_q8_0(data, (out, width))
             packed, scales = requantize_int8_rows(dense32, PACKED_DTYPE)
@@ -200,31 +221,31 @@ class CpuGemmBackend(GemmBackend):
         else:
             blocks = unpack_q4(data, type_name, (out, width))
             packed, scales = pack_int4(blocks, PACKED_DTYPE)
-            dense32 = blocks.dense() if self.dense_copy else None
+            dense32 = blocks.dense() if copy else None
             kind, max_rows = "int4", INT4_MAX_PACKED_ROWS
         dense = None
-        if self.dense_copy and dense32 is not None:
+        if copy and dense32 is not None:
             dense = dense32.to(PACKED_DTYPE).contiguous()
             dense = self._dense_layout(dense)
         return PackedWeight(kind, packed, scales, out, width, dense, max_rows)
 
     def _tile(
-        self, weight: QuantizedWeight, data: torch.Tensor, type_name: str, out: int, width: int
+        self, weight: QuantizedWeight, data: torch.Tensor, type_name: str, out: int, width: int, copy: bool
     ) -> PackedWeight:
         if type_name == "Q8_0":
             tiled, max_rows = tile_q8(data, (out, width)), TILED8_MAX_PACKED_ROWS
-            dense32 = unpack_q8_0(data, (out, width)) if self.dense_copy else None
+            dense32 = unpack_q8_0(data, (out, width)) if copy else None
         elif type_name in BYTE_TILES:
             tile = BYTE_TILES[type_name]
             tiled, max_rows = tile(data, type_name, (out, width)), TILED8_MAX_PACKED_ROWS
-            dense32 = _dequantize(weight) if self.dense_copy else None
+            dense32 = _dequantize(weight) if copy else None
         elif type_name in ("IQ4_NL", "IQ4_XS"):
             tiled, max_rows = tile_iq4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
-            dense32 = _dequantize(weight) if self.dense_copy else None
+            dense32 = _dequantize(weight) if copy else None
         else:
             tiled, max_rows = tile_q4(data, type_name, (out, width)), TILED4_MAX_PACKED_ROWS
             dense32 = None
-            if self.dense_copy:
+            if copy:
                 dense32 = (
                     _dequantize(weight)
                     if type_name == "Q4_K"
