@@ -356,3 +356,27 @@ def test_mixtral_files_with_a_tensor_per_expert(tmp_path, hf_tokenizer_dir):
     assert llm.llm_engine.model_config.architecture == "MixtralForCausalLM"
     ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
     assert max_logit_diff(llm, hf, ids) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "olmoe"])
+def test_kinds_transformers_does_not_model_load_their_tokenizer(tmp_path, smollm_gguf_path, kind):
+    """transformers converts a GGUF's tokenizer only through the model config of the kinds it models; the
+    engine converts the ``tokenizer.ggml.*`` keys of any kind (here: the embedded model's vocabulary)."""
+    from gguf_test_models import copy_gguf_tokenizer
+
+    from engine.loader import load_tokenizer
+
+    path = tmp_path / f"{kind}.gguf"
+    writer = gguf.GGUFWriter(str(path), kind)
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(2)
+    copy_gguf_tokenizer(writer, smollm_gguf_path)
+    writer.add_tensor("token_embd.weight", np.zeros((49152, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    text = "Hello world, the printing press of 1450!"
+    assert load_tokenizer(str(path)).encode(text) == load_tokenizer(smollm_gguf_path).encode(text)

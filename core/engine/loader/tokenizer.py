@@ -307,12 +307,21 @@ def _load_gguf_tokenizer(path: str) -> Any:
     import shutil
     import tempfile
 
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     cache = tokenizer_cache_dir(path)
     if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(cache)
-    hf = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    try:
+        hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except ValueError as err:
+        # AutoTokenizer reads the file's model config, which transformers knows for the architectures it
+        # models only; the tokenizer converts from the tokenizer.ggml.* keys whatever the architecture
+        # (olmo2, olmoe, glm4, granite, command-r, smollm3, ...)
+        if "not supported" not in str(err):
+            raise
+        hf = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     try:
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         staging = tempfile.mkdtemp(dir=os.path.dirname(cache))
