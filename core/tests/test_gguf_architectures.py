@@ -75,6 +75,22 @@ CASES: dict[str, tuple[str, str, dict[str, Any], GGMLQuantizationType]] = {
             "original_max_position_embeddings": 64, "rope_theta": 150000.0,
         },
     ), GGMLQuantizationType.MXFP4),
+    # DeepSeek-V3 (R1): latent attention with a compressed query, its up-projection split into attn_k_b /
+    # attn_v_b as newer converters write it; a dense first layer, sigmoid routing with a correction bias
+    # over 2 groups, a shared expert
+    "deepseek2": ("deepseek2", "DeepseekV3ForCausalLM", dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
+        q_lora_rank=64, kv_lora_rank=56, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, head_dim=8,
+        num_attention_heads=4, num_key_value_heads=4,
+    ), Q8_0),
+    # DeepSeek-V2: one q_proj, softmax routing within 2 of 4 groups, the up-projection as one attn_kv_b
+    "deepseek2-v2": ("deepseek2", "DeepseekV2ForCausalLM", dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=4, topk_group=2, topk_method="group_limited_greedy",
+        routed_scaling_factor=1.5, intermediate_size=64, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=16,
+        qk_rope_head_dim=64, v_head_dim=24, head_dim=64, num_attention_heads=4, num_key_value_heads=4,
+    ), F16),
 }
 #: the kinds transformers' GGUF loader reads
 TRANSFORMERS_KINDS = {"llama", "qwen3", "gemma2", "gemma3", "phi3", "stablelm"}
@@ -106,13 +122,14 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    # deepseek2's converter writes latent attention as one KV head of the latent
+    writer.add_head_count_kv(1 if kind == "deepseek2" else cfg.num_key_value_heads)
     writer.add_rope_freq_base(rope["rope_theta"])
     if kind in ("stablelm", "command-r"):
         writer.add_layer_norm_eps(cfg.layer_norm_eps)
     else:
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if kind != "granite":  # the granite converter drops head_dim
+    if kind not in ("granite", "deepseek2"):  # the granite converter drops head_dim
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     if rope.get("rope_type") == "linear":
@@ -148,12 +165,13 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
             writer.add_rope_scaling_factor(rope["factor"]),
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"]),
         ),
+        "deepseek2": lambda: write_deepseek2_metadata(writer, cfg),
     }
     if kind in PERMUTED_KINDS:
         writer.add_rope_dimension_count(head_dim)
     extra.get(kind, lambda: None)()
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
-    if experts:
+    if experts and kind != "deepseek2":
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         if getattr(cfg, "moe_intermediate_size", None):
@@ -165,6 +183,31 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
+
+
+def write_deepseek2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """The deepseek2 converter's keys: latent widths (the key as the latent plus its rotary part), the dense
+    layers, the experts and their routing."""
+    writer.add_kv_lora_rank(cfg.kv_lora_rank)
+    if cfg.q_lora_rank is not None:
+        writer.add_q_lora_rank(cfg.q_lora_rank)
+    writer.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    writer.add_value_length(cfg.kv_lora_rank)
+    writer.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    writer.add_value_length_mla(cfg.v_head_dim)
+    writer.add_rope_dimension_count(cfg.qk_rope_head_dim)
+    writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    writer.add_expert_count(cfg.n_routed_experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_expert_shared_count(cfg.n_shared_experts)
+    writer.add_expert_weights_scale(cfg.routed_scaling_factor)
+    v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
+    if v3 and cfg.norm_topk_prob:
+        writer.add_expert_weights_norm(True)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    writer.add_expert_group_count(cfg.n_group)
+    writer.add_expert_group_used_count(cfg.topk_group)
 
 
 def write_gguf(
@@ -186,6 +229,19 @@ def write_gguf(
     expected: dict[str, torch.Tensor] = {}
     norm_stacks: dict[str, list[np.ndarray]] = {}
     for name, array in state.items():
+        if kind == "deepseek2" and name.endswith("e_score_correction_bias"):
+            writer.add_tensor(names.get_name(name.split(".mlp.")[0] + ".mlp.gate", try_suffixes=()).replace("ffn_gate_inp", "exp_probs_b") + ".bias", array)
+            expected[name] = torch.from_numpy(array)
+            continue
+        if kind == "deepseek2" and name.endswith("kv_b_proj.weight") and qtype != F16:
+            # newer converters: [heads, nope + v, latent] split, the key part transposed to [heads, latent, nope]
+            heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
+            kv_b = array.reshape(heads, nope + cfg.v_head_dim, -1)
+            stem = names.get_name(name, try_suffixes=(".weight",)).removesuffix("_kv_b.weight")
+            writer.add_tensor(stem + "_k_b.weight", np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)))
+            writer.add_tensor(stem + "_v_b.weight", np.ascontiguousarray(kv_b[:, nope:]))
+            expected[name] = torch.from_numpy(array)
+            continue
         if kind == "gpt-oss" and ".mlp.experts." in name:
             expected[name] = torch.from_numpy(add_gpt_oss_experts(writer, names, name, array, qtype))
             continue
@@ -308,6 +364,7 @@ def test_models_command_lists_the_gguf_kinds(capsys):
     rows = {line.split()[0]: line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]}
     for kind, arch, _, _ in CASES.values():
         listed = f"{kind}:experts" if arch == "MixtralForCausalLM" else kind
+        arch = "DeepseekV3ForCausalLM" if kind == "deepseek2" else arch  # V2 files load through V3's kind
         assert listed in " ".join(rows[arch]).replace(",", " ").split(), (arch, rows[arch])
 
 

@@ -112,6 +112,29 @@ def gpt_oss_yarn(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
         scaling["truncate"] = False
 
 
+def deepseek2(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
+    """llama.cpp's ``deepseek2`` files as the HF config: attention is written as one KV head of the latent
+    (HF counts the query heads), the key's non-rotary part is ``key_length_mla`` less the rotary part, newer
+    converters split ``kv_b_proj`` (``split_kv_b``, the engine's own key), YaRN's
+    ``mscale_all_dim`` travels as a tenth of it (``yarn_log_multiplier``), and sigmoid routing with a
+    correction bias is V3 (R1), softmax V2."""
+    hf["num_key_value_heads"] = hf["num_attention_heads"]
+    rope = int(hf["qk_rope_head_dim"])
+    hf["qk_nope_head_dim"] = int(hf.pop("key_length_mla")) - rope
+    hf["head_dim"] = rope
+    # newer converters split the latent up-projection (MLA's MlaSpec.split_kv_b)
+    hf["split_kv_b"] = any(name.endswith("attn_k_b.weight") for name in tensors)
+    log_multiplier = hf.pop("yarn_log_multiplier", None)
+    if log_multiplier is not None and hf.get("rope_scaling"):
+        hf["rope_scaling"]["mscale"] = hf["rope_scaling"]["mscale_all_dim"] = float(log_multiplier) / 0.1
+    sigmoid = int(hf.pop("expert_gating_func", 1)) == 2 or any(name.endswith("exp_probs_b.bias") for name in tensors)
+    if not sigmoid:
+        hf["architectures"] = ["DeepseekV2ForCausalLM"]
+        if int(hf.get("n_group", 1)) > 1:
+            hf["topk_method"] = "group_limited_greedy"
+    hf.setdefault("norm_topk_prob", False)
+
+
 _LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
 
 #: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
@@ -126,6 +149,18 @@ GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
         "qwen2moe": GgufKind(fixed={"norm_topk_prob": False}),
         "qwen3moe": GgufKind(fixed={"norm_topk_prob": True}),
         "olmoe": GgufKind(fixed={"norm_topk_prob": False}),
+        "deepseek2": GgufKind(
+            keys={
+                "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
+                "attention.key_length_mla": "key_length_mla", "attention.value_length_mla": "v_head_dim",
+                "rope.dimension_count": "qk_rope_head_dim", "leading_dense_block_count": "first_k_dense_replace",
+                "expert_count": "n_routed_experts", "expert_shared_count": "n_shared_experts",
+                "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
+                "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+                "expert_gating_func": "expert_gating_func", "rope.scaling.yarn_log_multiplier": "yarn_log_multiplier",
+            },
+            derive=deepseek2,
+        ),  # fmt: skip
         # experts a tensor per projection (gate and up apart), not transformers' interleaved stack
         "gpt-oss": GgufKind(
             keys={"expert_count": "num_local_experts"}, fixed={"expert_layout": "per_expert"}, derive=gpt_oss_yarn,

@@ -129,6 +129,8 @@ def load_gguf_config(path: str, registry: ModelRegistry | None = None) -> ModelC
                 f"loader cannot dequantise; supported: {', '.join(t.name for t in DEQUANTIZABLE_TYPES)}"
             )
     hf = gguf_hf_config(reader, gguf_arch, hf_arch, path)
+    # a kind's derive may pick among the HF architectures its files stand for (deepseek2: V2 or V3 routing)
+    hf_arch = hf["architectures"][0]
     try:
         if gguf_arch not in GGUF_KINDS:
             config = ModelConfig.from_hf_dict(hf)
@@ -228,8 +230,6 @@ def iter_gguf_weights(
                 f"tensor '{tensor.name}' in {path} has unsupported GGUF type {tensor.tensor_type.name}"
             )
         quantized = gguf_scheme(tensor.tensor_type) in keep_quantized
-        if len(tensor.shape) == 3 and "{}" not in name:
-            raise ModelLoadError(f"GGUF tensor '{tensor.name}' in {path} is 3-D but {name} is not a stack of experts")
         if "{}" in name and len(tensor.shape) == 3:
             parts = [(name.format(e), w) for e, w in enumerate(expert_matrices(tensor, quantized))]
         elif "{}" in name:  # the experts' biases, a row each

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import MappingProxyType
 from typing import Any
 
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
+from engine.models.layers.gguf_names import EXPERT_NAMES, GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.hf_config import rope_parameters
 from engine.models.layers.spec import DecoderSpec, LayerSpec, MlaSpec, MoeSpec
 from engine.models.llama import standard_rope
@@ -56,7 +58,26 @@ def past_last_layer(name: str, config: ModelConfig) -> bool:
 
 class DeepseekV3ForCausalLM(DenseDecoder):
     """``DeepseekV3ForCausalLM``: latent attention (the cache holds one latent row per token), DeepSeek's
-    experts. Its multi-token-prediction layers are skipped."""
+    experts. Its multi-token-prediction layers are skipped.
+
+    Loads llama.cpp's ``deepseek2`` files too (V2 ones as :class:`DeepseekV2ForCausalLM`), with the latent
+    up-projection as one ``attn_kv_b`` or, from newer converters, split into ``attn_k_b`` / ``attn_v_b``.
+    """
+
+    gguf_architectures = MappingProxyType({"deepseek2": "DeepseekV3ForCausalLM"})
+    gguf_global_tensor_names = GLOBAL_NAMES
+    gguf_layer_tensor_names = extend(
+        extend(LAYER_NAMES, EXPERT_NAMES),
+        {
+            "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+            "attn_q_b.weight": "self_attn.q_b_proj.weight",
+            "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+            "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+            "attn_k_b.weight": "self_attn.k_b_proj.weight", "attn_v_b.weight": "self_attn.v_b_proj.weight",
+            "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+            **{f"ffn_{p}_shexp.weight": f"mlp.shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")},
+        },
+    )  # fmt: skip
 
     @classmethod
     def decoder_spec(cls, config: ModelConfig) -> DecoderSpec:
@@ -103,6 +124,7 @@ def mla_spec(hf: dict[str, Any]) -> MlaSpec:
         qk_rope_head_dim=int(hf["qk_rope_head_dim"]),
         v_head_dim=int(hf["v_head_dim"]),
         interleaved_rope=bool(hf.get("rope_interleave", True)),
+        split_kv_b=bool(hf.get("split_kv_b", False)),
     )
 
 

@@ -95,7 +95,11 @@ def mla_weight_shapes(spec: MlaSpec, config: ModelConfig, prefix: str) -> dict[s
         shapes[p + "q_b_proj.weight"] = (q_rows, spec.q_lora_rank)
     shapes[p + "kv_a_proj_with_mqa.weight"] = (spec.kv_lora_rank + spec.qk_rope_head_dim, hidden)
     shapes[p + "kv_a_layernorm.weight"] = (spec.kv_lora_rank,)
-    shapes[p + "kv_b_proj.weight"] = (heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank)
+    if spec.split_kv_b:
+        shapes[p + "k_b_proj.weight"] = (heads, spec.kv_lora_rank, spec.qk_nope_head_dim)
+        shapes[p + "v_b_proj.weight"] = (heads, spec.v_head_dim, spec.kv_lora_rank)
+    else:
+        shapes[p + "kv_b_proj.weight"] = (heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank)
     shapes[p + "o_proj.weight"] = (hidden, heads * spec.v_head_dim)
     return shapes
 
@@ -122,7 +126,11 @@ def load_mla(loader: LayerLoader, prefix: str, spec: MlaSpec) -> MlaAttention:
     if spec.interleaved_rope:
         # the same reordering of both rotary parts leaves their dot products as they were
         q_pe, k_pe = interleaved_to_halves(q_pe, heads, rope, rope), interleaved_to_halves(k_pe, 1, rope, rope)
-    kv_b = take("kv_b_proj").reshape(heads, nope + spec.v_head_dim, latent_width)
+    if spec.split_kv_b:
+        k_absorb, v_absorb = take("k_b_proj").transpose(1, 2), take("v_b_proj").transpose(1, 2)
+    else:
+        kv_b = take("kv_b_proj").reshape(heads, nope + spec.v_head_dim, latent_width)
+        k_absorb, v_absorb = kv_b[:, :nope], kv_b[:, nope:].transpose(1, 2)
     device, dtype = model.device, model.dtype
     return MlaAttention(
         spec=spec,
@@ -131,7 +139,7 @@ def load_mla(loader: LayerLoader, prefix: str, spec: MlaSpec) -> MlaAttention:
         q=loader.matrix(torch.cat([per_head[:, :nope].reshape(heads * nope, -1), q_pe])),
         kv_a=loader.matrix(torch.cat([kv_a[:latent_width], k_pe])),
         kv_a_norm=loader.norm(p + "kv_a_layernorm", latent_width),
-        k_absorb=kv_b[:, :nope].contiguous().to(device=device, dtype=dtype),
-        v_absorb=kv_b[:, nope:].transpose(1, 2).contiguous().to(device=device, dtype=dtype),
+        k_absorb=k_absorb.contiguous().to(device=device, dtype=dtype),
+        v_absorb=v_absorb.contiguous().to(device=device, dtype=dtype),
         o_proj=loader.matrix(take("o_proj")),
     )

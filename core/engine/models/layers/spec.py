@@ -130,6 +130,9 @@ class MlaSpec:
         v_head_dim: each head's value width.
         interleaved_rope: the checkpoint's rotary pairs adjacent dims (``rope_interleave``); the loader
             reorders those rows into halves.
+        split_kv_b: the checkpoint holds ``kv_b_proj`` as llama.cpp's newer converters write it: a
+            ``k_b_proj`` ``[heads, latent, nope]`` (the key part transposed) and a ``v_b_proj``
+            ``[heads, v, latent]``.
     """
 
     q_lora_rank: int | None
@@ -138,6 +141,7 @@ class MlaSpec:
     qk_rope_head_dim: int
     v_head_dim: int
     interleaved_rope: bool = True
+    split_kv_b: bool = False
 
 
 @dataclass(frozen=True, slots=True)
