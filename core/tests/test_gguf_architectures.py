@@ -84,6 +84,13 @@ CASES: dict[str, tuple[str, str, dict[str, Any], GGMLQuantizationType]] = {
         q_lora_rank=64, kv_lora_rank=56, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, head_dim=8,
         num_attention_heads=4, num_key_value_heads=4,
     ), Q8_0),
+    # GLM-4.5: a dense first layer, sigmoid routing with a correction bias, a shared expert, q/k norms and
+    # biases, half of each head rotated; its multi-token-prediction layer written as a last block
+    "glm4moe": ("glm4moe", "Glm4MoeForCausalLM", dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, intermediate_size=64,
+        use_qk_norm=True, attention_bias=True, pad_token_id=0, num_nextn_predict_layers=1,
+    ), Q8_0),
     # DeepSeek-V2: one q_proj, softmax routing within 2 of 4 groups, the up-projection as one attn_kv_b
     "deepseek2-v2": ("deepseek2", "DeepseekV2ForCausalLM", dict(
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
@@ -117,7 +124,8 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
     """The keys llama.cpp's converter writes for ``kind`` (``convert_hf_to_gguf``'s set_gguf_parameters)."""
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
     head_dim = cfg.hidden_size // cfg.num_attention_heads if kind == "granite" else cfg.head_dim
-    writer.add_block_count(cfg.num_hidden_layers)
+    # GLM-4.5's converter counts its multi-token-prediction layers as blocks
+    writer.add_block_count(cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if kind == "glm4moe" else 0))
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
@@ -166,12 +174,17 @@ def write_metadata(writer: gguf.GGUFWriter, kind: str, cfg: Any) -> None:
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"]),
         ),
         "deepseek2": lambda: write_deepseek2_metadata(writer, cfg),
+        "glm4moe": lambda: (
+            writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"])),
+            write_deepseek_experts(writer, cfg, sigmoid=True),
+            writer.add_nextn_predict_layers(cfg.num_nextn_predict_layers),
+        ),
     }
     if kind in PERMUTED_KINDS:
         writer.add_rope_dimension_count(head_dim)
     extra.get(kind, lambda: None)()
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
-    if experts and kind != "deepseek2":
+    if experts and kind not in ("deepseek2", "glm4moe"):
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         if getattr(cfg, "moe_intermediate_size", None):
@@ -196,16 +209,21 @@ def write_deepseek2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
     writer.add_value_length_mla(cfg.v_head_dim)
     writer.add_rope_dimension_count(cfg.qk_rope_head_dim)
+    write_deepseek_experts(writer, cfg, sigmoid=cfg.architectures[0] == "DeepseekV3ForCausalLM")
+
+
+def write_deepseek_experts(writer: gguf.GGUFWriter, cfg: Any, sigmoid: bool) -> None:
+    """DeepSeek-style experts' keys (deepseek2, glm4moe): dense first layers, routed and shared experts, the
+    routing's function, scale, renormalisation and groups."""
     writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
     writer.add_expert_count(cfg.n_routed_experts)
     writer.add_expert_used_count(cfg.num_experts_per_tok)
     writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     writer.add_expert_shared_count(cfg.n_shared_experts)
     writer.add_expert_weights_scale(cfg.routed_scaling_factor)
-    v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
-    if v3 and cfg.norm_topk_prob:
+    if sigmoid and cfg.norm_topk_prob:
         writer.add_expert_weights_norm(True)
-    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
     writer.add_expert_group_count(cfg.n_group)
     writer.add_expert_group_used_count(cfg.topk_group)
 
@@ -229,7 +247,7 @@ def write_gguf(
     expected: dict[str, torch.Tensor] = {}
     norm_stacks: dict[str, list[np.ndarray]] = {}
     for name, array in state.items():
-        if kind == "deepseek2" and name.endswith("e_score_correction_bias"):
+        if name.endswith("e_score_correction_bias"):
             writer.add_tensor(names.get_name(name.split(".mlp.")[0] + ".mlp.gate", try_suffixes=()).replace("ffn_gate_inp", "exp_probs_b") + ".bias", array)
             expected[name] = torch.from_numpy(array)
             continue
@@ -273,6 +291,11 @@ def write_gguf(
         writer.add_tensor(gguf_name, data, raw_dtype=qtype if data.dtype != np.float32 else F32)
     for name, rows in norm_stacks.items():
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), np.stack(rows))
+    if kind == "glm4moe":  # a few of the multi-token-prediction block's tensors, which the engine skips
+        last, gen = f"blk.{cfg.num_hidden_layers}.", np.random.default_rng(1)
+        writer.add_tensor(last + "nextn.eh_proj.weight", gen.standard_normal((cfg.hidden_size, 2 * cfg.hidden_size)).astype(np.float32))
+        writer.add_tensor(last + "nextn.enorm.weight", np.ones(cfg.hidden_size, dtype=np.float32))
+        writer.add_tensor(last + "attn_norm.weight", np.ones(cfg.hidden_size, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -135,7 +135,18 @@ def deepseek2(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
     hf.setdefault("norm_topk_prob", False)
 
 
+def glm4moe_layers(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> None:
+    """The converter counts GLM-4.5's multi-token-prediction layers in ``block_count``; HF does not."""
+    hf["num_hidden_layers"] = int(hf["num_hidden_layers"]) - int(hf.get("num_nextn_predict_layers", 0) or 0)
+
+
 _LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
+#: DeepSeek-style experts' keys (deepseek2, glm4moe)
+_DEEPSEEK_EXPERT_KEYS = {
+    "leading_dense_block_count": "first_k_dense_replace", "expert_count": "n_routed_experts",
+    "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
+    "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+}  # fmt: skip
 
 #: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
 GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
@@ -153,14 +164,17 @@ GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
             keys={
                 "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
                 "attention.key_length_mla": "key_length_mla", "attention.value_length_mla": "v_head_dim",
-                "rope.dimension_count": "qk_rope_head_dim", "leading_dense_block_count": "first_k_dense_replace",
-                "expert_count": "n_routed_experts", "expert_shared_count": "n_shared_experts",
-                "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
-                "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+                "rope.dimension_count": "qk_rope_head_dim", **_DEEPSEEK_EXPERT_KEYS,
                 "expert_gating_func": "expert_gating_func", "rope.scaling.yarn_log_multiplier": "yarn_log_multiplier",
             },
             derive=deepseek2,
         ),  # fmt: skip
+        "glm4moe": GgufKind(
+            keys={**_DEEPSEEK_EXPERT_KEYS, "nextn_predict_layers": "num_nextn_predict_layers"},
+            tensor_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
+            partial_rotary=True,
+            derive=glm4moe_layers,
+        ),
         # experts a tensor per projection (gate and up apart), not transformers' interleaved stack
         "gpt-oss": GgufKind(
             keys={"expert_count": "num_local_experts"}, fixed={"expert_layout": "per_expert"}, derive=gpt_oss_yarn,

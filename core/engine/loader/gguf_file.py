@@ -47,6 +47,9 @@ DEQUANTIZABLE_TYPES = frozenset(
     }
 )  # fmt: skip
 
+# a per-layer tensor's block index
+GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
+
 # Tensors llama.cpp stores that the HF model recomputes (rotary frequencies; Phi-3's longrope factors are
 # read into the config).
 SKIPPED_TENSOR_PATTERN = re.compile(
@@ -222,6 +225,9 @@ def iter_gguf_weights(
     reader = open_gguf(path)
     gguf_arch = gguf_architecture(reader, path)
     for tensor in reader.tensors:
+        layer = GGUF_LAYER_INDEX.match(tensor.name)
+        if layer is not None and int(layer.group(1)) >= config.num_layers:
+            continue  # the multi-token-prediction blocks some converters append (GLM-4.5's nextn layer)
         name = hf_tensor_name(tensor.name, model_class)
         if name is None:
             continue

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.models.config import ModelConfig
 from engine.models.layers.decoder import DenseDecoder
-from engine.models.layers.gguf_names import EXPERT_NAMES, GLOBAL_NAMES, LAYER_NAMES, extend
+from engine.models.layers.gguf_names import DEEPSEEK_EXPERT_NAMES, GLOBAL_NAMES, LAYER_NAMES, extend
 from engine.models.layers.hf_config import rope_parameters
 from engine.models.layers.spec import DecoderSpec, LayerSpec, MlaSpec, MoeSpec
 from engine.models.llama import standard_rope
@@ -67,15 +67,13 @@ class DeepseekV3ForCausalLM(DenseDecoder):
     gguf_architectures = MappingProxyType({"deepseek2": "DeepseekV3ForCausalLM"})
     gguf_global_tensor_names = GLOBAL_NAMES
     gguf_layer_tensor_names = extend(
-        extend(LAYER_NAMES, EXPERT_NAMES),
+        extend(LAYER_NAMES, DEEPSEEK_EXPERT_NAMES),
         {
             "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
             "attn_q_b.weight": "self_attn.q_b_proj.weight",
             "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
             "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
             "attn_k_b.weight": "self_attn.k_b_proj.weight", "attn_v_b.weight": "self_attn.v_b_proj.weight",
-            "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-            **{f"ffn_{p}_shexp.weight": f"mlp.shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")},
         },
     )  # fmt: skip
 

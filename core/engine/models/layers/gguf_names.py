@@ -100,3 +100,13 @@ SHARED_EXPERT_NAMES: Mapping[str, str] = MappingProxyType(
         "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
     }
 )
+
+#: DeepSeek's experts as llama.cpp names them (DeepSeek-V2/V3, GLM-4.5): the routed ones, the router's
+#: correction bias and the shared experts under ``mlp.shared_experts``
+DEEPSEEK_EXPERT_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        **EXPERT_NAMES,
+        "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+        **{f"ffn_{p}_shexp.weight": f"mlp.shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")},
+    }
+)
