@@ -133,3 +133,32 @@ def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monk
     assert tokens == dense[3]
     # float16 activations rounded to 16-bit integers a 32-column slot, against the dense float16 model
     torch.testing.assert_close(runs["auto", "float16"], runs["none", "float16"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.slow  # two MoE engines in the interpreter
+def test_gguf_moe_experts_load_on_the_gpu_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF Qwen3-MoE's experts come to the GPU plugin one expert at a time as GGUF blocks; its MoE kernels
+    take them as stacks, and the logits equal the dequantized file's (float32: the prompt's rows and a
+    sequence's single-row decode)."""
+    from gguf_test_models import write_tiny_qwen3moe_gguf
+
+    from engine_plugin_sdk.gpu.moe import StackedExperts
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: device cuda is not the interpreter here")
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    path = tmp_path / "tiny-moe.gguf"
+    write_tiny_qwen3moe_gguf(path, "gguf_q8_0", hidden=128, width=128, heads=2, kv_heads=1, seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    runs = []
+    for quantization in ("auto", "none"):
+        llm = LLM(model=str(path), tokenizer=_tokenizer(), device="cuda", dtype="float32", quantization=quantization,
+                  max_model_len=128, kv_cache_memory_bytes=8 << 20)  # fmt: skip
+        experts = llm.llm_engine.model.layers[0].moe.experts
+        assert isinstance(experts, StackedExperts) and tuple(experts.gate_up.shape) == (4, 256, 128)
+        logits = engine_prefill_logits(llm, PROMPTS[:1]).float()
+        tokens = list(llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0].token_ids)
+        runs.append((logits, tokens))
+        llm.shutdown()
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
+    assert runs[0][1] == runs[1][1]
