@@ -5,6 +5,7 @@ types), which must come back as plain content."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,6 +320,51 @@ TOOL_CASES: list[ToolCase] = [
     ToolCase("pythonic-unknown", "pythonic", "[rm(path='/')]", "[rm(path='/')]"),
     ToolCase("pythonic-set-not-json", "pythonic", "[search(query={1, 2})]", "[search(query={1, 2})]"),
     ToolCase("pythonic-empty-list", "pythonic", "[]", "[]"),
+    # openai: gpt-oss's harmony calls, as the openai_gptoss reasoning parser passes them on, and raw
+    ToolCase(
+        "openai-single",
+        "openai",
+        '<|channel|>commentary to=functions.get_weather<|message|>{"location": "Paris, France", "unit": "celsius"}<|call|>',
+        None,
+        [("get_weather", PARIS)],
+    ),
+    ToolCase(
+        "openai-preamble-and-two-calls",
+        "openai",
+        "Checking both.<|channel|>commentary to=functions.get_weather<|message|>"
+        '{"location": "Paris, France", "unit": "celsius"}<|call|><|channel|>commentary to=functions.search<|message|>'
+        + json.dumps(NESTED, ensure_ascii=False)
+        + "<|call|>",
+        "Checking both.",
+        [("get_weather", PARIS), ("search", NESTED)],
+    ),
+    ToolCase(
+        "openai-raw-role-recipient-no-stop-token",
+        "openai",
+        '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"timezone": "UTC"}',
+        None,
+        [("get_time", {"timezone": "UTC"})],
+    ),
+    ToolCase(
+        "openai-raw-constrain",
+        "openai",
+        '<|channel|>commentary to=functions.calculate <|constrain|>json<|message|>{"expression": "2+2"}<|call|>',
+        None,
+        [("calculate", {"expression": "2+2"})],
+    ),
+    ToolCase(
+        "openai-unknown-function",
+        "openai",
+        "<|channel|>commentary to=functions.rm<|message|>{}<|call|>",
+        "<|channel|>commentary to=functions.rm<|message|>{}<|call|>",
+    ),
+    ToolCase(
+        "openai-not-json",
+        "openai",
+        "<|channel|>commentary to=functions.search<|message|>{query: x}<|call|>",
+        "<|channel|>commentary to=functions.search<|message|>{query: x}<|call|>",
+    ),
+    ToolCase("openai-plain", "openai", "The weather is fine.", "The weather is fine."),
 ]
 
 
@@ -388,4 +434,39 @@ REASONING_CASES: list[ReasoningCase] = [
         "I need the weather tool.",
         '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris, France", "unit": "celsius"}}\n</tool_call>',
     ),
+    # openai_gptoss: gpt-oss's harmony channels (the output begins after the prompt's <|start|>assistant)
+    ReasoningCase(
+        "gptoss-analysis-then-final",
+        "openai_gptoss",
+        "<|channel|>analysis<|message|>The user greets me. Reply briefly.<|end|><|start|>assistant<|channel|>final"
+        "<|message|>Hello! How can I help?",
+        "The user greets me. Reply briefly.",
+        "Hello! How can I help?",
+    ),
+    ReasoningCase(
+        "gptoss-final-with-return",
+        "openai_gptoss",
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+        "Easy.",
+        "4",
+    ),
+    ReasoningCase(
+        "gptoss-preamble-and-call",
+        "openai_gptoss",
+        "<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant<|channel|>commentary"
+        "<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+        '<|constrain|>json<|message|>{"location": "Paris, France"}<|call|>',
+        "Need the weather tool.",
+        'Let me check.<|channel|>commentary to=functions.get_weather<|message|>{"location": "Paris, France"}<|call|>',
+    ),
+    ReasoningCase(
+        "gptoss-role-recipient",
+        "openai_gptoss",
+        '<|channel|>analysis<|message|>Time.<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json'
+        '<|message|>{"timezone": "UTC"}',
+        "Time.",
+        '<|channel|>commentary to=functions.get_time<|message|>{"timezone": "UTC"}<|call|>',
+    ),
+    ReasoningCase("gptoss-only-thinking", "openai_gptoss", "<|channel|>analysis<|message|>Still thinking about", "Still thinking about", None),
+    ReasoningCase("gptoss-not-harmony", "openai_gptoss", "Just text, <b>no</b> channels.", None, "Just text, <b>no</b> channels."),
 ]

@@ -16,8 +16,8 @@ PLUGINS = os.path.join(os.path.dirname(__file__), "chat_parser_plugins.py")
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--tool-call-parser", "hermess"], "known: hermes, llama3_json, mistral, pythonic"),
-        (["--reasoning-parser", "qwen"], "known: deepseek_r1, qwen3"),
+        (["--tool-call-parser", "hermess"], "known: hermes, llama3_json, mistral, openai, pythonic"),
+        (["--reasoning-parser", "qwen"], "known: deepseek_r1, openai_gptoss, qwen3"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
         (["--tool-parser-plugin", "/no/such/file.py", "--tool-call-parser", "x"], "does not exist"),
         (["--reasoning-parser-plugin", __file__], "register_reasoning_parsers"),

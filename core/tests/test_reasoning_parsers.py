@@ -150,8 +150,8 @@ def test_reasoning_then_tool_calls_streamed_through_both_parsers() -> None:
 
 def test_registry_and_plugin_file(tmp_path) -> None:
     registry = default_reasoning_parser_registry()
-    assert registry.names() == ["deepseek_r1", "qwen3"]
-    with pytest.raises(UnknownNameError, match=r"unknown reasoning parser 'qwen'.*deepseek_r1, qwen3"):
+    assert registry.names() == ["deepseek_r1", "openai_gptoss", "qwen3"]
+    with pytest.raises(UnknownNameError, match=r"unknown reasoning parser 'qwen'.*deepseek_r1, openai_gptoss, qwen3"):
         registry.get("qwen")
     plugin = tmp_path / "granite_reasoning.py"
     plugin.write_text(

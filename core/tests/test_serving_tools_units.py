@@ -174,3 +174,47 @@ def test_plans():
     assert plan_tools(request(tools=[WEATHER], tool_choice="none"), ChatParsers()).tools == [WEATHER]
     assert plan_tools(request(tools=[WEATHER]), parsers()).mode == "auto"
     assert plan_tools(request(tools=[WEATHER], tool_choice="required"), ChatParsers()).mode == "required"
+
+
+GPT_OSS_OUTPUT = (
+    "<|channel|>analysis<|message|>The user wants the weather in Paris and Rome.<|end|><|start|>assistant"
+    "<|channel|>commentary<|message|>Checking both cities.<|end|><|start|>assistant<|channel|>commentary "
+    'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|><|start|>assistant to=functions.get_weather'
+    '<|channel|>commentary json<|message|>{"city": "Rome"}'
+)
+
+
+def gpt_oss_parsers() -> ChatParsers:
+    return ChatParsers(
+        tool_parser=default_tool_parser_registry().create("openai", id_generator=counter_ids()),
+        enable_auto_tool_choice=True,
+        reasoning_parser=default_reasoning_parser_registry().create("openai_gptoss"),
+    )
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5, 13, 1000])
+def test_gpt_oss_harmony_reply_splits_into_reasoning_preamble_and_calls(cut):
+    """--reasoning-parser openai_gptoss with --tool-call-parser openai: the analysis channel is the reasoning,
+    the commentary preamble the content, the messages to functions the calls (either header form, the last
+    one cut by its stop token), streamed or whole alike."""
+    plan = ToolPlan("auto", [WEATHER])
+    parser = ChatOutputParser(plan, gpt_oss_parsers())
+    message = whole_message(parser, GPT_OSS_OUTPUT)
+    assert message["reasoning_content"] == "The user wants the weather in Paris and Rome."
+    assert message["content"] == "Checking both cities."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}),
+    ]  # fmt: skip
+    assert finish_reason(parser, "stop") == "tool_calls"
+    streamed_parser = ChatOutputParser(plan, gpt_oss_parsers())
+    deltas = [streamed_parser.feed(GPT_OSS_OUTPUT[i : i + cut]) for i in range(0, len(GPT_OSS_OUTPUT), cut)]
+    merged = merge_answer_deltas([*deltas, streamed_parser.finish()])
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert merged["content"] == message["content"]
+    assert [c["function"] for c in merged["tool_calls"]] == [c["function"] for c in message["tool_calls"]]
+
+
+def test_harmony_parsers_ask_for_special_tokens():
+    assert default_reasoning_parser_registry().create("openai_gptoss").needs_special_tokens
+    assert default_tool_parser_registry().create("openai").adjust_skip_special_tokens(True) is False
+    assert not default_reasoning_parser_registry().create("qwen3").needs_special_tokens

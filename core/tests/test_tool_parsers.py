@@ -172,7 +172,7 @@ def test_special_token_needs() -> None:
 
 def test_huge_or_hostile_outputs_do_not_raise() -> None:
     deep = "[" * 5000 + "]" * 5000
-    for name in ("hermes", "llama3_json", "mistral", "pythonic"):
+    for name in ("hermes", "llama3_json", "mistral", "openai", "pythonic"):
         parser = make_parser(name)
         for out in (
             deep,
@@ -205,7 +205,7 @@ def test_long_calls_stream_in_linear_time() -> None:
 
 def test_registry_names_and_errors() -> None:
     registry = default_tool_parser_registry()
-    assert registry.names() == ["hermes", "llama3_json", "mistral", "pythonic"]
+    assert registry.names() == ["hermes", "llama3_json", "mistral", "openai", "pythonic"]
     with pytest.raises(UnknownNameError, match=r"unknown tool parser 'hermess'.*hermes, llama3_json.*Did you mean 'hermes'"):
         registry.get("hermess")
     with pytest.raises(ValueError, match="already registered"):

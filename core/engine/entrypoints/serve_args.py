@@ -121,13 +121,13 @@ def add_serve_parser_args(serve: argparse.ArgumentParser) -> None:
                        help="read tool calls out of the replies of requests with tools and tool_choice 'auto' "
                             "(the default), with --tool-call-parser; without it such requests get a 400")
     serve.add_argument("--tool-call-parser", "--tool-parser", dest="tool_call_parser", default=None, metavar="NAME",
-                       help="how the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a name "
+                       help="how the model writes tool calls: hermes, llama3_json, mistral, openai (gpt-oss), pythonic, or a name "
                             "a --tool-parser-plugin file registers")
     serve.add_argument("--tool-parser-plugin", default=None, metavar="FILE",
                        help="a Python file defining register_tool_parsers(registry), which registers more "
                             "--tool-call-parser names")
     serve.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                       help="split replies into reasoning_content and content: deepseek_r1, qwen3, or a name a "
+                       help="split replies into reasoning_content and content: deepseek_r1, openai_gptoss, qwen3, or a name a "
                             "--reasoning-parser-plugin file registers")
     serve.add_argument("--reasoning-parser-plugin", default=None, metavar="FILE",
                        help="a Python file defining register_reasoning_parsers(registry)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class ReasoningParser(ABC):
     Args:
         tokenizer: the model's tokenizer; needed only for :meth:`is_reasoning_end` on token ids.
     """
+
+    #: the markers are special tokens: the server must detokenize with ``skip_special_tokens=False`` for
+    #: this parser to see them
+    needs_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer

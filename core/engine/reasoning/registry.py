@@ -15,6 +15,7 @@ from typing import Any
 from engine.named_registry import NamedRegistry
 from engine.reasoning.base import ReasoningParser
 from engine.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from engine.reasoning.gpt_oss import GptOssReasoningParser
 from engine.reasoning.qwen3 import Qwen3ReasoningParser
 
 #: the function a reasoning-parser plugin file defines; it is called with the registry
@@ -66,8 +67,9 @@ class ReasoningParserRegistry(NamedRegistry[type[ReasoningParser]]):
 
 
 def default_reasoning_parser_registry() -> ReasoningParserRegistry:
-    """A new registry holding the built-in parsers: deepseek_r1, qwen3."""
+    """A new registry holding the built-in parsers: deepseek_r1, openai_gptoss, qwen3."""
     registry = ReasoningParserRegistry()
     registry.register("deepseek_r1", DeepSeekR1ReasoningParser)
+    registry.register("openai_gptoss", GptOssReasoningParser)
     registry.register("qwen3", Qwen3ReasoningParser)
     return registry

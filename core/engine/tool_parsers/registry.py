@@ -24,6 +24,7 @@ from engine.tool_parsers.base import ToolParser
 from engine.tool_parsers.hermes import HermesToolParser
 from engine.tool_parsers.llama3_json import Llama3JsonToolParser
 from engine.tool_parsers.mistral import MistralToolParser
+from engine.tool_parsers.openai import OpenAiToolParser
 from engine.tool_parsers.pythonic import PythonicToolParser
 
 #: the function a ``--tool-parser-plugin`` file defines; it is called with the registry
@@ -73,10 +74,11 @@ class ToolParserRegistry(NamedRegistry[type[ToolParser]]):
 
 
 def default_tool_parser_registry() -> ToolParserRegistry:
-    """A new registry holding the built-in parsers: hermes, llama3_json, mistral, pythonic."""
+    """A new registry holding the built-in parsers: hermes, llama3_json, mistral, openai, pythonic."""
     registry = ToolParserRegistry()
     registry.register("hermes", HermesToolParser)
     registry.register("llama3_json", Llama3JsonToolParser)
     registry.register("mistral", MistralToolParser)
+    registry.register("openai", OpenAiToolParser)
     registry.register("pythonic", PythonicToolParser)
     return registry

@@ -49,6 +49,7 @@ from engine.entrypoints.openai.structured_fields import apply_reasoning_gate, co
 from engine.errors import InvalidRequestError
 from engine.input_processor import check_prompt_chars
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling.params import SamplingParams
 
 #: a rough size of the chat template's own text around each message, in characters
 _TEMPLATE_CHARS_PER_MESSAGE = 32
@@ -167,6 +168,9 @@ class ChatHandler:
         params = apply_tool_plan(params, plan, self.parsers)
         constraint_param = constraint_field(req)
         params = apply_reasoning_gate(params, self.parsers.reasoning_parser, constraint_param)
+        reasoning = self.parsers.reasoning_parser
+        if reasoning is not None and reasoning.needs_special_tokens and isinstance(params, SamplingParams):
+            params = params.model_copy(update={"skip_special_tokens": False})  # its markers are special tokens
         prompt_ids = await chat_prompt_ids(
             ctx, req.messages, req.add_generation_prompt, tools=plan.tools, template_kwargs=req.chat_template_kwargs
         )
