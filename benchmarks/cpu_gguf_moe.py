@@ -34,59 +34,15 @@ def tokenizer_gguf() -> str:
 
 
 def write_model(path: str, args: argparse.Namespace) -> None:
-    """A seeded random Qwen3-MoE GGUF of ``args``' sizes: matrices in ``args.scheme``, the head Q6_K."""
-    import gguf
-    import numpy as np
+    """A seeded random Qwen3-MoE GGUF of ``args``' sizes: matrices in ``args.scheme``, the embedding Q8_0,
+    the head Q6_K, the embedded model's vocabulary."""
+    from engine_plugin_sdk.gguf_models import write_qwen3moe_gguf
 
-    from engine_plugin_sdk.quant import make_quantized_weight
-
-    vocab, hidden, heads, kv_heads, head_dim = 49152, args.hidden, args.heads, args.kv_heads, args.hidden // args.heads
-    writer = gguf.GGUFWriter(path, "qwen3moe")
-    writer.add_block_count(args.layers)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(args.expert_width * 8)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1000000.0)
-    writer.add_expert_count(args.experts)
-    writer.add_expert_used_count(args.top_k)
-    writer.add_expert_feed_forward_length(args.expert_width)
-    writer.add_vocab_size(vocab)
-    gen = np.random.default_rng(0)
-    seed = iter(range(1 << 20))
-    qtype = gguf.GGMLQuantizationType[args.scheme.upper()]
-
-    def blocks(out: int, width: int, kind: str) -> np.ndarray:
-        return make_quantized_weight("gguf_" + kind, out, width, seed=next(seed)).data.numpy()
-
-    def vector(name: str, size: int) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * gen.standard_normal(size)).astype(np.float32))
-
-    writer.add_tensor("token_embd.weight", blocks(vocab, hidden, "q8_0"), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("output.weight", blocks(vocab, hidden, "q6_k"), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
-    vector("output_norm.weight", hidden)
-    for i in range(args.layers):
-        p = f"blk.{i}."
-        vector(p + "attn_norm.weight", hidden)
-        vector(p + "ffn_norm.weight", hidden)
-        vector(p + "attn_q_norm.weight", head_dim)
-        vector(p + "attn_k_norm.weight", head_dim)
-        for name, out, width in (("attn_q", heads * head_dim, hidden), ("attn_k", kv_heads * head_dim, hidden),
-                                 ("attn_v", kv_heads * head_dim, hidden), ("attn_output", hidden, heads * head_dim)):
-            writer.add_tensor(p + name + ".weight", blocks(out, width, args.scheme), raw_dtype=qtype)
-        writer.add_tensor(p + "ffn_gate_inp.weight", (0.05 * gen.standard_normal((args.experts, hidden))).astype(np.float32))
-        for name, out, width in (("ffn_gate_exps", args.expert_width, hidden), ("ffn_up_exps", args.expert_width, hidden),
-                                 ("ffn_down_exps", hidden, args.expert_width)):
-            stack = np.stack([blocks(out, width, args.scheme) for _ in range(args.experts)])
-            writer.add_tensor(p + name + ".weight", stack, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_qwen3moe_gguf(
+        path, "gguf_" + args.scheme, hidden=args.hidden, experts=args.experts, top_k=args.top_k,
+        width=args.expert_width, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, vocab=49152,
+        embed_scheme="gguf_q8_0", head_scheme="gguf_q6_k",
+    )  # fmt: skip
 
 
 def engine_worker(model: str, setting: str, out_path: str, output_len: int) -> None:

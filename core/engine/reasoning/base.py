@@ -58,6 +58,45 @@ class ReasoningStream(ABC):
         """
 
 
+class TextReasoningStream(ReasoningStream):
+    """A stream that keeps the whole output so far and re-reads it from its own position on each piece:
+    subclasses implement :meth:`_advance`."""
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._pos = 0
+        self._finished = False
+
+    def feed(self, delta_text: str) -> ReasoningDelta | None:
+        if self._finished:
+            raise RuntimeError("feed() after finish(): a reasoning stream parses one output")
+        self._text += delta_text
+        return self._advance(final=False)
+
+    def finish(self) -> ReasoningDelta | None:
+        if self._finished:
+            return None
+        delta = self._advance(final=True)
+        self._finished = True
+        return delta
+
+    @abstractmethod
+    def _advance(self, final: bool) -> ReasoningDelta | None:
+        """Release what the text so far decides (all of it when ``final``)."""
+
+
+def held_back(text: str, pos: int, markers: Sequence[str]) -> int:
+    """How many characters at the end of ``text[pos:]`` could begin one of ``markers`` (a stream holds
+    them until the next piece says)."""
+    held = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text) - pos), held, -1):
+            if text.endswith(marker[:k]):
+                held = k
+                break
+    return held
+
+
 class ReasoningParser(ABC):
     """How one model family marks its thinking. Stateless, so one instance serves every request;
     :meth:`start_stream` returns the per-request state of a streamed output.

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import ClassVar
 
-from engine.reasoning.base import ReasoningDelta, ReasoningParser, ReasoningStream
+from engine.reasoning.base import ReasoningDelta, ReasoningParser, TextReasoningStream, held_back
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 BODY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -51,18 +51,16 @@ class GptOssReasoningParser(ReasoningParser):
         return stream.answer_begun
 
 
-class HarmonyStream(ReasoningStream):
+class HarmonyStream(TextReasoningStream):
     """One output's messages, fed in pieces: each message's header is held until ``<|message|>`` decides
     where its body goes, and a body's last characters are held while they could begin an end marker."""
 
     def __init__(self) -> None:
-        self._text = ""
-        self._pos = 0
+        super().__init__()
         self._route: str | None = None  # the open message's destination: "reasoning", "content" or "call"
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._answer_begun = False
-        self._finished = False
 
     @property
     def reasoning_content(self) -> str:
@@ -78,19 +76,6 @@ class HarmonyStream(ReasoningStream):
     def answer_begun(self) -> bool:
         """Whether a message other than the thinking (or text outside harmony) has begun."""
         return self._answer_begun
-
-    def feed(self, delta_text: str) -> ReasoningDelta | None:
-        if self._finished:
-            raise RuntimeError("feed() after finish(): a reasoning stream parses one output")
-        self._text += delta_text
-        return self._advance(final=False)
-
-    def finish(self) -> ReasoningDelta | None:
-        if self._finished:
-            return None
-        delta = self._advance(final=True)
-        self._finished = True
-        return delta
 
     def _advance(self, final: bool) -> ReasoningDelta | None:
         reasoning_start, content_start = len(self._reasoning), len(self._content)
@@ -112,7 +97,7 @@ class HarmonyStream(ReasoningStream):
                 return self._header(final)
             # text outside any message: answer, up to a header (held while it may be one's first characters)
             following = [i for i in (text.find(m, pos) for m in HEADER_STARTS) if i >= 0]
-            safe = min(following) if following else len(text) if final else len(text) - _held_back(text, pos, HEADER_STARTS)
+            safe = min(following) if following else len(text) if final else len(text) - held_back(text, pos, HEADER_STARTS)
             if safe > pos:
                 self._answer(text[pos:safe])
                 self._pos = safe
@@ -125,7 +110,7 @@ class HarmonyStream(ReasoningStream):
             self._close()
             self._pos = end + len(marker)
             return True
-        safe = len(text) if final else len(text) - _held_back(text, pos, BODY_ENDS)
+        safe = len(text) if final else len(text) - held_back(text, pos, BODY_ENDS)
         if safe > pos:
             self._body(text[pos:safe])
             self._pos = safe
@@ -168,15 +153,4 @@ class HarmonyStream(ReasoningStream):
     def _answer(self, piece: str) -> None:
         self._answer_begun = True
         self._content.append(piece)
-
-
-def _held_back(text: str, pos: int, markers: tuple[str, ...]) -> int:
-    """How many characters at the end of ``text[pos:]`` could begin one of ``markers``."""
-    held = 0
-    for marker in markers:
-        for k in range(min(len(marker) - 1, len(text) - pos), held, -1):
-            if text.endswith(marker[:k]):
-                held = k
-                break
-    return held
 

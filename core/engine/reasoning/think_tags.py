@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from engine.reasoning.base import ReasoningDelta, ReasoningParser, ReasoningStream
+from engine.reasoning.base import ReasoningDelta, ReasoningParser, TextReasoningStream, held_back
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -81,7 +81,7 @@ def single_token_id(tokenizer: Any, marker: str) -> int | None:
     return token_id if isinstance(token_id, int) and token_id != unk else None
 
 
-class ThinkTagStream(ReasoningStream):
+class ThinkTagStream(TextReasoningStream):
     """One output through the three phases: deciding how it opens, thinking, answering.
 
     Args:
@@ -91,18 +91,16 @@ class ThinkTagStream(ReasoningStream):
     _OPENING, _THINKING, _ANSWERING = range(3)
 
     def __init__(self, parser: ThinkTagReasoningParser) -> None:
+        super().__init__()
         self._start = parser.start_marker
         self._end = parser.end_marker
         self._required = parser.start_marker_required
-        self._text = ""
-        self._pos = 0
         self._phase = self._OPENING
         self._pending_ws = ""  # reasoning whitespace kept until we know the end marker is not next
         self._reasoning_begun = False
         self._strip_answer_start = False  # the answer follows the end marker: drop its leading blank
         self._reasoning: list[str] = []
         self._content: list[str] = []
-        self._finished = False
 
     @property
     def reasoning_content(self) -> str:
@@ -113,19 +111,6 @@ class ThinkTagStream(ReasoningStream):
     def content(self) -> str:
         """All answer text released so far."""
         return "".join(self._content)
-
-    def feed(self, delta_text: str) -> ReasoningDelta | None:
-        if self._finished:
-            raise RuntimeError("feed() after finish(): a reasoning stream parses one output")
-        self._text += delta_text
-        return self._advance(final=False)
-
-    def finish(self) -> ReasoningDelta | None:
-        if self._finished:
-            return None
-        delta = self._advance(final=True)
-        self._finished = True
-        return delta
 
     def _advance(self, final: bool) -> ReasoningDelta | None:
         reasoning_start, content_start = len(self._reasoning), len(self._content)
@@ -149,7 +134,7 @@ class ThinkTagStream(ReasoningStream):
                 self._phase = self._ANSWERING
                 self._strip_answer_start = True
             else:
-                safe = len(text) if final else len(text) - _held_back(text, self._pos, self._end)
+                safe = len(text) if final else len(text) - held_back(text, self._pos, (self._end,))
                 self._add_reasoning(text[self._pos : safe])
                 self._pos = safe
         if self._phase == self._ANSWERING:
@@ -178,10 +163,3 @@ class ThinkTagStream(ReasoningStream):
         if kept:
             self._reasoning.append(kept)
 
-
-def _held_back(text: str, pos: int, marker: str) -> int:
-    """How many characters at the end of ``text[pos:]`` could be the start of ``marker``."""
-    for k in range(min(len(marker) - 1, len(text) - pos), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0

@@ -140,15 +140,14 @@ def test_gguf_moe_experts_load_on_the_gpu_path(tmp_path: Path, monkeypatch: pyte
     """A GGUF Qwen3-MoE's experts come to the GPU plugin one expert at a time as GGUF blocks; its MoE kernels
     take them as stacks, and the logits equal the dequantized file's (float32: the prompt's rows and a
     sequence's single-row decode)."""
-    from gguf_test_models import write_tiny_qwen3moe_gguf
-
+    from engine_plugin_sdk.gguf_models import write_qwen3moe_gguf
     from engine_plugin_sdk.gpu.moe import StackedExperts
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
     path = tmp_path / "tiny-moe.gguf"
-    write_tiny_qwen3moe_gguf(path, "gguf_q8_0", hidden=128, width=128, heads=2, kv_heads=1, seed=3)
+    write_qwen3moe_gguf(path, "gguf_q8_0", hidden=128, width=128, heads=2, kv_heads=1, seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     runs = []
     for quantization in ("auto", "none"):
