@@ -66,6 +66,18 @@ class TextReasoningStream(ReasoningStream):
         self._text = ""
         self._pos = 0
         self._finished = False
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+
+    @property
+    def reasoning_content(self) -> str:
+        """All reasoning released so far."""
+        return "".join(self._reasoning)
+
+    @property
+    def content(self) -> str:
+        """All answer text released so far."""
+        return "".join(self._content)
 
     def feed(self, delta_text: str) -> ReasoningDelta | None:
         if self._finished:

@@ -58,19 +58,7 @@ class HarmonyStream(TextReasoningStream):
     def __init__(self) -> None:
         super().__init__()
         self._route: str | None = None  # the open message's destination: "reasoning", "content" or "call"
-        self._reasoning: list[str] = []
-        self._content: list[str] = []
         self._answer_begun = False
-
-    @property
-    def reasoning_content(self) -> str:
-        """All reasoning released so far."""
-        return "".join(self._reasoning)
-
-    @property
-    def content(self) -> str:
-        """All answer text released so far."""
-        return "".join(self._content)
 
     @property
     def answer_begun(self) -> bool:

@@ -99,18 +99,6 @@ class ThinkTagStream(TextReasoningStream):
         self._pending_ws = ""  # reasoning whitespace kept until we know the end marker is not next
         self._reasoning_begun = False
         self._strip_answer_start = False  # the answer follows the end marker: drop its leading blank
-        self._reasoning: list[str] = []
-        self._content: list[str] = []
-
-    @property
-    def reasoning_content(self) -> str:
-        """All reasoning released so far."""
-        return "".join(self._reasoning)
-
-    @property
-    def content(self) -> str:
-        """All answer text released so far."""
-        return "".join(self._content)
 
     def _advance(self, final: bool) -> ReasoningDelta | None:
         reasoning_start, content_start = len(self._reasoning), len(self._content)
