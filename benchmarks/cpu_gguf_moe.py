@@ -35,13 +35,13 @@ def tokenizer_gguf() -> str:
 
 def write_model(path: str, args: argparse.Namespace) -> None:
     """A seeded random Qwen3-MoE GGUF of ``args``' sizes: matrices in ``args.scheme``, the embedding Q8_0,
-    the head Q6_K, the embedded model's vocabulary."""
+    the head Q6_K, the embedded model's tokenizer (llama.cpp reads it from the file)."""
     from engine_plugin_sdk.gguf_models import write_qwen3moe_gguf
 
     write_qwen3moe_gguf(
         path, "gguf_" + args.scheme, hidden=args.hidden, experts=args.experts, top_k=args.top_k,
         width=args.expert_width, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, vocab=49152,
-        embed_scheme="gguf_q8_0", head_scheme="gguf_q6_k",
+        embed_scheme="gguf_q8_0", head_scheme="gguf_q6_k", tokenizer_from=tokenizer_gguf(),
     )  # fmt: skip
 
 

@@ -66,22 +66,3 @@ def write_tiny_llama_gguf(
     writer.write_tensors_to_file()
     writer.close()
 
-
-def copy_gguf_tokenizer(writer, source: str) -> None:
-    """Write ``source``'s tokenizer (its ``tokenizer.ggml.*`` keys: a BPE vocabulary, merges, token types and
-    special ids) into ``writer``'s file."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(source).fields
-
-    def value(key: str):
-        return fields[key].contents()
-
-    writer.add_tokenizer_model(value("tokenizer.ggml.model"))
-    writer.add_tokenizer_pre(value("tokenizer.ggml.pre"))
-    writer.add_token_list(value("tokenizer.ggml.tokens"))
-    writer.add_token_types(value("tokenizer.ggml.token_type"))
-    writer.add_token_merges(value("tokenizer.ggml.merges"))
-    writer.add_bos_token_id(value("tokenizer.ggml.bos_token_id"))
-    writer.add_eos_token_id(value("tokenizer.ggml.eos_token_id"))
-

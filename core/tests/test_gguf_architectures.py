@@ -442,9 +442,8 @@ def test_mixtral_files_with_a_tensor_per_expert(tmp_path, hf_tokenizer_dir):
 def test_kinds_transformers_does_not_model_load_their_tokenizer(tmp_path, smollm_gguf_path, kind):
     """transformers converts a GGUF's tokenizer only through the model config of the kinds it models; the
     engine converts the ``tokenizer.ggml.*`` keys of any kind (here: the embedded model's vocabulary)."""
-    from gguf_test_models import copy_gguf_tokenizer
-
     from engine.loader import load_tokenizer
+    from engine_plugin_sdk.gguf_models import copy_gguf_tokenizer
 
     path = tmp_path / f"{kind}.gguf"
     writer = gguf.GGUFWriter(str(path), kind)

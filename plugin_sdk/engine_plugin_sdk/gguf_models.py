@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,12 +14,13 @@ from engine_plugin_sdk.quant import make_quantized_weight
 def write_qwen3moe_gguf(
     path: str | Path, scheme: str = "gguf_q8_0", hidden: int = 256, experts: int = 4, top_k: int = 2, width: int = 256,
     layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int = 512, seed: int = 0,
-    embed_scheme: str | None = None, head_scheme: str | None = None,
+    embed_scheme: str | None = None, head_scheme: str | None = None, tokenizer_from: str | None = None,
 ) -> None:  # fmt: skip
     """A seeded random ``qwen3moe`` GGUF as llama.cpp writes one: per layer a float32 router and stacked
     experts (``ffn_{gate,up,down}_exps``, ``[experts, out, in]``) of ``scheme`` blocks, attention in ``scheme``,
     per-head q/k norms; the embedding and the head in ``embed_scheme`` / ``head_scheme`` (default ``scheme``);
-    a placeholder token list (tests and benchmarks pass a real tokenizer)."""
+    the tokenizer of the GGUF ``tokenizer_from`` (``vocab`` must be its size), else a placeholder token list
+    (tests pass a real tokenizer)."""
     import gguf
 
     head_dim = hidden // heads
@@ -36,9 +38,12 @@ def write_qwen3moe_gguf(
     writer.add_expert_count(experts)
     writer.add_expert_used_count(top_k)
     writer.add_expert_feed_forward_length(width)
-    writer.add_token_list([f"t{i}".encode() for i in range(vocab)])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    if tokenizer_from is not None:
+        copy_gguf_tokenizer(writer, tokenizer_from)
+    else:
+        writer.add_token_list([f"t{i}".encode() for i in range(vocab)])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
     gen = np.random.default_rng(seed)
     seeds = iter(range(seed, seed + 10_000))
     qtype = gguf.GGMLQuantizationType[scheme[5:].upper()]
@@ -72,3 +77,23 @@ def write_qwen3moe_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def copy_gguf_tokenizer(writer: Any, source: str) -> None:
+    """Write ``source``'s tokenizer (its ``tokenizer.ggml.*`` keys: a BPE vocabulary, merges, token types and
+    special ids) into ``writer``'s file."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(source).fields
+
+    def value(key: str):
+        return fields[key].contents()
+
+    writer.add_tokenizer_model(value("tokenizer.ggml.model"))
+    writer.add_tokenizer_pre(value("tokenizer.ggml.pre"))
+    writer.add_token_list(value("tokenizer.ggml.tokens"))
+    writer.add_token_types(value("tokenizer.ggml.token_type"))
+    writer.add_token_merges(value("tokenizer.ggml.merges"))
+    writer.add_bos_token_id(value("tokenizer.ggml.bos_token_id"))
+    writer.add_eos_token_id(value("tokenizer.ggml.eos_token_id"))
+
