@@ -438,7 +438,7 @@ def test_mixtral_files_with_a_tensor_per_expert(tmp_path, hf_tokenizer_dir):
     assert max_logit_diff(llm, hf, ids) < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["olmo2", "olmoe"])
+@pytest.mark.parametrize("kind", ["olmoe"])
 def test_kinds_transformers_does_not_model_load_their_tokenizer(tmp_path, smollm_gguf_path, kind):
     """transformers converts a GGUF's tokenizer only through the model config of the kinds it models; the
     engine converts the ``tokenizer.ggml.*`` keys of any kind (here: the embedded model's vocabulary)."""
