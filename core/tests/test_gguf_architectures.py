@@ -229,10 +229,12 @@ def write_deepseek_experts(writer: gguf.GGUFWriter, cfg: Any, sigmoid: bool) -> 
 
 
 def write_gguf(
-    path: Path, kind: str, model: torch.nn.Module, qtype: GGMLQuantizationType, stacked: bool = True
-) -> dict[str, torch.Tensor]:
+    path: Path, kind: str, model: torch.nn.Module, qtype: GGMLQuantizationType, stacked: bool = True,
+    fused_gate_up: bool = False,
+) -> dict[str, torch.Tensor]:  # fmt: skip
     """Write ``model`` as llama.cpp's converter would, matrices in ``qtype``; experts stacked per projection,
-    or (``stacked=False``) one tensor each as converters wrote Mixtral before 2024.
+    or (``stacked=False``) one tensor each as converters wrote Mixtral before 2024; ``fused_gate_up``: gate and
+    up in one stack (``ffn_gate_up_exps``, the converter's ``--fuse-gate-up-exps``).
 
     Returns:
         The HF state the file holds (the model's tensors after the ``qtype`` round trip).
@@ -269,6 +271,10 @@ def write_gguf(
         expected[name] = torch.from_numpy(np.ascontiguousarray(back))
         if name.endswith("mlp.experts.gate_up_proj"):  # transformers' [experts, gate rows then up rows, in]
             layer = name.split(".mlp.")[0] + ".mlp.experts."
+            if fused_gate_up:
+                stem = names.get_name(layer + "gate_proj", try_suffixes=()).removesuffix("_gate_exps")
+                writer.add_tensor(stem + "_gate_up_exps.weight", np.ascontiguousarray(data), raw_dtype=qtype if data.dtype != np.float32 else F32)
+                continue
             gate, up = np.split(data, 2, axis=1)
             for part, projection in ((gate, "gate_proj"), (up, "up_proj")):
                 add_experts(writer, names.get_name(layer + projection, try_suffixes=()), part, qtype, stacked)
@@ -459,3 +465,17 @@ def test_kinds_transformers_does_not_model_load_their_tokenizer(tmp_path, smollm
     writer.close()
     text = "Hello world, the printing press of 1450!"
     assert load_tokenizer(str(path)).encode(text) == load_tokenizer(smollm_gguf_path).encode(text)
+
+
+def test_fused_gate_up_expert_stacks(tmp_path, hf_tokenizer_dir):
+    """``--fuse-gate-up-exps`` files hold one ``ffn_gate_up_exps`` stack (the gate's rows, then up's) per layer."""
+    kind, arch, overrides, qtype = CASES["qwen3moe"]
+    folder = save_tiny(arch, str(tmp_path), hf_tokenizer_dir, seed=3, **{**SIZES, **overrides})
+    hf = load_hf(folder)
+    path = Path(folder) / "fused.gguf"
+    hf.load_state_dict(write_gguf(path, kind, hf, qtype, fused_gate_up=True))
+    assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    llm = LLM(model=str(path), tokenizer=hf_tokenizer_dir, device="cpu", dtype="float32", quantization="none",
+              kv_cache_memory_bytes=16 << 20)  # fmt: skip
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    assert max_logit_diff(llm, hf, ids) < 1e-4

@@ -25,6 +25,7 @@ from engine.loader.quantized import (
     make_gguf_weight,
     map_rows,
 )
+from engine.loader.weight_slices import weight_rows
 from engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -237,16 +238,26 @@ def iter_gguf_weights(
             )
         quantized = gguf_scheme(tensor.tensor_type) in keep_quantized
         if "{}" in name and len(tensor.shape) == 3:
-            parts = [(name.format(e), w) for e, w in enumerate(expert_matrices(tensor, quantized))]
+            parts = [(name.replace("{}", str(e)), w) for e, w in enumerate(expert_matrices(tensor, quantized))]
         elif "{}" in name:  # the experts' biases, a row each
-            parts = [(name.format(e), row) for e, row in enumerate(dequantize_tensor(tensor).unbind(0))]
+            parts = [(name.replace("{}", str(e)), row) for e, row in enumerate(dequantize_tensor(tensor).unbind(0))]
         else:
             parts = [(name, gguf_quantized_weight(tensor) if quantized and len(tensor.shape) == 2 else dequantize_tensor(tensor))]
-        for part_name, weight in parts:
+        for part_name, weight in split_fused(parts):
             heads = model_class.gguf_permuted_heads(gguf_arch, part_name, config)
             if heads:
                 weight = reorder_rows(weight, lambda rows, h=heads: unpermute_rotary_rows(rows, h))
             yield from model_class.gguf_restore(gguf_arch, part_name, weight, config)
+
+
+def split_fused(parts: list[tuple[str, torch.Tensor | QuantizedWeight]]) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """Tensors whose HF name joins several with ``+`` (a fused gate/up, ``ffn_gate_up_exps``), cut into those
+    by equal runs of rows in order."""
+    for name, weight in parts:
+        names = name.split("+")
+        rows = int(weight.shape[0]) // len(names)
+        for i, part in enumerate(names):
+            yield part, weight if len(names) == 1 else weight_rows(weight, slice(i * rows, (i + 1) * rows))
 
 
 def expert_matrices(tensor: GgufTensor, quantized: bool) -> Iterator[torch.Tensor | QuantizedWeight]:

@@ -49,7 +49,8 @@ class CausalLM(ABC):
     gguf_global_tensor_names: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: llama.cpp's per-layer names (after ``blk.<i>.``) -> HF names (after :attr:`hf_layer_prefix`); a HF
     #: name with ``{}`` stands for a 3-D tensor of stacked experts, which the loader yields one expert at a
-    #: time with the expert's index in the braces
+    #: time with the expert's index in the braces; names joined by ``+`` are one tensor's equal runs of rows
+    #: (a fused gate/up), cut apart at load
     gguf_layer_tensor_names: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: the HF name prefix of layer ``i``, formatted with ``i``
     hf_layer_prefix: ClassVar[str] = "model.layers.{}."
@@ -164,7 +165,8 @@ class CausalLM(ABC):
             return cls.gguf_global_tensor_names[gguf_name]
         match = _GGUF_LAYER_NAME.match(gguf_name)
         if match and match.group(2) in cls.gguf_layer_tensor_names:
-            return cls.hf_layer_prefix.format(match.group(1)) + cls.gguf_layer_tensor_names[match.group(2)]
+            prefix = cls.hf_layer_prefix.format(match.group(1))
+            return "+".join(prefix + name for name in cls.gguf_layer_tensor_names[match.group(2)].split("+"))
         raise KeyError(gguf_name)
 
     @classmethod

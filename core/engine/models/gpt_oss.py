@@ -57,6 +57,7 @@ class GptOssForCausalLM(DenseDecoder):
             "ffn_gate_inp.weight": "mlp.router.weight",
             "ffn_gate_inp.bias": "mlp.router.bias",
             **{f"ffn_{p}_exps.{kind}": f"mlp.experts.{{}}.{p}_proj.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
+            **{f"ffn_gate_up_exps.{kind}": f"mlp.experts.{{}}.gate_proj.{kind}+mlp.experts.{{}}.up_proj.{kind}" for kind in ("weight", "bias")},
         },
         drop=("ffn_norm.weight",),
     )

@@ -29,6 +29,7 @@ class MixtralForCausalLM(DenseDecoder):
             "ffn_gate_exps.weight": "block_sparse_moe.experts.{}.w1.weight",
             "ffn_up_exps.weight": "block_sparse_moe.experts.{}.w3.weight",
             "ffn_down_exps.weight": "block_sparse_moe.experts.{}.w2.weight",
+            "ffn_gate_up_exps.weight": "block_sparse_moe.experts.{}.w1.weight+block_sparse_moe.experts.{}.w3.weight",
         },
         drop=("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"),
     )

@@ -88,6 +88,8 @@ EXPERT_NAMES: Mapping[str, str] = MappingProxyType(
         "ffn_gate_exps.weight": "mlp.experts.{}.gate_proj.weight",
         "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
         "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
+        # converters' --fuse-gate-up-exps: the gate's rows then the up projection's, cut apart at load
+        "ffn_gate_up_exps.weight": "mlp.experts.{}.gate_proj.weight+mlp.experts.{}.up_proj.weight",
     }
 )
 
