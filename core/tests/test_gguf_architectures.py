@@ -429,17 +429,26 @@ def test_gguf_experts_stay_quantized(tmp_path, hf_tokenizer_dir, qtype):
     assert [t[0] for t in packed_tokens] == [t[0] for t in dense_tokens] and all(len(t) == 6 for t in packed_tokens)
 
 
-def test_mixtral_files_with_a_tensor_per_expert(tmp_path, hf_tokenizer_dir):
-    """Mixtral GGUFs written before 2024 hold ``blk.<i>.ffn_gate.<e>.weight`` per expert, not stacks."""
-    kind, arch, overrides, qtype = CASES["mixtral"]
+@pytest.mark.parametrize(
+    ("case", "layout", "tensor"),
+    [
+        # Mixtral GGUFs written before 2024: blk.<i>.ffn_gate.<e>.weight per expert, not stacks
+        ("mixtral", dict(stacked=False), "blk.0.ffn_up.3.weight"),
+        # --fuse-gate-up-exps: one ffn_gate_up_exps stack (the gate's rows, then up's) per layer
+        ("qwen3moe", dict(fused_gate_up=True), "blk.0.ffn_gate_up_exps.weight"),
+    ],
+)
+def test_other_expert_layouts(tmp_path, hf_tokenizer_dir, case, layout, tensor):
+    """Expert layouts other than one stack per projection load as HF runs the model."""
+    kind, arch, overrides, qtype = CASES[case]
     folder = save_tiny(arch, str(tmp_path), hf_tokenizer_dir, seed=3, **{**SIZES, **overrides})
     hf = load_hf(folder)
-    path = Path(folder) / "per-expert.gguf"
-    hf.load_state_dict(write_gguf(path, kind, hf, qtype, stacked=False))
-    assert "blk.0.ffn_up.3.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    path = Path(folder) / "layout.gguf"
+    hf.load_state_dict(write_gguf(path, kind, hf, qtype, **layout))
+    assert tensor in {t.name for t in gguf.GGUFReader(str(path)).tensors}
     llm = LLM(model=str(path), tokenizer=hf_tokenizer_dir, device="cpu", dtype="float32", quantization="none",
               kv_cache_memory_bytes=16 << 20)  # fmt: skip
-    assert llm.llm_engine.model_config.architecture == "MixtralForCausalLM"
+    assert llm.llm_engine.model_config.architecture == arch
     ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
     assert max_logit_diff(llm, hf, ids) < 1e-4
 
@@ -465,17 +474,3 @@ def test_kinds_transformers_does_not_model_load_their_tokenizer(tmp_path, smollm
     writer.close()
     text = "Hello world, the printing press of 1450!"
     assert load_tokenizer(str(path)).encode(text) == load_tokenizer(smollm_gguf_path).encode(text)
-
-
-def test_fused_gate_up_expert_stacks(tmp_path, hf_tokenizer_dir):
-    """``--fuse-gate-up-exps`` files hold one ``ffn_gate_up_exps`` stack (the gate's rows, then up's) per layer."""
-    kind, arch, overrides, qtype = CASES["qwen3moe"]
-    folder = save_tiny(arch, str(tmp_path), hf_tokenizer_dir, seed=3, **{**SIZES, **overrides})
-    hf = load_hf(folder)
-    path = Path(folder) / "fused.gguf"
-    hf.load_state_dict(write_gguf(path, kind, hf, qtype, fused_gate_up=True))
-    assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
-    llm = LLM(model=str(path), tokenizer=hf_tokenizer_dir, device="cpu", dtype="float32", quantization="none",
-              kv_cache_memory_bytes=16 << 20)  # fmt: skip
-    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
-    assert max_logit_diff(llm, hf, ids) < 1e-4
