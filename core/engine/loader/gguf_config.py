@@ -142,11 +142,11 @@ def glm4moe_layers(hf: dict[str, Any], tensors: Mapping[str, GgufTensor]) -> Non
 
 _LAYER_NORM_EPS = {"attention.layer_norm_epsilon": "layer_norm_eps"}
 #: DeepSeek-style experts' keys (deepseek2, glm4moe)
-_DEEPSEEK_EXPERT_KEYS = {
+_DEEPSEEK_EXPERT_KEYS: Mapping[str, str] = MappingProxyType({
     "leading_dense_block_count": "first_k_dense_replace", "expert_count": "n_routed_experts",
     "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
     "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
-}  # fmt: skip
+})  # fmt: skip
 
 #: llama.cpp architecture -> how its metadata reads; a kind not listed gets the common keys only
 GGUF_KINDS: Mapping[str, GgufKind] = MappingProxyType(
