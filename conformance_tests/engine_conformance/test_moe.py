@@ -12,8 +12,10 @@ from engine.interfaces.ops import reference_ops
 from engine.interfaces.platform import Capabilities, Platform
 from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.op_checks import check_op_result
+from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_conformance.test_ops import moe_topk_case
-from engine_plugin_sdk.reference_ops import ref_fused_moe, ref_moe_topk
+from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
+from engine_plugin_sdk.reference_ops import ref_dequantize, ref_fused_moe, ref_moe_topk
 from engine_plugin_sdk.tolerances import get_tolerance
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 96, 6, 2
@@ -79,6 +81,50 @@ def test_fused_moe_with_biases_and_clamped_swiglu(platform: Platform, device: An
         if out.dtype != dtype or tuple(out.shape) != (tokens, HIDDEN):
             pytest.fail(f"{label}: output {out.dtype} {tuple(out.shape)}, expected {dtype} {(tokens, HIDDEN)}", pytrace=False)
         assert_close(out, expected, get_tolerance(dtype), label)
+
+
+#: quantized experts: widths of a whole GGUF super-block (256) and of a grouped-integer test weight's groups (128)
+QUANT_HIDDEN, QUANT_INTERMEDIATE = 256, 256
+
+
+@pytest.mark.capability("moe.fused.quant.{quant_scheme}")
+def test_fused_moe_with_quantized_experts(platform: Platform, caps: Capabilities, device: Any, quant_scheme: str) -> None:
+    """Experts given as quantized weights of a claimed scheme (as a pre-quantized MoE checkpoint gives them: GPTQ /
+    AWQ experts, a GGUF's expert stacks), whatever the backend keeps them as, against the float64 experts they
+    stand for, at a decode-sized batch and one past 64 (token, expert) pairs, in each claimed dtype."""
+    if quant_scheme == "any":
+        not_claimed("no quantization schemes are claimed (weights are dequantized at load)")
+    capability = f"moe.fused.quant.{quant_scheme}"
+    try:
+        gate_up = [make_quantized_weight(quant_scheme, 2 * QUANT_INTERMEDIATE, QUANT_HIDDEN, seed=500 + e, device=device)
+                   for e in range(EXPERTS)]  # fmt: skip
+        down = [make_quantized_weight(quant_scheme, QUANT_HIDDEN, QUANT_INTERMEDIATE, seed=600 + e, device=device)
+                for e in range(EXPERTS)]  # fmt: skip
+    except UnknownSchemeError as exc:
+        not_runnable(str(exc))
+    dense_gate_up, dense_down = [ref_dequantize(w) for w in gate_up], [ref_dequantize(w) for w in down]
+    x_scale = float(torch.stack(dense_gate_up).std()) ** -1 * QUANT_HIDDEN**-0.5
+    gemm = platform.make_gemm_backend()
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        try:
+            experts = gemm.prepare_experts(gate_up, down, dtype)
+        except (ValueError, NotImplementedError, TypeError) as exc:
+            pytest.fail(f"{capability}: claimed, but prepare_experts refused it in {dtype_name}: {exc}", pytrace=False)
+        for tokens in TOKEN_COUNTS:
+            gen = torch.Generator().manual_seed(4545 + tokens)
+            # gate/up products of order one whatever the scheme's test weights' spread (random GGUF K-quant
+            # blocks are up to five times wider than the others)
+            x = (torch.randn(tokens, QUANT_HIDDEN, generator=gen) * x_scale).to(dtype).to(device)
+            ids = torch.randint(0, EXPERTS - 1, (tokens, TOP_K), generator=gen)
+            ids[0] = 1
+            weights = torch.rand(tokens, TOP_K, generator=gen)
+            out = gemm.fused_moe(x, experts, weights.to(device), ids.to(device))
+            label = f"{capability} {dtype_name} ({tokens} tokens)"
+            if out.dtype != dtype or tuple(out.shape) != (tokens, QUANT_HIDDEN):
+                pytest.fail(f"{label}: output {out.dtype} {tuple(out.shape)}", pytrace=False)
+            expected = ref_fused_moe(x, dense_gate_up, dense_down, weights, ids)
+            assert_close(out, expected, get_tolerance(dtype, quantized=True), label)
 
 
 @pytest.mark.capability("moe.topk")

@@ -255,11 +255,44 @@ class TorchGemmBackend(GemmBackend):
         if not self.triton_moe:
             return super().prepare_experts(gate_up, down, dtype, gate_up_bias, down_bias)
         target = torch_dtype(dtype, supported=GEMM_DTYPES)
+        if self.triton_grouped_int:
+            packed = self._prepare_grouped_int_experts(gate_up, down, target, gate_up_bias, down_bias)
+            if packed is not None:
+                return packed
         # the Triton kernels read OCP e4m3 only: MI300's fnuz flavour dequantizes instead
         fp8 = self.fp8_dtype == "float8_e4m3fn"
         return stack_experts(gate_up, down, target, self.device, fp8, gate_up_bias, down_bias)
 
+    def _prepare_grouped_int_experts(
+        self, gate_up: list[Any], down: list[Any], dtype: torch.dtype, gate_up_bias: list[Any] | None,
+        down_bias: list[Any] | None,
+    ) -> Any | None:  # fmt: skip
+        """Grouped-integer experts kept in their codes, or None where either projection's experts are not all
+        of one grouped-integer form (they are then stacked as :func:`stack_experts` has them)."""
+        from engine_plugin_sdk.gpu.grouped_int_experts import GroupedIntExperts, stack_grouped_int
+
+        two_level = self._grouped_int_tiles().two_level_scales
+        packed_gate_up = stack_grouped_int(gate_up, self.device, two_level)
+        packed_down = None if packed_gate_up is None else stack_grouped_int(down, self.device, two_level)
+        if packed_down is None:
+            return None
+        biases = [
+            None if b is None else torch.stack([torch.as_tensor(t) for t in b]).to(self.device, dtype).contiguous()
+            for b in (gate_up_bias, down_bias)
+        ]
+        return GroupedIntExperts(packed_gate_up, packed_down, *biases)
+
     def fused_moe(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, activation: str = "silu") -> Any:
+        from engine_plugin_sdk.gpu.grouped_int_experts import GroupedIntExperts
+
+        if isinstance(experts, GroupedIntExperts):
+            from engine_plugin_sdk.gpu.triton_kernels.moe_grouped_int_launchers import fused_moe_grouped_int
+            from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles
+
+            return fused_moe_grouped_int(
+                x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(), activation,
+                experts.gate_up_bias, experts.down_bias,
+            )  # fmt: skip
         if not isinstance(experts, StackedExperts):
             return super().fused_moe(x, experts, topk_weights, topk_ids, activation)
         from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe

@@ -138,9 +138,10 @@ def test_mixed_gguf_runs_packed_with_the_dequantized_logits(tmp_path: Path, monk
 @pytest.mark.slow  # two MoE engines in the interpreter
 def test_gguf_moe_experts_load_on_the_gpu_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF Qwen3-MoE's experts come to the GPU plugin one expert at a time as GGUF blocks; its MoE kernels
-    take them as stacks, and the logits equal the dequantized file's (float32: the prompt's rows and a
-    sequence's single-row decode)."""
+    take them as stacks kept in their codes (8-bit, groups of 32), and the logits equal the dequantized file's
+    (float32: the prompt's rows, the grouped GEMM; a sequence's single-row decode, the GEMV)."""
     from engine_plugin_sdk.gguf_models import write_qwen3moe_gguf
+    from engine_plugin_sdk.gpu.grouped_int_experts import GroupedIntExperts
     from engine_plugin_sdk.gpu.moe import StackedExperts
 
     if torch.cuda.is_available():
@@ -154,7 +155,11 @@ def test_gguf_moe_experts_load_on_the_gpu_path(tmp_path: Path, monkeypatch: pyte
         llm = LLM(model=str(path), tokenizer=_tokenizer(), device="cuda", dtype="float32", quantization=quantization,
                   max_model_len=128, kv_cache_memory_bytes=8 << 20)  # fmt: skip
         experts = llm.llm_engine.model.layers[0].moe.experts
-        assert isinstance(experts, StackedExperts) and tuple(experts.gate_up.shape) == (4, 256, 128)
+        if quantization == "auto":
+            assert isinstance(experts, GroupedIntExperts) and experts.num_experts == 4
+            assert (experts.gate_up.bits, experts.gate_up.group_size, experts.gate_up.shape) == (8, 32, (256, 128))
+        else:
+            assert isinstance(experts, StackedExperts) and tuple(experts.gate_up.shape) == (4, 256, 128)
         logits = engine_prefill_logits(llm, PROMPTS[:1]).float()
         tokens = list(llm.generate(PROMPTS[1:], params, use_tqdm=False)[0].outputs[0].token_ids)
         runs.append((logits, tokens))

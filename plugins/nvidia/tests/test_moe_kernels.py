@@ -93,10 +93,11 @@ def test_down_gemv_with_biases_over_several_reduction_tiles(device, at_once: boo
 
 
 def test_quantized_experts_of_other_schemes_are_dequantized(device) -> None:
+    """A scheme without FP8's or the grouped-integer kernels' form (an IQ2 type) is stacked dequantized."""
     gen = torch.Generator().manual_seed(12)
     gate_up = [torch.randn(2 * INTER, HIDDEN, generator=gen) * 0.1 for _ in range(EXPERTS)]
     down = [torch.randn(HIDDEN, INTER, generator=gen) * 0.1 for _ in range(EXPERTS)]
-    wrapped = [QuantizedWeight("gguf_q8_0", None, tuple(w.shape), lambda w=w: w) for w in gate_up]
+    wrapped = [QuantizedWeight("gguf_iq2_xxs", None, tuple(w.shape), lambda w=w: w) for w in gate_up]
     experts = backend(device, INTERPRETER_MOE_TILES).prepare_experts(wrapped, down, "float32")
     assert experts.gate_up.dtype == torch.float32
     assert torch.equal(experts.gate_up[3].cpu(), gate_up[3])
