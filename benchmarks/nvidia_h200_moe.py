@@ -132,6 +132,51 @@ def cmd_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def cmd_expert_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """One Qwen3-30B-A3B MoE layer with its experts in each ``--experts`` form, through the backend's
+    ``prepare_experts`` / ``fused_moe`` (grouped-integer experts: their GEMV and grouped GEMM), at each token count and
+    GEMV tile: microseconds, and the bandwidth of the distinct chosen experts' stored bytes."""
+    from nvidia_h200_quantized import random_weight
+
+    from engine_plugin_nvidia.gemm import CudaGemmBackend
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, moe_topk
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    results: dict[str, Any] = {}
+    for variant in args.experts:
+        kind = EXPERT_KINDS[variant]
+        if kind is None:
+            gate_up = [torch.randn(2 * INTER, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+                       for _ in range(E)]  # fmt: skip
+            down = [torch.randn(HIDDEN, INTER, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02 for _ in range(E)]
+        else:
+            gate_up = [random_weight(kind, 2 * INTER, HIDDEN, "cuda", gen) for _ in range(E)]
+            down = [random_weight(kind, HIDDEN, INTER, "cuda", gen) for _ in range(E)]
+        gemm = CudaGemmBackend("cuda")
+        experts = gemm.prepare_experts(gate_up, down, "bfloat16")
+        per_expert = (expert_bytes(experts.gate_up) + expert_bytes(experts.down)) / E
+        del gate_up, down
+        for tokens in args.tokens:
+            x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
+            logits = torch.randn(tokens, E, device="cuda", generator=gen, dtype=torch.float32)
+            weights, ids = moe_topk(logits, TOP_K, True)
+            unique = int(torch.unique(ids).numel())
+            row = {}
+            for gu in args.gate_up_gemv:
+                for dn in args.down_gemv:
+                    gemm.moe_tiles = MoeTiles(gate_up_gemv=gu, down_gemv=dn)
+                    sec = timed(lambda x=x, w=weights, i=ids, g=gemm, e=experts: g.fused_moe(x, e, w, i))
+                    row[f"gemv{gu}{dn}"] = {"us": 1e6 * sec, "TBps": unique * per_expert / sec / 1e12}
+            best = min(row.items(), key=lambda kv: kv[1]["us"])
+            print(f"{variant:12s} T={tokens:4d} unique={unique:3d} {per_expert * unique / 1e6:6.1f} MB  best {best[0]} "
+                  f"{best[1]['us']:.1f} us {best[1]['TBps']:.2f} TB/s  | "
+                  + "  ".join(f"{k} {v['us']:.1f}" for k, v in row.items()), flush=True)  # fmt: skip
+            results[f"{variant}_tokens_{tokens}"] = row
+        del experts
+        torch.cuda.empty_cache()
+    return results
+
+
 def moe_model_folder(tokenizer: str, out: str) -> str:
     from nvidia_h200_dense import tokenizer_only
 
@@ -154,11 +199,35 @@ def step_bytes(llm: Any) -> tuple[int, int]:
         moe = layer.moe
         if moe is not None:
             experts = moe.experts
-            stacked = sum(t.numel() * t.element_size() for t in (experts.gate_up, experts.down))
+            stacked = sum(expert_bytes(t) for t in (experts.gate_up, experts.down))
             total += stacked
             read += stacked * moe.top_k // experts.num_experts + moe.router.numel() * moe.router.element_size()
     read += model.lm_head.numel() * model.lm_head.element_size() + model.final_norm.numel() * 2
     return total + read, read
+
+
+def expert_bytes(stack: Any) -> int:
+    """Device bytes of one projection's stacked experts: a tensor, or grouped-integer codes with their scales."""
+    if isinstance(stack, torch.Tensor):
+        return stack.numel() * stack.element_size()
+    if isinstance(stack, list):  # a backend that keeps its experts apart (the CPU's)
+        return sum(expert_bytes(part) for part in stack)
+    return int(getattr(stack, "nbytes", 0))
+
+
+#: ``--experts`` variant -> the dummy loader's kind for every expert matrix (None: bf16), as a pre-quantized MoE
+#: checkpoint holds them (GPTQ int4 with groups of 128, one zero point; AWQ-style zero points; GGUF Q4_K / Q8_0),
+#: the rest of the model bf16
+EXPERT_KINDS = {"bf16": None, "int4_g128": "int4_g128", "int4_g128_zp": "int4_g128_zp", "gguf_q4_k": "gguf_q4_k",
+                "gguf_q8_0": "gguf_q8_0"}  # fmt: skip
+
+
+def experts_as(variant: str) -> Any:
+    """A context in which ``load_format="dummy"`` draws the experts as ``variant``'s kind."""
+    from nvidia_h200_quantized import dummy_as
+
+    kind = EXPERT_KINDS[variant]
+    return dummy_as(lambda name, layers: kind if ".experts." in name else None)
 
 
 def make_moe_llm(folder: str, **kwargs: Any) -> Any:
@@ -190,22 +259,35 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         moe_launchers.fused_moe = lambda x, gu, dn, w, i, tiles, **kw: run(  # type: ignore[assignment]
             x, gu, dn, w, i, dataclasses.replace(tiles, **overrides), **kw
         )
+    from nvidia_h200 import batched_decode_rate, release
+
+    results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        llm = make_moe_llm(moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b")), max_num_seqs=8,
-                           kv_cache_memory_bytes=8 << 30, max_model_len=4096)  # fmt: skip
-        load_s = time.perf_counter() - t0
-        all_bytes, read = step_bytes(llm)
-        rate = decode_rate(llm)
-        if args.profile:
-            profile_decode(llm)
-    roofline = bandwidth / read
-    result = {"copy_bandwidth_TBps": bandwidth / 1e12, "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9,
-              "roofline_tok_s": roofline, "decode_tok_s": rate, "ratio_to_roofline": rate / roofline,
-              "load_s": load_s}  # fmt: skip
-    print(f"qwen3-30b-a3b: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, roofline {roofline:.0f} tok/s, "
-          f"decode {rate:.1f} tok/s = {rate / roofline:.3f} of it (load {load_s:.0f} s)", flush=True)  # fmt: skip
-    return result
+        folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
+        for variant in args.experts:
+            t0 = time.perf_counter()
+            with experts_as(variant):
+                llm = make_moe_llm(folder, max_num_seqs=8, kv_cache_memory_bytes=8 << 30, max_model_len=4096)
+            load_s = time.perf_counter() - t0
+            all_bytes, read = step_bytes(llm)
+            rate = decode_rate(llm)
+            batched = {n: batched_decode_rate(llm, n) for n in args.decode_batch}
+            if args.profile:
+                profile_decode(llm)
+            llm.shutdown()
+            del llm
+            release()
+            roofline = bandwidth / read
+            results[variant] = {
+                "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
+                "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
+                "batched_tok_s": batched,
+            }  # fmt: skip
+            print(f"qwen3-30b-a3b experts {variant}: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, "
+                  f"roofline {roofline:.0f} tok/s, decode {rate:.1f} tok/s = {rate / roofline:.3f} of it"
+                  + "".join(f", {n} sequences {r:.1f} tok/s" for n, r in batched.items())
+                  + f" (load {load_s:.0f} s)", flush=True)  # fmt: skip
+    return results
 
 
 def profile_decode(llm: Any, steps: int = 32) -> None:
@@ -288,11 +370,19 @@ def main() -> None:
                    help="experts whose first down tile loads before the PDL wait")
     k.add_argument("--down-at-once", action="store_true",
                    help="also each down tile with a token's experts gathered together (MoeTiles.down_experts_at_once)")
+    ek = sub.add_parser("expert-kernels")
+    ek.add_argument("--experts", nargs="+", default=["bf16", "int4_g128", "gguf_q4_k"], choices=list(EXPERT_KINDS))
+    ek.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 64, 256])
+    ek.add_argument("--gate-up-gemv", type=ints, nargs="+", default=[(2, 1024, 4)], help="block_n,block_k,warps")
+    ek.add_argument("--down-gemv", type=ints, nargs="+", default=[(4, 1024, 4)], help="block_n,block_k,warps")
     for name in ("decode", "throughput"):
         p = sub.add_parser(name)
         p.add_argument("--tokenizer", required=True, help="a folder holding a HF tokenizer (its other files are ignored)")
         if name == "decode":
             p.add_argument("--profile", action="store_true", help="then GPU time by kernel of eager decode steps")
+            p.add_argument("--experts", nargs="+", default=["bf16"], choices=list(EXPERT_KINDS),
+                           help="the experts' form, each variant its own engine in turn (the rest stays bf16)")
+            p.add_argument("--decode-batch", type=int, nargs="*", default=[], help="also decode this many sequences")
             p.add_argument("--down-prefetch", type=int, default=None,
                            help="experts whose first down tile loads before the PDL wait (default: the tiles')")
             p.add_argument("--down-at-once", action="store_true",
@@ -311,7 +401,9 @@ def main() -> None:
     for p in sub.choices.values():
         p.add_argument("--json", default=None)
     args = parser.parse_args()
-    result = {"kernels": cmd_kernels, "decode": cmd_decode, "throughput": cmd_throughput}[args.command](args)
+    commands = {"kernels": cmd_kernels, "expert-kernels": cmd_expert_kernels, "decode": cmd_decode,
+                "throughput": cmd_throughput}  # fmt: skip
+    result = commands[args.command](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
 
