@@ -154,6 +154,11 @@ class ParallelConfig(BaseModel):
         return self.data_parallel_rank * self.world_size
 
 
+#: ``quantization`` names other engines give the same checkpoints -> this engine's method: vLLM's Marlin-kernel
+#: variants of GPTQ and AWQ, and its MoE method for GPTQ / AWQ experts (the checkpoint says which)
+QUANTIZATION_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq", "moe_wna16": "auto"}
+
+
 class EngineConfig(BaseModel):
     """Top-level engine settings.
 
@@ -170,7 +175,8 @@ class EngineConfig(BaseModel):
             and FP8 folders, read from their ``quantization_config``) quantized where the platform's GEMM
             runs their scheme (``GemmBackend.supported_quant_schemes``) and dequantizes the others;
             ``gptq``, ``awq``, ``compressed-tensors`` and ``gguf`` do the same after checking that the
-            checkpoint is of that method (``gguf``: a ``.gguf`` file); ``none`` dequantises every
+            checkpoint is of that method (``gguf``: a ``.gguf`` file; vLLM's ``gptq_marlin`` / ``awq_marlin`` /
+            ``moe_wna16`` are taken as ``gptq`` / ``awq`` / ``auto``); ``none`` dequantises every
             weight to the model dtype at load time; ``fp8`` quantizes a float checkpoint's layer projections
             to FP8 e4m3 with a scale per output channel as it loads, and their activations to FP8 per token
             (W8A8: about twice the matmul rate of bf16 on GPUs with FP8 units, at some accuracy; the
@@ -219,6 +225,12 @@ class EngineConfig(BaseModel):
     @classmethod
     def _check_speculative(cls, v: object) -> object:
         return parse_speculative_config(v)  # type: ignore[arg-type]
+
+    @field_validator("quantization", mode="before")
+    @classmethod
+    def _quantization_alias(cls, v: object) -> object:
+        # vLLM's kernel-named methods: the same checkpoints, which this engine runs through its own kernels
+        return QUANTIZATION_ALIASES.get(v, v) if isinstance(v, str) else v
 
     @field_validator("dtype")
     @classmethod

@@ -99,16 +99,27 @@ def _write(plain: str, out: str, reference: str, convert: Callable, quant_config
     return out, reference
 
 
+#: projections that read the same input: GPTQ's act order (columns by their input statistics) is the same for them
+SHARED_INPUTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
 def write_gptq(plain: str, out: str, reference: str, bits: int, group: int, symmetric: bool, act_order: bool,
-               v2: bool = False, seed: int = 0) -> tuple[str, str]:  # fmt: skip
+               v2: bool = False, seed: int = 0, shared_order: bool = False) -> tuple[str, str]:  # fmt: skip
     """AutoGPTQ / GPTQModel's layout: ``qweight [in * bits / 32, out]`` packed along the input,
-    ``qzeros [groups, out * bits / 32]`` (each zero minus one unless ``v2``), fp16 ``scales``, ``g_idx``."""
+    ``qzeros [groups, out * bits / 32]`` (each zero minus one unless ``v2``), fp16 ``scales``, ``g_idx``.
+    ``shared_order``: projections of one input (:data:`SHARED_INPUTS`) share their act order, as a real
+    quantizer's do; otherwise each draws its own (a harder case for a loader)."""
     gen = torch.Generator().manual_seed(seed)
+    orders: dict[str, torch.Tensor] = {}
 
     def convert(module: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
         in_features = w.shape[1]
         g = in_features if group == -1 else group
-        columns = torch.randperm(in_features, generator=gen) if act_order else torch.arange(in_features)
+        parent, name = module.rsplit(".", 1)
+        key = f"{parent}.{SHARED_INPUTS[name]}" if shared_order and name in SHARED_INPUTS else module
+        if act_order and key not in orders:
+            orders[key] = torch.randperm(in_features, generator=gen)
+        columns = orders[key] if act_order else torch.arange(in_features)
         codes, scales, zeros = rtn_groups(w, bits, g, symmetric, columns)
         g_idx = torch.empty(in_features, dtype=torch.int32)
         g_idx[columns] = (torch.arange(in_features) // g).to(torch.int32)

@@ -140,6 +140,9 @@ def test_kv_cache_dtype_and_fp8_quantization_options():
     assert cli.engine_config_from_args(parse(["serve", "--kv-cache-dtype", "bf16"])).cache.kv_cache_dtype == "bfloat16"
     with pytest.raises(cli.CliError, match="kv_cache_dtype: .*unknown KV cache dtype"):
         cli.engine_config_from_args(parse(["serve", "--kv-cache-dtype", "int4"]))
+    # vLLM's kernel-named methods, short flag included
+    for name, method in (("gptq_marlin", "gptq"), ("awq_marlin", "awq"), ("moe_wna16", "auto")):
+        assert cli.engine_config_from_args(parse(["serve", "-q", name])).quantization == method
 
 
 @pytest.mark.parametrize(

@@ -275,6 +275,38 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(architecture, expert_
     assert multiprocessing.active_children() == []
 
 
+def test_two_ranks_keep_a_gptq_mixtures_experts_quantized(checkpoints, tmp_path, monkeypatch):
+    """A GPTQ Qwen3-MoE (4-bit, groups of 32, experts 64 wide): each rank's share of every expert (its 32 gate and
+    up rows and 32 down columns, one whole group) reaches its backend still quantized, and the ranks give one
+    process's tokens and logits."""
+    from prequantized_checkpoints import write_gptq
+
+    from engine.interfaces.gemm import QuantizedWeight
+    from engine_plugin_cpu.gemm import CpuGemmBackend
+
+    plain = checkpoints.save("Qwen3MoeForCausalLM", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)
+    path = str(tmp_path / "gptq")
+    write_gptq(plain, path, str(tmp_path / "reference"), bits=4, group=32, symmetric=False, act_order=False)
+    reference = checkpoints.reference(path)
+    shapes: list[tuple[str, tuple[int, int]]] = []
+    prepare = CpuGemmBackend.prepare_experts
+
+    def recording(self, gate_up, down, *args):
+        shapes.extend((w.scheme if isinstance(w, QuantizedWeight) else "dense", tuple(w.shape)) for w in gate_up + down)
+        return prepare(self, gate_up, down, *args)
+
+    monkeypatch.setattr(CpuGemmBackend, "prepare_experts", recording)
+    two = _llm(path, tensor_parallel_size=2)
+    try:
+        layers = len(two.llm_engine.model.layers)
+        want = ([("int4_grouped", (64, 128))] * 8 + [("int4_grouped", (128, 32))] * 8) * layers
+        assert shapes == want
+        reference.assert_matched_by(two)
+    finally:
+        two.shutdown()
+    assert multiprocessing.active_children() == []
+
+
 def test_two_stages_of_two_tensor_parallel_ranks_give_one_process_tokens_and_logits(tiny_llama_dir, checkpoints):
     reference = checkpoints.reference(tiny_llama_dir)
     four = _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)

@@ -72,6 +72,8 @@ def test_the_quantization_option_checks_the_checkpoint_method(plain_llama, tmp_p
         _llm(path, quantization="gptq")
     with pytest.raises(EngineConfigError, match="quantization 'gguf' needs a .gguf model file; this one is a folder"):
         _llm(path, quantization="gguf")
+    with pytest.raises(EngineConfigError, match="quantization 'gptq' needs a gptq checkpoint; this one is awq"):
+        _llm(path, quantization="gptq_marlin")  # vLLM's name for the same method
     with caplog.at_level("INFO", logger="engine.engine_setup"):
         assert _llm(path, quantization="awq").generate(["Hi"], SamplingParams(max_tokens=2), use_tqdm=False)
     assert any("the weights take" in r.getMessage() for r in caplog.records)
@@ -115,18 +117,26 @@ def test_quantization_none_dequantizes_and_matches_too(plain_llama, tmp_path):
     assert all(isinstance(p, torch.Tensor) for p in (llm.llm_engine.runner.model.layers[0].qkv,))
 
 
-@pytest.mark.parametrize("case", ["gptq-4bit-g32-sym", "awq-4bit-g64"])
+#: MoE cases: act order as a quantizer writes it, one order for a gate and its up projection (their input's)
+MOE_CASES = {
+    "gptq-4bit-g32-asym-act-order": lambda p, o, r: write_gptq(p, o, r, bits=4, group=32, symmetric=False,
+                                                                act_order=True, shared_order=True),
+    "awq-4bit-g64": CASES["awq-4bit-g64"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
 def test_a_quantized_moe_checkpoint_matches_hf(case, hf_tokenizer_dir, tmp_path, monkeypatch):
     """A tiny Qwen3-MoE whose experts (per expert, as the quantizers write them) are GPTQ or AWQ: the experts
     reach the backend quantized, not dequantized by the loader, and the logits match HF's on the weights the
-    checkpoint stands for. (With GPTQ's act order a gate and its up projection have column orders of their
-    own, so they do not stack as one quantized weight: those reach it dense.)"""
+    checkpoint stands for. (Gate and up projections whose act orders differ would not stack as one quantized
+    weight and would reach it dense.)"""
     from engine.interfaces.gemm import QuantizedWeight
     from engine_plugin_cpu.gemm import CpuGemmBackend
 
     plain = save_tiny("Qwen3MoeForCausalLM", str(tmp_path / "plain"), hf_tokenizer_dir, num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)  # fmt: skip
-    path, reference = CASES[case](plain, str(tmp_path / "quantized"), str(tmp_path / "reference"))
+    path, reference = MOE_CASES[case](plain, str(tmp_path / "quantized"), str(tmp_path / "reference"))
     seen = []
     original = CpuGemmBackend.prepare_experts
 

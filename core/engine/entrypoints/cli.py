@@ -134,7 +134,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", default="auto", choices=["auto", "generate", "pooling"],
                         help="'pooling' serves embeddings, classification and scores only; 'generate' generation "
                              "only; 'auto' what the checkpoint serves")
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors", "gguf"],
+    parser.add_argument("--quantization", "-q", default="auto", choices=["auto", "none", "fp8", "gptq", "awq", "compressed-tensors", "gguf",
+                                                                         # vLLM's names (engine.config.QUANTIZATION_ALIASES)
+                                                                         "gptq_marlin", "awq_marlin", "moe_wna16"],
                         help="'auto' keeps a quantized checkpoint's matrices (GGUF, GPTQ, AWQ, "
                              "compressed-tensors, FP8) quantized where the device's GEMM runs them; "
                              "'gptq' / 'awq' / 'compressed-tensors' / 'gguf' also check the checkpoint's method; "

@@ -9,9 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from engine.interfaces.grouped_int import grouped_int_weight
 from engine_plugin_nvidia.gemm import CudaGemmBackend
-from engine_plugin_sdk import QuantizedWeight
+from engine_plugin_sdk import QuantizedWeight, grouped_int_weight
 from engine_plugin_sdk.gpu.grouped_int_experts import GroupedIntExperts, stack_grouped_int
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import dequantize_packed
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import INTERPRETER_GROUPED_INT_TILES
@@ -49,14 +48,15 @@ def symmetric_int4(out_features: int, in_features: int, group: int, gen: torch.G
 
 def experts_of(scheme: str, out_features: int, in_features: int, seed: int) -> list[QuantizedWeight]:
     gen = torch.Generator().manual_seed(seed)
-    if scheme == "int4_symmetric_g64":
+    if scheme == "int4_symmetric_g64":  # one zero point
         return [symmetric_int4(out_features, in_features, 64, gen) for _ in range(EXPERTS)]
     return [make_quantized_weight(scheme, out_features, in_features, seed=seed + e) for e in range(EXPERTS)]
 
 
-#: 4-bit codes with one zero point, with zero scales and act order, and under two-level scales; 8-bit codes under
-#: two-level scales in groups of 16 (Q8_0's 8-bit one-level form: the GGUF MoE model test)
-SCHEMES = ["int4_symmetric_g64", "int4_grouped", "gguf_q4_k", "gguf_q6_k"]
+#: 4-bit codes with zero scales and act order, and under two-level scales; 8-bit codes with one zero point under
+#: two-level scales in groups of 16 (4-bit codes with one zero point: the mixed-forms and fp16 tests; Q8_0's 8-bit
+#: one-level form: the GGUF MoE model test)
+SCHEMES = ["int4_grouped", "gguf_q4_k", "gguf_q6_k"]
 
 
 @pytest.mark.parametrize("tiles", [GEMV, GEMM_ONLY], ids=["gemv", "grouped_gemm"])
@@ -70,7 +70,7 @@ def test_grouped_int_experts_stay_packed_and_match_their_dequantized_values(devi
     assert experts.gate_up.codes.dtype == torch.uint8 and experts.gate_up.bits in (4, 8)
     # GGUF's K-quants keep their two-level scales; GPTQ's one zero point needs no zero scales
     assert bool(experts.down.sub_groups) == (scheme in ("gguf_q4_k", "gguf_q6_k"))
-    assert (experts.down.zero_scales is None) == (scheme in ("int4_symmetric_g64", "gguf_q6_k"))
+    assert (experts.down.zero_scales is None) == (scheme == "gguf_q6_k")
     gen = torch.Generator().manual_seed(7)
     tokens = 4
     x = torch.randn(tokens, HIDDEN, generator=gen)
@@ -87,7 +87,7 @@ def test_grouped_int_experts_stay_packed_and_match_their_dequantized_values(devi
 
 def test_fp16_activations_through_both_paths(device) -> None:
     """fp16 activations (the dequantized tile goes to ``tl.dot`` in fp16) at 2 and 30 tokens."""
-    gate_up = experts_of("int4_grouped", 2 * INTER, HIDDEN, 300)
+    gate_up = experts_of("int4_symmetric_g64", 2 * INTER, HIDDEN, 300)
     down = experts_of("gguf_q4_k", HIDDEN, INTER, 400)
     gen = torch.Generator().manual_seed(8)
     for tokens, tiles in ((2, GEMV), (30, GEMM_ONLY)):
@@ -135,37 +135,35 @@ def test_a_tile_is_whole_packed_blocks_dividing_the_reduction() -> None:
 
 @pytest.mark.slow  # one MoE engine in the interpreter
 def test_a_gptq_moe_checkpoint_keeps_its_experts_packed_on_the_gpu_path(tmp_path, monkeypatch) -> None:
-    """A tiny GPTQ Qwen3-MoE (4-bit, groups of 32, zero points) on device ``cuda`` in the interpreter: its experts
-    stay 4-bit codes, and the prompts' logits (the grouped GEMM) and a greedy decode (the GEMV) match HF
-    transformers on the weights the checkpoint stands for, in float32. (With act order a gate and its up
-    projection have column orders of their own, so they do not stack as one quantized weight, and are dense.)"""
-    import shutil
-
+    """A tiny GPTQ Qwen3-MoE (4-bit, groups of 32, zero points, act order shared by a gate and its up projection as
+    a quantizer's is) on device ``cuda`` in the interpreter: its experts stay 4-bit codes with their permutations,
+    and a prompt's logits (the grouped GEMM) and a greedy decode (the GEMV) match HF transformers on the weights the
+    checkpoint stands for, in float32."""
     from dense_model_utils import PROMPTS, hf_greedy, load_hf, max_logit_diff, save_tiny
     from prequantized_checkpoints import write_gptq
     from test_gguf_packed_model import _tokenizer
 
     from engine import LLM, SamplingParams
-    from engine.loader.tokenizer import load_tokenizer
     from engine_plugin_nvidia.platform import INTERPRET_ENV
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
-    tokenizer_dir = tmp_path / "tokenizer"
-    shutil.copytree(load_tokenizer(_tokenizer()).files_dir, tokenizer_dir)
-    plain = save_tiny("Qwen3MoeForCausalLM", str(tmp_path / "plain"), str(tokenizer_dir), num_experts=4,
+    # the embedded model's tokenizer (SmolLM2's vocabulary, the tiny model's) from its GGUF: the folder has none
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    plain = save_tiny("Qwen3MoeForCausalLM", str(tmp_path / "plain"), str(no_tokenizer), num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=64)  # fmt: skip
     path, reference = write_gptq(plain, str(tmp_path / "gptq"), str(tmp_path / "reference"), bits=4, group=32,
-                                 symmetric=False, act_order=False)  # fmt: skip
-    llm = LLM(model=path, device="cuda", dtype="float32", max_model_len=128, kv_cache_memory_bytes=8 << 20)
+                                 symmetric=False, act_order=True, shared_order=True)  # fmt: skip
+    llm = LLM(model=path, tokenizer=_tokenizer(), device="cuda", dtype="float32", max_model_len=128,
+              kv_cache_memory_bytes=8 << 20)  # fmt: skip
     experts = llm.llm_engine.model.layers[0].moe.experts
-    assert isinstance(experts, GroupedIntExperts) and experts.gate_up.bits == 4 and experts.down.zero_scales is not None
+    assert isinstance(experts, GroupedIntExperts) and experts.gate_up.bits == 4 and experts.gate_up.perm is not None
     hf = load_hf(reference)
-    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:2]]
-    assert max_logit_diff(llm, hf, ids) < 1e-4
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert max_logit_diff(llm, hf, [llm.tokenizer.encode(PROMPTS[0])]) < 1e-4
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     out = llm.generate([PROMPTS[1]], params, use_tqdm=False)[0]
-    assert list(out.outputs[0].token_ids) == hf_greedy(hf, llm.tokenizer.encode(PROMPTS[1]), 4)
+    assert list(out.outputs[0].token_ids) == hf_greedy(hf, llm.tokenizer.encode(PROMPTS[1]), 3)
     llm.shutdown()
