@@ -61,7 +61,7 @@ TEST_MALLOC := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824
 TEST_WORKERS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN) + 1 )))
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
-	OMP_NUM_THREADS=1 $(TEST_MALLOC) $(PY) -m pytest -q $(PARALLEL) --durations=30 --ignore=conformance_tests
+	OMP_NUM_THREADS=1 $(TEST_MALLOC) $(PY) -m pytest -q $(PARALLEL) --ignore=conformance_tests
 	$(TEST_MALLOC) $(PY) -m pytest -q $(CONFORMANCE)
 
 # Without the end-to-end tests that load the model (for a quick loop while editing).
