@@ -21,7 +21,7 @@ import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemm_kernels import _tile_params
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_kernels import _dequant
-from engine_plugin_sdk.gpu.triton_kernels.moe_kernels import _gated
+from engine_plugin_sdk.gpu.triton_kernels.moe_kernels import _gated, gemm_epilogue
 from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
 
 
@@ -206,15 +206,5 @@ def moe_int_gemm_kernel(
             acc_u = _dot_tile(acc_u, a_rows, valid, w_rows + N * stride_wn, scale_ptr, zs_ptr, super_ptr, zsuper_ptr,
                               s_rows + N * stride_sn, n_ok, k0, perm_row, BITS, ZERO, HAS_ZS, HAS_PERM, PACKED, BLOCK_K,
                               GROUP, SUB_GROUPS, PRECISION)  # fmt: skip
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)[None, :]
-        if GATED:
-            acc_u += tl.load(bias_ptr + expert * stride_be + rows + N).to(tl.float32)[None, :]
-    if GATED:
-        gate = acc.to(c_ptr.dtype.element_ty).to(tl.float32)
-        up = acc_u.to(c_ptr.dtype.element_ty).to(tl.float32)
-        acc = _gated(gate, up, ACT)
-    if MUL_WEIGHT:
-        acc *= tl.load(topw_ptr + slots, mask=valid, other=0.0).to(tl.float32)[:, None]
-    tl.store(c_ptr + slots[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])  # fmt: skip
+    gemm_epilogue(acc, acc_u, bias_ptr + expert * stride_be, rows, N, topw_ptr, slots, valid, c_ptr, stride_cm, offs_n,
+                  n_ok, GATED, MUL_WEIGHT, HAS_BIAS, ACT)  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import moe_grouped_int_kernels as mik
 from engine_plugin_sdk.gpu.triton_kernels import pdl
-from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, align_slots, triton_cdiv
+from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, align_slots, moe_slots, triton_cdiv
 
 
 def expert_block_k(target: int, packed: int, columns: int) -> int:
@@ -80,25 +80,14 @@ def fused_moe_grouped_int(
         raise ValueError(f"experts gate_up {gate_up.shape} / down {down.shape} do not fit hidden {hidden}")
     if gate_up.bits not in (4, 8) or down.bits not in (4, 8):
         raise ValueError(f"grouped-integer experts take 4- or 8-bit codes, got {gate_up.bits} / {down.bits}")
-    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
-        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} for {tokens} tokens")
-    if activation not in ("silu", "swigluoai"):
-        raise ValueError(f"unknown expert activation {activation!r}")
-    top_k = topk_ids.shape[1]
-    act = 0 if activation == "silu" else 1
+    call = moe_slots(x, inter, topk_weights, topk_ids, activation, gate_up_bias, down_bias)
     out = torch.empty_like(x)
     if tokens == 0:
         return out
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    ids = topk_ids.reshape(-1).contiguous()
-    weights = topk_weights.reshape(-1).float().contiguous()
-    slots = tokens * top_k
-    hidden_act = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
-    gu_bias = gate_up_bias if gate_up_bias is not None else weights  # unread without HAS_BIAS
-    d_bias = down_bias if down_bias is not None else weights
-    gu_stride_be = gate_up_bias.stride(0) if gate_up_bias is not None else 0
-    d_stride_be = down_bias.stride(0) if down_bias is not None else 0
+    x, ids, weights, top_k, slots, act, hidden_act = (
+        call.x, call.ids, call.weights, call.top_k, call.slots, call.act, call.hidden_act
+    )  # fmt: skip
+    gu_bias, d_bias, gu_stride_be, d_stride_be = call.gate_up_bias, call.down_bias, call.gate_up_stride, call.down_stride
     if slots <= tiles.gemv_max_slots:
         bn, bk, warps = tiles.gate_up_gemv
         mik.moe_int_gemv_gate_up_kernel[(slots, triton_cdiv(inter, bn))](

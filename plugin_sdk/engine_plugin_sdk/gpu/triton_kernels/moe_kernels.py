@@ -349,10 +349,20 @@ def moe_gemm_kernel(
         acc *= tl.load(scale_ptr + expert * stride_se + rows_w)[None, :]
         if GATED:
             acc_u *= tl.load(scale_ptr + expert * stride_se + rows_w + N)[None, :]
+    gemm_epilogue(acc, acc_u, bias_ptr + expert * stride_be, rows_w, N, topw_ptr, slots, valid, c_ptr, stride_cm,
+                  offs_n, n_ok, GATED, MUL_WEIGHT, HAS_BIAS, ACT)  # fmt: skip
+
+
+@triton.jit
+def gemm_epilogue(acc, acc_u, bias_row, rows_w, N, topw_ptr, slots, valid, c_ptr, stride_cm, offs_n, n_ok,
+                  GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):  # fmt: skip
+    """A grouped-GEMM tile's end: the expert's bias (``bias_row``, its rows ``rows_w`` and, gated, ``rows_w + N``),
+    the gated activation of the gate and up products rounded to the output dtype first (as a plain GEMM's output
+    would be), the slots' routing weights, and the store by slot."""
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_be + rows_w).to(tl.float32)[None, :]
+        acc += tl.load(bias_row + rows_w).to(tl.float32)[None, :]
         if GATED:
-            acc_u += tl.load(bias_ptr + expert * stride_be + rows_w + N).to(tl.float32)[None, :]
+            acc_u += tl.load(bias_row + rows_w + N).to(tl.float32)[None, :]
     if GATED:
         gate = acc.to(c_ptr.dtype.element_ty).to(tl.float32)
         up = acc_u.to(c_ptr.dtype.element_ty).to(tl.float32)

@@ -161,30 +161,19 @@ def fused_moe(
     inter = two_inter // 2
     if tuple(gate_up.shape) != (experts, 2 * inter, hidden) or tuple(down.shape) != (experts, hidden, inter):
         raise ValueError(f"experts gate_up {tuple(gate_up.shape)} / down {tuple(down.shape)} do not fit hidden {hidden}")
-    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
-        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} for {tokens} tokens")
-    top_k = topk_ids.shape[1]
-    if activation not in ("silu", "swigluoai"):
-        raise ValueError(f"unknown expert activation {activation!r}")
-    act = 0 if activation == "silu" else 1
+    call = moe_slots(x, inter, topk_weights, topk_ids, activation, gate_up_bias, down_bias)
     out = torch.empty_like(x)
     if tokens == 0:
         return out
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    ids = topk_ids.reshape(-1).contiguous()
-    weights = topk_weights.reshape(-1).float().contiguous()
-    slots = tokens * top_k
-    hidden_act = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
+    x, ids, weights, top_k, slots, act, hidden_act = (
+        call.x, call.ids, call.weights, call.top_k, call.slots, call.act, call.hidden_act
+    )  # fmt: skip
+    gu_bias, d_bias, gu_stride_be, d_stride_be = call.gate_up_bias, call.down_bias, call.gate_up_stride, call.down_stride
     fp8 = gate_up_scale is not None
     gu_scale = gate_up_scale if fp8 else weights  # any pointer: unread without HAS_SCALE
     d_scale = down_scale if down_scale is not None else weights
     gu_stride_se = gate_up_scale.stride(0) if fp8 else 0
     d_stride_se = down_scale.stride(0) if down_scale is not None else 0
-    gu_bias = gate_up_bias if gate_up_bias is not None else weights  # unread without HAS_BIAS
-    d_bias = down_bias if down_bias is not None else weights
-    gu_stride_be = gate_up_bias.stride(0) if gate_up_bias is not None else 0
-    d_stride_be = down_bias.stride(0) if down_bias is not None else 0
     if slots <= tiles.gemv_max_slots:
         bn, bk, warps = tiles.gate_up_gemv
         mk.moe_gemv_gate_up_kernel[(slots, triton_cdiv(inter, bn))](
@@ -233,6 +222,64 @@ def fused_moe(
         HAS_BIAS=down_bias is not None, ACT=act, **common,
     )  # fmt: skip
     return per_slot.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSlots:
+    """A batch's routing in the expert kernels' form: one slot a (token, choice) pair.
+
+    Attributes:
+        x: the activations, rows contiguous.
+        ids: int64 ``[slots]`` expert ids.
+        weights: float32 ``[slots]`` routing weights.
+        top_k: choices a token.
+        slots: ``tokens * top_k``.
+        act: the activation's kernel code (0 SiLU, 1 gpt-oss's clamped SwiGLU).
+        hidden_act: ``[slots, inter]`` for the gate/up kernels' output.
+        gate_up_bias: the gate/up biases, or any tensor where there are none (unread without ``HAS_BIAS``).
+        down_bias: likewise for down.
+        gate_up_stride: the gate/up biases' expert stride (0 without).
+        down_stride: the down biases' (0 without).
+    """
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    top_k: int
+    slots: int
+    act: int
+    hidden_act: torch.Tensor
+    gate_up_bias: torch.Tensor
+    down_bias: torch.Tensor
+    gate_up_stride: int
+    down_stride: int
+
+
+def moe_slots(
+    x: torch.Tensor, inter: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str,
+    gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+) -> MoeSlots:  # fmt: skip
+    """Check a batch's routing and activation and lay them out for the expert kernels.
+
+    Raises:
+        ValueError: for routing that does not fit the tokens, or an unknown activation.
+    """
+    tokens = x.shape[0]
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
+        raise ValueError(f"routing {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} for {tokens} tokens")
+    if activation not in ("silu", "swigluoai"):
+        raise ValueError(f"unknown expert activation {activation!r}")
+    top_k = topk_ids.shape[1]
+    weights = topk_weights.reshape(-1).float().contiguous()
+    return MoeSlots(
+        x=x if x.stride(-1) == 1 else x.contiguous(), ids=topk_ids.reshape(-1).contiguous(), weights=weights,
+        top_k=top_k, slots=tokens * top_k, act=0 if activation == "silu" else 1,
+        hidden_act=torch.empty((tokens * top_k, inter), dtype=x.dtype, device=x.device),
+        gate_up_bias=gate_up_bias if gate_up_bias is not None else weights,
+        down_bias=down_bias if down_bias is not None else weights,
+        gate_up_stride=gate_up_bias.stride(0) if gate_up_bias is not None else 0,
+        down_stride=down_bias.stride(0) if down_bias is not None else 0,
+    )  # fmt: skip
 
 
 def align_slots(
