@@ -99,3 +99,16 @@ def write_plugin_entry_point(site: Path, dist: str, device: str, module: str) ->
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n", encoding="utf-8")
     (info / "entry_points.txt").write_text(f"[engine.plugins]\n{device} = {module}\n", encoding="utf-8")
+
+
+def unpooled_openai_client(base_url: str, timeout: float = 120.0):
+    """An OpenAI client for a test server that opens a connection per request and never retries.
+
+    A module's client kept idle connections between tests; uvicorn closes one after 5 s idle, and a request
+    sent on it as it closed failed with "Server disconnected without sending a response" (a race of the
+    test's connection pool, not of the server). With no retries a real failure still shows."""
+    import httpx
+    import openai
+
+    http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=timeout)
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http)

@@ -11,11 +11,11 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from engine.entrypoints.openai.launcher import ServerProcess
+from engine_test_utils import unpooled_openai_client
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return unpooled_openai_client(f"{server.base_url}/v1")
 
 
 @pytest.fixture(scope="module")
