@@ -36,6 +36,11 @@ def tuning_for_device(interpret: bool) -> KernelTuning:
             # read faster (H200, Gemma-2-9B batch-1 decode 191.5 -> 203.9 tok/s; Qwen3-8B's head of 128
             # gained nothing from it; benchmarks/results/nvidia_h200_session16_decode_tiles.json)
             decode_large_head=(32, 4, 2),
+            # over an FP8 cache the decode kernel is bound by its softmax and addressing, not its bytes: two KV
+            # heads a program share them (H100, 1,008 x 560 tokens with the step's KV write and rotary: 0.579 ms
+            # for one head against 0.546 for two; W8A8 + FP8 KV offline 13,430 -> 13,770 tok/s;
+            # benchmarks/nvidia_h200_decode_kernel_ab.sh); large batches only (decode_kv_heads)
+            decode_paired_fp8=(64, 4, 2) if major >= 9 else None,
             use_pdl=major >= 9 and os.environ.get("ENGINE_NVIDIA_PDL", "1").strip() != "0",
         )
     return KernelTuning(

@@ -121,6 +121,50 @@ def test_decode_large_head_tiles(device):
         check(out, problem, f"decode head 256, block_n 32, splits={splits}")
 
 
+
+@pytest.mark.parametrize(
+    ("heads", "feature", "splits"),
+    [(8, "plain", 1), (16, "rotary_head_norm", 1), (16, "window_cap", 4), (8, "sinks", 4), (16, "merge_last", 2)],
+)
+def test_decode_two_kv_heads_a_program(device, heads, feature, splits):
+    """Programs of two KV heads (both groups' query rows in one tile, each head's product over a copy of the query
+    with the other head's rows zero) give what programs of one give: the new keys and values written, rotated
+    and head-normalised, windows, soft caps, sinks, splits merged by the kernel or by the last split."""
+    import dataclasses
+
+    from engine_plugin_sdk import HeadNorm
+
+    kw = {"sliding_window": 12, "soft_cap": 2.0} if feature == "window_cap" else {}
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, heads=heads, kv_heads=4, seed=heads + splits,
+                                    sinks=feature == "sinks", **kw)  # fmt: skip
+    md = problem.metadata
+    gen = torch.Generator().manual_seed(heads * splits)
+    extra = {"window": md.sliding_window, "soft_cap": md.logits_soft_cap, "sinks": md.sinks}
+    # the step's own keys and values, through the kernel's write (already in the cache: rewritten the same unless
+    # rotated)
+    extra["new_kv"] = (problem.key, problem.value, md.slot_mapping)
+    if feature == "rotary_head_norm":
+        weights = (1.0 + 0.5 * torch.randn(2, 64, generator=gen)).to(torch.float16).to(device)
+        extra["rotary"] = ((md.seq_lens - 1).long(), make_cos_sin_cache(128, 64).to(device))
+        extra["head_norm"] = HeadNorm(weights[0], weights[1], 1e-6)
+    base = tuning()
+    paired = dataclasses.replace(base, decode_paired_fp8=(16, 4, 1), decode_paired_any_cache=True, num_compute_units=1)
+    assert paired.decode_kv_heads(False, 4, 4, heads // 4) == 2 and base.decode_kv_heads(False, 4, 4, heads // 4) == 1
+    outs, caches = [], []
+    for t in (base, paired):
+        out, kv = torch.full_like(problem.query, float("nan")), cache.clone()
+        arrivals = torch.zeros(64, dtype=torch.int32, device=device) if feature == "merge_last" else None
+        launchers.paged_decode(out, problem.query, kv, md.block_tables, md.seq_lens, md.scale, splits, t,
+                               arrivals=arrivals, **extra)  # fmt: skip
+        assert arrivals is None or not arrivals.any()
+        outs.append(out)
+        caches.append(kv)
+    assert torch.equal(caches[0], caches[1]), "both write the same new keys and values"
+    assert torch.equal(caches[1], cache) != (feature == "rotary_head_norm")
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)
+    if feature != "rotary_head_norm":
+        check(outs[1], problem, f"two KV heads a program, {feature}, splits={splits}")
+
 @pytest.mark.parametrize("head_dim,block_size,kv_heads", [(80, 8, 1), (128, 32, 4), (256, 16, 2), (96, 64, 8)])
 def test_prefill_and_decode_geometries(device, head_dim, block_size, kv_heads):
     for lens, seed in ((MIXED_LENS, 1), (DECODE_LENS, 2)):
@@ -281,6 +325,16 @@ def test_decode_split_choice():
     assert t.decode_splits(1, 8, 1000) == 2  # short context: no split under 256 keys
     assert t.decode_splits(256, 8, 8192) == 1  # big batch fills the GPU by itself
     assert all(t.decode_splits(b, 8, None) & (t.decode_splits(b, 8, None) - 1) == 0 for b in range(1, 300))
+
+
+def test_decode_pairs_kv_heads_over_an_fp8_cache_for_large_batches_only():
+    t = KernelTuning(num_compute_units=132, decode_paired_fp8=(64, 4, 2))
+    assert t.decode_kv_heads(True, 1008, 8, 4) == 2 and t.decode_tiles(True, 128, 2)["BLOCK_N"] == 64
+    assert t.decode_kv_heads(False, 1008, 8, 4) == 1  # a bf16 cache is read at its bandwidth already
+    assert t.decode_kv_heads(True, 32, 8, 4) == 1  # 128 programs of two heads would not fill the GPU twice
+    assert t.decode_kv_heads(True, 1008, 8, 16) == 1  # two groups of 16 query heads overflow a 16-row tile
+    assert t.decode_kv_heads(True, 1008, 1, 8) == 1  # one KV head: nothing to pair
+    assert KernelTuning().decode_kv_heads(True, 1008, 8, 4) == 1  # no paired tiles: never
 
 
 def test_decode_tiles_by_cache_and_head_size():

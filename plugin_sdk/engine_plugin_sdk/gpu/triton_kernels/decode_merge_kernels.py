@@ -1,5 +1,5 @@
 """The second half of split-context decode attention: joining each head's splits (flash-decoding's merge),
-as its own kernel or from the decode kernel's last split (``MERGE_LAST``, see ``attention_kernels``)."""
+as its own kernel or from the decode kernel's last split (``MERGE_LAST``, see ``decode_attention_kernels``)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def decode_merge_kernel(
     USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
-    :func:`.attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
+    :func:`.decode_attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
     pdl_begin(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)

@@ -55,6 +55,10 @@ class KernelTuning:
         decode_early_kv: under PDL, a decode program that writes the step's key and value itself reads its
             context length, block table and first cached key and value tile before it waits for the kernel
             that wrote the query (see ``paged_decode_kernel``).
+        decode_paired_fp8: ``(block_n, num_warps, num_stages)`` of the decode kernel when each program takes
+            two KV heads (:mod:`.decode_attention_kernels`), which it does over an FP8 cache where the batch
+            fills the device by itself (:meth:`decode_kv_heads`); None: one KV head a program.
+        decode_paired_any_cache: pair KV heads over every cache dtype, not only FP8 (tests, tuning).
     """
 
     num_compute_units: int = 132
@@ -71,14 +75,39 @@ class KernelTuning:
     use_pdl: bool = False
     decode_merge_last: bool = False
     decode_early_kv: bool = True
+    decode_paired_fp8: tuple[int, int, int] | None = None
+    decode_paired_any_cache: bool = False
 
     def prefill_tiles(self, head_dim: int) -> AttentionTiles:
         """The prefill tiles for a head size."""
         return self.prefill_small_head if head_dim <= 128 else self.prefill_large_head
 
-    def decode_tiles(self, fp8_cache: bool, head_dim: int = 128) -> dict[str, int]:
-        """The decode kernel's ``BLOCK_N``, ``num_warps`` and ``num_stages`` launch arguments."""
-        if fp8_cache and self.decode_fp8:
+    def decode_kv_heads(self, fp8_cache: bool, num_seqs: int, num_kv_heads: int, group: int) -> int:
+        """KV heads a decode program takes: two where the table has paired tiles, over an FP8 cache (or any with
+        ``decode_paired_any_cache``), the two heads' query rows fit the 16 the tensor cores take at least, and
+        half as many programs still fill the device twice without splitting a context; else one.
+
+        Args:
+            fp8_cache: the cache holds FP8 values.
+            num_seqs: sequences in the batch (a graph's bucket).
+            num_kv_heads: KV heads of the layer (this rank's).
+            group: query heads per KV head.
+
+        Returns:
+            1 or 2.
+        """
+        if self.decode_paired_fp8 is None or not (fp8_cache or self.decode_paired_any_cache):
+            return 1
+        if num_kv_heads % 2 or 2 * group > 16:
+            return 1
+        return 2 if num_seqs * (num_kv_heads // 2) >= 2 * self.num_compute_units else 1
+
+    def decode_tiles(self, fp8_cache: bool, head_dim: int = 128, kv_heads: int = 1) -> dict[str, int]:
+        """The decode kernel's ``BLOCK_N``, ``num_warps`` and ``num_stages`` launch arguments for programs of
+        ``kv_heads`` KV heads (:meth:`decode_kv_heads`)."""
+        if kv_heads == 2 and self.decode_paired_fp8:
+            block_n, warps, stages = self.decode_paired_fp8
+        elif fp8_cache and self.decode_fp8:
             block_n, warps, stages = self.decode_fp8
         elif head_dim > 128 and self.decode_large_head:
             block_n, warps, stages = self.decode_large_head

@@ -12,6 +12,7 @@ import torch
 
 from engine_plugin_sdk.dtypes import FP8_DTYPES
 from engine_plugin_sdk.gpu.triton_kernels import attention_kernels as ak
+from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels as dak
 from engine_plugin_sdk.gpu.triton_kernels import decode_merge_kernels as dmk
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import pdl
@@ -134,6 +135,13 @@ def paged_prefill(
     )  # fmt: skip
 
 
+#: the decode kernel reads its first tile before its PDL wait (``KernelTuning.decode_early_kv``) only where its
+#: programs are at most this many per multiprocessor: the read ahead pays where one wave waits on the kernel before
+#: (batch-1 decode), while the tile held in registers through the wait costs a large batch's programs registers
+#: (Triton 3.9 for sm_90, 1,008 x 560 over an FP8 cache: 254 against 192)
+EARLY_KV_WAVES = 4
+
+
 def paged_decode(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -214,19 +222,28 @@ def paged_decode(
         q_norm = k_norm = query  # unused by the kernel
         norm_eps = 0.0
     merge_last = num_splits > 1 and arrivals is not None and arrivals.numel() >= num_seqs * kv_heads
-    tiles = tuning.decode_tiles(kv_cache.dtype in FP8_DTYPES, head_dim)
+    fp8_cache = kv_cache.dtype in FP8_DTYPES
+    pair = tuning.decode_kv_heads(fp8_cache, num_seqs, kv_heads, group)
+    tiles = tuning.decode_tiles(fp8_cache, head_dim, pair)
     flags = _attention_flags(query, kv_cache, window, soft_cap)
-    ak.paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
+    programs = kv_heads // pair * num_seqs * num_splits
+    # only under PDL (graphs, whose variants compile at capture): eager launches keep one variant for any batch
+    early_kv = tuning.decode_early_kv and pdl.active() and programs <= EARLY_KV_WAVES * tuning.num_compute_units
+    dak.paged_decode_kernel[(kv_heads // pair, num_seqs, num_splits)](
         out, part_acc, part_ml, arrivals if merge_last else seq_lens, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
         new_k, new_v, slots, sinks if sinks is not None else seq_lens, rot_index, rot_table, q_norm, k_norm,
         scale, float(soft_cap or 0.0), int(window or 0), norm_eps,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), rot_table.stride(0),
-        NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group)), NUM_SPLITS=num_splits,
+        NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, next_power_of_2(group * pair)), NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
-        MERGE_LAST=merge_last, EARLY_KV=tuning.decode_early_kv, SKIP_IDLE=num_splits > 1 and not merge_last,
+        MERGE_LAST=merge_last, EARLY_KV=early_kv,
+        SKIP_IDLE=num_splits > 1 and not merge_last,
+        # the scale folded into the query once: over an FP8 cache (whose values carry 2**-4 of error, against the
+        # 2**-11 the fp16 query's rounding adds) and in float32; a bf16 / fp16 query over its own dtype keeps its bits
+        KV_HEADS=pair, PRESCALED=soft_cap is None and (flags["DOT_F16"] or flags["IS_FP32"]),
         **tiles, **flags, **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:

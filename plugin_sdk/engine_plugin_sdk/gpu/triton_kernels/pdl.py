@@ -69,6 +69,11 @@ def for_capture() -> Iterator[None]:
         _active = before
 
 
+def active() -> bool:
+    """Whether launches use PDL now (inside a graph capture where the GPU has it)."""
+    return _active
+
+
 def launch_options() -> dict:
     """The kernel flag and launch option for the current state: splice into a launch's keyword arguments."""
     return {"USE_PDL": True, "launch_pdl": True} if _active else {"USE_PDL": False}

@@ -7,6 +7,7 @@ import triton
 
 from engine_plugin_sdk.gpu.triton_kernels import (
     attention_kernels,
+    decode_attention_kernels,
     decode_merge_kernels,
     elementwise_kernels,
     gemv_kernels,
@@ -16,7 +17,7 @@ from engine_plugin_sdk.gpu.triton_kernels import (
 def compiled_variants() -> dict[str, int]:
     """Compiled variants of every kernel of this package, by kernel name (empty in the interpreter, which compiles nothing)."""
     counts = {}
-    for module in (attention_kernels, decode_merge_kernels, elementwise_kernels, gemv_kernels):
+    for module in (attention_kernels, decode_attention_kernels, decode_merge_kernels, elementwise_kernels, gemv_kernels):
         for name, fn in vars(module).items():
             if isinstance(fn, triton.runtime.JITFunction):
                 counts[name] = sum(len(caches[0]) for caches in fn.device_caches.values())
