@@ -66,6 +66,10 @@ def warm_up_batches(
     if decodes >= 1 and chunk >= 2:
         context = min(max_model_len, 4 * block_size)
         batches.append(WarmUpBatch("mixed", [1] * decodes + [chunk], [context] * decodes + [chunk]))
+        if decodes > 1:
+            # and one decode beside the chunk: a backend may launch a few rows' attention differently from many
+            # (the GPUs' decode kernel takes two KV heads a program only for large batches)
+            batches.append(WarmUpBatch("mixed-one", [1, chunk], [context, chunk]))
     if eager_decode:
         context = min(block_size, max_model_len)
         while True:
