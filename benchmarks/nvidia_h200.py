@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
 import json
 import os
 import random
@@ -134,9 +135,39 @@ def override_tuning(**changes: Any) -> None:
     )
 
 
+def use_decode_kernel_from(path: str) -> None:
+    """Launch the decode attention kernel of ``path`` (a kernel module of an earlier commit, e.g. ``git show
+    REV:plugin_sdk/engine_plugin_sdk/gpu/triton_kernels/attention_kernels.py``) in this process: the A/B of a
+    kernel change. Programs of one KV head, the query scaled in the scores, as that kernel takes them."""
+    import importlib.util
+    import types
+
+    from engine_plugin_sdk.gpu.triton_kernels import launchers
+
+    spec = importlib.util.spec_from_file_location("decode_kernel_before", path)
+    assert spec is not None and spec.loader is not None
+    before = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(before)
+
+    class Launch:
+        def __getitem__(self, grid: Any) -> Any:
+            launch = before.paged_decode_kernel[grid]
+
+            def call(*args: Any, KV_HEADS: int = 1, PRESCALED: bool = False, **kwargs: Any) -> Any:  # noqa: N803
+                assert KV_HEADS == 1, "the earlier kernel takes one KV head a program"
+                return launch(*args, **kwargs)
+
+            return call
+
+    override_tuning(decode_paired_fp8=None)
+    launchers.dak = types.SimpleNamespace(paged_decode_kernel=Launch())  # type: ignore[attr-defined]
+
+
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     if args.late_kv:
         override_tuning(decode_early_kv=False)
+    if args.decode_kernel_from:
+        use_decode_kernel_from(args.decode_kernel_from)
     bandwidth = copy_bandwidth()
     t0 = time.perf_counter()
     llm = make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
@@ -148,6 +179,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     llm.llm_engine.runner.decode_graphs = None
     eager = decode_rate(llm)
     result = {
+        "decode_kernel_from": args.decode_kernel_from,
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "weight_GB_all": all_bytes / 1e9,
         "weight_GB_read_per_step": read_bytes / 1e9,
@@ -193,6 +225,11 @@ def hf_generate_rate(model_dir: str, batch: int, input_len: int, output_len: int
 def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     from engine.sampling.params import SamplingParams
 
+    if args.unpaired:
+        override_tuning(decode_paired_fp8=None)
+    if args.decode_kernel_from:
+        use_decode_kernel_from(args.decode_kernel_from)
+
     llm = make_llm(
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         memory_fraction=args.memory_fraction, max_model_len=1024,
@@ -212,7 +249,10 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     compiled_during_run = new_variants(ready, compiled_variants())
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    # two runs that should give the same greedy tokens (a kernel variant against the default) compare this
+    digest = hashlib.sha256(str([list(o.outputs[0].token_ids) for o in outputs]).encode()).hexdigest()[:16]
     result: dict[str, Any] = {
+        "output_tokens_sha256": digest,
         "num_prompts": args.num_prompts,
         "engine_seconds": seconds,
         "engine_output_tok_s": out_tokens / seconds,
@@ -223,6 +263,8 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
         "enable_dbo": args.enable_dbo,
+        "unpaired": args.unpaired,
+        "decode_kernel_from": args.decode_kernel_from,
         "dbo_decode_token_threshold": args.dbo_decode_token_threshold,
         "dbo_attention_sms": os.environ.get("ENGINE_NVIDIA_DBO_ATTENTION_SMS", "0"),
         "kv_blocks": llm.llm_engine.block_manager.num_total_blocks,
@@ -260,6 +302,9 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("--model", required=True)
         p.add_argument("--json", default=None)
+        if name != "hf":
+            p.add_argument("--decode-kernel-from", default=None,
+                           help="a kernel module of an earlier commit whose decode attention runs instead (A/B)")
         if name == "hf":
             p.add_argument("--hf-batch", type=int, nargs="+", default=[256, 512, 768])
         if name == "decode":
@@ -280,6 +325,8 @@ def main() -> None:
             p.add_argument("--kv-cache-dtype", default="auto")
             # dual-batch overlap (SMs left to attention: ENGINE_NVIDIA_DBO_ATTENTION_SMS)
             p.add_argument("--enable-dbo", action="store_true")
+            p.add_argument("--unpaired", action="store_true",
+                           help="decode programs of one KV head over an FP8 cache (the default before pairing)")
             p.add_argument("--dbo-decode-token-threshold", type=int, default=256)
     args = parser.parse_args()
     result = {"decode": cmd_decode, "throughput": cmd_throughput, "hf": cmd_hf}[args.command](args)
