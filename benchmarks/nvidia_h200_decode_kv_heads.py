@@ -97,24 +97,48 @@ def probe_kernel(out_ptr, q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, scale,
 
 
 
+@dataclasses.dataclass
+class DecodeStep:
+    """A decode step's attention inputs: ``num_seqs`` contexts of ``ctx`` tokens in a shuffled block pool, the
+    step's query, key and value, their slots and rotation, and an FP8 cache over the pool."""
+
+    num_seqs: int
+    ctx: int
+    tables: torch.Tensor
+    lens: torch.Tensor
+    slots: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    rotary: tuple[torch.Tensor, torch.Tensor]
+    cache: torch.Tensor
+
+    @classmethod
+    def draw(cls, num_seqs: int, ctx: int, heads: int = 32, kv_heads: int = 8, dim: int = 128,
+             block: int = 16) -> DecodeStep:  # fmt: skip
+        from engine_plugin_sdk.reference_ops import make_cos_sin_cache
+
+        per_seq = -(-ctx // block)
+        num_blocks = num_seqs * per_seq
+        tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).reshape(num_seqs, per_seq)
+        lens = torch.full((num_seqs,), ctx, device="cuda", dtype=torch.int32)
+        slots = (tables[:, (ctx - 1) // block].long() * block + (ctx - 1) % block).contiguous()
+        rows = [torch.randn(num_seqs, n, dim, device="cuda", dtype=torch.bfloat16) for n in (heads, kv_heads, kv_heads)]
+        rotary = ((lens - 1).long(), make_cos_sin_cache(4096, dim).cuda())
+        cache = (torch.randn(2, num_blocks, block, kv_heads, dim, device="cuda") * 2).to(torch.float8_e4m3fn)
+        return cls(num_seqs, ctx, tables, lens, slots, *rows, rotary, cache)
+
+
 def ladder(before: str | None, quick: bool = False) -> list[dict]:
     """At the offline run's decode shape over an FP8 cache: the engine's kernel with and without its fused KV
     write and rotary, by tile, one and two KV heads a program, beside the stripped probe kernel."""
     from engine_plugin_nvidia.tuning import tuning_for_device
     from engine_plugin_sdk.gpu.triton_kernels import launchers
-    from engine_plugin_sdk.reference_ops import make_cos_sin_cache
 
-    heads, kv_heads, dim, block, num_seqs, ctx = 32, 8, 128, 16, 1008, 560
-    per_seq = -(-ctx // block)
-    num_blocks = num_seqs * per_seq
-    tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).reshape(num_seqs, per_seq)
-    lens = torch.full((num_seqs,), ctx, device="cuda", dtype=torch.int32)
-    slots = (tables[:, (ctx - 1) // block].long() * block + (ctx - 1) % block).contiguous()
-    query = torch.randn(num_seqs, heads, dim, device="cuda", dtype=torch.bfloat16)
-    key = torch.randn(num_seqs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    value = torch.randn(num_seqs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    rotary = ((lens - 1).long(), make_cos_sin_cache(4096, dim).cuda())
-    cache = (torch.randn(2, num_blocks, block, kv_heads, dim, device="cuda") * 2).to(torch.float8_e4m3fn)
+    heads, kv_heads, dim, block = 32, 8, 128, 16
+    step = DecodeStep.draw(1008, 560)
+    num_seqs, ctx, tables, lens, slots = step.num_seqs, step.ctx, step.tables, step.lens, step.slots
+    query, key, value, rotary, cache = step.query, step.key, step.value, step.rotary, step.cache
     cache_bytes = num_seqs * ctx * kv_heads * dim * 2
     base = dataclasses.replace(tuning_for_device(False), decode_paired_fp8=None)
     rows = []
@@ -171,23 +195,15 @@ def main() -> None:
         return
     from engine_plugin_nvidia.tuning import tuning_for_device
     from engine_plugin_sdk.gpu.triton_kernels import launchers
-    from engine_plugin_sdk.reference_ops import make_cos_sin_cache
 
     base = dataclasses.replace(tuning_for_device(False), decode_paired_fp8=None)
     heads, kv_heads, dim, block = 32, 8, 128, 16
     torch.manual_seed(0)
     rows = []
     for num_seqs, ctx in SHAPES:
-        per_seq = -(-ctx // block)
-        num_blocks = num_seqs * per_seq
-        tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).reshape(num_seqs, per_seq)
-        lens = torch.full((num_seqs,), ctx, device="cuda", dtype=torch.int32)
-        slots = (tables[:, (ctx - 1) // block].long() * block + (ctx - 1) % block).contiguous()
-        query = torch.randn(num_seqs, heads, dim, device="cuda", dtype=torch.bfloat16)
-        key = torch.randn(num_seqs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-        value = torch.randn(num_seqs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-        rotary = ((lens - 1).long(), make_cos_sin_cache(4096, dim).cuda())
-        fp8 = (torch.randn(2, num_blocks, block, kv_heads, dim, device="cuda") * 2).to(torch.float8_e4m3fn)
+        step = DecodeStep.draw(num_seqs, ctx, heads, kv_heads, dim, block)
+        tables, lens, slots, query, key, value = step.tables, step.lens, step.slots, step.query, step.key, step.value
+        rotary, fp8 = step.rotary, step.cache
         for cache in (fp8, fp8.to(torch.bfloat16)):
             cache_bytes = num_seqs * ctx * kv_heads * dim * 2 * cache.element_size()
             variants = [("one head", base)] + [
