@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels import INTERPRETER_TUNING, KernelTuning, gemv_launchers, launchers
 from engine_plugin_sdk.gpu.triton_kernels.post_norm import post_norm_add_rms_norm
@@ -164,6 +166,50 @@ def test_decode_two_kv_heads_a_program(device, heads, feature, splits):
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)
     if feature != "rotary_head_norm":
         check(outs[1], problem, f"two KV heads a program, {feature}, splits={splits}")
+
+@triton.jit
+def _no_wait():
+    # the interpreter runs a jit function only where its module holds triton.language
+    tl.static_assert(True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real PDL path (test_pdl.py)")
+@pytest.mark.parametrize("paired", [False, True])
+def test_decode_early_kv_path_matches_the_plain_one(device, monkeypatch, paired):
+    """The path only CUDA graphs with PDL compile (the first tile read before the wait, then folded in ahead of the
+    loop), run in the interpreter with the waits stubbed: the same outputs and cache as the plain path, bit for bit,
+    with the step's KV write, rotary and head norms, over two splits merged by the kernel."""
+    import dataclasses
+
+    from engine_plugin_sdk import HeadNorm
+    from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels, pdl
+
+    for module in (decode_attention_kernels, pdl):
+        monkeypatch.setattr(module, "gdc_wait", _no_wait)
+        monkeypatch.setattr(module, "gdc_launch_dependents", _no_wait)
+    options = pdl.launch_options
+    monkeypatch.setattr(pdl, "launch_options", lambda: {k: v for k, v in options().items() if k != "launch_pdl"})
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, heads=16, kv_heads=4, seed=11 + paired)
+    md = problem.metadata
+    gen = torch.Generator().manual_seed(12)
+    weights = (1.0 + 0.5 * torch.randn(2, 64, generator=gen)).to(torch.float16).to(device)
+    extra = {"new_kv": (problem.key, problem.value, md.slot_mapping), "head_norm": HeadNorm(weights[0], weights[1], 1e-6),
+             "rotary": ((md.seq_lens - 1).long(), make_cos_sin_cache(128, 64).to(device))}  # fmt: skip
+    # enough multiprocessors that 4 sequences' programs count as a small grid (the early read's condition)
+    t = dataclasses.replace(tuning(), num_compute_units=132)
+    if paired:
+        # two KV heads a program need few enough multiprocessors that half the programs fill them twice
+        t = dataclasses.replace(t, decode_paired_fp8=(16, 4, 1), decode_paired_any_cache=True, num_compute_units=4)
+        assert t.decode_kv_heads(False, 4, 4, 4) == 2
+    results = []
+    for active in (False, True):
+        monkeypatch.setattr(pdl, "_active", active)
+        out, kv = torch.full_like(problem.query, float("nan")), cache.clone()
+        launchers.paged_decode(out, problem.query, kv, md.block_tables, md.seq_lens, md.scale, 2, t, **extra)
+        results.append((out, kv))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert not results[1][0].isnan().any()
+
 
 @pytest.mark.parametrize("head_dim,block_size,kv_heads", [(80, 8, 1), (128, 32, 4), (256, 16, 2), (96, 64, 8)])
 def test_prefill_and_decode_geometries(device, head_dim, block_size, kv_heads):
