@@ -77,6 +77,10 @@ def warm_up_batches(
             if context >= max_model_len:
                 break
             context = min(2 * context, max_model_len)
+        if max_num_seqs > 1:
+            # and a full batch of them, as the mixed steps have both sizes
+            short = min(block_size, max_model_len)
+            batches.append(WarmUpBatch(f"decode-{max_num_seqs}", [1] * max_num_seqs, [short] * max_num_seqs))
     return batches
 
 

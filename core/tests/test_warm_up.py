@@ -82,13 +82,13 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
     with caplog.at_level(logging.INFO, logger="engine.warm_up"):
         warm = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
     # prefill: one whole 64-token prompt and a 32-token one; mixed: 3 decodes and a 64-token chunk, then one
-    # decode and the chunk; then eager decodes at contexts 16, 32 and 64; each step's last rows through the
-    # sampler's greedy pick
+    # decode and the chunk; then eager decodes at contexts 16, 32 and 64, and 4 at once; each step's last rows
+    # through the sampler's greedy pick
     assert warm_cpu == [
         (96, 64), ("greedy", 2), (67, 64), ("greedy", 4), (65, 64), ("greedy", 2), (1, 1), ("greedy", 1), (1, 1),
-        ("greedy", 1), (1, 1), ("greedy", 1),
+        ("greedy", 1), (1, 1), ("greedy", 1), (4, 1), ("greedy", 4),
     ]
-    assert any("warm-up: 6 dummy steps" in r.getMessage() for r in caplog.records)
+    assert any("warm-up: 7 dummy steps" in r.getMessage() for r in caplog.records)
     assert_all_blocks_free(warm)
     got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, use_tqdm=False)]
     assert_all_blocks_free(warm)
