@@ -380,6 +380,7 @@ def test_decode_pairs_kv_heads_over_an_fp8_cache_for_large_batches_only():
     assert t.decode_kv_heads(True, 32, 8, 4) == 1  # 128 programs of two heads would not fill the GPU twice
     assert t.decode_kv_heads(True, 1008, 8, 16) == 1  # two groups of 16 query heads overflow a 16-row tile
     assert t.decode_kv_heads(True, 1008, 1, 8) == 1  # one KV head: nothing to pair
+    assert t.decode_kv_heads(True, 1008, 8, 4, 256) == 1  # heads of 256 (Gemma) keep their own tiles
     assert KernelTuning().decode_kv_heads(True, 1008, 8, 4) == 1  # no paired tiles: never
 
 

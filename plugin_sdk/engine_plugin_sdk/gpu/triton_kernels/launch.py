@@ -82,23 +82,25 @@ class KernelTuning:
         """The prefill tiles for a head size."""
         return self.prefill_small_head if head_dim <= 128 else self.prefill_large_head
 
-    def decode_kv_heads(self, fp8_cache: bool, num_seqs: int, num_kv_heads: int, group: int) -> int:
+    def decode_kv_heads(self, fp8_cache: bool, num_seqs: int, num_kv_heads: int, group: int, head_dim: int = 128) -> int:
         """KV heads a decode program takes: two where the table has paired tiles, over an FP8 cache (or any with
-        ``decode_paired_any_cache``), the two heads' query rows fit the 16 the tensor cores take at least, and
-        half as many programs still fill the device twice without splitting a context; else one.
+        ``decode_paired_any_cache``), the two heads' query rows fit the 16 the tensor cores take at least, the
+        heads are at most 128 wide (the paired tiles are sized for them), and half as many programs still fill the
+        device twice without splitting a context; else one.
 
         Args:
             fp8_cache: the cache holds FP8 values.
             num_seqs: sequences in the batch (a graph's bucket).
             num_kv_heads: KV heads of the layer (this rank's).
             group: query heads per KV head.
+            head_dim: the head size.
 
         Returns:
             1 or 2.
         """
         if self.decode_paired_fp8 is None or not (fp8_cache or self.decode_paired_any_cache):
             return 1
-        if num_kv_heads % 2 or 2 * group > 16:
+        if num_kv_heads % 2 or 2 * group > 16 or head_dim > 128:
             return 1
         return 2 if num_seqs * (num_kv_heads // 2) >= 2 * self.num_compute_units else 1
 

@@ -223,7 +223,7 @@ def paged_decode(
         norm_eps = 0.0
     merge_last = num_splits > 1 and arrivals is not None and arrivals.numel() >= num_seqs * kv_heads
     fp8_cache = kv_cache.dtype in FP8_DTYPES
-    pair = tuning.decode_kv_heads(fp8_cache, num_seqs, kv_heads, group)
+    pair = tuning.decode_kv_heads(fp8_cache, num_seqs, kv_heads, group, head_dim)
     tiles = tuning.decode_tiles(fp8_cache, head_dim, pair)
     flags = _attention_flags(query, kv_cache, window, soft_cap)
     programs = kv_heads // pair * num_seqs * num_splits
