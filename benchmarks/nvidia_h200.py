@@ -155,10 +155,15 @@ def use_decode_kernel_from(path: str) -> None:
 
             def call(*args: Any, KV_HEADS: int = 1, PRESCALED: bool = False, **kwargs: Any) -> Any:  # noqa: N803
                 assert KV_HEADS == 1, "the earlier kernel takes one KV head a program"
+                # as its launcher passed it (the early read on every launch under PDL, session 44 narrowed it)
+                kwargs["EARLY_KV"] = early_kv
                 return launch(*args, **kwargs)
 
             return call
 
+    from engine_plugin_nvidia.tuning import tuning_for_device
+
+    early_kv = tuning_for_device(False).decode_early_kv
     override_tuning(decode_paired_fp8=None)
     launchers.dak = types.SimpleNamespace(paged_decode_kernel=Launch())  # type: ignore[attr-defined]
 
