@@ -178,7 +178,8 @@ def _no_wait():
 def test_decode_early_kv_path_matches_the_plain_one(device, monkeypatch, paired):
     """The path only CUDA graphs with PDL compile (the first tile read before the wait, then folded in ahead of the
     loop), run in the interpreter with the waits stubbed: the same outputs and cache as the plain path, bit for bit,
-    with the step's KV write, rotary and head norms, over two splits merged by the kernel."""
+    with the step's KV write, rotary and head norms (one KV head a program over two splits merged by the kernel,
+    two over one)."""
     import dataclasses
 
     from engine_plugin_sdk import HeadNorm
@@ -196,16 +197,19 @@ def test_decode_early_kv_path_matches_the_plain_one(device, monkeypatch, paired)
     extra = {"new_kv": (problem.key, problem.value, md.slot_mapping), "head_norm": HeadNorm(weights[0], weights[1], 1e-6),
              "rotary": ((md.seq_lens - 1).long(), make_cos_sin_cache(128, 64).to(device))}  # fmt: skip
     # enough multiprocessors that 4 sequences' programs count as a small grid (the early read's condition)
-    t = dataclasses.replace(tuning(), num_compute_units=132)
+    t, splits = dataclasses.replace(tuning(), num_compute_units=132), 2
     if paired:
-        # two KV heads a program need few enough multiprocessors that half the programs fill them twice
-        t = dataclasses.replace(t, decode_paired_fp8=(16, 4, 1), decode_paired_any_cache=True, num_compute_units=4)
+        # two KV heads a program need few enough multiprocessors that half the programs fill them twice; one split
+        # keeps that grid small
+        t, splits = dataclasses.replace(t, decode_paired_fp8=(16, 4, 1), decode_paired_any_cache=True, num_compute_units=4), 1
         assert t.decode_kv_heads(False, 4, 4, 4) == 2
+    programs = 4 // (1 + paired) * 4 * splits
+    assert programs <= launchers.EARLY_KV_WAVES * t.num_compute_units, "the early read must be in effect"
     results = []
     for active in (False, True):
         monkeypatch.setattr(pdl, "_active", active)
         out, kv = torch.full_like(problem.query, float("nan")), cache.clone()
-        launchers.paged_decode(out, problem.query, kv, md.block_tables, md.seq_lens, md.scale, 2, t, **extra)
+        launchers.paged_decode(out, problem.query, kv, md.block_tables, md.seq_lens, md.scale, splits, t, **extra)
         results.append((out, kv))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert not results[1][0].isnan().any()

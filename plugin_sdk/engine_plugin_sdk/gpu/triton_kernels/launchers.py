@@ -136,10 +136,11 @@ def paged_prefill(
 
 
 #: the decode kernel reads its first tile before its PDL wait (``KernelTuning.decode_early_kv``) only where its
-#: programs are at most this many per multiprocessor: the read ahead pays where one wave waits on the kernel before
-#: (batch-1 decode), while the tile held in registers through the wait costs a large batch's programs registers
-#: (Triton 3.9 for sm_90, 1,008 x 560 over an FP8 cache: 254 against 192)
-EARLY_KV_WAVES = 4
+#: programs are at most this many per multiprocessor: the read ahead pays where one wave of programs waits on the
+#: kernel before (batch-1 decode: 256 programs of Llama-3-8B's heads on 132 SMs), while the tile held in registers
+#: through the wait costs programs registers (Triton 3.6 for sm_90, bf16 cache, 64-key tiles: 214 against 144), so
+#: that two of them fit an SM instead of three; past two an SM the grid would take more waves for it
+EARLY_KV_WAVES = 2
 
 
 def paged_decode(
