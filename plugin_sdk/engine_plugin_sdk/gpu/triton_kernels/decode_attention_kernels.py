@@ -202,6 +202,9 @@ def paged_decode_kernel(
     earlier steps, and this step's own key and value arrive in ``new_k`` / ``new_v``), so the cache reads
     overlap that kernel's tail instead of following it. Without ``WRITE_KV`` an earlier kernel of the step
     may have written the cache, so everything waits.
+
+    ``PRESCALED`` (no soft cap): the query is multiplied by the scores' scale once, in its own dtype, instead of
+    every tile's scores (the launcher asks it over an FP8 cache and in float32).
     """
     early: tl.constexpr = USE_PDL and WRITE_KV and EARLY_KV
     if USE_PDL:
