@@ -6,7 +6,7 @@
 # Usage (repo root, on the device): benchmarks/nvidia_h200_decode_kernel_ab.sh OUT_DIR BEFORE [ROUNDS]
 OUT=$1; BEFORE=$2; ROUNDS=${3:-1}; MODEL=.nvcarry/llama3-8b-dummy
 source benchmarks/nvidia_h200_setup.sh
-timeout 170 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_kernels.py plugins/nvidia/tests/test_fused_decode.py plugins/nvidia/tests/test_pdl.py -k "decode or pdl" > "$OUT/kernel_tests.log" 2>&1
+timeout 170 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_decode_kernel.py plugins/nvidia/tests/test_fused_decode.py plugins/nvidia/tests/test_pdl.py > "$OUT/kernel_tests.log" 2>&1
 tail -1 "$OUT/kernel_tests.log"; grep -E "^E  |FAILED" "$OUT/kernel_tests.log" | head -5
 timeout 150 python3 benchmarks/nvidia_h200_decode_kv_heads.py --ladder --quick --before "$BEFORE" --json "$OUT/ladder.json" 2>&1 | grep -E "ladder|Error"
 for round in $(seq 1 "$ROUNDS"); do
