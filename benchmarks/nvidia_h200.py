@@ -18,6 +18,7 @@ import json
 import os
 import random
 import time
+import types
 from typing import Any
 
 import torch
@@ -135,12 +136,11 @@ def override_tuning(**changes: Any) -> None:
     )
 
 
-def use_decode_kernel_from(path: str) -> None:
+def use_decode_kernel_from(path: str) -> types.ModuleType:
     """Launch the decode attention kernel of ``path`` (a kernel module of an earlier commit, e.g. ``git show
     REV:plugin_sdk/engine_plugin_sdk/gpu/triton_kernels/attention_kernels.py``) in this process: the A/B of a
     kernel change. Programs of one KV head, the query scaled in the scores, as that kernel takes them."""
     import importlib.util
-    import types
 
     from engine_plugin_sdk.gpu.triton_kernels import launchers
 
@@ -166,6 +166,7 @@ def use_decode_kernel_from(path: str) -> None:
     early_kv = tuning_for_device(False).decode_early_kv
     override_tuning(decode_paired_fp8=None)
     launchers.dak = types.SimpleNamespace(paged_decode_kernel=Launch())  # type: ignore[attr-defined]
+    return before
 
 
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
@@ -232,8 +233,7 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.unpaired:
         override_tuning(decode_paired_fp8=None)
-    if args.decode_kernel_from:
-        use_decode_kernel_from(args.decode_kernel_from)
+    extra = (use_decode_kernel_from(args.decode_kernel_from),) if args.decode_kernel_from else ()
 
     llm = make_llm(
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -246,13 +246,13 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     torch.cuda.synchronize()
-    from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variants, new_variants
+    from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variant_keys, new_variant_keys
 
-    ready = compiled_variants()
+    ready = compiled_variant_keys(extra)
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    compiled_during_run = new_variants(ready, compiled_variants())
+    compiled_during_run = new_variant_keys(ready, compiled_variant_keys(extra))
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     # two runs that should give the same greedy tokens (a kernel variant against the default) compare this
     digest = hashlib.sha256(str([list(o.outputs[0].token_ids) for o in outputs]).encode()).hexdigest()[:16]
@@ -274,7 +274,8 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "dbo_attention_sms": os.environ.get("ENGINE_NVIDIA_DBO_ATTENTION_SMS", "0"),
         "kv_blocks": llm.llm_engine.block_manager.num_total_blocks,
         # Triton kernels compiled inside the timed run (each a stall of about a second); should be none
-        "kernels_compiled_during_run": compiled_during_run or "none",
+        "kernels_compiled_during_run": {name: len(keys) for name, keys in compiled_during_run.items()} or "none",
+        "kernel_variants_compiled_during_run": compiled_during_run,
     }
     del llm, outputs
     gc.collect()

@@ -58,6 +58,10 @@ def warm_up_batches(
     full, rest = divmod(tokens, max_model_len)
     prompts = [max_model_len] * min(full, max_num_seqs) + ([rest] if rest and full < max_num_seqs else [])
     batches = [WarmUpBatch("prefill", prompts, list(prompts))]
+    if len(prompts) > 1:
+        # and one prompt alone: the LM head over a single row (a lone long prompt's eager step) may be another
+        # launch shape than over several
+        batches.append(WarmUpBatch("prefill-one", prompts[:1], prompts[:1]))
     if whole_prompts:
         return batches
     # decodes first, then one prompt chunk: the scheduler's order for a step that mixes the two
@@ -66,10 +70,14 @@ def warm_up_batches(
     if decodes >= 1 and chunk >= 2:
         context = min(max_model_len, 4 * block_size)
         batches.append(WarmUpBatch("mixed", [1] * decodes + [chunk], [context] * decodes + [chunk]))
-        if decodes > 1:
-            # and one decode beside the chunk: a backend may launch a few rows' attention differently from many
-            # (the GPUs' decode kernel takes two KV heads a program only for large batches)
-            batches.append(WarmUpBatch("mixed-one", [1, chunk], [context, chunk]))
+        # and fewer decodes beside the chunk, doubling from one: a backend may launch a few rows' attention
+        # differently from many (the GPUs' decode kernel takes the leading decode rows only where they fill
+        # the device, two KV heads a program only where they fill it twice over), and each threshold lies
+        # within a factor of two of some count here
+        n = 1
+        while n < decodes:
+            batches.append(WarmUpBatch(f"mixed-{n}", [1] * n + [chunk], [context] * n + [chunk]))
+            n *= 2
     if eager_decode:
         context = min(block_size, max_model_len)
         while True:
