@@ -236,44 +236,6 @@ def make_moe_llm(folder: str, **kwargs: Any) -> Any:
     return LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", **kwargs)
 
 
-def use_fused_route(state: dict[str, bool]) -> None:
-    """While ``state["on"]``, a MoE layer of a few tokens (plain softmax routing, no shared expert, one rank)
-    runs its residual add, norm, router and top-k as one kernel (``moe_launchers.add_norm_route``) instead of
-    three: the A/B of that fusion before it has a place in the plugin contract."""
-    from engine.models.layers.blocks import DecoderLayer
-    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import add_norm_route
-
-    finish = DecoderLayer.finish
-    kept: dict[str, torch.Tensor] = {}
-
-    def fused_finish(self: Any, model: Any, x: Any, attn_out: torch.Tensor, residual: torch.Tensor) -> Any:
-        moe = self.moe
-        plain = moe is not None and moe.shared_gate_up is None and moe.correction_bias is None and (
-            moe.spec is None or (moe.spec.scoring == "softmax" and moe.spec.num_groups == 1
-                                 and moe.spec.routed_scaling_factor == 1.0 and moe.spec.activation == "silu"))
-        if (not state["on"] or not plain or attn_out.shape[0] > 8 or model.tp is not None or self.post_attn is not None
-                or self.post_mlp is not None or not isinstance(moe.router, torch.Tensor) or moe.router_bias is not None):
-            return finish(self, model, x, attn_out, residual)
-        if "arrivals" not in kept:
-            kept["arrivals"] = torch.zeros(64, dtype=torch.int32, device=attn_out.device)
-        x, residual, weights, ids = add_norm_route(
-            attn_out, residual, self.pre_mlp, model.config.rms_norm_eps, moe.router, moe.top_k, moe.renormalize,
-            kept["arrivals"], state["per_program"], state["num_warps"],
-        )
-        return model.gemm.fused_moe(x, moe.experts, weights, ids), residual
-
-    DecoderLayer.finish = fused_finish  # type: ignore[method-assign]
-
-
-def greedy_tokens(llm: Any, n: int = 48) -> list[int]:
-    """The greedy continuation of a fixed prompt (two runs that should agree compare these)."""
-    from engine.sampling.params import SamplingParams
-
-    prompt = [1000 + 37 * i % 30000 for i in range(64)]
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
-    return list(out[0].outputs[0].token_ids)
-
-
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
@@ -300,22 +262,14 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import batched_decode_rate, release
 
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
-    route: dict[str, Any] = {"on": False}
-    if args.route:
-        use_fused_route(route)
-    # each fused run once per (router rows a program, warps) of --route-tiles
-    runs = [(v, r, t) for v in args.experts for r in (args.route or ["unfused"])
-            for t in (args.route_tiles if r == "fused" else [(0, 0)])]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
-        for variant, routing, (per_program, warps) in runs:
-            route.update(on=routing == "fused", per_program=per_program, num_warps=warps)
+        for variant in args.experts:
             t0 = time.perf_counter()
             with experts_as(variant):
                 llm = make_moe_llm(folder, max_num_seqs=8, kv_cache_memory_bytes=8 << 30, max_model_len=4096)
             load_s = time.perf_counter() - t0
             all_bytes, read = step_bytes(llm)
-            tokens = greedy_tokens(llm) if args.route else None
             rate = decode_rate(llm)
             batched = {n: batched_decode_rate(llm, n) for n in args.decode_batch}
             if args.profile:
@@ -324,16 +278,12 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             del llm
             release()
             roofline = bandwidth / read
-            name = variant if not args.route else f"{variant}_{routing}_route" + (
-                f"_{per_program}x{warps}" if routing == "fused" else "")
-            results[name] = {
+            results[variant] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
-                "batched_tok_s": batched, "greedy_tokens": tokens,
+                "batched_tok_s": batched,
             }  # fmt: skip
-            if tokens is not None:
-                print(f"{name}: greedy {tokens[:12]}...", flush=True)
-            print(f"qwen3-30b-a3b experts {name}: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, "
+            print(f"qwen3-30b-a3b experts {variant}: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, "
                   f"roofline {roofline:.0f} tok/s, decode {rate:.1f} tok/s = {rate / roofline:.3f} of it"
                   + "".join(f", {n} sequences {r:.1f} tok/s" for n, r in batched.items())
                   + f" (load {load_s:.0f} s)", flush=True)  # fmt: skip
@@ -438,10 +388,6 @@ def main() -> None:
             p.add_argument("--down-at-once", action="store_true",
                            help="the down GEMV gathers a token's experts together (MoeTiles.down_experts_at_once)")
             p.add_argument("--down-gemv", type=ints, default=None, help="the down GEMV's block_n,block_k,warps")
-            p.add_argument("--route", nargs="*", choices=["unfused", "fused"], default=[],
-                           help="decode with the norm, router and top-k as three kernels and / or one, in turn")
-            p.add_argument("--route-tiles", type=ints, nargs="+", default=[(4, 4)],
-                           help="the fused routing's router rows a program and warps, each a run")
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",

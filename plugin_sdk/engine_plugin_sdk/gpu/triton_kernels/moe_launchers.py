@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from engine_plugin_sdk.gpu.triton_kernels import moe_kernels as mk
-from engine_plugin_sdk.gpu.triton_kernels import moe_route_kernels as mrk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
@@ -121,52 +120,6 @@ def moe_topk(
         num_warps=max(1, min(8, next_power_of_2(experts) // 128)), **pdl.launch_options(),
     )  # fmt: skip
     return weights, ids
-
-
-def add_norm_route(
-    hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, router: torch.Tensor,
-    top_k: int, renormalize: bool, arrivals: torch.Tensor, per_program: int = 4, num_warps: int = 4,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A few tokens' residual add, RMS norm and softmax top-k routing in one launch
-    (:mod:`.moe_route_kernels`): ``s = hidden + residual``, ``x = rms_norm(s)``, the router's logits of ``x``
-    (rounded to the model dtype) and the ``top_k`` best experts by softmax score.
-
-    Args:
-        hidden: ``[tokens, H]`` the sublayer's output.
-        residual: ``[tokens, H]`` the residual stream.
-        norm_weight: ``[H]`` the norm's weight.
-        eps: the norm's epsilon.
-        router: ``[E, H]`` the router's rows, in the model dtype.
-        top_k: experts per token.
-        renormalize: scale each token's chosen weights to sum to 1.
-        arrivals: int32 zeros, at least ``tokens`` (left zero after the launch).
-        per_program: router rows a program takes (a power of two).
-        num_warps: warps a program.
-
-    Returns:
-        ``x``, ``s`` (both ``[tokens, H]``), float32 weights and int64 ids (``[tokens, top_k]``, best first).
-    """
-    tokens, width = hidden.shape
-    experts = router.shape[0]
-    if not 1 <= top_k <= experts or arrivals.numel() < tokens or router.shape[1] != width:
-        raise ValueError(f"routing {tokens} tokens of width {width} over router {tuple(router.shape)}, top {top_k}")
-    x = torch.empty_like(hidden)
-    summed = torch.empty_like(residual)
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=hidden.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=hidden.device)
-    e_p2 = next_power_of_2(experts)
-    logits = torch.empty((tokens, e_p2), dtype=torch.float32, device=hidden.device)
-    if tokens == 0:
-        return x, summed, weights, ids
-    block = next_power_of_2(width)
-    programs = triton_cdiv(experts, per_program)
-    mrk.add_norm_route_kernel[(tokens, programs)](
-        x, summed, hidden, residual, norm_weight, router, logits, arrivals, weights, ids, float(eps),
-        hidden.stride(0), residual.stride(0), x.stride(0), summed.stride(0), router.stride(0),
-        HIDDEN=width, BLOCK=block, EXPERTS=experts, E_P2=e_p2, PER_PROGRAM=per_program, PROGRAMS=programs,
-        TOP_K=top_k, K_P2=next_power_of_2(top_k), RENORM=renormalize, num_warps=num_warps, **pdl.launch_options(),
-    )  # fmt: skip
-    return x, summed, weights, ids
 
 
 def fused_moe(
