@@ -246,13 +246,12 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     torch.cuda.synchronize()
-    from engine_plugin_sdk.gpu.triton_kernels.variants import compiled_variant_keys, new_variant_keys
+    from engine_plugin_sdk.gpu.triton_kernels.variants import watch_compiles
 
-    ready = compiled_variant_keys(extra)
-    t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    compiled_during_run = new_variant_keys(ready, compiled_variant_keys(extra))
+    with watch_compiles(extra) as compiled_during_run:
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     # two runs that should give the same greedy tokens (a kernel variant against the default) compare this
     digest = hashlib.sha256(str([list(o.outputs[0].token_ids) for o in outputs]).encode()).hexdigest()[:16]

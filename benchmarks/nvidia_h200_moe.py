@@ -326,13 +326,19 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
         llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
+        from engine_plugin_sdk.gpu.triton_kernels.variants import watch_compiles
+
+        with watch_compiles() as compiled:
+            t0 = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - t0
         produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+        # Triton kernels compiled inside the timed run (each a stall of a second or more); should be none
         result.update({"num_prompts": args.num_prompts, "engine_seconds": seconds,
-                       "engine_output_tok_s": produced / seconds, "max_num_seqs": args.max_num_seqs})  # fmt: skip
-        print(f"engine: {args.num_prompts} x (512 in / 256 out) in {seconds:.1f} s = {produced / seconds:.0f} out tok/s",
+                       "engine_output_tok_s": produced / seconds, "max_num_seqs": args.max_num_seqs,
+                       "kernel_variants_compiled_during_run": compiled})  # fmt: skip
+        print(f"engine: {args.num_prompts} x (512 in / 256 out) in {seconds:.1f} s = {produced / seconds:.0f} out tok/s"
+              f"; kernels compiled during the run: {({k: len(v) for k, v in compiled.items()}) or 'none'}",
               flush=True)  # fmt: skip
         del llm, outputs
         gc.collect()

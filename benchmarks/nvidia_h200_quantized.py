@@ -243,6 +243,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import batched_decode_rate, copy_bandwidth, decode_rate, release
 
     from engine import LLM, SamplingParams
+    from engine_plugin_sdk.gpu.triton_kernels.variants import watch_compiles
 
     bandwidth = copy_bandwidth()
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
@@ -286,14 +287,18 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                           max_num_batched_tokens=16384, memory_fraction=0.9, max_model_len=1024)  # fmt: skip
             llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            seconds = time.perf_counter() - t0
+            with watch_compiles() as compiled:
+                t0 = time.perf_counter()
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                seconds = time.perf_counter() - t0
             produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+            # Triton kernels compiled inside the timed run (each a stall of a second or more); should be none
             results[f"throughput_{variant}"] = {"seconds": seconds, "output_tok_s": produced / seconds,
-                                                "num_prompts": args.num_prompts}  # fmt: skip
+                                                "num_prompts": args.num_prompts,
+                                                "kernel_variants_compiled_during_run": compiled}  # fmt: skip
             print(f"throughput {variant:8s} {args.num_prompts} x (512 in / 256 out): {seconds:6.1f} s, "
-                  f"{produced / seconds:8.0f} output tok/s", flush=True)  # fmt: skip
+                  f"{produced / seconds:8.0f} output tok/s; compiled during the run: "
+                  f"{({k: len(v) for k, v in compiled.items()}) or 'none'}", flush=True)  # fmt: skip
             del llm, outputs
             release()
     return results

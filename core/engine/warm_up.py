@@ -40,7 +40,7 @@ def warm_up_batches(
     """The steps the warm-up runs, sized by the scheduler's limits.
 
     Args:
-        max_num_batched_tokens: the step token budget; the prefill step fills it.
+        max_num_batched_tokens: the step token budget; the prefill step fills it, shorter ones double up to it.
         max_num_seqs: most sequences in a step.
         max_model_len: longest context.
         block_size: tokens per KV block.
@@ -54,14 +54,16 @@ def warm_up_batches(
         The batches, in the order they run.
     """
     tokens = max(1, min(max_num_batched_tokens, max_num_seqs * max_model_len))
-    # whole prompts of at most max_model_len tokens, as many as the budget fills
-    full, rest = divmod(tokens, max_model_len)
-    prompts = [max_model_len] * min(full, max_num_seqs) + ([rest] if rest and full < max_num_seqs else [])
+    prompts = _whole_prompts(tokens, max_num_seqs, max_model_len)
     batches = [WarmUpBatch("prefill", prompts, list(prompts))]
-    if len(prompts) > 1:
-        # and one prompt alone: the LM head over a single row (a lone long prompt's eager step) may be another
-        # launch shape than over several
-        batches.append(WarmUpBatch("prefill-one", prompts[:1], prompts[:1]))
+    # and prompt steps of 2, 4, 8... tokens: a backend may pick a product's tiles by the step's rows (a mixture
+    # of experts' grouped GEMM by its token-expert pairs), and each threshold lies within a factor of two of
+    # some count here; the shorter ones are one prompt, so the LM head runs over a single row too
+    n = 2
+    while n < tokens:
+        short = _whole_prompts(n, max_num_seqs, max_model_len)
+        batches.append(WarmUpBatch(f"prefill-{n}", short, list(short)))
+        n *= 2
     if whole_prompts:
         return batches
     # decodes first, then one prompt chunk: the scheduler's order for a step that mixes the two
@@ -90,6 +92,13 @@ def warm_up_batches(
             short = min(block_size, max_model_len)
             batches.append(WarmUpBatch(f"decode-{max_num_seqs}", [1] * max_num_seqs, [short] * max_num_seqs))
     return batches
+
+
+def _whole_prompts(tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
+    """Prompt lengths of at most ``max_model_len`` tokens, at most ``max_num_seqs`` of them, that fill
+    ``tokens`` (less where those limits stop it)."""
+    full, rest = divmod(tokens, max_model_len)
+    return [max_model_len] * min(full, max_num_seqs) + ([rest] if rest and full < max_num_seqs else [])
 
 
 def _metadata(batch: WarmUpBatch, block_size: int, scale: float, sliding_window: int | None, device: torch.device) -> AttentionMetadata:

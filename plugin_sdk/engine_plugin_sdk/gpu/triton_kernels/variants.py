@@ -3,19 +3,20 @@ none after start-up, see ``engine.warm_up`` and ``attention_kernels.BATCH_VARYIN
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import pkgutil
+from collections.abc import Iterator
 from types import ModuleType
 
 import triton
 
-from engine_plugin_sdk.gpu.triton_kernels import (
-    attention_kernels,
-    decode_attention_kernels,
-    decode_merge_kernels,
-    elementwise_kernels,
-    gemv_kernels,
-)
+import engine_plugin_sdk.gpu.triton_kernels as package
 
-_MODULES = (attention_kernels, decode_attention_kernels, decode_merge_kernels, elementwise_kernels, gemv_kernels)
+
+def kernel_modules() -> list[ModuleType]:
+    """Every module of this package (the kernels of each family: attention, GEMVs, grouped integers, MoE...)."""
+    return [importlib.import_module(f"{package.__name__}.{info.name}") for info in pkgutil.iter_modules(package.__path__)]
 
 
 def compiled_variant_keys(extra: tuple[ModuleType, ...] = ()) -> dict[str, set[str]]:
@@ -23,7 +24,7 @@ def compiled_variant_keys(extra: tuple[ModuleType, ...] = ()) -> dict[str, set[s
     variant of this package's kernels and of ``extra`` modules' (an A/B's earlier kernel), by kernel name;
     empty in the interpreter, which compiles nothing."""
     keys: dict[str, set[str]] = {}
-    for module in _MODULES + extra:
+    for module in [*kernel_modules(), *extra]:
         for name, fn in vars(module).items():
             if isinstance(fn, triton.runtime.JITFunction):
                 found = keys.setdefault(name, set())
@@ -45,3 +46,15 @@ def new_variants(before: dict[str, int], after: dict[str, int]) -> dict[str, int
 def new_variant_keys(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, list[str]]:
     """The keys of variants in ``after`` that ``before`` lacks, by kernel name: what compiled in between."""
     return {name: sorted(keys - before.get(name, set())) for name, keys in after.items() if keys - before.get(name, set())}
+
+
+@contextlib.contextmanager
+def watch_compiles(extra: tuple[ModuleType, ...] = ()) -> Iterator[dict[str, list[str]]]:
+    """Within the block, note the kernel variants compiled (a benchmark's timed run should compile none): the
+    yielded dict is filled on exit, as :func:`new_variant_keys` gives them."""
+    found: dict[str, list[str]] = {}
+    before = compiled_variant_keys(extra)
+    try:
+        yield found
+    finally:
+        found.update(new_variant_keys(before, compiled_variant_keys(extra)))
