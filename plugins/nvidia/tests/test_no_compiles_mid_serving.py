@@ -68,3 +68,38 @@ def test_serving_compiles_nothing_after_start_up(tmp_path: Path, kv_cache_dtype:
     assert [len(o.outputs[0].token_ids) for o in outputs] == [p.max_tokens for p in params]
     new = new_variant_keys(ready, compiled_variant_keys())
     assert not new, f"kernels compiled after start-up: {new}"
+
+
+@requires_gpu
+def test_moe_serving_compiles_nothing_after_start_up(tmp_path: Path) -> None:
+    # a mixture of experts picks its kernels by the step's token-expert pairs (a GEMV for few, a grouped GEMM
+    # with tiles by their count for more): prompt steps from a few tokens to past 1,024 pairs
+    from dense_model_utils import save_tiny
+
+    build_tiny_llama(tmp_path / "llama", head_dim=64)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tmp_path / "llama" / name).exists():
+            (tokenizer / name).write_bytes((tmp_path / "llama" / name).read_bytes())
+    path = save_tiny(
+        "Qwen3MoeForCausalLM", str(tmp_path / "moe"), str(tokenizer), vocab_size=VOCAB, num_experts=16,
+        num_experts_per_tok=4, moe_intermediate_size=128, norm_topk_prob=True, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, hidden_size=256,
+    )  # fmt: skip
+    llm = LLM(
+        model=path, device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20, max_num_seqs=64,
+        max_num_batched_tokens=2048, max_model_len=256,
+    )  # fmt: skip
+    ready = compiled_variant_keys()
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 200))] for _ in range(120)]
+    params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in prompts]
+    # alone, then all at once: steps of one short prompt and of many tokens beside decodes
+    for one in prompts[:3]:
+        llm.generate([one], params[0], use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [p.max_tokens for p in params]
+    new = new_variant_keys(ready, compiled_variant_keys())
+    assert not new, f"kernels compiled after start-up: {new}"
+
