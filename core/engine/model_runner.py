@@ -361,6 +361,13 @@ class ModelRunner:
         row_of = {seq.seq_id: i for i, seq in enumerate(targets)}
         return LaunchedStep(targets, token_ids=token_ids, row_of=row_of, _host=host, _ready=ready)
 
+    def mask_every_row(self, logits: torch.Tensor) -> None:
+        """The structured-output mask over a copy of ``logits``, every token allowed: the start-up warm-up runs
+        it, so that a platform's masking kernel compiles before the first constrained request rather than in
+        its step."""
+        rows, width = logits.shape
+        self._apply_mask(logits.clone(), (torch.full((rows, -(-width // 32)), -1, dtype=torch.int32), list(range(rows))))
+
     def _masked(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
         """A copy of ``logits`` with each constrained row's disallowed tokens at ``-inf``."""
         masked = logits.clone()

@@ -132,6 +132,7 @@ def run_warm_up(
     kv_layout: KVGroupLayout | None = None,
     greedy: Callable[[torch.Tensor], object] | None = None,
     log: bool = True,
+    mask: Callable[[torch.Tensor], object] | None = None,
 ) -> float:
     """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
 
@@ -145,6 +146,8 @@ def run_warm_up(
         kv_layout: the model's KV groups, if it keeps a block table per group.
         greedy: the sampler's greedy pick on the device, run on each step's logits (a platform's fused
             pick compiles here rather than at the first greedy request).
+        mask: structured output's token mask, run on each step's logits (the platform's masking kernel
+            compiles here rather than at the first constrained request).
         log: log what ran and how long it took.
     """
     start = time.perf_counter()
@@ -168,6 +171,8 @@ def run_warm_up(
             logits = model.compute_logits(rows)
             if greedy is not None:
                 greedy(logits)
+            if mask is not None:
+                mask(logits)
             logits.cpu()
         else:
             rows.cpu()

@@ -3,7 +3,8 @@
 On a GPU a variant Triton has not compiled yet stalls the step that first needs it (``test_no_compiles_mid_serving``
 checks that there). The interpreter compiles nothing, so here each launch's specialization (the kernel, its
 constexpr values, its arguments' dtypes, the integers Triton specializes on being 1 or a multiple of 16, its
-launch options) is recorded instead: the set a serving run launches must lie within the warm-up's. The
+launch options) is recorded instead: the set a serving run launches (a constrained request's token mask too) must
+lie within the warm-up's. The
 interpreter's tuning decides the launches, with the GPUs' two-KV-heads decode programs on (over any cache): with
 four compute units and two KV heads, a mixed step's leading decode rows take the decode kernel from 4 rows on, two
 heads a program from 8, as a GPU's do from 33 and 66 rows over an FP8 cache.
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk.gpu.triton_kernels.launch import INTERPRETER_TUNING
 from engine_plugin_sdk.testing import VOCAB, build_tiny_llama
@@ -93,6 +94,10 @@ def test_serving_launches_only_what_the_warm_up_launched(
     params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 8), ignore_eos=True) for _ in prompts]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [p.max_tokens for p in params]
+    # and a constrained request: structured output's token mask
+    choice = SamplingParams(max_tokens=4, temperature=0.0, structured_outputs=StructuredOutputsParams(choice=["w5", "w7"]))
+    assert llm.generate([prompts[0]], choice, use_tqdm=False)[0].outputs[0].text.strip() in ("w5", "w7")
+    assert any(name == "apply_token_bitmask_kernel" for name, _, _ in launches)
     served = {dict(key)["KV_HEADS"] for name, key, _ in launches if name == "paged_decode_kernel"}
     assert served == {1, 2}, served  # both kinds of decode program ran while serving too
     missed = sorted(launches - warmed)

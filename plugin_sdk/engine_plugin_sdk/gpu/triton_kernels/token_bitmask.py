@@ -17,7 +17,9 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
 BLOCK = 4096
 
 
-@triton.jit
+# the widths and strides follow the model's vocabulary and the structured-output manager's bitmask, which need
+# not share their divisibility with the start-up warm-up's (engine.warm_up): one variant serves them all
+@triton.jit(do_not_specialize=["stride_logits", "stride_bitmask", "width", "num_words"])
 def apply_token_bitmask_kernel(
     logits_ptr,
     bitmask_ptr,
