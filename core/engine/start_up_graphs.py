@@ -84,6 +84,7 @@ def capture_and_warm_up(
                     model, kv_caches, batches, block_size, runner.device, model_config.sliding_window, runner.kv_layout,
                     greedy=runner.sampler.greedy_on_device if generates else None,
                     mask=runner.mask_every_row if generates else None,
+                    lora_slots=runner.lora.config.max_loras if runner.lora is not None else 0,
                 )
         except torch.OutOfMemoryError as exc:
             # found at start-up rather than by the first long prompt mid-serving

@@ -11,6 +11,7 @@ every block table points at block 0, whose contents the discarded outputs may re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.interfaces.attention import AttentionMetadata
+from engine.interfaces.lora import LoraStep
 from engine.kv_groups import GroupedAttentionMetadata, KVGroupLayout, grouped_metadata
 
 logger = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ def run_warm_up(
     greedy: Callable[[torch.Tensor], object] | None = None,
     log: bool = True,
     mask: Callable[[torch.Tensor], object] | None = None,
+    lora_slots: int = 0,
 ) -> float:
     """Run each batch through ``model.forward`` and the logits of its last rows; returns the seconds taken.
 
@@ -149,34 +152,63 @@ def run_warm_up(
         mask: structured output's token mask, run on each step's logits (the platform's masking kernel
             compiles here rather than at the first constrained request).
         log: log what ran and how long it took.
+        lora_slots: the engine's adapter slots (``max_loras``; 0 without LoRA): then every row of every
+            step reads slot 0, so that the adapter kernels launch here too (an empty slot's weights are
+            zeros, and the outputs are discarded anyway).
     """
     start = time.perf_counter()
-    for batch in batches:
-        metadata: AttentionMetadata | GroupedAttentionMetadata = _metadata(batch, block_size, model.scale, sliding_window, device)
-        if kv_layout is not None:
-            n = len(kv_layout.groups)
-            metadata = grouped_metadata(metadata, kv_layout, [metadata.block_tables] * n, [metadata.slot_mapping] * n)
-        positions = torch.cat([
-            torch.arange(s - n, s, dtype=torch.int64) for n, s in zip(batch.query_lens, batch.seq_lens, strict=True)
-        ]).to(device)
-        # token ids cycle through a small range that the vocabulary has (a test's tokenizer may have few)
-        input_ids = positions % min(97, getattr(getattr(model, "config", None), "vocab_size", 97) or 97)
-        hidden = model.forward(input_ids, positions, kv_caches, metadata)
-        first = metadata.primary if isinstance(metadata, GroupedAttentionMetadata) else metadata
-        last = first.query_start_loc[1:].to(torch.int64) - 1
-        rows = hidden.index_select(0, last)
-        # reading the logits back waits for the step on any device: the time below is the real one; a
-        # pooling model (an encoder, a headless decoder) has no LM head, so its hidden rows are read instead
-        if getattr(model, "generates", True):
-            logits = model.compute_logits(rows)
-            if greedy is not None:
-                greedy(logits)
-            if mask is not None:
-                mask(logits)
-            logits.cpu()
-        else:
-            rows.cpu()
+    # with adapters, the lm_head's and the embeddings' kernels run only for slots that update them
+    live = model.lora_slots.every_part_in(0) if lora_slots else contextlib.nullcontext()
+    try:
+        with live:
+            for batch in batches:
+                _run_batch(model, kv_caches, batch, block_size, device, sliding_window, kv_layout, greedy, mask, lora_slots)
+    finally:
+        if lora_slots:
+            model.use_lora_step(None)
+            model.use_lora_logits(None)
     seconds = time.perf_counter() - start
     if log:
         logger.info("warm-up: %d dummy steps (%s) in %.1f s", len(batches), ", ".join(b.name for b in batches), seconds)
     return seconds
+
+
+def _run_batch(
+    model: object, kv_caches: list, batch: WarmUpBatch, block_size: int, device: torch.device,
+    sliding_window: int | None, kv_layout: KVGroupLayout | None, greedy: Callable[[torch.Tensor], object] | None,
+    mask: Callable[[torch.Tensor], object] | None, lora_slots: int,
+) -> None:  # fmt: skip
+    """One dummy step of :func:`run_warm_up`."""
+    metadata: AttentionMetadata | GroupedAttentionMetadata = _metadata(batch, block_size, model.scale, sliding_window, device)
+    if kv_layout is not None:
+        n = len(kv_layout.groups)
+        metadata = grouped_metadata(metadata, kv_layout, [metadata.block_tables] * n, [metadata.slot_mapping] * n)
+    positions = torch.cat([
+        torch.arange(s - n, s, dtype=torch.int64) for n, s in zip(batch.query_lens, batch.seq_lens, strict=True)
+    ]).to(device)
+    # token ids cycle through a small range that the vocabulary has (a test's tokenizer may have few)
+    input_ids = positions % min(97, getattr(getattr(model, "config", None), "vocab_size", 97) or 97)
+    if lora_slots:
+        model.use_lora_step(_slot_zero(input_ids.shape[0], lora_slots, device))
+    hidden = model.forward(input_ids, positions, kv_caches, metadata)
+    first = metadata.primary if isinstance(metadata, GroupedAttentionMetadata) else metadata
+    last = first.query_start_loc[1:].to(torch.int64) - 1
+    rows = hidden.index_select(0, last)
+    # reading the logits back waits for the step on any device: the time below is the real one; a
+    # pooling model (an encoder, a headless decoder) has no LM head, so its hidden rows are read instead
+    if getattr(model, "generates", True):
+        if lora_slots:
+            model.use_lora_logits(_slot_zero(rows.shape[0], lora_slots, device))
+        logits = model.compute_logits(rows)
+        if greedy is not None:
+            greedy(logits)
+        if mask is not None:
+            mask(logits)
+        logits.cpu()
+    else:
+        rows.cpu()
+
+
+def _slot_zero(rows: int, num_slots: int, device: torch.device) -> LoraStep:
+    """Every one of ``rows`` rows through adapter slot 0."""
+    return LoraStep(torch.zeros(rows, dtype=torch.int32, device=device), (0,) * rows, num_slots)

@@ -142,3 +142,25 @@ def test_pooling_models_warm_up_without_an_lm_head(tmp_path, warm_cpu) -> None:
     cold = LLM(**options, max_model_len=64)
     expected = torch.stack([torch.tensor(o.outputs.embedding) for o in cold.embed(texts, use_tqdm=False)])
     torch.testing.assert_close(got, expected)
+
+
+def test_warm_up_through_adapter_slots_leaves_no_trace(tiny_llama_dir, tiny_llama_loras, warm_cpu, monkeypatch) -> None:
+    from engine.lora import LoRARequest
+
+    # every warm-up row reads slot 0 (the lm_head's and embeddings' parts too): afterwards the adapters'
+    # requests and the plain ones must be what an engine without the warm-up gives
+    options = {"model": tiny_llama_dir, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 8 << 20,
+               "enable_lora": True, "max_loras": 2, "max_lora_rank": 16, "max_model_len": 64,
+               "max_num_batched_tokens": 96, "max_num_seqs": 4, "enforce_eager": True}  # fmt: skip
+    prompts = [[1, 5, 9, 33, 7], [1, 60, 61, 62], [1, 100, 3]]
+    loras = [LoRARequest("head", 1, tiny_llama_loras["embed-head"]), None, LoRARequest("all", 2, tiny_llama_loras["all-r16-rslora"])]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    warm = LLM(**options)
+    assert warm_cpu and warm.llm_engine.model.lora_slots.head_slots == set()
+    got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    assert_all_blocks_free(warm)
+    del warm
+    monkeypatch.undo()
+    cold = LLM(**options)
+    want = [list(o.outputs[0].token_ids) for o in cold.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    assert got == want

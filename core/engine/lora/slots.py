@@ -3,6 +3,8 @@ adapter, filled and emptied as adapters come and go (the tensors stay put, so re
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +115,18 @@ class LoraSlots:
         self.embed.rows[slot].zero_()
         self.head_slots.discard(slot)
         self.embed_slots.discard(slot)
+
+    @contextlib.contextmanager
+    def every_part_in(self, slot: int) -> Iterator[None]:
+        """Within the block, ``slot`` counts as updating the lm_head and the embeddings too, whatever it holds:
+        the start-up warm-up runs every adapter kernel through it (an empty slot adds zeros)."""
+        kept = set(self.head_slots), set(self.embed_slots)
+        self.head_slots.add(slot)
+        self.embed_slots.add(slot)
+        try:
+            yield
+        finally:
+            self.head_slots, self.embed_slots = kept
 
     def _weights(self, index: int, projection: str) -> LoraWeights:
         if projection == "lm_head":

@@ -68,16 +68,21 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[tuple]]:
     yield seen
 
 
-@pytest.mark.slow
-def test_serving_launches_only_what_the_warm_up_launched(
-    tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def claim_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This plugin in the interpreter, claiming the warm-up as on a GPU (the interpreter claims none: it
+    compiles nothing), with the GPUs' two-KV-heads decode programs on."""
     monkeypatch.setenv(INTERPRET_ENV, "1")
-    # the interpreter claims no warm-up (it compiles nothing): claim it, as the GPU does
     claims = CudaPlatform.capabilities
     monkeypatch.setattr(CudaPlatform, "capabilities", lambda self: dataclasses.replace(claims(self), warm_up=True))
     paired = dataclasses.replace(INTERPRETER_TUNING, decode_paired_fp8=(16, 4, 1), decode_paired_any_cache=True)
     monkeypatch.setattr(CudaPlatform, "kernel_tuning_for_device", lambda self, interpret: paired)
+
+
+@pytest.mark.slow
+def test_serving_launches_only_what_the_warm_up_launched(
+    tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim_warm_up(monkeypatch)
     build_tiny_llama(tmp_path, head_dim=64)
     llm = LLM(
         model=str(tmp_path), device="cuda", dtype="float32", kv_cache_memory_bytes=4 << 20, max_num_seqs=12,
@@ -102,3 +107,34 @@ def test_serving_launches_only_what_the_warm_up_launched(
     assert served == {1, 2}, served  # both kinds of decode program ran while serving too
     missed = sorted(launches - warmed)
     assert not missed, f"launched while serving but not in the warm-up: {missed}"
+
+
+@pytest.mark.slow
+def test_adapter_requests_launch_only_what_the_warm_up_launched(
+    tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lora_adapters import save_adapter
+
+    from engine.lora import LoRARequest
+
+    claim_warm_up(monkeypatch)
+    build_tiny_llama(tmp_path / "base", head_dim=64)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+    adapter = save_adapter(str(tmp_path / "base"), str(tmp_path / "adapter"), 1, r=8, lora_alpha=16, target_modules=targets)
+    llm = LLM(
+        model=str(tmp_path / "base"), device="cuda", dtype="float32", kv_cache_memory_bytes=4 << 20, max_num_seqs=8,
+        max_num_batched_tokens=64, max_model_len=64, enable_lora=True, max_loras=2, max_lora_rank=8,
+    )  # fmt: skip
+    warmed = set(launches)
+    launches.clear()
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    # every other request through the adapter: steps mixing adapter rows with plain ones
+    requests = [LoRARequest("a", 1, adapter) if i % 2 else None for i in range(len(prompts))]
+    outputs = llm.generate(prompts, params, lora_request=requests, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outputs)
+    assert {"lora_shrink_kernel", "lora_expand_kernel"} <= {name for name, _, _ in launches}
+    missed = sorted(launches - warmed)
+    assert not missed, f"launched while serving but not in the warm-up: {missed}"
+
