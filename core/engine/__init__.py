@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.llm import LLM
+    from engine.lora.request import LoRARequest
     from engine.outputs import CompletionOutput, RequestOutput
     from engine.plugins import DeviceNotAvailableError, PluginManager, select_platform
     from engine.pooling.params import PoolingParams
@@ -21,6 +22,7 @@ __all__ = [
     "CompletionOutput",
     "DeviceNotAvailableError",
     "EngineConfig",
+    "LoRARequest",
     "PluginManager",
     "PoolingParams",
     "RequestOutput",
@@ -46,6 +48,10 @@ def __getattr__(name: str) -> Any:
         from engine.pooling.params import PoolingParams
 
         return PoolingParams
+    if name == "LoRARequest":
+        from engine.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "StructuredOutputsParams":
         from engine.structured_output.params import StructuredOutputsParams
 

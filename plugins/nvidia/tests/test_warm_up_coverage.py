@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine import LLM, LoRARequest, SamplingParams, StructuredOutputsParams
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk.gpu.triton_kernels.launch import INTERPRETER_TUNING
 from engine_plugin_sdk.testing import VOCAB, build_tiny_llama
@@ -114,8 +114,6 @@ def test_adapter_requests_launch_only_what_the_warm_up_launched(
     tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lora_adapters import save_adapter
-
-    from engine.lora import LoRARequest
 
     claim_warm_up(monkeypatch)
     build_tiny_llama(tmp_path / "base", head_dim=64)
