@@ -50,7 +50,7 @@ def warm_up_batches(
             contexts doubling from one block to ``max_model_len`` run too, since backends may pick
             launch shapes by context length.
         whole_prompts: the model runs whole prompts only (an encoder: no chunks, no decodes), so the
-            prefill step is the only shape serving runs.
+            prompt steps are the only shapes serving runs.
 
     Returns:
         The batches, in the order they run.
