@@ -16,26 +16,32 @@ from engine_test_utils import assert_all_blocks_free
 
 
 def test_batches_fill_the_step_budget() -> None:
+    doubling = [m for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048) for m in (n, n + 1)]
     assert warm_up_batches(4096, 256, 2048, 16, eager_decode=False) == [
         WarmUpBatch("prefill", [2048, 2048], [2048, 2048]),
-    ] + [WarmUpBatch(f"prefill-{n}", [n], [n]) for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)] + [
+    ] + [WarmUpBatch(f"prefill-{n}", [n], [n]) for n in doubling[:-1]] + [
+        WarmUpBatch("prefill-2049", [2048, 1], [2048, 1]),
         WarmUpBatch("mixed", [1] * 255 + [2048], [64] * 255 + [2048]),
     ] + [WarmUpBatch(f"mixed-{n}", [1] * n + [2048], [64] * n + [2048]) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
-    # a budget that is not a whole number of prompts ends with a shorter one; the doubling prompt steps past
-    # the longest prompt are several
+    # a budget that is not a whole number of prompts ends with a shorter one; the prompt steps past the
+    # longest prompt are several
     batches = warm_up_batches(300, 8, 128, 16, eager_decode=False)
     assert batches[0] == WarmUpBatch("prefill", [128, 128, 44], [128, 128, 44])
-    assert batches[7:9] == [WarmUpBatch("prefill-128", [128], [128]), WarmUpBatch("prefill-256", [128, 128], [128, 128])]
-    assert batches[9] == WarmUpBatch("mixed", [1] * 7 + [128], [64] * 7 + [128])
-    assert [b.name for b in batches[10:]] == ["mixed-1", "mixed-2", "mixed-4"]
+    assert [b.name for b in batches[1:7]] == ["prefill-2", "prefill-3", "prefill-4", "prefill-5", "prefill-8", "prefill-9"]
+    assert batches[13:17] == [
+        WarmUpBatch("prefill-128", [128], [128]), WarmUpBatch("prefill-129", [128, 1], [128, 1]),
+        WarmUpBatch("prefill-256", [128, 128], [128, 128]), WarmUpBatch("prefill-257", [128, 128, 1], [128, 128, 1]),
+    ]  # fmt: skip
+    assert batches[17] == WarmUpBatch("mixed", [1] * 7 + [128], [64] * 7 + [128])
+    assert [b.name for b in batches[18:]] == ["mixed-1", "mixed-2", "mixed-4"]
 
 
 def test_eager_decode_contexts_double_up_to_the_longest() -> None:
     batches = warm_up_batches(64, 1, 100, 16, eager_decode=True)
     # one sequence at a time: no mixed step is possible
     assert [b.name for b in batches] == [
-        "prefill", "prefill-2", "prefill-4", "prefill-8", "prefill-16", "prefill-32",
-        "decode@16", "decode@32", "decode@64", "decode@100",
+        "prefill", "prefill-2", "prefill-3", "prefill-4", "prefill-5", "prefill-8", "prefill-9", "prefill-16",
+        "prefill-17", "prefill-32", "prefill-33", "decode@16", "decode@32", "decode@64", "decode@100",
     ]  # fmt: skip
     assert batches[0] == WarmUpBatch("prefill", [64], [64])
     assert batches[-1] == WarmUpBatch("decode@100", [1], [100])
@@ -87,14 +93,15 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
     options = {"model": tiny_llama_dir, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 8 << 20}
     with caplog.at_level(logging.INFO, logger="engine.warm_up"):
         warm = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
-    # prefill: one whole 64-token prompt and a 32-token one, then one prompt of 2, 4 ... 64 tokens; mixed: 3
-    # decodes and a 64-token chunk, then one and two decodes beside the chunk; then eager decodes at contexts
-    # 16, 32 and 64, and 4 at once; each step's last rows through the sampler's greedy pick
-    short_steps = [step for n in (2, 4, 8, 16, 32, 64) for step in ((n, n), ("greedy", 1))]
-    assert warm_cpu == [(96, 64), ("greedy", 2), *short_steps, (67, 64), ("greedy", 4), (65, 64), ("greedy", 2),
-                        (66, 64), ("greedy", 3), (1, 1), ("greedy", 1), (1, 1), ("greedy", 1), (1, 1), ("greedy", 1),
-                        (4, 1), ("greedy", 4)]  # fmt: skip
-    assert any("warm-up: 14 dummy steps" in r.getMessage() for r in caplog.records)
+    # prefill: one whole 64-token prompt and a 32-token one, then one prompt of 2, 3, 4, 5 ... 64 tokens and
+    # two of 64 + 1; mixed: 3 decodes and a 64-token chunk, then one and two decodes beside the chunk; then
+    # eager decodes at contexts 16, 32 and 64, and 4 at once; each step's last rows through the sampler's
+    # greedy pick
+    short_steps = [step for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64) for step in ((n, n), ("greedy", 1))]
+    assert warm_cpu == [(96, 64), ("greedy", 2), *short_steps, (65, 64), ("greedy", 2), (67, 64), ("greedy", 4),
+                        (65, 64), ("greedy", 2), (66, 64), ("greedy", 3), (1, 1), ("greedy", 1), (1, 1), ("greedy", 1),
+                        (1, 1), ("greedy", 1), (4, 1), ("greedy", 4)]  # fmt: skip
+    assert any("warm-up: 20 dummy steps" in r.getMessage() for r in caplog.records)
     assert_all_blocks_free(warm)
     got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, use_tqdm=False)]
     assert_all_blocks_free(warm)
@@ -135,7 +142,7 @@ def test_pooling_models_warm_up_without_an_lm_head(tmp_path, warm_cpu) -> None:
     options = {"model": path, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 16 << 20}
     warm = LLM(**options, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4, enforce_eager=True)
     # whole prompts only: one step of one 64-token prompt and shorter ones, no mixed step and no decodes
-    assert warm_cpu == [(64, 64), (2, 2), (4, 4), (8, 8), (16, 16), (32, 32)]
+    assert warm_cpu == [(64, 64), *((n, n) for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33))]
     got = torch.stack([torch.tensor(o.outputs.embedding) for o in warm.embed(texts, use_tqdm=False)])
     assert_all_blocks_free(warm)
     del warm

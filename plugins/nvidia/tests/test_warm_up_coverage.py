@@ -136,3 +136,51 @@ def test_adapter_requests_launch_only_what_the_warm_up_launched(
     missed = sorted(launches - warmed)
     assert not missed, f"launched while serving but not in the warm-up: {missed}"
 
+
+
+@pytest.mark.slow
+def test_moe_serving_launches_only_what_the_warm_up_launched(
+    tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a mixture of experts picks its kernels by the step's token-expert pairs (the GEMV for a few, then grouped
+    # GEMM tiles by their count, as on a GPU: here 16 / 64 pairs, a GPU's 64 / 2,048 / 8,192), and Triton
+    # specializes the grouped GEMM's integers (the pairs' count among them) on being a multiple of 16: every
+    # tile class must have run with either kind
+    from dense_model_utils import save_tiny
+
+    from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
+
+    claim_warm_up(monkeypatch)
+    tiles = dataclasses.replace(
+        moe_launchers.INTERPRETER_MOE_TILES, gemv_max_slots=16, gemm=((64, 16, 16, 16, 4, 1), (0, 32, 16, 16, 4, 1))
+    )
+    monkeypatch.setattr(moe_launchers, "INTERPRETER_MOE_TILES", tiles)
+    build_tiny_llama(tmp_path / "llama", head_dim=64)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tmp_path / "llama" / name).exists():
+            (tokenizer / name).write_bytes((tmp_path / "llama" / name).read_bytes())
+    path = save_tiny(
+        "Qwen3MoeForCausalLM", str(tmp_path / "moe"), str(tokenizer), vocab_size=VOCAB, num_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, hidden_size=64, num_hidden_layers=1,
+    )  # fmt: skip
+    llm = LLM(
+        model=path, device="cuda", dtype="float32", kv_cache_memory_bytes=4 << 20, max_num_seqs=8,
+        max_num_batched_tokens=64, max_model_len=64,
+    )  # fmt: skip
+    warmed = set(launches)
+    assert any(name == "moe_gemm_kernel" for name, _, _ in warmed)
+    launches.clear()
+    rng = random.Random(3)
+    # alone (steps of one prompt: 40, 54 and 90 pairs), then together beside decodes
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (20, 27, 45, 3, 12, 60, 9)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    for one in prompts[:3]:
+        llm.generate([one], params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 3 for o in outputs)
+    assert any(name == "moe_gemm_kernel" for name, _, _ in launches)
+    missed = sorted(launches - warmed)
+    assert not missed, f"launched while serving but not in the warm-up: {missed}"
