@@ -47,6 +47,23 @@ def test_eager_decode_contexts_double_up_to_the_longest() -> None:
     assert batches[-1] == WarmUpBatch("decode@100", [1], [100])
 
 
+@pytest.mark.parametrize(("budget", "top_k"), [(2048, 8), (8192, 8), (2048, 4), (512, 2), (4096, 1), (1000, 6)])
+def test_prompt_steps_reach_every_moe_tile_class_in_both_integer_forms(budget: int, top_k: int) -> None:
+    # the GPUs' MoE kernels pick tiles by the step's token-expert pairs, and Triton compiles their integers apart
+    # when they are multiples of 16: every tile class that serving can reach must have run at start-up with a
+    # pair count of each kind it can hold
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import H200_MOE_TILES as tiles
+
+    most = budget * top_k
+    warmed = {sum(b.query_lens) * top_k for b in warm_up_batches(budget, 256, 4096, 16, eager_decode=False)}
+    edges = [tiles.gemv_max_slots, *(max_slots for max_slots, *_ in tiles.gemm[:-1]), most]
+    for low, high in zip(edges, edges[1:], strict=False):
+        reachable = {n * top_k for n in range(1, budget + 1) if low < n * top_k <= min(high, most)}
+        for multiple in (True, False):
+            if any((s % 16 == 0) == multiple for s in reachable):
+                assert any(low < s <= high and (s % 16 == 0) == multiple for s in warmed), (low, high, multiple)
+
+
 @pytest.fixture
 def warm_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | str, int]]:
     """The CPU platform claiming warm-up; records each warm-up forward's (rows, longest query) and each
