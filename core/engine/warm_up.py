@@ -58,15 +58,15 @@ def warm_up_batches(
     tokens = max(1, min(max_num_batched_tokens, max_num_seqs * max_model_len))
     prompts = _whole_prompts(tokens, max_num_seqs, max_model_len)
     batches = [WarmUpBatch("prefill", prompts, list(prompts))]
-    # and prompt steps of 2, 3, 4, 5, 8, 9... tokens: a backend may pick a product's tiles by the step's rows (a
-    # mixture of experts' grouped GEMM by its token-expert pairs), and each threshold lies within a factor of two
-    # of some count here; each power of two beside an odd count, since a JIT may also compile a kernel apart for
-    # integers that are multiples of 16 (Triton does); the shorter ones are one prompt, so the LM head runs over
-    # a single row too
+    # and prompt steps of 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48... tokens: a backend may pick a product's tiles by
+    # the step's rows (a mixture of experts' grouped GEMM by its token-expert pairs), and each threshold lies
+    # within a factor of two of some count here; between two powers of two a count that is a multiple of 16 and
+    # one that is not, since a JIT may also compile a kernel apart for integers that are multiples of 16 (Triton
+    # does); the shorter ones are one prompt, so the LM head runs over a single row too
     n = 2
     while n < tokens:
-        for count in (n, n + 1):
-            if count < tokens:
+        for count in (n, n + 1, n + 16):
+            if count < min(tokens, 2 * n):
                 short = _whole_prompts(count, max_num_seqs, max_model_len)
                 batches.append(WarmUpBatch(f"prefill-{count}", short, list(short)))
         n *= 2

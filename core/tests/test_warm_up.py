@@ -16,11 +16,13 @@ from engine_test_utils import assert_all_blocks_free
 
 
 def test_batches_fill_the_step_budget() -> None:
-    doubling = [m for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048) for m in (n, n + 1)]
+    # each power of two, one more, and (from 32) 16 more
+    doubling = [m for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) for m in (n, n + 1, n + 16) if m < 2 * n]
     assert warm_up_batches(4096, 256, 2048, 16, eager_decode=False) == [
         WarmUpBatch("prefill", [2048, 2048], [2048, 2048]),
-    ] + [WarmUpBatch(f"prefill-{n}", [n], [n]) for n in doubling[:-1]] + [
+    ] + [WarmUpBatch(f"prefill-{n}", [n], [n]) for n in doubling + [2048]] + [
         WarmUpBatch("prefill-2049", [2048, 1], [2048, 1]),
+        WarmUpBatch("prefill-2064", [2048, 16], [2048, 16]),
         WarmUpBatch("mixed", [1] * 255 + [2048], [64] * 255 + [2048]),
     ] + [WarmUpBatch(f"mixed-{n}", [1] * n + [2048], [64] * n + [2048]) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
     # a budget that is not a whole number of prompts ends with a shorter one; the prompt steps past the
@@ -28,12 +30,15 @@ def test_batches_fill_the_step_budget() -> None:
     batches = warm_up_batches(300, 8, 128, 16, eager_decode=False)
     assert batches[0] == WarmUpBatch("prefill", [128, 128, 44], [128, 128, 44])
     assert [b.name for b in batches[1:7]] == ["prefill-2", "prefill-3", "prefill-4", "prefill-5", "prefill-8", "prefill-9"]
-    assert batches[13:17] == [
+    assert [b.name for b in batches[11:15]] == ["prefill-48", "prefill-64", "prefill-65", "prefill-80"]
+    assert batches[15:21] == [
         WarmUpBatch("prefill-128", [128], [128]), WarmUpBatch("prefill-129", [128, 1], [128, 1]),
-        WarmUpBatch("prefill-256", [128, 128], [128, 128]), WarmUpBatch("prefill-257", [128, 128, 1], [128, 128, 1]),
+        WarmUpBatch("prefill-144", [128, 16], [128, 16]), WarmUpBatch("prefill-256", [128, 128], [128, 128]),
+        WarmUpBatch("prefill-257", [128, 128, 1], [128, 128, 1]),
+        WarmUpBatch("prefill-272", [128, 128, 16], [128, 128, 16]),
     ]  # fmt: skip
-    assert batches[17] == WarmUpBatch("mixed", [1] * 7 + [128], [64] * 7 + [128])
-    assert [b.name for b in batches[18:]] == ["mixed-1", "mixed-2", "mixed-4"]
+    assert batches[21] == WarmUpBatch("mixed", [1] * 7 + [128], [64] * 7 + [128])
+    assert [b.name for b in batches[22:]] == ["mixed-1", "mixed-2", "mixed-4"]
 
 
 def test_eager_decode_contexts_double_up_to_the_longest() -> None:
@@ -41,10 +46,19 @@ def test_eager_decode_contexts_double_up_to_the_longest() -> None:
     # one sequence at a time: no mixed step is possible
     assert [b.name for b in batches] == [
         "prefill", "prefill-2", "prefill-3", "prefill-4", "prefill-5", "prefill-8", "prefill-9", "prefill-16",
-        "prefill-17", "prefill-32", "prefill-33", "decode@16", "decode@32", "decode@64", "decode@100",
+        "prefill-17", "prefill-32", "prefill-33", "prefill-48", "decode@16", "decode@32", "decode@64", "decode@100",
     ]  # fmt: skip
     assert batches[0] == WarmUpBatch("prefill", [64], [64])
     assert batches[-1] == WarmUpBatch("decode@100", [1], [100])
+
+
+def assert_every_class_in_both_forms(counts: set[int], edges: list[int], reachable: set[int]) -> None:
+    """Each class ``(edges[i], edges[i + 1]]`` holds a warmed count that is a multiple of 16 and one that is not,
+    of each kind some reachable count in it has."""
+    for low, high in zip(edges, edges[1:], strict=False):
+        for multiple in (True, False):
+            if any(low < n <= high and (n % 16 == 0) == multiple for n in reachable):
+                assert any(low < n <= high and (n % 16 == 0) == multiple for n in counts), (low, high, multiple)
 
 
 @pytest.mark.parametrize(("budget", "top_k"), [(2048, 8), (8192, 8), (2048, 4), (512, 2), (4096, 1), (1000, 6)])
@@ -54,14 +68,21 @@ def test_prompt_steps_reach_every_moe_tile_class_in_both_integer_forms(budget: i
     # pair count of each kind it can hold
     from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import H200_MOE_TILES as tiles
 
-    most = budget * top_k
     warmed = {sum(b.query_lens) * top_k for b in warm_up_batches(budget, 256, 4096, 16, eager_decode=False)}
-    edges = [tiles.gemv_max_slots, *(max_slots for max_slots, *_ in tiles.gemm[:-1]), most]
-    for low, high in zip(edges, edges[1:], strict=False):
-        reachable = {n * top_k for n in range(1, budget + 1) if low < n * top_k <= min(high, most)}
-        for multiple in (True, False):
-            if any((s % 16 == 0) == multiple for s in reachable):
-                assert any(low < s <= high and (s % 16 == 0) == multiple for s in warmed), (low, high, multiple)
+    edges = [tiles.gemv_max_slots, *(max_slots for max_slots, *_ in tiles.gemm[:-1]), budget * top_k]
+    assert_every_class_in_both_forms(warmed, edges, {n * top_k for n in range(1, budget + 1)})
+
+
+@pytest.mark.parametrize("budget", [2048, 8192, 100, 300])
+def test_prompt_steps_reach_every_packed_gemm_class_in_both_integer_forms(budget: int) -> None:
+    # likewise the GPUs' grouped-integer GEMM (packed 4- and 8-bit weights), tiles by the product's rows, between
+    # the tensor-core kernel's few rows and the dense copy's many
+    from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES as tiles
+
+    warmed = {sum(b.query_lens) for b in warm_up_batches(budget, 256, 4096, 16, eager_decode=False)}
+    gemm = [rows for rows, *_ in tiles.gemm[:-1] if tiles.mma_rows < rows < tiles.dense_rows]
+    edges = [tiles.mma_rows, *gemm, tiles.dense_rows - 1]
+    assert_every_class_in_both_forms(warmed, edges, set(range(1, budget + 1)))
 
 
 @pytest.fixture
@@ -110,15 +131,15 @@ def test_engine_warms_up_when_the_platform_asks(tiny_llama_dir, warm_cpu, caplog
     options = {"model": tiny_llama_dir, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 8 << 20}
     with caplog.at_level(logging.INFO, logger="engine.warm_up"):
         warm = LLM(**options, max_model_len=64, max_num_batched_tokens=96, max_num_seqs=4, enforce_eager=True)
-    # prefill: one whole 64-token prompt and a 32-token one, then one prompt of 2, 3, 4, 5 ... 64 tokens and
-    # two of 64 + 1; mixed: 3 decodes and a 64-token chunk, then one and two decodes beside the chunk; then
-    # eager decodes at contexts 16, 32 and 64, and 4 at once; each step's last rows through the sampler's
-    # greedy pick
-    short_steps = [step for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64) for step in ((n, n), ("greedy", 1))]
-    assert warm_cpu == [(96, 64), ("greedy", 2), *short_steps, (65, 64), ("greedy", 2), (67, 64), ("greedy", 4),
-                        (65, 64), ("greedy", 2), (66, 64), ("greedy", 3), (1, 1), ("greedy", 1), (1, 1), ("greedy", 1),
-                        (1, 1), ("greedy", 1), (4, 1), ("greedy", 4)]  # fmt: skip
-    assert any("warm-up: 20 dummy steps" in r.getMessage() for r in caplog.records)
+    # prefill: one whole 64-token prompt and a 32-token one, then one prompt of 2, 3, 4, 5 ... 48, 64 tokens
+    # and two of 64 + 1 and 64 + 16; mixed: 3 decodes and a 64-token chunk, then one and two decodes beside the
+    # chunk; then eager decodes at contexts 16, 32 and 64, and 4 at once; each step's last rows through the
+    # sampler's greedy pick
+    short_steps = [step for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64) for step in ((n, n), ("greedy", 1))]
+    assert warm_cpu == [(96, 64), ("greedy", 2), *short_steps, (65, 64), ("greedy", 2), (80, 64), ("greedy", 2),
+                        (67, 64), ("greedy", 4), (65, 64), ("greedy", 2), (66, 64), ("greedy", 3), (1, 1), ("greedy", 1),
+                        (1, 1), ("greedy", 1), (1, 1), ("greedy", 1), (4, 1), ("greedy", 4)]  # fmt: skip
+    assert any("warm-up: 22 dummy steps" in r.getMessage() for r in caplog.records)
     assert_all_blocks_free(warm)
     got = [list(o.outputs[0].token_ids) for o in warm.generate(prompts, params, use_tqdm=False)]
     assert_all_blocks_free(warm)
@@ -159,7 +180,7 @@ def test_pooling_models_warm_up_without_an_lm_head(tmp_path, warm_cpu) -> None:
     options = {"model": path, "device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": 16 << 20}
     warm = LLM(**options, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4, enforce_eager=True)
     # whole prompts only: one step of one 64-token prompt and shorter ones, no mixed step and no decodes
-    assert warm_cpu == [(64, 64), *((n, n) for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33))]
+    assert warm_cpu == [(64, 64), *((n, n) for n in (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48))]
     got = torch.stack([torch.tensor(o.outputs.embedding) for o in warm.embed(texts, use_tqdm=False)])
     assert_all_blocks_free(warm)
     del warm
