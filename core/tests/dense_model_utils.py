@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,6 +77,24 @@ def save_tiny(architecture: str, out_dir: str, tokenizer_dir: str, seed: int = 0
     for name in os.listdir(tokenizer_dir):
         shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
     return out_dir
+
+
+def save_tiny_with_a_llama_tokenizer(architecture: str, folder: str, **overrides: Any) -> str:
+    """:func:`save_tiny` into ``folder/model``, with the tokenizer of a tiny Llama built in ``folder/llama``
+    (``engine_plugin_sdk.testing.build_tiny_llama``'s, head size 64: the GPU plugin's tests have no other).
+
+    Returns:
+        the checkpoint's folder.
+    """
+    from engine_plugin_sdk.testing import build_tiny_llama
+
+    llama, tokenizer = os.path.join(folder, "llama"), os.path.join(folder, "tokenizer")
+    build_tiny_llama(Path(llama), head_dim=64)
+    os.makedirs(tokenizer, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.exists(os.path.join(llama, name)):
+            shutil.copy(os.path.join(llama, name), tokenizer)
+    return save_tiny(architecture, os.path.join(folder, "model"), tokenizer, **overrides)
 
 
 def load_hf(path: str) -> Any:

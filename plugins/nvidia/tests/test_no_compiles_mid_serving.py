@@ -74,16 +74,10 @@ def test_serving_compiles_nothing_after_start_up(tmp_path: Path, kv_cache_dtype:
 def test_moe_serving_compiles_nothing_after_start_up(tmp_path: Path) -> None:
     # a mixture of experts picks its kernels by the step's token-expert pairs (a GEMV for few, a grouped GEMM
     # with tiles by their count for more): prompt steps from a few tokens to past 1,024 pairs
-    from dense_model_utils import save_tiny
+    from dense_model_utils import save_tiny_with_a_llama_tokenizer
 
-    build_tiny_llama(tmp_path / "llama", head_dim=64)
-    tokenizer = tmp_path / "tokenizer"
-    tokenizer.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tmp_path / "llama" / name).exists():
-            (tokenizer / name).write_bytes((tmp_path / "llama" / name).read_bytes())
-    path = save_tiny(
-        "Qwen3MoeForCausalLM", str(tmp_path / "moe"), str(tokenizer), vocab_size=VOCAB, num_experts=16,
+    path = save_tiny_with_a_llama_tokenizer(
+        "Qwen3MoeForCausalLM", str(tmp_path), vocab_size=VOCAB, num_experts=16,
         num_experts_per_tok=4, moe_intermediate_size=128, norm_topk_prob=True, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, hidden_size=256,
     )  # fmt: skip

@@ -146,7 +146,7 @@ def test_moe_serving_launches_only_what_the_warm_up_launched(
     # GEMM tiles by their count, as on a GPU: here 16 / 64 pairs, a GPU's 64 / 2,048 / 8,192), and Triton
     # specializes the grouped GEMM's integers (the pairs' count among them) on being a multiple of 16: every
     # tile class must have run with either kind
-    from dense_model_utils import save_tiny
+    from dense_model_utils import save_tiny_with_a_llama_tokenizer
 
     from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
 
@@ -155,14 +155,8 @@ def test_moe_serving_launches_only_what_the_warm_up_launched(
         moe_launchers.INTERPRETER_MOE_TILES, gemv_max_slots=16, gemm=((64, 16, 16, 16, 4, 1), (0, 32, 16, 16, 4, 1))
     )
     monkeypatch.setattr(moe_launchers, "INTERPRETER_MOE_TILES", tiles)
-    build_tiny_llama(tmp_path / "llama", head_dim=64)
-    tokenizer = tmp_path / "tokenizer"
-    tokenizer.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tmp_path / "llama" / name).exists():
-            (tokenizer / name).write_bytes((tmp_path / "llama" / name).read_bytes())
-    path = save_tiny(
-        "Qwen3MoeForCausalLM", str(tmp_path / "moe"), str(tokenizer), vocab_size=VOCAB, num_experts=8,
+    path = save_tiny_with_a_llama_tokenizer(
+        "Qwen3MoeForCausalLM", str(tmp_path), vocab_size=VOCAB, num_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, num_attention_heads=2,
         num_key_value_heads=1, head_dim=64, hidden_size=64, num_hidden_layers=1,
     )  # fmt: skip
