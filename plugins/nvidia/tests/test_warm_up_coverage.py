@@ -68,6 +68,12 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[tuple]]:
     yield seen
 
 
+def assert_launched_only_what_was_warmed(launches: set[tuple], warmed: set[tuple]) -> None:
+    """Every specialization launched since the warm-up was launched by it too."""
+    missed = sorted(launches - warmed)
+    assert not missed, f"launched while serving but not in the warm-up: {missed}"
+
+
 def claim_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """This plugin in the interpreter, claiming the warm-up as on a GPU (the interpreter claims none: it
     compiles nothing), with the GPUs' two-KV-heads decode programs on."""
@@ -105,8 +111,7 @@ def test_serving_launches_only_what_the_warm_up_launched(
     assert any(name == "apply_token_bitmask_kernel" for name, _, _ in launches)
     served = {dict(key)["KV_HEADS"] for name, key, _ in launches if name == "paged_decode_kernel"}
     assert served == {1, 2}, served  # both kinds of decode program ran while serving too
-    missed = sorted(launches - warmed)
-    assert not missed, f"launched while serving but not in the warm-up: {missed}"
+    assert_launched_only_what_was_warmed(launches, warmed)
 
 
 @pytest.mark.slow
@@ -133,9 +138,7 @@ def test_adapter_requests_launch_only_what_the_warm_up_launched(
     outputs = llm.generate(prompts, params, lora_request=requests, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outputs)
     assert {"lora_shrink_kernel", "lora_expand_kernel"} <= {name for name, _, _ in launches}
-    missed = sorted(launches - warmed)
-    assert not missed, f"launched while serving but not in the warm-up: {missed}"
-
+    assert_launched_only_what_was_warmed(launches, warmed)
 
 
 @pytest.mark.slow
@@ -176,5 +179,4 @@ def test_moe_serving_launches_only_what_the_warm_up_launched(
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 3 for o in outputs)
     assert any(name == "moe_gemm_kernel" for name, _, _ in launches)
-    missed = sorted(launches - warmed)
-    assert not missed, f"launched while serving but not in the warm-up: {missed}"
+    assert_launched_only_what_was_warmed(launches, warmed)
