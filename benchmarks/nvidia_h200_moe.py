@@ -245,6 +245,10 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         override_tuning(decode_merge_last=True)
     if args.late_kv:
         override_tuning(decode_early_kv=False)
+    if args.decode_kernel_from:
+        from nvidia_h200 import use_decode_kernel_from
+
+        use_decode_kernel_from(args.decode_kernel_from)  # an earlier commit's decode attention kernel: the A/B
     overrides: dict[str, Any] = {}
     if args.down_prefetch is not None:
         overrides["down_prefetch"] = args.down_prefetch  # the down GEMV's PDL prefetch depth: the A/B
@@ -394,6 +398,8 @@ def main() -> None:
             p.add_argument("--down-at-once", action="store_true",
                            help="the down GEMV gathers a token's experts together (MoeTiles.down_experts_at_once)")
             p.add_argument("--down-gemv", type=ints, default=None, help="the down GEMV's block_n,block_k,warps")
+            p.add_argument("--decode-kernel-from", default=None,
+                           help="the decode attention kernel of this file (an earlier commit's) instead of the tree's")
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",

@@ -72,13 +72,37 @@ def _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_
 
 
 @triton.jit
-def _head_norm(x, x_partner, weight_ptr, eps, offs_d, partner, d_ok, HEAD_DIM: tl.constexpr):
+def _norm_weights(weight_ptr, offs_d, partner, d_ok):
+    """A head norm's float32 scales ``[D_PAD]`` per dim and at each dim's rotation partner."""
+    w = tl.load(weight_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    return w, tl.load(weight_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _head_constants(rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr, seq, stride_rot, offs_d, d_ok,
+                    HEAD_DIM: tl.constexpr, ROTARY: tl.constexpr, HEAD_NORM: tl.constexpr):  # fmt: skip
+    """What rotating and normalising the step's query and key read besides them: :func:`_rotation`'s values (stand-ins
+    where nothing rotates: unread) and the query's and key's head-norm scales (:func:`_norm_weights`; the query's
+    again where there is no norm: unread). None of it is written by the step's kernels."""
+    cos = tl.zeros([offs_d.shape[0]], dtype=tl.float32)
+    sin, sign, partner = cos, cos, offs_d
+    if ROTARY:
+        cos, sin, partner, sign = _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM)
+    q_w, q_w_partner = cos, cos
+    k_w, k_w_partner = cos, cos
+    if HEAD_NORM:
+        q_w, q_w_partner = _norm_weights(q_norm_ptr, offs_d, partner, d_ok)
+        k_w, k_w_partner = _norm_weights(k_norm_ptr, offs_d, partner, d_ok)
+    return cos, sin, partner, sign, q_w, q_w_partner, k_w, k_w_partner
+
+
+@triton.jit
+def _head_norm(x, x_partner, w, w_partner, eps, HEAD_DIM: tl.constexpr):
     """Rows ``x`` ``[rows, D_PAD]`` (masked dims zero) and their rotation partners, RMS-normalised by each
-    row's own statistic and scaled per dim, rounded back to x's dtype as the norm kernel stores them."""
+    row's own statistic and scaled per dim (``w``, ``w_partner``: :func:`_norm_weights`), rounded back to x's
+    dtype as the norm kernel stores them."""
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / HEAD_DIM + eps)
-    w = tl.load(weight_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    w_partner = tl.load(weight_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
     normed = (xf * inv[:, None] * w[None, :]).to(x.dtype)
     normed_partner = (x_partner.to(tl.float32) * inv[:, None] * w_partner[None, :]).to(x.dtype)
     return normed, normed_partner
@@ -126,20 +150,17 @@ def _dot_acc(a, b, acc, IS_FP32: tl.constexpr):
 @triton.jit
 def _new_kv(
     new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, row, kv_head, offs_d, own_d, partner, cos, sin, sign,
-    k_norm_ptr, norm_eps, stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_slot,
+    k_w, k_w_partner, norm_eps, stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_slot,
     stride_kv_head, D_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY: tl.constexpr, HEAD_NORM: tl.constexpr,
 ):  # fmt: skip
     """The step's key and value of one KV head (rotated, and normalised first with ``HEAD_NORM``), stored at
     ``slot`` (skipped when negative) where ``own_d`` says the program holds the last position, and returned
     as the cache holds them ``[D_PAD]``."""
-    d_ok = offs_d < HEAD_DIM
     k_new = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + offs_d, mask=own_d, other=0.0)
     if ROTARY:
         k_partner = tl.load(new_k_ptr + row * stride_nk_tok + kv_head * stride_nk_head + partner, mask=own_d, other=0.0)
         if HEAD_NORM:
-            k_new, k_partner = _head_norm(
-                k_new[None, :], k_partner[None, :], k_norm_ptr, norm_eps, offs_d, partner, d_ok, HEAD_DIM
-            )
+            k_new, k_partner = _head_norm(k_new[None, :], k_partner[None, :], k_w, k_w_partner, norm_eps, HEAD_DIM)
             k_new, k_partner = tl.reshape(k_new, (D_PAD,)), tl.reshape(k_partner, (D_PAD,))
         k_rot = k_new.to(tl.float32) * cos + sign * k_partner.to(tl.float32) * sin
         k_new = k_rot.to(new_k_ptr.dtype.element_ty)
@@ -249,26 +270,29 @@ def paged_decode_kernel(
                                       stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM, KV_HEADS)
         v_first, v1_first = _kv_tiles(v_cache_ptr, bt_ptr, start + offs_n0, cached_end, kv_head, offs_d,
                                       stride_slot, stride_kv_head, KV_BLOCK, HEAD_DIM, KV_HEADS)
+        # and the rotation's position and table row (two dependent reads) and the norms' scales, so that after
+        # the wait the query's read is the one memory round trip before the products
+        cos, sin, partner, sign, q_w, q_w_partner, k_w, k_w_partner = _head_constants(
+            rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM, ROTARY,
+            HEAD_NORM)  # fmt: skip
         gdc_wait()
+    else:
+        cos, sin, partner, sign, q_w, q_w_partner, k_w, k_w_partner = _head_constants(
+            rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM, ROTARY,
+            HEAD_NORM)  # fmt: skip
     q = tl.load(
         q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
         mask=g_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
-    # stand-ins where nothing rotates (the new key's helper takes them, unread)
-    cos = tl.zeros([D_PAD], dtype=tl.float32)
-    sin = cos
-    sign = cos
-    partner = offs_d
     if ROTARY:
-        cos, sin, partner, sign = _rotation(rot_index_ptr, rot_table_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM)
         q_partner = tl.load(
             q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + partner[None, :],
             mask=g_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
         if HEAD_NORM:
-            q, q_partner = _head_norm(q, q_partner, q_norm_ptr, norm_eps, offs_d, partner, d_ok, HEAD_DIM)
+            q, q_partner = _head_norm(q, q_partner, q_w, q_w_partner, norm_eps, HEAD_DIM)
         rotated = q.to(tl.float32) * cos[None, :] + sign[None, :] * q_partner.to(tl.float32) * sin[None, :]
         q = rotated.to(q_ptr.dtype.element_ty)
 
@@ -292,14 +316,14 @@ def paged_decode_kernel(
         own_d = (pos_d >= start) & (pos_d < end) & d_ok
         slot = tl.load(slot_ptr + seq + offs_d * 0).to(tl.int64)
         k_new, v_new = _new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, row, kv_head, offs_d, own_d,
-                               partner, cos, sin, sign, k_norm_ptr, norm_eps, stride_nk_tok, stride_nk_head,
+                               partner, cos, sin, sign, k_w, k_w_partner, norm_eps, stride_nk_tok, stride_nk_head,
                                stride_nv_tok, stride_nv_head, stride_slot, stride_kv_head, D_PAD, HEAD_DIM, ROTARY,
                                HEAD_NORM)  # fmt: skip
         k_rows = k_new[None, :]
         v_rows = v_new[None, :]
         if KV_HEADS == 2:
             k_next, v_next = _new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, row, kv_head + 1, offs_d,
-                                     own_d, partner, cos, sin, sign, k_norm_ptr, norm_eps, stride_nk_tok,
+                                     own_d, partner, cos, sin, sign, k_w, k_w_partner, norm_eps, stride_nk_tok,
                                      stride_nk_head, stride_nv_tok, stride_nv_head, stride_slot, stride_kv_head, D_PAD,
                                      HEAD_DIM, ROTARY, HEAD_NORM)  # fmt: skip
             # each row its own head's key and value
