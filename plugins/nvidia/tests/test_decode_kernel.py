@@ -142,16 +142,17 @@ def _no_wait():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real PDL path (test_pdl.py)")
 @pytest.mark.parametrize("paired", [False, True])
 def test_decode_early_kv_path_matches_the_plain_one(device, monkeypatch, paired):
-    """The path only CUDA graphs with PDL compile (the first tile read before the wait, then folded in ahead of the
-    loop), run in the interpreter with the waits stubbed: the same outputs and cache as the plain path, bit for bit,
-    with the step's KV write, rotary and head norms (one KV head a program over two splits merged by the kernel,
+    """The path only CUDA graphs with PDL compile (the first tile, the rotation and the head norms' scales read
+    before the wait, the tile then folded in ahead of the loop; the merge's context lengths before its own wait),
+    run in the interpreter with the waits stubbed: the same outputs and cache as the plain path, bit for bit, with
+    the step's KV write, rotary and head norms (one KV head a program over two splits merged by the merge kernel,
     two over one)."""
     import dataclasses
 
     from engine_plugin_sdk import HeadNorm
-    from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels, pdl
+    from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels, decode_merge_kernels, pdl
 
-    for module in (decode_attention_kernels, pdl):
+    for module in (decode_attention_kernels, decode_merge_kernels, pdl):
         monkeypatch.setattr(module, "gdc_wait", _no_wait)
         monkeypatch.setattr(module, "gdc_launch_dependents", _no_wait)
     options = pdl.launch_options

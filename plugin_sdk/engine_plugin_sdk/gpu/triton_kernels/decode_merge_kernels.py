@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.pdl import pdl_begin
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -65,9 +65,14 @@ def decode_merge_kernel(
 ):
     """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
     :func:`.decode_attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
-    pdl_begin(USE_PDL)
+    if USE_PDL:
+        gdc_launch_dependents()
     seq = tl.program_id(0).to(tl.int64)
+    # the context lengths are copied in before the step (no kernel of it writes them): read while the decode
+    # kernel drains, so that after the wait the partials are the one memory round trip
     seq_len = tl.load(seq_lens_ptr + seq)
+    if USE_PDL:
+        gdc_wait()
     _, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW)
     used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
