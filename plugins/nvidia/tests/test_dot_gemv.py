@@ -124,24 +124,20 @@ def test_read_ahead_only_for_4_bit_codes_with_one_zero_point(device) -> None:
 @pytest.mark.parametrize(
     "change",
     [{"dot_gemv_early_params": False}, {"dot_gemv_early_params": False, "dot_gemv_prefetch_params": True},
-     {"dot_gemv_max_registers": 80}, {"dot_gemv_ahead_before_wait": True},
-     {"dot_gemv_ahead_before_wait": True, "dot_gemv_early_params": False},
-     {"dot_gemv_ahead_before_wait": True, "dot_gemv_early_params": False, "dot_gemv_prefetch_params": True}],
-    ids=["late", "late-prefetched", "capped", "two-ahead", "two-ahead-late", "two-ahead-late-prefetched"],
+     {"dot_gemv_max_registers": 80}],
+    ids=["late", "late-prefetched", "capped"],
 )  # fmt: skip
 def test_group_parameters_read_after_the_wait_give_the_same_bits(device, change: dict) -> None:
     """``dot_gemv_early_params`` off (the first step's scales read after the PDL wait, their L2 lines asked for
-    before it with ``dot_gemv_prefetch_params``), a cap on the registers (on the GPU: spills), or the read-ahead
-    loop's second step read before the wait (``dot_gemv_ahead_before_wait``, every case read ahead, the default
-    too: cases of one step, two, and two and a quarter): every 4- and 8-bit case gives the default's bits."""
+    before it with ``dot_gemv_prefetch_params``), or a cap on the registers (on the GPU: spills): every 4- and
+    8-bit case gives the default's bits."""
     gen = torch.Generator().manual_seed(17)
-    ahead = "dot_gemv_ahead_before_wait" in change
-    late = dataclasses.replace(_tiles(device, 8, ahead=ahead), **change)
+    late = dataclasses.replace(_tiles(device, 8), **change)
     for bits, cases in ((4, CASES), (8, CASES8)):
         for block, zero_scales, perm, k, n in cases:
             weight, _ = _weight(gen, block, zero_scales, perm, k, n, device, bits)
             x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
-            want = grouped_int_linear(x, weight, None, _tiles(device, 8, ahead=ahead))
+            want = grouped_int_linear(x, weight, None, _tiles(device, 8))
             assert torch.equal(grouped_int_linear(x, weight, None, late), want), (bits, block, zero_scales, perm)
 
 

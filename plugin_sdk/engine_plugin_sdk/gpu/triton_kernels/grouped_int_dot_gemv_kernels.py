@@ -84,10 +84,10 @@ def _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM
 @triton.jit
 def _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                      BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, BITS: tl.constexpr,
-                     super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr, s0=0):  # fmt: skip
-    """Ask the L2 cache for the lines of the group parameters of the step at slot ``s0`` (:func:`_slot_params`'
-    reads), holding no registers for them."""
-    slots = s0 + tl.arange(0, S)
+                     super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Ask the L2 cache for the lines of the first step's group parameters (:func:`_slot_params`' reads), holding
+    no registers for them."""
+    slots = tl.arange(0, S)
     params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
     ok = (slots < NUM_SLOTS)[None, :]
     prefetch_l2(scale_ptr + params, ok, ASM)
@@ -158,62 +158,6 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
                                  super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
     return words, scale, zs, xl0, xl1, xh0, xh1
-
-
-@triton.jit
-def _first_two_steps(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_sn, NUM_SLOTS: tl.constexpr,
-                     GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr,
-                     BLOCK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
-                     USE_PDL: tl.constexpr, BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
-                     EARLY_PARAMS: tl.constexpr, PREFETCH_PARAMS: tl.constexpr):  # fmt: skip
-    """:func:`_first_step` for the read-ahead loop with its second step's words read before the wait too: the
-    loop holds two steps' words anyway, and after the wait the second step needs no memory round trip. Returns
-    the first step's sums and the second step's operands. (sm_90 code, Triton 3.6, 8 rows over 448 slots: 128
-    registers with the scales read after the wait, as the loop alone; 167 with them read before it.)"""
-    words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
-    next_words = _slot_words(w32, rows, stride_w, S, S, NUM_SLOTS, EVEN)
-    if EARLY_PARAMS:
-        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        next_scale, next_zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, S, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS,
-                                           EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-    elif PREFETCH_PARAMS:
-        for s0 in tl.static_range(0, 2 * S, S):
-            _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, BITS, super_ptr,
-                             zsuper_ptr, SUB_GROUPS, ASM, s0)  # fmt: skip
-    if USE_PDL:
-        gdc_wait()
-    if not EARLY_PARAMS:
-        scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        next_scale, next_zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, S, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS,
-                                           EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
-    acc = _step(tl.zeros((rows.shape[0], S), dtype=tl.float32), words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS,
-                FP16, ASM, BITS)  # fmt: skip
-    nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, S, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
-    return acc, next_words, next_scale, next_zs, nl0, nl1, nh0, nh1
-
-
-@triton.jit
-def _ahead_loop(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
-                stride_sn, FROM: tl.constexpr, NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
-                HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr,
-                EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr, BITS: tl.constexpr, super_ptr, zsuper_ptr,
-                SUB_GROUPS: tl.constexpr):  # fmt: skip
-    """``acc`` plus the steps from ``FROM`` on, the operands of step ``FROM`` given: each step's words and activations
-    read before the step before it multiplies, so neither's latency follows the arithmetic (the last step reads
-    its own again, unused; masked past the end where the steps do not fit)."""
-    for s0 in tl.range(FROM, NUM_SLOTS, S):
-        ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
-        next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
-                                                      NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
-                                                      zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
-        acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
-        words, scale, zs = next_words, next_scale, next_zs
-        xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
-    return acc
 
 
 @triton.jit
@@ -304,7 +248,7 @@ def grouped_int_dot_gemv_kernel(
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
-    ROW_GROUPS: tl.constexpr = 1, TWO_BEFORE_WAIT: tl.constexpr = False,
+    ROW_GROUPS: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -322,8 +266,7 @@ def grouped_int_dot_gemv_kernel(
     ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; ``AHEAD`` and
     ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`. ``ROW_GROUPS`` (a single-step product of 4- or
     8-bit codes, ``NUM_SLOTS`` at most ``32 * WARPS``): a program takes that many groups of ``ROWS`` rows one after
-    another (:func:`_row_groups`). ``TWO_BEFORE_WAIT`` (with ``AHEAD``): the second step's words are read before the
-    wait too (:func:`_first_two_steps`).
+    another (:func:`_row_groups`).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -346,25 +289,25 @@ def grouped_int_dot_gemv_kernel(
         acc = _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_pn // 2, stride_sn,
                             NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, S, EVEN, FP16, ASM, USE_PDL, super_ptr,
                             zsuper_ptr, SUB_GROUPS, EARLY_PARAMS)  # fmt: skip
-    elif AHEAD and TWO_BEFORE_WAIT and NUM_SLOTS > S:
-        acc, words, scale, zs, xl0, xl1, xh0, xh1 = _first_two_steps(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows,
-                                                                     stride_w, stride_sn, NUM_SLOTS, GROUP, ZERO, HAS_ZS,
-                                                                     HAS_PERM, BLOCK, S, EVEN, FP16, ASM, USE_PDL, BITS,
-                                                                     super_ptr, zsuper_ptr, SUB_GROUPS,
-                                                                     EARLY_PARAMS, PREFETCH_PARAMS)  # fmt: skip
-        acc = _ahead_loop(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows,
-                          stride_w, stride_sn, S, NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, BLOCK, S, EVEN, FP16, ASM,
-                          BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
     else:
+        acc = tl.zeros((ROWS, S), dtype=tl.float32)
         words, scale, zs, xl0, xl1, xh0, xh1 = _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
                                                            stride_sn, NUM_SLOTS, GROUP, HAS_ZS, HAS_PERM, BLOCK, S,
                                                            EVEN, ASM, USE_PDL, BITS, super_ptr, zsuper_ptr,
                                                            SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS)  # fmt: skip
-        acc = tl.zeros((ROWS, S), dtype=tl.float32)
         if AHEAD and NUM_SLOTS > S:
-            acc = _ahead_loop(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows,
-                              stride_w, stride_sn, 0, NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, BLOCK, S, EVEN, FP16,
-                              ASM, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+            for s0 in tl.range(0, NUM_SLOTS, S):
+                # the next step's words and activations are read before this step multiplies, so neither's latency
+                # follows the arithmetic (the last step reads its own again, unused; masked past the end where the
+                # steps do not fit)
+                ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
+                next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
+                                                              NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
+                                                              zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+                acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
+                words, scale, zs = next_words, next_scale, next_zs
+                xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
         else:
             acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
             for s0 in tl.range(S, NUM_SLOTS, S):

@@ -225,8 +225,8 @@ def _dot_gemv(
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
         EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
-        TWO_BEFORE_WAIT=tiles.dot_gemv_ahead_before_wait, num_warps=tiles.dot_gemv_warps, num_stages=1,
-        **super_args(weight), **plane_args(weight), **pdl.launch_options(), **_register_cap(tiles),
+        num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **plane_args(weight),
+        **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip
 
 

@@ -114,13 +114,6 @@ class GroupedIntTiles:
             registers a thread against 96). Its first form read the words alone ahead: on an H200 W4A16 583.9
             against 570.2 tok/s.
         dot_gemv_ahead_all: ... and for zero scales and 8-bit codes too (off: the H100 figures above).
-        dot_gemv_ahead_before_wait: where it reads ahead, it reads its second step's words (and, with
-            ``dot_gemv_early_params``, their scales) before the PDL wait as well as its first's, as the bf16 GEMV
-            does with two tiles (``GEMV_TILE``'s ``prefetch``): the loop holds two steps anyway, so the wait holds
-            no more registers, and the second step's words come from memory while the kernel before drains
-            instead of after it. sm_90 code (Triton 3.6, 8 rows, down_proj's 448 slots): 128 registers with
-            ``dot_gemv_early_params`` off, as the loop alone; 167 with it on (3 programs a multiprocessor against
-            4: down_proj's 512 would need two waves). Untimed (2026-12-06).
         dot_gemv_early_params: under PDL it reads its first step's group parameters, with its words, before it
             waits for the kernel that writes its activations. What it reads there stays live across the wait:
             sm_90 code (Triton 3.6, 8 rows a program, one step) 127 registers a thread over GGUF's two-level zero
@@ -197,7 +190,6 @@ class GroupedIntTiles:
     dot_gemv_8bit: bool = False
     dot_gemv_ahead: bool = False
     dot_gemv_ahead_all: bool = False
-    dot_gemv_ahead_before_wait: bool = False
     dot_gemv_early_params: bool = True
     dot_gemv_prefetch_params: bool = False
     dot_gemv_max_registers: int = 0
