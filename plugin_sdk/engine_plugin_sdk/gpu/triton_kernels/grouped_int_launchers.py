@@ -184,6 +184,14 @@ def _dot_ahead(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return tiles.dot_gemv_ahead and weight.bits == 4 and weight.zero_scales is None
 
 
+def _dot_early_params(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether the integer-dot GEMV reads its first step's group parameters for ``weight`` before its PDL wait
+    (``dot_gemv_early_zero_point_params`` for 4-bit codes with one zero point, ``dot_gemv_early_params`` else)."""
+    if weight.bits == 4 and weight.zero_scales is None:
+        return tiles.dot_gemv_early_zero_point_params
+    return tiles.dot_gemv_early_params
+
+
 def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
     """Rows a program of the integer-dot GEMV for ``weight`` (6-bit codes may take their own)."""
     if weight.bits == 6 and tiles.dot_gemv_six_bit_rows:
@@ -224,7 +232,7 @@ def _dot_gemv(
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
-        EARLY_PARAMS=tiles.dot_gemv_early_params, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
+        EARLY_PARAMS=_dot_early_params(weight, tiles), PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
         num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **plane_args(weight),
         **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip

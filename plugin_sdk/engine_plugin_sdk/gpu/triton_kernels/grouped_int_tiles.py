@@ -119,6 +119,11 @@ class GroupedIntTiles:
             sm_90 code (Triton 3.6, 8 rows a program, one step) 127 registers a thread over GGUF's two-level zero
             scales against 80 with them read after the wait (4 programs a multiprocessor against 6: qkv's 768
             need two waves at 4), W4A16's 92 against 79 (5 against 6). On until timed (2026-12-05).
+        dot_gemv_early_zero_point_params: ``dot_gemv_early_params`` for 4-bit codes with one zero point (GPTQ / AWQ's
+            form; ``dot_gemv_early_params`` then applies to zero scales and 8- and 6-bit codes). Off for the H200's
+            tiles: W4A16 batch-1 decode +1.6% on an H200 (2026-12-06, session 43: 595.1 against 585.6 tok/s) and
+            +1.5% on an H100 (session 47: 487.1 against 479.8), where GGUF Q4_K_M with every form's scales after
+            the wait lost 7% on both (session 47's H100: 387.7 against 415.5).
         dot_gemv_prefetch_params: ... and where it reads them after the wait, it asks the L2 cache for their
             lines before it (W4A16: 80 registers; over GGUF's form 124, the addresses kept across the wait).
         dot_gemv_max_registers: the other way to one wave: a cap on its registers a thread (ptxas's
@@ -191,6 +196,7 @@ class GroupedIntTiles:
     dot_gemv_ahead: bool = False
     dot_gemv_ahead_all: bool = False
     dot_gemv_early_params: bool = True
+    dot_gemv_early_zero_point_params: bool = True
     dot_gemv_prefetch_params: bool = False
     dot_gemv_max_registers: int = 0
     two_level_scales: bool = False
@@ -233,10 +239,12 @@ class GroupedIntTiles:
 #: of 4-bit codes on the integer-dot GEMV, 8 rows a program, gate/up with its activation (it beat the word and
 #: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too; GGUF's
 #: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``); the
-#: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``).
+#: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``), and
+#: their first scales read after its PDL wait (+1.5-1.6%: ``dot_gemv_early_zero_point_params``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
     gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True, dot_gemv_ahead=True,
+    dot_gemv_early_zero_point_params=False,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
