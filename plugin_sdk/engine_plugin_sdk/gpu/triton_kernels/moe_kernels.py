@@ -43,7 +43,11 @@ def moe_topk_kernel(
 ):
     """One token per program, its experts as a ``[groups, group size]`` tile: scores (softmax or sigmoid),
     the correction bias added to choose, the best ``TOPK_GROUPS`` groups (by the sum of their two best
-    choices, or their best with ``GROUP_MAX``) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores."""
+    choices, or their best with ``GROUP_MAX``) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores.
+
+    A NaN choice counts as -inf, and each pick is taken from the valid experts not picked yet: a row of NaN logits
+    still names ``TOP_K`` distinct experts in range (NaN weights), where a stray id would send the expert kernels
+    reading past the experts' weights."""
     pdl_begin(USE_PDL)  # everything it reads, the router's logits, comes from the kernel before
     t = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, G_P2)
@@ -59,7 +63,7 @@ def moe_topk_kernel(
     choice = score
     if HAS_BIAS:
         choice += tl.load(bias_ptr + idx, mask=valid, other=0.0).to(tl.float32)
-    choice = tl.where(valid, choice, float("-inf"))
+    choice = tl.where(valid & (choice == choice), choice, float("-inf"))
     if NUM_GROUPS > 1:
         best1 = tl.max(choice, axis=1)
         if GROUP_MAX:
@@ -79,13 +83,14 @@ def moe_topk_kernel(
     chosen_w = tl.zeros([K_P2], dtype=tl.float32)
     chosen_i = tl.zeros([K_P2], dtype=tl.int64)
     big = NUM_GROUPS * GROUP
+    open_ = valid  # the valid experts not picked yet
     for j in tl.static_range(TOP_K):
-        best = tl.max(tl.max(choice, axis=1), axis=0)
-        e = tl.min(tl.min(tl.where(choice == best, idx, big), axis=1), axis=0)
+        best = tl.max(tl.max(tl.where(open_, choice, float("-inf")), axis=1), axis=0)
+        e = tl.min(tl.min(tl.where(open_ & (choice == best), idx, big), axis=1), axis=0)
         w = tl.sum(tl.sum(tl.where(idx == e, score, 0.0), axis=1), axis=0)
         chosen_w = tl.where(offs_k == j, w, chosen_w)
         chosen_i = tl.where(offs_k == j, e.to(tl.int64), chosen_i)
-        choice = tl.where(idx == e, float("-inf"), choice)
+        open_ = open_ & (idx != e)
     if RENORM:
         chosen_w = chosen_w / tl.sum(chosen_w, axis=0)
     chosen_w = chosen_w * scaling
