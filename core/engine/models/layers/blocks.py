@@ -78,11 +78,23 @@ class DecoderLayer:
     def _project(self, model: DenseDecoder, x: Any, weight: Any, bias: torch.Tensor | None, projection: str) -> torch.Tensor:
         # the base product, plus each row's adapter update where the step has adapter rows
         y = weight.linear(model.gemm, x, bias) if isinstance(weight, RowBlocks) else model.gemm.linear(x, weight, bias)
-        if model.lora_plan is not None and self.lora is not None:
-            slots = getattr(self.lora, projection)
-            if slots is not None:
-                model.gemm.add_lora(y, x, slots, model.lora_plan)
+        slots = self._lora_slots(model, projection)
+        if slots is not None:
+            model.gemm.add_lora(y, x, slots, model.lora_plan)
         return y
+
+    def _lora_slots(self, model: DenseDecoder, projection: str) -> Any:
+        # the projection's adapter slots where the step has adapter rows, else None
+        if model.lora_plan is None or self.lora is None:
+            return None
+        return getattr(self.lora, projection)
+
+    def _qkv_pieces(self, model: DenseDecoder, x: Any) -> list[torch.Tensor]:
+        sizes = [model.q_size, model.kv_size, model.kv_size]
+        if isinstance(self.qkv, RowBlocks) and self._lora_slots(model, "qkv") is None:
+            # q, k and v as views of their blocks' products (Q4_K_M's q/k and v): no concatenation
+            return self.qkv.split_linear(model.gemm, x, sizes, self.qkv_bias)
+        return list(self._project(model, x, self.qkv, self.qkv_bias, "qkv").split(sizes, dim=-1))
 
     def _norm_in(
         self,
@@ -135,9 +147,8 @@ class DecoderLayer:
         """The attention block up to the backend: the fused projection, q/k norms and the rotary (or its
         table, where the backend rotates)."""
         cfg, ops, eps = model.config, model.ops, model.config.rms_norm_eps
-        qkv = self._project(model, x, self.qkv, self.qkv_bias, "qkv")
-        num_tokens = qkv.shape[0]
-        q, k, v = qkv.split([model.q_size, model.kv_size, model.kv_size], dim=-1)
+        q, k, v = self._qkv_pieces(model, x)
+        num_tokens = q.shape[0]
         if model.spec.qk_norm == "full":
             q, k = ops.rms_norm(q, self.q_norm, eps), ops.rms_norm(k, self.k_norm, eps)
         heads, kv_heads = model.num_heads, model.num_kv_heads  # this rank's, under tensor parallelism
@@ -210,7 +221,7 @@ class DecoderLayer:
             return False
         if isinstance(self.gate_up, RowBlocks):
             return False
-        return model.lora_plan is None or self.lora is None or self.lora.gate_up is None
+        return self._lora_slots(model, "gate_up") is None
 
     def forward(
         self,

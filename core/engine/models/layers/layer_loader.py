@@ -108,7 +108,8 @@ class LayerLoader:
                     runs[-1].append(w)
                 else:
                     runs.append([w])
-            return RowBlocks(tuple(self.matrix(concat_weights(run)) for run in runs))
+            rows = tuple(sum(w.shape[0] for w in run) for run in runs)
+            return RowBlocks(tuple(self.matrix(concat_weights(run)) for run in runs), rows)
         return self.matrix(concat_weights(parts))
 
     def _qkv(self, p: str) -> tuple[Any, torch.Tensor | None]:
