@@ -43,10 +43,8 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*
 MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
                 "topw_ptr": "*fp32", "out_ptr": "*bf16",
             "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
-#: ... and of the bf16 GEMVs (``gemv``, ``gated-gemv``)
-GEMV_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16"}
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
-ALIGNED = ("x_ptr", "y_ptr", "stride_w", "K", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn",
+ALIGNED = ("x_ptr", "act_ptr", "w_ptr", "scale_ptr", "out_ptr", "stride_xm", "stride_a", "stride_we", "stride_wn",
            "plane_ptr", "stride_pn", "k_per_split", "N", "stride_sn", "stride_om", "stride_os", "super_ptr")
 FRAGMENT = {"NUM_CHUNKS": 32, "GROUP": 128, "ZERO": 8, "HAS_ZS": False, "HAS_PERM": False, "HAS_BIAS": False,
             "BLOCK": 128, "FP16": False, "ASM": True, "USE_PDL": True}  # fmt: skip
@@ -63,10 +61,6 @@ GEMM = {"GROUP": 16, "BITS": 6, "ZERO": 32, "HAS_ZS": False, "HAS_PERM": False, 
         "PRECISION": "tf32", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SUB": 32, "SUB_GROUPS": 16, "K": 4096,
         "USE_PDL": True}  # fmt: skip
 #: a Qwen3-30B-A3B layer's down experts at batch 1 (H200 tiles: 4 rows, 1,024 columns, PDL prefetch of 4)
-#: the bf16 GEMV's H200 tile (4 rows, 1,024 columns, 2 tiles before the PDL wait, then 2 more programs' rows asked
-#: of the L2 cache); the gated one's ACT 0 is SiLU
-GEMV = {"HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024, "EVEN_K": True, "USE_PDL": True, "PREFETCH": 2,
-        "L2_AHEAD": 2, "LINE": 64, "ACT": 0}  # fmt: skip
 MOE_DOWN = {"K": 768, "TOP_K": 8, "K_P2": 8, "HAS_SCALE": False, "HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024,
             "USE_PDL": True, "PREFETCH": 4}  # fmt: skip
 
@@ -78,7 +72,6 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
     from triton.compiler import ASTSource
 
     from engine_plugin_sdk.gpu.triton_kernels import (
-        gemv_kernels,
         grouped_int4_fragment_kernels,
         grouped_int4_gemv_kernels,
         grouped_int_dot_gemv_kernels,
@@ -99,9 +92,6 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
         fn, constants = grouped_int_gemm_kernels.grouped_int_gemm_kernel, dict(GEMM)
     elif kind == "byte-gemv":
         fn, constants = grouped_int_kernels.grouped_int_gemv_kernel, dict(BYTE_GEMV)
-    elif kind in ("gemv", "gated-gemv"):
-        fn = gemv_kernels.gemv_kernel if kind == "gemv" else gemv_kernels.gated_gemv_kernel
-        pointers, constants = GEMV_POINTERS, dict(GEMV)
     else:
         fn = moe_kernels.moe_gemv_down_kernel if kind == "moe-down" else moe_kernels.moe_gemv_down_experts_kernel
         pointers, constants = MOE_POINTERS, dict(MOE_DOWN)
@@ -248,7 +238,7 @@ def main() -> None:
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "gemm", "gemv", "gated-gemv", "moe-down",
+    parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "gemm", "moe-down",
                                            "moe-down-experts"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")

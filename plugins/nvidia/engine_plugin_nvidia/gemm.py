@@ -28,9 +28,7 @@ FP8_MAX = _common.FP8_MAX[FP8_DTYPE]
 #: for 4096x4096, 30.6 vs 32.4 + reduce for 4096x14336 (benchmarks/nvidia_h200_profile.py gemv)
 #: ``prefetch``: weight tiles each program loads before its PDL wait, while the kernels before it still run
 #: (2 against 1: Gemma-2-9B batch-1 decode 187.7 -> 193.7 tok/s, Qwen3-8B 238.2 -> 247.7, H200 2026-12-03)
-#: ``l2_ahead``: before that wait each program also asks the L2 cache for the rest of its rows and, past 1, for
-#: the rows of ``l2_ahead - 1`` programs of later waves (0: off; untimed, 2026-12-06)
-GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2, "l2_ahead": 0}
+GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 #: the tile for single-row products with more rows than columns (qkv, gate_up, lm_head), or None to leave
 #: them to cuBLAS. Chosen on an H200 (2026-11-29, `nvidia_h200_profile.py variants`) as the config with the
 #: least time per token over qkv x32 + gate_up x32 + lm_head: 2456 us vs cuBLAS 2535 (lm_head 238.6 us
@@ -38,16 +36,16 @@ GEMV_TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "pr
 #: in a graph the GEMV also starts early under PDL (cuBLAS's kernels cannot). Used only while a CUDA graph
 #: is being captured: eagerly, the host launches the step, and a Triton launch costs it more than cuBLAS's
 #: (eager batch-1 decode fell from 86 to 66 tok/s with it)
-GEMV_WIDE_TILE: dict | None = dict(GEMV_TILE)
+GEMV_WIDE_TILE: dict | None = GEMV_TILE
 #: the tile of the batch-1 LM head (``logits``), or None for cuBLAS plus a float32 copy. The logits run
 #: after the decode graph, eagerly, but they are one launch a step, not a layer's many: the host cost
 #: is one Triton launch, hidden behind the step in flight, while cuBLAS streams this widest weight
 #: slowest (3.3-3.9 TB/s against the GEMV's 4.4 at Llama-3-8B's lm_head; Gemma-2's tied head is 1.8 GB).
 #: The GEMV also writes float32 straight from its accumulator: no bf16 rounding and no cast kernel
-LOGITS_GEMV_TILE: dict | None = dict(GEMV_TILE)
+LOGITS_GEMV_TILE: dict | None = GEMV_TILE
 #: the tile of the gated GEMV (gate/up and the activation in one kernel, batch 1): ``block_n`` gate rows
 #: and as many up rows a program, so the same 4 x 1024 register tile as ``GEMV_TILE`` twice over
-GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2, "l2_ahead": 0}
+GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 #: the 4-bit fragment kernel's warp-level ``mma.m16n8k16`` (bf16 and fp16) exists from Ampere on
 FRAGMENT_MIN_CAPABILITY = (8, 0)

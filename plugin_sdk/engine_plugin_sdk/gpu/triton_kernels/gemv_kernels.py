@@ -6,10 +6,7 @@ weights in ``BLOCK_K``-wide tiles (contiguous along K, so loads are wide), accum
 
 With programmatic dependent launch (``USE_PDL``, see :mod:`.pdl`) a program loads its first weight tile
 before it waits for the kernel that wrote ``x``: weights are constant, so that read overlaps the previous
-kernel's tail. With ``L2_AHEAD`` it also asks the L2 cache, before the wait, for the lines of the rest of its rows
-(holding no registers for them), and for the rows of the ``L2_AHEAD - 1`` programs ``span`` apart after it, which
-start in later waves: the kernels before a GEMV are mostly latency-bound (norms, attention and its merge), so the
-memory would otherwise idle while the next weight is known.
+kernel's tail.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
-from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -57,27 +53,6 @@ def _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K: tl.constexpr, EVEN_K: tl.cons
 
 
 @triton.jit
-def _rows_to_l2(w_ptr, rows, ok, stride_w, k_from, K, BLOCK_K: tl.constexpr, LINE: tl.constexpr, ASM: tl.constexpr):
-    """Ask the L2 cache for the lines of ``rows``' (where ``ok``) columns ``k_from ..``, one address every
-    ``LINE`` elements (a 128-byte line's)."""
-    for k0 in range(k_from, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K // LINE) * LINE
-        prefetch_l2(w_ptr + rows[:, None] * stride_w + offs[None, :], ok[:, None] & (offs < K)[None, :], ASM)
-
-
-@triton.jit
-def _ahead_to_l2(w_ptr, pid, rows, N, K, stride_w, span, row_offset, k_from, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, L2_AHEAD: tl.constexpr, LINE: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """A program's L2 requests before its PDL wait: the rest of its own rows past column ``k_from``, and the
-    whole rows of programs ``pid + j * span`` (``0 < j < L2_AHEAD``); rows of a stacked block sit ``row_offset``
-    rows further (the gated GEMV's up rows)."""
-    _rows_to_l2(w_ptr, rows + row_offset, rows < N, stride_w, k_from, K, BLOCK_K, LINE, ASM)
-    for j in tl.static_range(1, L2_AHEAD):
-        later = (pid + j * span).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        _rows_to_l2(w_ptr, later + row_offset, later < N, stride_w, 0, K, BLOCK_K, LINE, ASM)
-
-
-@triton.jit
 def _take_ahead(acc, x_ptr, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, w0, w1, w2, w3):
     """``acc`` plus the prefetched tiles times their activations, tile by tile in K order (the same sums,
     in the same order, as the loop would make)."""
@@ -95,13 +70,11 @@ def _take_ahead(acc, x_ptr, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PREF
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr,
-    N, K, stride_w, span,
+    N, K, stride_w,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1, L2_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64,
-    ASM: tl.constexpr = True,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
-    """``PREFETCH`` (1 to 4, with ``K >= PREFETCH * BLOCK_K``): weight tiles loaded before the PDL wait;
-    ``L2_AHEAD`` (0: none) as in the module's docstring, ``LINE`` the elements of a 128-byte line, ``ASM`` off in the interpreter (no requests)."""
+    """``PREFETCH`` (1 to 4, with ``K >= PREFETCH * BLOCK_K``): weight tiles loaded before the PDL wait."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -112,9 +85,6 @@ def gemv_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         w0, w1, w2, w3 = _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
-        if L2_AHEAD > 0:
-            _ahead_to_l2(w_ptr, pid, offs_n.to(tl.int64), N, K, stride_w, span, 0, PREFETCH * BLOCK_K, BLOCK_N,
-                         BLOCK_K, L2_AHEAD, LINE, ASM)  # fmt: skip
         gdc_wait()
         acc = _take_ahead(acc, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, w0, w1, w2, w3)
         k_first = PREFETCH * BLOCK_K
@@ -130,10 +100,9 @@ def gemv_kernel(
 @triton.jit
 def gated_gemv_kernel(
     x_ptr, w_ptr, y_ptr,
-    N, K, stride_w, span,
+    N, K, stride_w,
     ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1, L2_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64,
-    ASM: tl.constexpr = True,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """``y[n] = act(x . W[n]) * (x . W[N + n])``: the gated MLP's fused gate/up GEMV with its activation
     as the epilogue (``W`` stacks the ``N`` gate rows over the ``N`` up rows).
@@ -141,7 +110,7 @@ def gated_gemv_kernel(
     Each program streams ``BLOCK_N`` gate rows and the matching up rows, so the activation sees both
     float32 accumulators: no ``2N``-wide intermediate is written and read back, and the step has one
     launch fewer per layer (at batch 1 a launch costs as much as a few MB of weights). ``PREFETCH`` as
-    for :func:`gemv_kernel`, and ``L2_AHEAD`` over the gate rows and the up rows.
+    for :func:`gemv_kernel`.
     """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,12 +124,6 @@ def gated_gemv_kernel(
         gdc_launch_dependents()
         g0, g1, g2, g3 = _load_ahead(w_ptr, gates, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
         u0, u1, u2, u3 = _load_ahead(w_ptr, ups, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
-        if L2_AHEAD > 0:
-            own = offs_n.to(tl.int64)
-            _ahead_to_l2(w_ptr, pid, own, N, K, stride_w, span, 0, PREFETCH * BLOCK_K, BLOCK_N, BLOCK_K, L2_AHEAD,
-                         LINE, ASM)  # fmt: skip
-            _ahead_to_l2(w_ptr, pid, own, N, K, stride_w, span, N, PREFETCH * BLOCK_K, BLOCK_N, BLOCK_K, L2_AHEAD,
-                         LINE, ASM)  # fmt: skip
         gdc_wait()
         acc_g = _take_ahead(acc_g, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, g0, g1, g2, g3)
         acc_u = _take_ahead(acc_u, x_ptr, K, BLOCK_K, EVEN_K, PREFETCH, u0, u1, u2, u3)

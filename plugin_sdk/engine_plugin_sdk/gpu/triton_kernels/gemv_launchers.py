@@ -8,7 +8,6 @@ import torch
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import gemv_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
-from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import ptx_runs
 
 #: the gated GEMV's ``ACT`` by the activation names of ``GemmBackend.gated_linear``
 GATED_ACTIVATIONS = {"silu": ek.SILU, "gelu_tanh": ek.GELU_TANH}
@@ -24,25 +23,18 @@ def _single_row(x: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
     return flat if flat.stride(0) == 1 else flat.contiguous()
 
 
-def _prefetch(tiles: int, k: int, block_k: int, l2_ahead: int, programs: int, weight: torch.Tensor) -> dict:
-    # weight tiles a program loads before its PDL wait (1 to 4): no more than the row holds; and the L2 requests
-    # past them (only under PDL; the interpreter's stubbed waits in tests run them without their PTX), the later programs' rows ``span`` programs apart
-    ahead = {"PREFETCH": max(1, min(tiles, 4, k // block_k)), "span": 0}
-    if l2_ahead > 0 and pdl.active():
-        ahead.update(L2_AHEAD=l2_ahead, span=-(-programs // l2_ahead), LINE=min(block_k, 128 // weight.element_size()),
-                     ASM=ptx_runs())
-    return ahead
+def _prefetch(tiles: int, k: int, block_k: int) -> dict:
+    # weight tiles a program loads before its PDL wait (1 to 4): no more than the row holds
+    return {"PREFETCH": max(1, min(tiles, 4, k // block_k))}
 
 
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     block_n: int = 16, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-    out_dtype: torch.dtype | None = None, prefetch: int = 1, l2_ahead: int = 0,
+    out_dtype: torch.dtype | None = None, prefetch: int = 1,
 ) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight`` ``[N, K]``,
-    in ``out_dtype`` (default: x's; float32 stores the accumulator unrounded, as logits want). Under PDL each
-    program loads ``prefetch`` weight tiles before it waits and, with ``l2_ahead`` (0: off), asks the L2 cache
-    for the rest of its rows and for the rows of ``l2_ahead - 1`` later programs (:mod:`.gemv_kernels`).
+    in ``out_dtype`` (default: x's; float32 stores the accumulator unrounded, as logits want).
 
     Raises:
         ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
@@ -52,12 +44,10 @@ def gemv(
     if bias is not None and bias.numel() != n:
         raise ValueError(f"bias has {bias.numel()} values for {n} outputs")
     y = torch.empty(n, dtype=out_dtype or x.dtype, device=x.device)
-    programs = -(-n // block_n)
-    gk.gemv_kernel[(programs,)](
+    gk.gemv_kernel[(-(-n // block_n),)](
         flat, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k, l2_ahead, programs, weight),
-        **pdl.launch_options(),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
 
@@ -65,11 +55,9 @@ def gemv(
 def gated_gemv(
     x: torch.Tensor, weight: torch.Tensor, activation: str,
     block_n: int = 4, block_k: int = 1024, num_warps: int = 4, num_stages: int = 2, prefetch: int = 1,
-    l2_ahead: int = 0,
 ) -> torch.Tensor:
     """``act(x @ G.T) * (x @ U.T)`` for a single row ``x`` ``[1, K]`` (or ``[K]``) and ``weight``
     ``[2 * d, K]`` stacking the gate's rows ``G`` over the up rows ``U``; ``[..., d]`` in x's dtype.
-    ``prefetch`` and ``l2_ahead`` as for :func:`gemv`.
 
     Raises:
         ValueError: for more than one row, mismatched widths, an odd row count, a weight whose rows are
@@ -84,11 +72,9 @@ def gated_gemv(
     flat = _single_row(x, weight, k)
     d = rows // 2
     y = torch.empty(d, dtype=x.dtype, device=x.device)
-    programs = -(-d // block_n)
-    gk.gated_gemv_kernel[(programs,)](
+    gk.gated_gemv_kernel[(-(-d // block_n),)](
         flat, weight, y, d, k, weight.stride(0),
         ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k, l2_ahead, programs, weight),
-        **pdl.launch_options(),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], d)

@@ -8,8 +8,6 @@ run PTX; there (``ASM`` off) nothing is prefetched, which changes no result.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -25,9 +23,3 @@ def prefetch_l2(ptrs, ok, ASM: tl.constexpr):
             "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
         )
 
-
-
-def ptx_runs() -> bool:
-    """Whether kernels compile to PTX here: False under Triton's interpreter (``TRITON_INTERPRET=1``, which the
-    GPU platforms set before importing their kernels), where inline asm cannot run."""
-    return os.environ.get("TRITON_INTERPRET", "0") != "1"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
 
 
@@ -161,32 +160,18 @@ def _down_tile(w_ptr, ids_ptr, slot, rows, stride_we, stride_wn, K: tl.constexpr
 
 
 @triton.jit
-def _down_rows_to_l2(w_ptr, ids_ptr, slot, rows, n_ok, stride_we, stride_wn, K_FROM: tl.constexpr, K: tl.constexpr,
-                     BLOCK_K: tl.constexpr, LINE: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """Ask the L2 cache for the lines of columns ``K_FROM ..`` of ``rows`` of slot ``slot``'s down expert (its id
-    read past L1, as :func:`_down_tile` reads it), one address every ``LINE`` elements."""
-    expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
-    for k0 in tl.static_range(K_FROM, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K // LINE) * LINE
-        prefetch_l2(w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs[None, :],
-                    n_ok[:, None] & (offs < K)[None, :], ASM)  # fmt: skip
-
-
-@triton.jit
 def moe_gemv_down_kernel(
     act_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, topw_ptr, out_ptr,
     H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-    L2_REST: tl.constexpr = False, LINE: tl.constexpr = 64, ASM: tl.constexpr = True,
 ):
     """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
     (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other).
 
     Under PDL the programs start while the gate/up kernel drains (it lets them start only after its own
     wait, so the routing is complete): each loads the first tile of its first ``PREFETCH`` (0 to 4) experts
-    before it waits for the activations, so those weights stream during that kernel's tail; with ``L2_REST`` it
-    also asks the L2 cache for the rest of its rows of every expert there (``LINE``: elements of a 128-byte line; ``ASM`` off in the interpreter, which asks nothing).
+    before it waits for the activations, so those weights stream during that kernel's tail.
     """
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -204,15 +189,6 @@ def moe_gemv_down_kernel(
             p2 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 2, rows, stride_we, stride_wn, K, BLOCK_K)
         if PREFETCH >= 4 and TOP_K >= 4:
             p3 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 3, rows, stride_we, stride_wn, K, BLOCK_K)
-        if L2_REST:
-            for j in tl.static_range(TOP_K):
-                # past the tile already loaded for the first PREFETCH experts, all of it for the others
-                if j < PREFETCH:
-                    _down_rows_to_l2(w_ptr, ids_ptr, t * TOP_K + j, rows, n_ok, stride_we, stride_wn, BLOCK_K, K,
-                                     BLOCK_K, LINE, ASM)  # fmt: skip
-                else:
-                    _down_rows_to_l2(w_ptr, ids_ptr, t * TOP_K + j, rows, n_ok, stride_we, stride_wn, 0, K, BLOCK_K,
-                                     LINE, ASM)  # fmt: skip
         gdc_wait()
     y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):

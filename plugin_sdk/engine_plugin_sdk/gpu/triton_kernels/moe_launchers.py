@@ -8,7 +8,6 @@ import torch
 
 from engine_plugin_sdk.gpu.triton_kernels import moe_kernels as mk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
-from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import ptx_runs
 from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 
@@ -27,8 +26,6 @@ class MoeTiles:
             then cost more programs per SM than the early loads save (H200, one Qwen3-30B-A3B layer in graphs
             with PDL, 2026-12-04: 4 experts 23.1 us against 24.8 at 1 token, 76.5 against 71.5 at 4, 134.3
             against 128.0 at 8; batch-1 decode 392.3 tok/s against 382.2 / 383.0 without).
-        down_l2_rest: ... and asks the L2 cache there for the rest of its rows of every expert (untimed,
-            2026-12-06).
         down_experts_at_once: the down GEMV takes a token's experts as one dimension of its tiles
             (``moe_gemv_down_experts_kernel``: their ids one load, their first tiles one gather, all in flight
             together) instead of one after another (``down_prefetch`` does not apply).
@@ -43,7 +40,6 @@ class MoeTiles:
     gate_up_gemv: tuple[int, int, int] = (2, 1024, 4)
     down_gemv: tuple[int, int, int] = (4, 1024, 4)
     down_prefetch: int = 4
-    down_l2_rest: bool = False
     down_experts_at_once: bool = False
     gemm: tuple[tuple[int, int, int, int, int, int], ...] = (
         (2048, 32, 64, 64, 4, 3), (8192, 64, 64, 64, 4, 3), (0, 128, 128, 64, 8, 3),
@@ -199,13 +195,11 @@ def fused_moe(
             return out
         # the early tiles exist only under PDL: elsewhere a prefetch depth would be one more variant to compile
         prefetch = tiles.down_prefetch if tokens == 1 and launch["USE_PDL"] else 0
-        block_k = min(bk, next_power_of_2(inter))
         mk.moe_gemv_down_kernel[(tokens, triton_cdiv(hidden, bn))](
             hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
             hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
             K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
-            BLOCK_K=block_k, num_warps=warps, PREFETCH=prefetch, L2_REST=prefetch > 0 and tiles.down_l2_rest,
-            LINE=min(block_k, 128 // down.element_size()), ASM=ptx_runs(), **launch,
+            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, PREFETCH=prefetch, **launch,
         )  # fmt: skip
         return out
     block_m, block_n, block_k, warps, stages = tiles.gemm_tiles(slots)
