@@ -1,5 +1,5 @@
-"""The GPU routing kernel (``moe_topk``: every expert ranked at once, each of the chosen storing itself at its
-rank) against the float64 reference: the experts' counts of the served MoE families, renormalised or not, grouped
+"""The GPU routing kernel (``moe_topk``: a pick one maximum over keys packing each choice with its index; softmax
+routing without a bias picks by the logits and weighs by the picked ones) against the float64 reference: the experts' counts of the served MoE families, renormalised or not, grouped
 sigmoid routing with a correction bias, ties (first index wins), and NaN logits (every slot still one expert in
 range, none twice). Interpreter on the CPU."""
 
@@ -62,8 +62,13 @@ def test_nan_logits_still_give_distinct_experts_in_range(device) -> None:
     logits = torch.randn(3, 128, generator=torch.Generator().manual_seed(5))
     logits[0, 7] = float("nan")
     logits[2] = float("nan")
-    _, ids = moe_topk(logits.to(device), 8, True)
-    ids = ids.cpu()
-    assert ((ids >= 0) & (ids < 128)).all()
-    assert all(len(set(row.tolist())) == 8 for row in ids)
-    assert torch.equal(ids[1], ref_moe_topk(logits[1:2], 8, True)[1][0])
+    for renormalize in (True, False):
+        weights, ids = moe_topk(logits.to(device), 8, renormalize)
+        ids, weights = ids.cpu(), weights.cpu()
+        assert ((ids >= 0) & (ids < 128)).all()
+        assert all(len(set(row.tolist())) == 8 for row in ids)
+        want_w, want_ids = ref_moe_topk(logits[1:2], 8, renormalize)
+        assert torch.equal(ids[1], want_ids[0])
+        torch.testing.assert_close(weights[1].double(), want_w[0], rtol=2e-6, atol=1e-7)
+        # the NaN rows' weights are NaN, as a softmax over every expert makes them (never finite garbage)
+        assert weights[0].isnan().all() and weights[2].isnan().all(), renormalize

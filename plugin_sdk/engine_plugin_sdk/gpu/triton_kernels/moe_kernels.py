@@ -1,4 +1,5 @@
-"""Mixture-of-experts kernels: top-k routing, and the experts' two projections in two forms.
+"""Mixture-of-experts kernels: the experts' two projections in two forms (the routing before them:
+:mod:`.moe_routing_kernels`).
 
 Experts are stacked: ``gate_up [E, 2I, H]`` (gate rows, then up rows) and ``down [E, H, I]``, rows contiguous
 along the reduced dimension. A *slot* is one (token, choice) pair, ``slot = token * top_k + j``.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_begin
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -32,70 +33,6 @@ def _gated(gate, up, ACT: tl.constexpr):
     g = tl.minimum(gate, 7.0)
     u = tl.minimum(tl.maximum(up, -7.0), 7.0)
     return (u + 1.0) * g / (1.0 + tl.exp(-1.702 * g))
-
-
-@triton.jit
-def moe_topk_kernel(
-    logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
-    NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
-    TOPK_GROUPS: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, SIGMOID: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, GROUP_MAX: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """One token per program, its experts as a ``[groups, group size]`` tile: scores (softmax or sigmoid),
-    the correction bias added to choose, the best ``TOPK_GROUPS`` groups (by the sum of their two best
-    choices, or their best with ``GROUP_MAX``) kept, then the ``TOP_K`` best choices (first index on ties) weighted by their scores.
-
-    A NaN choice counts as -inf, and each pick is taken from the valid experts not picked yet: a row of NaN logits
-    still names ``TOP_K`` distinct experts in range (NaN weights), where a stray id would send the expert kernels
-    reading past the experts' weights."""
-    pdl_begin(USE_PDL)  # everything it reads, the router's logits, comes from the kernel before
-    t = tl.program_id(0).to(tl.int64)
-    offs_g = tl.arange(0, G_P2)
-    offs_s = tl.arange(0, S_P2)
-    idx = offs_g[:, None] * GROUP + offs_s[None, :]
-    valid = (offs_g[:, None] < NUM_GROUPS) & (offs_s[None, :] < GROUP)
-    x = tl.load(logits_ptr + t * stride_l + idx, mask=valid, other=float("-inf")).to(tl.float32)
-    if SIGMOID:
-        score = tl.where(valid, 1.0 / (1.0 + tl.exp(-x)), 0.0)
-    else:
-        p = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
-        score = p / tl.sum(tl.sum(p, axis=1), axis=0)
-    choice = score
-    if HAS_BIAS:
-        choice += tl.load(bias_ptr + idx, mask=valid, other=0.0).to(tl.float32)
-    choice = tl.where(valid & (choice == choice), choice, float("-inf"))
-    if NUM_GROUPS > 1:
-        best1 = tl.max(choice, axis=1)
-        if GROUP_MAX:
-            group_score = tl.where(offs_g < NUM_GROUPS, best1, float("-inf"))
-        else:
-            arg1 = tl.min(tl.where(choice == best1[:, None], offs_s[None, :], S_P2), axis=1)
-            best2 = tl.max(tl.where(offs_s[None, :] == arg1[:, None], float("-inf"), choice), axis=1)
-            group_score = tl.where(offs_g < NUM_GROUPS, best1 + best2, float("-inf"))
-        kept = offs_g < 0
-        for _ in tl.static_range(TOPK_GROUPS):
-            top = tl.max(group_score, axis=0)
-            g = tl.min(tl.where(group_score == top, offs_g, G_P2), axis=0)
-            kept = kept | (offs_g == g)
-            group_score = tl.where(offs_g == g, float("-inf"), group_score)
-        choice = tl.where(kept[:, None], choice, float("-inf"))
-    offs_k = tl.arange(0, K_P2)
-    chosen_w = tl.zeros([K_P2], dtype=tl.float32)
-    chosen_i = tl.zeros([K_P2], dtype=tl.int64)
-    big = NUM_GROUPS * GROUP
-    open_ = valid  # the valid experts not picked yet
-    for j in tl.static_range(TOP_K):
-        best = tl.max(tl.max(tl.where(open_, choice, float("-inf")), axis=1), axis=0)
-        e = tl.min(tl.min(tl.where(open_ & (choice == best), idx, big), axis=1), axis=0)
-        w = tl.sum(tl.sum(tl.where(idx == e, score, 0.0), axis=1), axis=0)
-        chosen_w = tl.where(offs_k == j, w, chosen_w)
-        chosen_i = tl.where(offs_k == j, e.to(tl.int64), chosen_i)
-        open_ = open_ & (idx != e)
-    if RENORM:
-        chosen_w = chosen_w / tl.sum(chosen_w, axis=0)
-    chosen_w = chosen_w * scaling
-    tl.store(weights_ptr + t * TOP_K + offs_k, chosen_w, mask=offs_k < TOP_K)
-    tl.store(ids_ptr + t * TOP_K + offs_k, chosen_i, mask=offs_k < TOP_K)
 
 
 @triton.jit

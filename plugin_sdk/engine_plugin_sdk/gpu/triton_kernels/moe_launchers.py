@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_plugin_sdk.gpu.triton_kernels import moe_kernels as mk
+from engine_plugin_sdk.gpu.triton_kernels import moe_routing_kernels as mrk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
@@ -112,11 +113,12 @@ def moe_topk(
         logits = logits.contiguous()
     group = experts // num_groups
     bias = correction_bias.contiguous() if correction_bias is not None else weights
-    mk.moe_topk_kernel[(tokens,)](
+    mrk.moe_topk_kernel[(tokens,)](
         logits, bias, weights, ids, logits.stride(0), float(scaling),
         NUM_GROUPS=num_groups, GROUP=group, G_P2=next_power_of_2(num_groups), S_P2=next_power_of_2(group),
         TOPK_GROUPS=topk_groups, TOP_K=top_k, K_P2=next_power_of_2(top_k), SIGMOID=scoring == "sigmoid",
         HAS_BIAS=correction_bias is not None, RENORM=renormalize, GROUP_MAX=group_score == "max",
+        LOGIT_PICKS=scoring == "softmax" and correction_bias is None and num_groups == 1,
         num_warps=max(1, min(8, next_power_of_2(experts) // 128)), **pdl.launch_options(),
     )  # fmt: skip
     return weights, ids
