@@ -236,6 +236,32 @@ def make_moe_llm(folder: str, **kwargs: Any) -> Any:
     return LLM(model=folder, device="cuda", dtype="bfloat16", load_format="dummy", **kwargs)
 
 
+def use_routing_kernel_from(path: str) -> None:
+    """Launch the routing kernel (``moe_topk_kernel``) of ``path``, a kernel module of an earlier commit (e.g. ``git
+    show 72926ed~1:plugin_sdk/engine_plugin_sdk/gpu/triton_kernels/moe_kernels.py``, before the packed-key picks),
+    in this process: the A/B of a routing change. Launch options that kernel does not take are dropped."""
+    import importlib.util
+    import inspect
+    import types
+
+    from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
+
+    spec = importlib.util.spec_from_file_location("routing_kernel_before", path)
+    assert spec is not None and spec.loader is not None
+    before = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(before)
+    kernel = before.moe_topk_kernel
+    taken = set(inspect.signature(kernel.fn).parameters)
+
+    class Launch:
+        def __getitem__(self, grid: Any) -> Any:
+            launch = kernel[grid]
+            options = {"num_warps", "num_stages", "launch_pdl"}
+            return lambda *a, **kw: launch(*a, **{k: v for k, v in kw.items() if k in taken or k in options})
+
+    moe_launchers.mrk = types.SimpleNamespace(moe_topk_kernel=Launch())  # type: ignore[attr-defined]
+
+
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
@@ -249,6 +275,8 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         from nvidia_h200 import use_decode_kernel_from
 
         use_decode_kernel_from(args.decode_kernel_from)  # an earlier commit's decode attention kernel: the A/B
+    if args.routing_kernel_from:
+        use_routing_kernel_from(args.routing_kernel_from)  # an earlier commit's routing kernel: the A/B
     overrides: dict[str, Any] = {}
     if args.down_prefetch is not None:
         overrides["down_prefetch"] = args.down_prefetch  # the down GEMV's PDL prefetch depth: the A/B
@@ -400,6 +428,8 @@ def main() -> None:
             p.add_argument("--down-gemv", type=ints, default=None, help="the down GEMV's block_n,block_k,warps")
             p.add_argument("--decode-kernel-from", default=None,
                            help="the decode attention kernel of this file (an earlier commit's) instead of the tree's")
+            p.add_argument("--routing-kernel-from", default=None,
+                           help="the routing kernel (moe_topk_kernel) of this file (an earlier commit's) instead of the tree's")
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",

@@ -30,6 +30,9 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   routing: the MoE routing kernel's packed-key picks (session 48, commit 72926ed, untimed): its GPU tests, then
+#            Qwen3-30B-A3B batch-1 decode with the kernel before it (`git show 72926ed~1:plugin_sdk/engine_plugin_sdk/
+#            gpu/triton_kernels/moe_kernels.py > .nvcarry/routing_kernel_before.py`) and with the tree's, two rounds.
 #   confirm: issue 25's batch-1 figures at the defaults (session 39: two-level scales, the dot GEMV's operands a
 #            step ahead), measured only on H100s so far: bf16, W4A16, GGUF Q4_K_M and its dequantized copy, one
 #            process, 1 and 4 sequences.
@@ -71,7 +74,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -155,6 +158,17 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = routing ]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_moe_topk_kernel.py > $LOGS/routing_tests.log 2>&1
+  tail -2 $LOGS/routing_tests.log
+  for round in 1 2; do
+    timeout 85 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL \
+      --routing-kernel-from .nvcarry/routing_kernel_before.py --json "$OUT/routing_before_$round.json" > $LOGS/routing_before.log 2>&1
+    timeout 85 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/routing_after_$round.json" \
+      > $LOGS/routing_after.log 2>&1
+    echo "round $round before: $(grep -h 'experts bf16' $LOGS/routing_before.log)"
+    echo "round $round after:  $(grep -h 'experts bf16' $LOGS/routing_after.log)"
+  done
 elif [ "$PART" = confirm ]; then
   timeout 330 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
     gguf_q4_k_m_dequantized --decode-batch 4 --throughput --json "$OUT/confirm_decode.json" > $LOGS/confirm_decode.log 2>&1
