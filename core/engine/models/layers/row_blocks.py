@@ -54,11 +54,9 @@ class RowBlocks:
         for start in starts:
             b = next(b for b, end in enumerate(block_ends) if start < end)
             homes.append((b, start - block_ends[b] + self.rows[b]))
+        # each block's product adds its share of the bias itself (no kernel of its own for the sum)
+        biases = bias.split(list(self.rows)) if bias is not None else [None] * len(self.parts)
+        products = [gemm.linear(x, part, b) for part, b in zip(self.parts, biases, strict=True)]
         if all(offset + n <= self.rows[b] for (b, offset), n in zip(homes, sizes, strict=True)):
-            products = [gemm.linear(x, part) for part in self.parts]
-            pieces = [products[b][..., offset : offset + n] for (b, offset), n in zip(homes, sizes, strict=True)]
-        else:
-            pieces = list(torch.cat([gemm.linear(x, part) for part in self.parts], dim=-1).split(sizes, dim=-1))
-        if bias is None:
-            return pieces
-        return [piece + b for piece, b in zip(pieces, bias.split(sizes), strict=True)]
+            return [products[b][..., offset : offset + n] for (b, offset), n in zip(homes, sizes, strict=True)]
+        return list(torch.cat(products, dim=-1).split(sizes, dim=-1))
