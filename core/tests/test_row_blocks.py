@@ -35,6 +35,7 @@ def test_split_products_equal_the_stacked_matrix(rows: list[int], sizes: list[in
     # views of the blocks' own products (v apart from q), or all cut from one concatenation
     storages = {piece.untyped_storage().data_ptr() for piece in pieces}
     assert len(storages) == (len(rows) if shared else 1)
+    torch.testing.assert_close(blocks.linear(gemm, x, bias), x @ stacked.T + bias, rtol=1e-12, atol=1e-12)
     with_bias = blocks.split_linear(gemm, x, sizes, bias)
     for piece, want in zip(with_bias, (x @ stacked.T + bias).split(sizes, dim=-1), strict=True):
         torch.testing.assert_close(piece, want, rtol=1e-12, atol=1e-12)

@@ -33,8 +33,12 @@ class RowBlocks:
 
     def linear(self, gemm: GemmBackend, x: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W.T + bias`` for the stacked ``W``: one product per block, concatenated."""
-        y = torch.cat([gemm.linear(x, part) for part in self.parts], dim=-1)
-        return y if bias is None else y + bias
+        return torch.cat(self._products(gemm, x, bias), dim=-1)
+
+    def _products(self, gemm: GemmBackend, x: Any, bias: torch.Tensor | None) -> list[torch.Tensor]:
+        # each block's product adds its share of the bias itself (no kernel of its own for the sum)
+        biases = bias.split(list(self.rows)) if bias is not None else [None] * len(self.parts)
+        return [gemm.linear(x, part, b) for part, b in zip(self.parts, biases, strict=True)]
 
     def split_linear(
         self, gemm: GemmBackend, x: Any, sizes: list[int], bias: torch.Tensor | None = None
@@ -54,9 +58,7 @@ class RowBlocks:
         for start in starts:
             b = next(b for b, end in enumerate(block_ends) if start < end)
             homes.append((b, start - block_ends[b] + self.rows[b]))
-        # each block's product adds its share of the bias itself (no kernel of its own for the sum)
-        biases = bias.split(list(self.rows)) if bias is not None else [None] * len(self.parts)
-        products = [gemm.linear(x, part, b) for part, b in zip(self.parts, biases, strict=True)]
+        products = self._products(gemm, x, bias)
         if all(offset + n <= self.rows[b] for (b, offset), n in zip(homes, sizes, strict=True)):
             return [products[b][..., offset : offset + n] for (b, offset), n in zip(homes, sizes, strict=True)]
         return list(torch.cat(products, dim=-1).split(sizes, dim=-1))
