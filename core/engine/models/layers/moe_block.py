@@ -76,7 +76,12 @@ class MoeMLP:
         else:
             out = gemm.fused_moe(x, self.experts, weights, ids, spec.activation)
         if self.shared_gate_up is not None:
-            shared = gemm.linear(model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up)), self.shared_down)
+            if "silu" in gemm.gated_activations:
+                # the backend's gate/up product with its activation in one (at batch 1 one GEMV launch, not two)
+                act = gemm.gated_linear(x, self.shared_gate_up, "silu")
+            else:
+                act = model.ops.silu_and_mul(gemm.linear(x, self.shared_gate_up))
+            shared = gemm.linear(act, self.shared_down)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(gemm.linear(x, self.shared_gate)) * shared
             out = out + shared
