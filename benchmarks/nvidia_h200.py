@@ -137,27 +137,29 @@ def override_tuning(**changes: Any) -> None:
     )
 
 
+def load_module(name: str, path: str) -> types.ModuleType:
+    """The Python module in file ``path`` (an earlier commit's kernel module, for an A/B), imported as ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def use_decode_kernel_from(path: str) -> types.ModuleType:
     """Launch the decode attention kernel of ``path`` (a kernel module of an earlier commit, e.g. ``git show
     REV:plugin_sdk/engine_plugin_sdk/gpu/triton_kernels/attention_kernels.py``) in this process: the A/B of a
     kernel change. Programs of one KV head, the query scaled in the scores, as that kernel takes them. Where a
     file ``<path's stem>_merge.py`` lies beside it (that commit's ``decode_merge_kernels.py``), its split merge
     runs too."""
-    import importlib.util
-
     from engine_plugin_sdk.gpu.triton_kernels import launchers
 
-    def load(name: str, file: str) -> types.ModuleType:
-        spec = importlib.util.spec_from_file_location(name, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    before = load("decode_kernel_before", path)
+    before = load_module("decode_kernel_before", path)
     merge_path = Path(path).with_name(Path(path).stem + "_merge.py")
     if merge_path.exists():
-        launchers.dmk = load("decode_merge_before", str(merge_path))  # type: ignore[attr-defined]
+        launchers.dmk = load_module("decode_merge_before", str(merge_path))  # type: ignore[attr-defined]
 
     class Launch:
         def __getitem__(self, grid: Any) -> Any:

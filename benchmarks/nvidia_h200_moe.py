@@ -240,17 +240,14 @@ def use_routing_kernel_from(path: str) -> None:
     """Launch the routing kernel (``moe_topk_kernel``) of ``path``, a kernel module of an earlier commit (e.g. ``git
     show 72926ed~1:plugin_sdk/engine_plugin_sdk/gpu/triton_kernels/moe_kernels.py``, before the packed-key picks),
     in this process: the A/B of a routing change. Launch options that kernel does not take are dropped."""
-    import importlib.util
     import inspect
     import types
 
+    from nvidia_h200 import load_module
+
     from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
 
-    spec = importlib.util.spec_from_file_location("routing_kernel_before", path)
-    assert spec is not None and spec.loader is not None
-    before = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(before)
-    kernel = before.moe_topk_kernel
+    kernel = load_module("routing_kernel_before", path).moe_topk_kernel
     taken = set(inspect.signature(kernel.fn).parameters)
 
     class Launch:
