@@ -25,7 +25,7 @@ user asked for that trade of accuracy for speed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -106,6 +106,9 @@ class GroupedIntWeight:
         super_scales: see ``sub_groups``.
         super_zero_scales: see ``sub_groups``.
         high_bits: 6-bit codes' plane of high bits (see above), or None.
+        program_params: copies of the group parameters in the one-row GEMV's program order, by ``(rows a
+            program, gated)``, built on first use where the tiles ask for them
+            (:mod:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_program_params`).
     """
 
     codes: torch.Tensor
@@ -121,6 +124,7 @@ class GroupedIntWeight:
     super_scales: torch.Tensor | None = None
     super_zero_scales: torch.Tensor | None = None
     high_bits: torch.Tensor | None = None
+    program_params: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:

@@ -45,6 +45,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _slot_dots, _slot_dots6
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_offsets
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_six_bit import six_bit_plane_words
 from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
@@ -84,30 +85,32 @@ def _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM
 @triton.jit
 def _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                      BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, BITS: tl.constexpr,
-                     super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+                     super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, ASM: tl.constexpr,
+                     PARAM_ROWS: tl.constexpr):  # fmt: skip
     """Ask the L2 cache for the lines of the first step's group parameters (:func:`_slot_params`' reads), holding
     no registers for them."""
     slots = tl.arange(0, S)
-    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
+    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS, PARAM_ROWS)
     ok = (slots < NUM_SLOTS)[None, :]
     prefetch_l2(scale_ptr + params, ok, ASM)
     if HAS_ZS:
         prefetch_l2(zs_ptr + params, ok, ASM)
     if SUB_GROUPS != 0:
-        prefetch_l2(super_ptr + params // SUB_GROUPS, ok, ASM)
+        prefetch_l2(super_ptr + super_offsets(params, SUB_GROUPS, PARAM_ROWS), ok, ASM)
         if HAS_ZS:
-            prefetch_l2(zsuper_ptr + params // SUB_GROUPS, ok, ASM)
+            prefetch_l2(zsuper_ptr + super_offsets(params, SUB_GROUPS, PARAM_ROWS), ok, ASM)
 
 
 @triton.jit
 def _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                 BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-                BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+                BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                PARAM_ROWS: tl.constexpr):  # fmt: skip
     """The rows' words ``[R, S, 4]`` of slots ``s0 ..`` and their group scales (and zero scales) ``[R, S]`` in
     float32."""
     words = _slot_words(w32, rows, stride_w, s0, S, NUM_SLOTS, EVEN)
     scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                             super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                             super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
     return words, scale, zs
 
 
@@ -139,7 +142,7 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
                 GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK: tl.constexpr,
                 S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, BITS: tl.constexpr,
                 super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, EARLY_PARAMS: tl.constexpr,
-                PREFETCH_PARAMS: tl.constexpr):  # fmt: skip
+                PREFETCH_PARAMS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
     """The rows' first step: its words, group parameters and activation pairs, across the PDL wait. The weight is
     constant: its words (and, with ``EARLY_PARAMS``, their scales; else with ``PREFETCH_PARAMS`` their L2 lines)
     are read while the kernel that writes ``x`` drains; what is read before the wait stays live across it, in
@@ -147,15 +150,15 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
     words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
     if EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                                 super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
     elif PREFETCH_PARAMS:
         _prefetch_params(scale_ptr, zs_ptr, rows, stride_sn, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, BITS, super_ptr,
-                         zsuper_ptr, SUB_GROUPS, ASM)  # fmt: skip
+                         zsuper_ptr, SUB_GROUPS, ASM, PARAM_ROWS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
     if not EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
-                                 super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                                 super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
     xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
     return words, scale, zs, xl0, xl1, xh0, xh1
 
@@ -248,7 +251,7 @@ def grouped_int_dot_gemv_kernel(
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
-    ROW_GROUPS: tl.constexpr = 1,
+    ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -266,7 +269,9 @@ def grouped_int_dot_gemv_kernel(
     ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; ``AHEAD`` and
     ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`. ``ROW_GROUPS`` (a single-step product of 4- or
     8-bit codes, ``NUM_SLOTS`` at most ``32 * WARPS``): a program takes that many groups of ``ROWS`` rows one after
-    another (:func:`_row_groups`).
+    another (:func:`_row_groups`). ``PARAM_ROWS`` (``ROWS``; not with 6-bit codes or row groups): ``scale``,
+    ``zs`` and their super-block scales are a program-order copy (:mod:`.grouped_int_program_params`), ``stride_sn``
+    its elements a program.
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -275,6 +280,8 @@ def grouped_int_dot_gemv_kernel(
     S: tl.constexpr = 32 * WARPS
     EVEN: tl.constexpr = NUM_SLOTS % S == 0
     tl.static_assert(ROW_GROUPS == 1 or (NUM_SLOTS <= 32 * WARPS and BITS != 6), "row groups of single steps")
+    tl.static_assert(PARAM_ROWS == 0 or (PARAM_ROWS == ROWS and ROW_GROUPS == 1 and BITS != 6),
+                     "program-order parameters: one group of rows, 4- or 8-bit codes")
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
@@ -294,7 +301,8 @@ def grouped_int_dot_gemv_kernel(
         words, scale, zs, xl0, xl1, xh0, xh1 = _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
                                                            stride_sn, NUM_SLOTS, GROUP, HAS_ZS, HAS_PERM, BLOCK, S,
                                                            EVEN, ASM, USE_PDL, BITS, super_ptr, zsuper_ptr,
-                                                           SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS)  # fmt: skip
+                                                           SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS,
+                                                           PARAM_ROWS)  # fmt: skip
         if AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency
@@ -303,7 +311,7 @@ def grouped_int_dot_gemv_kernel(
                 ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
                 next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
                                                               NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
-                                                              zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                                                              zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
                 nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
                 acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
                 words, scale, zs = next_words, next_scale, next_zs
@@ -312,7 +320,8 @@ def grouped_int_dot_gemv_kernel(
             acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
             for s0 in tl.range(S, NUM_SLOTS, S):
                 words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
-                                               BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                                               BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                               PARAM_ROWS)  # fmt: skip
                 xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
                 acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
     if ROW_GROUPS == 1:

@@ -172,39 +172,49 @@ def _store(out_ptr, bias_ptr, first, N, y, ROWS: tl.constexpr, HAS_BIAS: tl.cons
 
 
 @triton.jit
-def _param_offsets(rows, stride_sn, slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr):
-    """The flat offsets ``[R, S]`` of the rows' group parameters for slots ``slots``."""
+def _param_offsets(rows, stride_sn, slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr,
+                   PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
+    """The flat offsets ``[R, S]`` of the rows' group parameters for slots ``slots``: row-major ``[out, groups]``
+    (``stride_sn`` a row), or with ``PARAM_ROWS`` (``R``) a program-order copy's, ``stride_sn`` a program
+    (:mod:`.grouped_int_program_params`: a thread's ``R`` rows of a group are one vector load)."""
     SPB: tl.constexpr = BLOCK // 32
     if BITS == 4:
         group = (slots // SPB) * BLOCK // GROUP
     else:
         group = slots * 16 // GROUP
-    return rows[:, None] * stride_sn + group[None, :]
+    if PARAM_ROWS != 0:
+        tl.static_assert(PARAM_ROWS == rows.shape[0], "a program-order copy holds the program's rows")
+        at = tl.program_id(0).to(tl.int64) * stride_sn + group[None, :] * PARAM_ROWS + tl.arange(0, PARAM_ROWS)[:, None]
+    else:
+        at = rows[:, None] * stride_sn + group[None, :]
+    return at
 
 
 @triton.jit
 def _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-               super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+               super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
     """The group scales (and zero scales) at flat offsets ``params [R, S]`` of slots ``slots`` in float32."""
     if EVEN:
-        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS)
+        scale = group_params(scale_ptr, super_ptr, params, SUB_GROUPS, PARAM_ROWS)
         zs = scale
         if HAS_ZS:
-            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS)
+            zs = group_params(zs_ptr, zsuper_ptr, params, SUB_GROUPS, PARAM_ROWS)
     else:
         ok = (slots < NUM_SLOTS)[None, :]
-        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS)
+        scale = group_params_masked(scale_ptr, super_ptr, params, ok, SUB_GROUPS, PARAM_ROWS)
         zs = scale
         if HAS_ZS:
-            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS)
+            zs = group_params_masked(zs_ptr, zsuper_ptr, params, ok, SUB_GROUPS, PARAM_ROWS)
     return scale, zs
 
 
 @triton.jit
 def _slot_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                  BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr,
-                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr):  # fmt: skip
+                 BITS: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                 PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
     """The group scales (and zero scales) ``[R, S]`` of the rows' slots ``s0 ..`` in float32."""
     slots = s0 + tl.arange(0, S)
-    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS)
-    return _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)
+    params = _param_offsets(rows, stride_sn, slots, BLOCK, GROUP, BITS, PARAM_ROWS)
+    return _params_at(scale_ptr, zs_ptr, params, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS,
+                      PARAM_ROWS)  # fmt: skip

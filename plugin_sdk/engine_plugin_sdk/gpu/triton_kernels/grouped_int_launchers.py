@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from engine_plugin_sdk.gpu.attention import stream_capturing
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int4_gemv_kernels as g4
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_gemv_kernels as dot
@@ -25,6 +26,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_few_rows_launchers import
     split_target,
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_args
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_program_params import program_params
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
 
@@ -199,6 +201,21 @@ def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
     return tiles.dot_gemv_rows
 
 
+def _program_params(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, groups: int, gated: int):
+    """The program-order copy of ``weight``'s parameters the integer-dot GEMV reads (``dot_gemv_program_params``
+    for zero scales and 8-bit codes, ``dot_gemv_program_params_zero_point`` for 4-bit codes with one zero point),
+    or None: not asked for, 6-bit codes, row groups, or a first use inside graph capture (the copy is made
+    by the warm-up's eager steps; a captured product keeps the row-major parameters)."""
+    one_zero = weight.bits == 4 and weight.zero_scales is None
+    wanted = tiles.dot_gemv_program_params_zero_point if one_zero else tiles.dot_gemv_program_params
+    if not wanted or weight.bits == 6 or groups != 1:
+        return None
+    key = (rows, gated != gated_rows.NOT_GATED)
+    if key not in weight.program_params and stream_capturing():
+        return None
+    return program_params(weight, *key)
+
+
 def _register_cap(tiles: GroupedIntTiles) -> dict:
     """The integer-dot GEMV's launch option capping its registers a thread (none where the tiles set no cap)."""
     return {"maxnreg": tiles.dot_gemv_max_registers} if tiles.dot_gemv_max_registers else {}
@@ -224,16 +241,24 @@ def _dot_gemv(
     grid = (triton.cdiv(out_features, rows * groups),)
     if gated != gated_rows.NOT_GATED:
         grid = (triton.cdiv(out_features // 2, rows // 2 * groups),)
+    params = _program_params(weight, tiles, rows, groups, gated)
+    scales, zero_scales, supers = weight.scales, weight.zero_scales, super_args(weight)
+    if params is not None:
+        scales, zero_scales = params.scales, params.zero_scales
+        if weight.sub_groups:
+            zsuper = params.super_zero_scales if params.super_zero_scales is not None else params.super_scales
+            supers = {**supers, "super_ptr": params.super_scales, "zsuper_ptr": zsuper}
     dot.grouped_int_dot_gemv_kernel[grid](
-        row, weight.codes, weight.scales, weight.zero_scales if weight.zero_scales is not None else unused,
+        row, weight.codes, scales, zero_scales if zero_scales is not None else unused,
         weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
-        out_features, weight.codes.stride(0), weight.scales.stride(0),
+        out_features, weight.codes.stride(0), params.stride if params is not None else weight.scales.stride(0),
         NUM_SLOTS=slots, GROUP=weight.group_size, ZERO=weight.zero_point,
         HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
         EARLY_PARAMS=_dot_early_params(weight, tiles), PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
-        num_warps=tiles.dot_gemv_warps, num_stages=1, **super_args(weight), **plane_args(weight),
+        PARAM_ROWS=rows if params is not None else 0, num_warps=tiles.dot_gemv_warps, num_stages=1, **supers,
+        **plane_args(weight),
         **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip
 

@@ -4,7 +4,10 @@ integer per group times its super-block's fp16 scale, multiplied in float32 (exa
 bits), so that a product reads about a byte a group instead of four.
 
 The super-block parameters are laid out ``[out, groups / SUB_GROUPS]`` beside ``[out, groups]`` ones, so a
-group's flat offset ``row * groups + g`` divided by ``SUB_GROUPS`` is its super-block's."""
+group's flat offset ``row * groups + g`` divided by ``SUB_GROUPS`` is its super-block's. In a program-order copy
+(``PARAM_ROWS`` rows a program, rows fastest: :mod:`.grouped_int_program_params`) a group's offset is
+``(program * groups + g) * PARAM_ROWS + i`` and its super-block's ``(program * groups / SUB_GROUPS + g / SUB_GROUPS)
+* PARAM_ROWS + i``, from the same quotient and remainder."""
 
 from __future__ import annotations
 
@@ -25,17 +28,26 @@ def super_args(weight: Any) -> dict:
 
 
 @triton.jit
-def group_params(p_ptr, super_ptr, at, SUB_GROUPS: tl.constexpr):
-    """float32 parameters of the groups at flat offsets ``at`` (any shape)."""
-    if SUB_GROUPS == 0:
-        return tl.load(p_ptr + at).to(tl.float32)
-    return tl.load(p_ptr + at).to(tl.float32) * tl.load(super_ptr + at // SUB_GROUPS).to(tl.float32)
+def super_offsets(at, SUB_GROUPS: tl.constexpr, PARAM_ROWS: tl.constexpr):
+    """The super-block offsets of the groups at flat offsets ``at`` (row-major, or a program-order copy's)."""
+    if PARAM_ROWS == 0:
+        return at // SUB_GROUPS
+    return (at // (PARAM_ROWS * SUB_GROUPS)) * PARAM_ROWS + at % PARAM_ROWS
 
 
 @triton.jit
-def group_params_masked(p_ptr, super_ptr, at, ok, SUB_GROUPS: tl.constexpr):
+def group_params(p_ptr, super_ptr, at, SUB_GROUPS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):
+    """float32 parameters of the groups at flat offsets ``at`` (any shape)."""
+    if SUB_GROUPS == 0:
+        return tl.load(p_ptr + at).to(tl.float32)
+    one = tl.load(super_ptr + super_offsets(at, SUB_GROUPS, PARAM_ROWS)).to(tl.float32)
+    return tl.load(p_ptr + at).to(tl.float32) * one
+
+
+@triton.jit
+def group_params_masked(p_ptr, super_ptr, at, ok, SUB_GROUPS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):
     """:func:`group_params` where ``ok``, 0 elsewhere."""
     if SUB_GROUPS == 0:
         return tl.load(p_ptr + at, mask=ok, other=0.0).to(tl.float32)
     sub = tl.load(p_ptr + at, mask=ok, other=0).to(tl.float32)
-    return sub * tl.load(super_ptr + at // SUB_GROUPS, mask=ok, other=0.0).to(tl.float32)
+    return sub * tl.load(super_ptr + super_offsets(at, SUB_GROUPS, PARAM_ROWS), mask=ok, other=0.0).to(tl.float32)

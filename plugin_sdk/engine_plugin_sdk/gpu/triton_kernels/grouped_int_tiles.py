@@ -126,6 +126,13 @@ class GroupedIntTiles:
             the wait lost 7% on both (session 47's H100: 387.7 against 415.5).
         dot_gemv_prefetch_params: ... and where it reads them after the wait, it asks the L2 cache for their
             lines before it (W4A16: 80 registers; over GGUF's form 124, the addresses kept across the wait).
+        dot_gemv_program_params: it reads the group parameters of zero scales and 8-bit codes (GGUF's forms) from a
+            copy in its programs' order, a thread's rows of a group one vector load
+            (:mod:`.grouped_int_program_params`: Q4_K 4 loads a step against 32, 95 registers against 127, in
+            sm_90 code), kept beside the row-major ones for the other kernels. Off until timed.
+        dot_gemv_program_params_zero_point: the same for 4-bit codes with one zero point (GPTQ / AWQ's form:
+            20 loads a step become 13, but the row sums then take 42 shuffles against 4: 616 instructions against
+            560). Off until timed.
         dot_gemv_max_registers: the other way to one wave: a cap on its registers a thread (ptxas's
             ``maxnreg``; 0: none). At 80 with its scales read early, sm_90 code spills 4 registers for W4A16
             and 28 over GGUF's form; untimed (2026-12-05).
@@ -198,6 +205,8 @@ class GroupedIntTiles:
     dot_gemv_early_params: bool = True
     dot_gemv_early_zero_point_params: bool = True
     dot_gemv_prefetch_params: bool = False
+    dot_gemv_program_params: bool = False
+    dot_gemv_program_params_zero_point: bool = False
     dot_gemv_max_registers: int = 0
     two_level_scales: bool = False
     six_bit_codes: bool = False
