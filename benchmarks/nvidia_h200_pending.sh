@@ -30,6 +30,9 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   program-params: the dot GEMV's group parameters from a copy in its programs' order (session 49,
+#            `dot_gemv_program_params` / `..._zero_point`, off until timed): its GPU tests, then GGUF Q4_K_M and W4A16
+#            batch-1 decode with both switches on beside the defaults, one process, twice.
 #   routing: the MoE routing kernel's packed-key picks (session 48, commit 72926ed, untimed): its GPU tests, then
 #            Qwen3-30B-A3B batch-1 decode with the kernel before it (`git show 72926ed~1:plugin_sdk/engine_plugin_sdk/
 #            gpu/triton_kernels/moe_kernels.py > .nvcarry/routing_kernel_before.py`) and with the tree's, two rounds.
@@ -74,7 +77,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -158,6 +161,15 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = program-params ]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/pp_tests.log 2>&1
+  tail -1 $LOGS/pp_tests.log
+  for round in 1 2; do
+    timeout 190 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q4_k_m w4a16 \
+      --grouped-tiles dot_gemv_program_params=1,dot_gemv_program_params_zero_point=1 --throughput \
+      --json "$OUT/program_params_$round.json" > $LOGS/program_params.log 2>&1
+    grep -E "^decode" $LOGS/program_params.log
+  done
 elif [ "$PART" = routing ]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_moe_topk_kernel.py > $LOGS/routing_tests.log 2>&1
   tail -2 $LOGS/routing_tests.log
