@@ -30,9 +30,10 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
-#   program-params: the dot GEMV's group parameters from a copy in its programs' order (session 49,
-#            `dot_gemv_program_params` / `..._zero_point`, off until timed): its GPU tests, then GGUF Q4_K_M and W4A16
-#            batch-1 decode with both switches on beside the defaults, one process, twice.
+#   program-params: the dot GEMV's group parameters from a copy in its programs' order (session 49: on for GGUF's
+#            forms since an H100 measured Q4_K_M +3.8%, off for GPTQ's one zero point, W4A16 -4.6%): its GPU tests,
+#            then GGUF Q4_K_M and W4A16 batch-1 decode with the copy off for GGUF's forms and on for GPTQ's beside
+#            the defaults, one process, twice (the H200's A/B).
 #   routing: the MoE routing kernel's packed-key picks (session 48, commit 72926ed, untimed): its GPU tests, then
 #            Qwen3-30B-A3B batch-1 decode with the kernel before it (`git show 72926ed~1:plugin_sdk/engine_plugin_sdk/
 #            gpu/triton_kernels/moe_kernels.py > .nvcarry/routing_kernel_before.py`) and with the tree's, two rounds.
@@ -166,7 +167,7 @@ elif [ "$PART" = program-params ]; then
   tail -1 $LOGS/pp_tests.log
   for round in 1 2; do
     timeout 190 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q4_k_m w4a16 \
-      --grouped-tiles dot_gemv_program_params=1,dot_gemv_program_params_zero_point=1 --throughput \
+      --grouped-tiles dot_gemv_program_params=0 dot_gemv_program_params_zero_point=1 --throughput \
       --json "$OUT/program_params_$round.json" > $LOGS/program_params.log 2>&1
     grep -E "^decode" $LOGS/program_params.log
   done

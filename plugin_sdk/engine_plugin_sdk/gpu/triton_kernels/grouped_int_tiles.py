@@ -129,10 +129,13 @@ class GroupedIntTiles:
         dot_gemv_program_params: it reads the group parameters of zero scales and 8-bit codes (GGUF's forms) from a
             copy in its programs' order, a thread's rows of a group one vector load
             (:mod:`.grouped_int_program_params`: Q4_K 4 loads a step against 32, 95 registers against 127, in
-            sm_90 code), kept beside the row-major ones for the other kernels. Off until timed.
+            sm_90 code), kept beside the row-major ones for the other kernels: GGUF Q4_K_M batch-1 decode +3.8%
+            on an H100 (2026-12-06, session 49: 438.8 / 438.9 against 422.9 tok/s, two processes). The copies
+            (about 8% of a K-quant weight's bytes) are made by the warm-up, after the KV cache took its share of
+            the free memory.
         dot_gemv_program_params_zero_point: the same for 4-bit codes with one zero point (GPTQ / AWQ's form:
             20 loads a step become 13, but the row sums then take 42 shuffles against 4: 616 instructions against
-            560). Off until timed.
+            560): W4A16 batch-1 decode 459.3 against 481.5 tok/s on that H100 (-4.6%), so off.
         dot_gemv_max_registers: the other way to one wave: a cap on its registers a thread (ptxas's
             ``maxnreg``; 0: none). At 80 with its scales read early, sm_90 code spills 4 registers for W4A16
             and 28 over GGUF's form; untimed (2026-12-05).
@@ -249,11 +252,12 @@ class GroupedIntTiles:
 #: byte GEMVs and the fragment kernel on every product: ``dot_gemv_rows``), and of 8-bit codes too; GGUF's
 #: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``); the
 #: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``), and
-#: their first scales read after its PDL wait (+1.5-1.6%: ``dot_gemv_early_zero_point_params``).
+#: their first scales read after its PDL wait (+1.5-1.6%: ``dot_gemv_early_zero_point_params``); GGUF's forms'
+#: parameters from a copy in the GEMV's program order (+3.8% Q4_K_M: ``dot_gemv_program_params``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
     gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True, dot_gemv_ahead=True,
-    dot_gemv_early_zero_point_params=False,
+    dot_gemv_early_zero_point_params=False, dot_gemv_program_params=True,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
@@ -262,5 +266,5 @@ INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     block_k=128, fp32_block_k=128, gemm=((16, 16, 512, 4, 1), (0, 64, 512, 4, 1)), max_split_k=1,
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
     fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
-    dot_gemv_warps=1, two_level_scales=True, six_bit_codes=True,
+    dot_gemv_warps=1, two_level_scales=True, six_bit_codes=True, dot_gemv_program_params=True,
 )
