@@ -5,7 +5,7 @@ Why: the one-row GEMV (:mod:`.grouped_int_dot_gemv_kernels`) gives each thread o
 GGUF's Q4_K (a uint8 scale and zero scale a group, an fp16 pair a super-block) 32 scalar loads a step beside
 eight 16-byte loads of codes, 127 registers in the sm_90 code (Triton 3.6, 8 rows, 4 warps). A copy laid out
 ``[programs, groups, R]`` (rows fastest; super-blocks ``[programs, groups / sub_groups, R]``) makes each of them
-one vector load: 4 loads, 95 registers, 688 instructions against 752 (Q6_K's 8-bit codes: 24 loads against 52).
+one vector load: 4 loads, 95 registers, 704 instructions against 752 (Q6_K's 8-bit codes: 24 loads against 52).
 The copy holds the rows in the order the GEMV's programs take them: ``R`` consecutive rows, or for a gated
 product the gate rows of ``R / 2`` features then their up rows; rows past the end repeat the last (their outputs
 are never stored). It is built on the first product that asks for it (outside graph capture: the warm-up's
@@ -27,7 +27,6 @@ class ProgramParams:
     """A weight's group parameters in program order (see the module's docstring).
 
     Attributes:
-        rows: rows a program (``R``).
         scales: ``[programs * groups * R]``, the weight's ``scales`` dtype.
         zero_scales: the same for ``zero_scales``, or None.
         super_scales: ``[programs * groups / sub_groups * R]``, or None without two-level scales.
@@ -35,7 +34,6 @@ class ProgramParams:
         stride: elements of ``scales`` a program (``groups * R``).
     """
 
-    rows: int
     scales: torch.Tensor
     zero_scales: torch.Tensor | None
     super_scales: torch.Tensor | None
@@ -89,7 +87,6 @@ def program_params(weight: GroupedIntWeight, rows: int, gated: bool) -> ProgramP
         raise ValueError(f"no program-order parameters for {weight.bits}-bit codes at {rows} rows (gated={gated})")
     order = program_rows(weight.shape[0], rows, gated)
     made = ProgramParams(
-        rows=rows,
         scales=_reordered(weight.scales, order),
         zero_scales=_reordered(weight.zero_scales, order),
         super_scales=_reordered(weight.super_scales, order),
