@@ -12,6 +12,7 @@ from engine_conformance.helpers import assert_close, torch_dtype
 from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
 from engine_plugin_sdk.reference_ops import (
+    ref_add_rms_norm_linear,
     ref_dequantize,
     ref_gated_linear,
     ref_linear,
@@ -247,3 +248,71 @@ def test_linear_activation(platform: Platform, device: Any, dtype_name: str) -> 
                 check_output(gemm.linear_activation(x, prepared, b, activation), expected, x, tol, label)
                 strided = gemm.linear_activation(strided_rows(x), prepared, b, activation)
                 check_output(strided, expected, x, tol, f"{label} strided view")
+
+
+#: a layer's widths for the residual norm: K=1024 (a single step of the GPU's one-row GEMV at 1 warp, 4-bit),
+#: 2 x 100 gate/up rows
+NORM_K, NORM_D = 1024, 100
+
+
+def _norm_inputs(rows: int, dtype: Any, device: Any, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(rows, NORM_K, generator=gen).to(dtype).to(device)
+    residual = (torch.randn(rows, NORM_K, generator=gen) * 4).to(dtype).to(device)
+    norm_weight = (torch.rand(NORM_K, generator=gen) + 0.5).to(dtype).to(device)
+    return x, residual, norm_weight
+
+
+def _check_norm_linear(gemm: Any, prepared: Any, dense: torch.Tensor, dtype: Any, device: Any, tol: Any,
+                       label: str, gen: torch.Generator, rows_list: tuple[int, ...],
+                       activations: list[str | None]) -> None:  # fmt: skip
+    """``add_rms_norm_linear`` plain (with a bias) or gated by ``activations``, at ``rows_list`` rows."""
+    bias = torch.randn(dense.shape[0], generator=gen).to(dtype).to(device)
+    for rows in rows_list:
+        for activation in activations:
+            x, residual, norm_weight = _norm_inputs(rows, dtype, device, gen)
+            b = bias if activation is None else None
+            out, summed = gemm.add_rms_norm_linear(x, residual, norm_weight, 1e-5, prepared, b, activation)
+            want, want_summed = ref_add_rms_norm_linear(x, residual, norm_weight, 1e-5, dense, b, activation)
+            name = f"{label} {activation or 'plain'} M={rows}"
+            check_output(summed, want_summed, x, tol, f"{name} sum")
+            check_output(out, want, x, tol, name)
+
+
+@pytest.mark.capability("gemm.add_rms_norm_linear.{dtype_name}")
+def test_add_rms_norm_linear(platform: Platform, device: Any, dtype_name: str) -> None:
+    """``add_rms_norm_linear`` where the backend claims it (``fuses_residual_norm``): the residual sum and the
+    product of its RMS norm, plain with a bias and gated, at 1 and 7 rows, against float64."""
+    capability = f"gemm.add_rms_norm_linear.{dtype_name}"
+    gemm = platform.make_gemm_backend()
+    if not gemm.fuses_residual_norm:
+        not_claimed("the GEMM backend takes no residual norm into its products (the core runs the norm op)")
+    dtype = torch_dtype(dtype_name)
+    gen = torch.Generator().manual_seed(73)
+    weight = (torch.randn(2 * NORM_D, NORM_K, generator=gen) * NORM_K**-0.5).to(dtype).to(device)
+    _check_norm_linear(gemm, gemm.prepare_weight(weight, dtype), weight, dtype, device, get_tolerance(dtype),
+                       capability, gen, (1, 7), [None, *sorted(gemm.gated_activations)])  # fmt: skip
+
+
+@pytest.mark.capability("gemm.quant.{quant_scheme}.residual_norm")
+def test_quantized_add_rms_norm_linear(platform: Platform, caps: Capabilities, device: Any, quant_scheme: str) -> None:
+    """``add_rms_norm_linear`` over a quantized weight (2 x 100 gate/up rows, K=1024: a GPU's one-row GEMV takes
+    the norm into its single step), plain and gated by the first claimed activation, at one row (more rows are
+    the norm op and the product: :func:`test_add_rms_norm_linear`'s) in each claimed dtype, against the float64
+    product of the dequantized weight."""
+    if quant_scheme == "any":
+        not_claimed("no quantization schemes are claimed (weights are dequantized at load)")
+    capability = f"gemm.quant.{quant_scheme}.residual_norm"
+    gemm = platform.make_gemm_backend()
+    if not gemm.fuses_residual_norm:
+        not_claimed("the GEMM backend takes no residual norm into its products (the core runs the norm op)")
+    try:
+        weight = make_quantized_weight(quant_scheme, 2 * NORM_D, NORM_K, seed=74, device=device)
+    except UnknownSchemeError as exc:
+        not_runnable(str(exc))
+    dense = ref_dequantize(weight)
+    gen = torch.Generator().manual_seed(75)
+    for dtype_name in caps.dtypes:
+        dtype = torch_dtype(dtype_name)
+        _check_norm_linear(gemm, gemm.prepare_weight(weight, dtype), dense, dtype, device,
+                           get_tolerance(dtype, quantized=True), f"{capability} {dtype_name}", gen, (1,),
+                           [None, *sorted(gemm.gated_activations)[:1]])  # fmt: skip

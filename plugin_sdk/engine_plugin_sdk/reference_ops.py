@@ -278,6 +278,18 @@ def ref_gated_linear(x: torch.Tensor, weight: torch.Tensor, activation: str) -> 
     return gated(ref_linear(x, weight))
 
 
+def ref_add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor | None = None, activation: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(product of rms_norm(x + residual) * norm_weight, x + residual)`` in float64, the product plain (with
+    ``bias``) or gated by ``activation`` (:meth:`GemmBackend.add_rms_norm_linear`)."""
+    normed, summed = ref_fused_add_rms_norm(x, residual, norm_weight, eps)
+    if activation is None:
+        return ref_linear(normed, weight, bias), summed
+    return ref_gated_linear(normed, weight, activation), summed
+
+
 def ref_linear_activation(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
 ) -> torch.Tensor:

@@ -63,6 +63,9 @@ class GemmBackend(ABC):
     #: the activations (``"gelu"``: GELU with erf) :meth:`linear_activation` applies to the product before
     #: writing it; the core calls it only for these and otherwise runs :meth:`linear` and the activation
     fused_activations: frozenset[str] = frozenset()
+    #: whether :meth:`add_rms_norm_linear` takes a layer's residual add and RMS norm into the product that
+    #: reads them; the core calls it only then and otherwise runs the op table's norm and :meth:`linear`
+    fuses_residual_norm: bool = False
 
     @abstractmethod
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
@@ -139,6 +142,42 @@ class GemmBackend(ABC):
         raise ValueError(
             f"{type(self).__name__} does not fuse activations into linear (asked for {activation!r}); "
             "the core runs linear() and the activation op instead"
+        )
+
+    def add_rms_norm_linear(
+        self, x: Any, residual: Any, norm_weight: Any, eps: float, weight: Any, bias: Any | None = None,
+        activation: str | None = None,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """A layer's residual add and RMS norm with the product that reads them: ``s = x + residual`` (rounded to
+        the activations' dtype, as the op table's ``fused_add_rms_norm`` rounds it), ``n = rms_norm(s) *
+        norm_weight``, then ``n @ W.T + bias``, or with ``activation`` :meth:`gated_linear`'s ``act(n @ G.T) *
+        (n @ U.T)``.
+
+        Why: at batch 1 the norm is a launch of its own between two products, and its time is latency, not
+        bytes. A single-row GEMV whose programs each read the whole row anyway can sum and normalise it
+        themselves. The core calls this only where :attr:`fuses_residual_norm` is set, for products whose
+        input nothing else reads (no adapter, one weight); a backend runs the norm and the product one after
+        the other where its kernel does not take them.
+
+        Args:
+            x: ``[rows, hidden]``, the branch's output.
+            residual: ``[rows, hidden]``, the residual stream (not written).
+            norm_weight: ``[hidden]``, the norm's scale as the op table's norms take it.
+            eps: the norm's epsilon.
+            weight: a weight returned by :meth:`prepare_weight`.
+            bias: optional ``[out_features]`` (None with ``activation``).
+            activation: None for the plain product, else one of :attr:`gated_activations`.
+
+        Returns:
+            ``(product, s)``: the product (``[rows, out_features]``, or ``[rows, out_features / 2]`` gated)
+            and the new residual stream ``s``, both in ``x``'s dtype.
+
+        Raises:
+            ValueError: where the backend does not fuse the norm, or for an activation it does not gate.
+        """
+        raise ValueError(
+            f"{type(self).__name__} does not fuse the residual norm into its products; "
+            "the core runs fused_add_rms_norm and linear() instead"
         )
 
     def row_quantized_input(self, weight: Any) -> Any | None:

@@ -244,6 +244,41 @@ class TorchGemmBackend(GemmBackend):
                 return fused
         return act(self.linear(x, weight))
 
+    @property
+    def fuses_residual_norm(self) -> bool:  # type: ignore[override]
+        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm``) and the Triton kernels run."""
+        return self.triton_grouped_int and self.triton_gated and self._grouped_int_tiles().dot_gemv_residual_norm
+
+    def add_rms_norm_linear(
+        self, x: Any, residual: Any, norm_weight: Any, eps: float, weight: Any, bias: Any | None = None,
+        activation: str | None = None,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        """One launch where the integer-dot GEMV takes the row (one row of a single-step grouped-integer
+        product); else the Triton norm, then :meth:`linear` or :meth:`gated_linear`."""
+        if not self.fuses_residual_norm:
+            return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
+        from engine_plugin_sdk.gpu.triton_kernels import launchers
+        from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import GATED_ACTIVATIONS
+
+        if activation is not None and activation not in self.gated_activations:
+            raise ValueError(f"{type(self).__name__} gates {sorted(self.gated_activations)}, not {activation!r}")
+        if isinstance(weight, GroupedIntWeight):
+            from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+                grouped_int_add_rms_norm_linear,
+            )
+
+            gated = gated_rows.NOT_GATED if activation is None else GATED_ACTIVATIONS[activation]
+            fused = grouped_int_add_rms_norm_linear(
+                x, residual, norm_weight, eps, weight, bias, self._grouped_int_tiles(), gated
+            )
+            if fused is not None:
+                return fused
+        normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, eps)
+        if activation is None:
+            return self.linear(normed, weight, bias), summed
+        return self.gated_linear(normed, weight, activation), summed
+
     def logits(self, x: Any, weight: Any) -> Any:
         if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):
             from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
@@ -350,9 +385,8 @@ class TorchGemmBackend(GemmBackend):
         block_k = None if form is None else gil.grouped_int_block_k(form[1], form[0], widest)
         if block_k is None:
             return None
-        return gil.pack_grouped_int(
-            weight, block_k, self.device, two_level=tiles.two_level_scales, six_bit=tiles.six_bit_codes
-        )
+        six_bit = tiles.six_bit_codes or 0 < tiles.six_bit_min_rows <= weight.shape[0]
+        return gil.pack_grouped_int(weight, block_k, self.device, two_level=tiles.two_level_scales, six_bit=six_bit)
 
     def _prepare_fp8(self, weight: QuantizedWeight) -> Fp8Weight:
         out_features, _ = weight.shape

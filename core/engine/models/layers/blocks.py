@@ -38,6 +38,24 @@ class AttentionCall:
 
 
 @dataclass(slots=True)
+class PendingNorm:
+    """A layer's residual add and RMS norm left to the product that reads them
+    (:meth:`GemmBackend.add_rms_norm_linear`): that product sets :attr:`summed`, the new residual stream."""
+
+    hidden: torch.Tensor
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    summed: torch.Tensor | None = None
+
+    def linear(self, model: DenseDecoder, weight: Any, bias: torch.Tensor | None, activation: str | None = None) -> Any:
+        out, self.summed = model.gemm.add_rms_norm_linear(
+            self.hidden, self.residual, self.weight, self.eps, weight, bias, activation
+        )
+        return out
+
+
+@dataclass(slots=True)
 class DecoderLayer:
     """The loaded weights of one layer (norm scales already in their applied form) and its options."""
 
@@ -77,6 +95,8 @@ class DecoderLayer:
 
     def _project(self, model: DenseDecoder, x: Any, weight: Any, bias: torch.Tensor | None, projection: str) -> torch.Tensor:
         # the base product, plus each row's adapter update where the step has adapter rows
+        if isinstance(x, PendingNorm):
+            return x.linear(model, weight, bias)  # only where nothing else reads the input (_norm_fuses)
         y = weight.linear(model.gemm, x, bias) if isinstance(weight, RowBlocks) else model.gemm.linear(x, weight, bias)
         slots = self._lora_slots(model, projection)
         if slots is not None:
@@ -202,7 +222,10 @@ class DecoderLayer:
         if self.moe is not None:
             return self.moe.forward(model, x)
         if self._fused_gate_up(model):
-            act = model.gemm.gated_linear(x, self.gate_up, model.spec.activation)
+            if isinstance(x, PendingNorm):
+                act = x.linear(model, self.gate_up, None, model.spec.activation)
+            else:
+                act = model.gemm.gated_linear(x, self.gate_up, model.spec.activation)
             out = self._project(model, act, self.down, None, "down")
             return out if model.tp is None else model.tp.reduce(out)
         gate_up = self._project(model, x, self.gate_up, None, "gate_up")
@@ -233,8 +256,27 @@ class DecoderLayer:
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer: returns the layer's last branch output and the residual stream it is added to."""
+        if residual is not None and self.mla is None and self._norm_fuses(model, self.pre_attn, self.qkv_fp8, self.qkv):
+            pending = PendingNorm(hidden, residual, self.pre_attn, model.config.rms_norm_eps)
+            attn_out = self.attention(model, pending, tables, kv_cache, meta)
+            assert pending.summed is not None, "the q/k/v product sets the residual stream"
+            return self.finish(model, pending, attn_out, pending.summed, fuse=True)
         x, residual = self.attention_norm(model, hidden, residual)
-        return self.finish(model, x, self.attention(model, x, tables, kv_cache, meta), residual)
+        return self.finish(model, x, self.attention(model, x, tables, kv_cache, meta), residual, fuse=True)
+
+    def _norm_fuses(self, model: DenseDecoder, weight: torch.Tensor | None, fp8: Any, product: Any) -> bool:
+        """Whether the residual add and RMS norm before ``product`` go into that product
+        (:attr:`GemmBackend.fuses_residual_norm`): the product must be the only reader of the norm's output (one
+        weight, no adapter, no parallel branches; the callers rule out latent attention and experts)."""
+        return (
+            model.gemm.fuses_residual_norm
+            and model.spec.norm != "layer"
+            and not model.spec.parallel
+            and weight is not None
+            and fp8 is None
+            and self.lora is None
+            and not isinstance(product, RowBlocks)
+        )
 
     def attention_norm(
         self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -243,10 +285,11 @@ class DecoderLayer:
         return self._norm_in(model, hidden, residual, self.pre_attn, self.qkv_fp8, self.pre_attn_bias)
 
     def finish(
-        self, model: DenseDecoder, x: Any, attn_out: torch.Tensor, residual: torch.Tensor
+        self, model: DenseDecoder, x: Any, attn_out: torch.Tensor, residual: torch.Tensor, fuse: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer past its attention block (``attn_out``, after the output projection): the MLP
-        branch, reading ``x`` too where both branches read one norm's output.
+        branch, reading ``x`` too where both branches read one norm's output. ``fuse``: the MLP's norm may go
+        into its first product (:meth:`_norm_fuses`).
 
         Returns:
             The layer's last branch output and the residual stream it is added to.
@@ -255,6 +298,11 @@ class DecoderLayer:
         if model.spec.parallel:
             # both branches read the one norm's output; their sum is the layer's branch
             return hidden + self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
+        if fuse and self.moe is None and self._norm_fuses(model, self.pre_mlp, self.gate_up_fp8, self.gate_up):
+            pending = PendingNorm(hidden, residual, self.pre_mlp, model.config.rms_norm_eps)
+            out = self._branch_out(model, self.mlp(model, pending), self.post_mlp, self.post_mlp_bias)
+            assert pending.summed is not None, "the gate/up product sets the residual stream"
+            return out, pending.summed
         x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
         return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_norm import norm_scales, normed_activations
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
     _integer_pairs,
     _param_offsets,
@@ -142,12 +143,16 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
                 GROUP: tl.constexpr, HAS_ZS: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK: tl.constexpr,
                 S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, BITS: tl.constexpr,
                 super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, EARLY_PARAMS: tl.constexpr,
-                PREFETCH_PARAMS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
+                PREFETCH_PARAMS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False,
+                res_ptr=None, nw_ptr=None, res_out_ptr=None, eps=0.0, FP16: tl.constexpr = False):  # fmt: skip
     """The rows' first step: its words, group parameters and activation pairs, across the PDL wait. The weight is
     constant: its words (and, with ``EARLY_PARAMS``, their scales; else with ``PREFETCH_PARAMS`` their L2 lines)
     are read while the kernel that writes ``x`` drains; what is read before the wait stays live across it, in
-    registers."""
+    registers. With ``NORM`` the activations are the normalised ``x + residual`` (:mod:`.grouped_int_dot_norm`),
+    the norm's scales read before the wait."""
     words = _slot_words(w32, rows, stride_w, 0, S, NUM_SLOTS, EVEN)
+    if NORM:
+        wl0, wl1, wh0, wh1 = norm_scales(nw_ptr, S, NUM_SLOTS, BLOCK, BITS)
     if EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
                                  super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
@@ -159,7 +164,11 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
     if not EARLY_PARAMS:
         scale, zs = _slot_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS,
                                  super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
-    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+    if NORM:
+        xl0, xl1, xh0, xh1 = normed_activations(x_ptr, res_ptr, res_out_ptr, eps, wl0, wl1, wh0, wh1, S, NUM_SLOTS,
+                                                BLOCK, BITS, FP16)  # fmt: skip
+    else:
+        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
     return words, scale, zs, xl0, xl1, xh0, xh1
 
 
@@ -251,7 +260,8 @@ def grouped_int_dot_gemv_kernel(
     FP16: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr = -1, BITS: tl.constexpr = 4,
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
-    ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0,
+    ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False, res_ptr=None,
+    nw_ptr=None, res_out_ptr=None, eps=0.0,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -271,7 +281,10 @@ def grouped_int_dot_gemv_kernel(
     8-bit codes, ``NUM_SLOTS`` at most ``32 * WARPS``): a program takes that many groups of ``ROWS`` rows one after
     another (:func:`_row_groups`). ``PARAM_ROWS`` (``ROWS``; not with 6-bit codes or row groups): ``scale``,
     ``zs`` and their super-block scales are a program-order copy (:mod:`.grouped_int_program_params`), ``stride_sn``
-    its elements a program.
+    its elements a program. ``NORM`` (a single step of 4- or 8-bit codes, no permutation, one group of rows): ``x``
+    is a branch's output and the product's input ``rms_norm(x + res) * nw`` (``eps``), the sum stored to
+    ``res_out`` by the first program (:mod:`.grouped_int_dot_norm`; ``res``, ``nw``, ``res_out`` ``[K]`` in
+    ``x``'s dtype, 4-byte aligned).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -282,6 +295,8 @@ def grouped_int_dot_gemv_kernel(
     tl.static_assert(ROW_GROUPS == 1 or (NUM_SLOTS <= 32 * WARPS and BITS != 6), "row groups of single steps")
     tl.static_assert(PARAM_ROWS == 0 or (PARAM_ROWS == ROWS and ROW_GROUPS == 1 and BITS != 6),
                      "program-order parameters: one group of rows, 4- or 8-bit codes")
+    tl.static_assert(not NORM or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1),
+                     "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
@@ -302,7 +317,8 @@ def grouped_int_dot_gemv_kernel(
                                                            stride_sn, NUM_SLOTS, GROUP, HAS_ZS, HAS_PERM, BLOCK, S,
                                                            EVEN, ASM, USE_PDL, BITS, super_ptr, zsuper_ptr,
                                                            SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS,
-                                                           PARAM_ROWS)  # fmt: skip
+                                                           PARAM_ROWS, NORM, res_ptr, nw_ptr, res_out_ptr, eps,
+                                                           FP16)  # fmt: skip
         if AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency

@@ -152,6 +152,10 @@ class GroupedIntTiles:
             ``attn_v`` and about half of ``ffn_down`` in Q6_K: its Llama-3-8B step reads 4.45 GB instead of 4.83.
             The integer-dot GEMV takes one row, the GEMM the others (the fragment kernels read 4-bit codes only).
             Off until timed (2026-12-05).
+        six_bit_min_rows: weights of at least this many rows keep such codes in 6 bits without
+            ``six_bit_codes`` (0: none): GGUF Q4_K_M's Q6_K LM head (128,256 rows of Llama-3-8B, 0.56 GB a step in 8
+            bits, 0.43 in 6), one long product whose bytes, not its launch, set its time, while the per-layer Q6_K
+            weights stay a byte a code. Untimed (2026-12-06).
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -163,6 +167,13 @@ class GroupedIntTiles:
             3.3 TB/s on an H200 (2026-12-05), of about 4.2 a copy moves. Untimed (2026-12-05).
         dot_gemv_warps: warps of its programs (each step takes 32 columns of every row a thread; 8 warps ran
             slower than 4 on every product).
+        dot_gemv_residual_norm: the backend takes a layer's residual add and RMS norm into the single-step
+            integer-dot GEMV after it (``GemmBackend.add_rms_norm_linear``: qkv and gate_up of Llama-3-8B at 4
+            warps): each program sums and normalises the row it reads anyway, one launch fewer each. Why: at
+            batch 1 the 64 norm launches of a Llama-3-8B step cost about 55 us of an H100's W4A16 step (+2.6%
+            without them, 2026-12-05), their latency, not their bytes. Measured slower on an H100 (2026-12-06,
+            batch 1: W4A16 -2.2 / -2.7%, GGUF Q4_K_M -3.4 / -3.8%): each program's share of the norm (about 440
+            instructions a thread, 120 registers against 79) costs more than the launch it saves. Off.
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
@@ -213,9 +224,11 @@ class GroupedIntTiles:
     dot_gemv_max_registers: int = 0
     two_level_scales: bool = False
     six_bit_codes: bool = False
+    six_bit_min_rows: int = 0
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
+    dot_gemv_residual_norm: bool = False
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
         """Whether ``rows`` activation rows of a product with ``out_features`` features (16 a program) take the
@@ -267,4 +280,5 @@ INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
     fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
     dot_gemv_warps=1, two_level_scales=True, six_bit_codes=True, dot_gemv_program_params=True,
+    dot_gemv_residual_norm=True,
 )

@@ -1,0 +1,181 @@
+"""The integer-dot GEMV taking the residual add and RMS norm before it (``dot_gemv_residual_norm``,
+``GemmBackend.add_rms_norm_linear``): against the norm kernel then the GEMV, through GGUF's 4-bit zero scales,
+8-bit codes and GPTQ's one zero point, gated and not, in bf16 and fp16; the backend's fallback where the kernel
+does not take the row (several rows, several steps)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_plugin_sdk.gpu.gemm import TorchGemmBackend
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
+from engine_plugin_sdk.gpu.triton_kernels import launchers
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import SILU
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    grouped_int_add_rms_norm_linear,
+    grouped_int_gated_linear,
+    grouped_int_linear,
+)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes, pack_grouped_int
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
+    H200_GROUPED_INT_TILES,
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
+)
+from engine_plugin_sdk.grouped_codes import GroupedCodes
+from engine_plugin_sdk.quant import make_quantized_weight
+
+
+def _tiles(device: torch.device, warps: int, on: bool = True) -> GroupedIntTiles:
+    base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    return dataclasses.replace(
+        base, dot_gemv_rows=8, dot_gemv_warps=warps, fragment_rows=0, dot_gemv_8bit=True, six_bit_codes=False,
+        mma_asm=device.type != "cpu", dot_gemv_residual_norm=on,
+    )  # fmt: skip
+
+
+def _inputs(k: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    residual = (torch.randn(1, k, generator=gen) * 4).to(dtype).to(device)
+    norm_weight = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+    return x, residual, norm_weight
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, label: str) -> None:
+    # the block-wide sum of squares runs in another order than the norm kernel's: the scale may differ in its
+    # last bit, and so an activation by one unit of its 16-bit rounding
+    assert got.shape == want.shape and got.dtype == want.dtype, label
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=label)
+    assert (got == want).float().mean() > 0.9, label
+
+
+@pytest.mark.parametrize(("dtype", "fill"), [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.bfloat16, 0.75)])
+def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill) -> None:
+    """Q4_K (zero scales, two-level), Q8_0 (8-bit codes) and GPTQ's form (one zero point), 37 outputs (a partial
+    last program), with a bias, over one step (``fill``: the share of the step's slots the row fills, the rest
+    masked): the sum stored is the norm kernel's, bit for bit, and the product the GEMV's over the norm kernel's
+    output."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    warps = 4 if device.type == "cuda" else 1
+    k4, k8 = int(1024 * warps * fill), int(512 * warps * fill)
+    codes = torch.randint(0, 16, (37, k4), generator=gen, dtype=torch.uint8)
+    gptq = GroupedCodes(codes, torch.rand(37, k4 // 128, generator=gen) * 0.05 + 0.001, None, 8, 4, 128, None)
+    weights = {
+        "gguf_q4_k": pack_grouped_int(make_quantized_weight("gguf_q4_k", 37, k4, seed=11), 32, device),
+        "gguf_q8_0": pack_grouped_int(make_quantized_weight("gguf_q8_0", 37, k8, seed=12), 32, device),
+        "gptq": pack_grouped_codes(gptq, 128, device),
+    }
+    tiles, off = _tiles(device, warps), _tiles(device, warps, on=False)
+    for name, weight in weights.items():
+        x, residual, norm_weight = _inputs(weight.shape[1], dtype, device, gen)
+        bias = torch.randn(37, generator=gen).to(dtype).to(device)
+        fused = grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight, bias, tiles)
+        assert fused is not None, name
+        normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, 1e-5)
+        assert torch.equal(fused[1], summed), name
+        assert torch.equal(residual, residual.clone()), name  # not written
+        _check(fused[0], grouped_int_linear(normed, weight, bias, off), name)
+
+
+def test_fused_norm_gated(device) -> None:
+    """A gate/up weight of 11 features, SiLU in the epilogue, GPTQ's form and Q4_K's."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    warps = 4 if device.type == "cuda" else 1
+    k = 1024 * warps
+    codes = torch.randint(0, 16, (22, k), generator=gen, dtype=torch.uint8)
+    gptq = GroupedCodes(codes, torch.rand(22, k // 128, generator=gen) * 0.05 + 0.001, None, 8, 4, 128, None)
+    tiles, off = _tiles(device, warps), _tiles(device, warps, on=False)
+    for weight in (pack_grouped_codes(gptq, 128, device),
+                   pack_grouped_int(make_quantized_weight("gguf_q4_k", 22, k, seed=13), 32, device)):  # fmt: skip
+        x, residual, norm_weight = _inputs(k, torch.bfloat16, device, gen)
+        fused = grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight, None, tiles, SILU)
+        assert fused is not None
+        normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, 1e-6)
+        want = grouped_int_gated_linear(normed, weight, SILU, off)
+        assert want is not None and fused[0].shape == (1, 11)
+        assert torch.equal(fused[1], summed)
+        _check(fused[0], want, "gated")
+
+
+def test_rows_the_kernel_does_not_take_fall_back(device) -> None:
+    """Two rows, and a reduction of two steps, are declined by the launcher; the backend's
+    ``add_rms_norm_linear`` then runs the norm and the product, and claims the fusion only with the tiles' flag."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    warps = 4 if device.type == "cuda" else 1
+    tiles = _tiles(device, warps)
+    weight = pack_grouped_int(make_quantized_weight("gguf_q4_k", 16, 2048 * warps, seed=14), 32, device)
+    x, residual, norm_weight = _inputs(2048 * warps, torch.bfloat16, device, gen)
+    assert grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight, None, tiles) is None
+    two = torch.cat([x, x])
+    assert grouped_int_add_rms_norm_linear(two, torch.cat([residual] * 2), norm_weight, 1e-5, weight, None, tiles) is None
+    backend = TorchGemmBackend(device)
+    backend.triton_grouped_int = backend.triton_gated = True
+    backend.grouped_int_tiles = _tiles(device, warps, on=False)
+    assert not backend.fuses_residual_norm
+    with pytest.raises(ValueError, match="does not fuse the residual norm"):
+        backend.add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight)
+    backend.grouped_int_tiles = tiles
+    assert backend.fuses_residual_norm
+    out, summed = backend.add_rms_norm_linear(two, torch.cat([residual] * 2), norm_weight, 1e-5, weight)
+    normed, want_summed = launchers.fused_add_rms_norm(two, torch.cat([residual] * 2), norm_weight, 1e-5)
+    assert torch.equal(summed, want_summed)
+    assert torch.equal(out, grouped_int_linear(normed, weight, None, tiles))
+    assert gated_rows.NOT_GATED == -1
+
+
+@pytest.mark.slow  # three engines in the interpreter
+def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkeypatch) -> None:
+    """A tiny GPTQ Llama (zero points, hidden 256) decoding one sequence in float16: every layer's norms but the
+    first go into the q/k/v and gate/up GEMVs (the first layer's attention norm has no residual to add), and the
+    greedy tokens and log-probabilities are those with the norms as their own launches, and the dequantized
+    checkpoint's."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: device cuda is not the interpreter here")
+    from prequantized_checkpoints import write_gptq
+
+    from engine import LLM, SamplingParams
+    from engine_plugin_nvidia.platform import INTERPRET_ENV
+    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers, grouped_int_tiles
+    from engine_plugin_sdk.testing import build_tiny_llama
+
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    plain = tmp_path / "plain"
+    build_tiny_llama(plain, head_dim=64, seed=int(torch.randint(0, 1 << 20, ())))
+    path, _ = write_gptq(str(plain), str(tmp_path / "gptq"), str(tmp_path / "reference"), bits=4, group=128,
+                         symmetric=False, act_order=False)  # fmt: skip
+    fused: list[int] = []
+
+    def counted(*args, _real=grouped_int_launchers.grouped_int_add_rms_norm_linear, **kwargs):
+        result = _real(*args, **kwargs)
+        fused.append(result is not None)
+        return result
+
+    monkeypatch.setattr(grouped_int_launchers, "grouped_int_add_rms_norm_linear", counted)
+
+    def decode(quantization: str) -> tuple[list[int], list[float]]:
+        llm = LLM(model=path, device="cuda", dtype="float16", quantization=quantization, block_size=16,
+                  max_num_seqs=1, max_model_len=64, kv_cache_memory_bytes=8 << 20)  # fmt: skip
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0)
+        out = llm.generate([[1, 5, 9, 33, 7]], params, use_tqdm=False)[0].outputs[0]
+        llm.shutdown()
+        return list(out.token_ids), [step[t].logprob for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+
+    tokens, logprobs = decode("auto")
+    layers = 2
+    # per step (the prompt's rows declined, then 3 single rows): each layer's MLP norm and the second's attention
+    # norm
+    assert fused.count(True) == 3 * (2 * layers - 1) and fused.count(False) == 2 * layers - 1, fused
+    off = dataclasses.replace(grouped_int_tiles.INTERPRETER_GROUPED_INT_TILES, dot_gemv_residual_norm=False)
+    monkeypatch.setattr(grouped_int_tiles, "INTERPRETER_GROUPED_INT_TILES", off)
+    fused.clear()
+    unfused_tokens, unfused_logprobs = decode("auto")
+    assert not fused
+    dense_tokens, dense_logprobs = decode("none")
+    assert tokens == unfused_tokens == dense_tokens
+    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(unfused_logprobs), atol=2e-3, rtol=0)
+    # float16 activations rounded to 16-bit integers a slot: as far from the dense model as the unfused run is
+    gap, unfused_gap = (torch.tensor(v) - torch.tensor(dense_logprobs) for v in (logprobs, unfused_logprobs))
+    assert (gap.abs() <= unfused_gap.abs() + 2e-3).all(), (gap, unfused_gap)
