@@ -174,6 +174,54 @@ def kernel_table(llm: Any, steps: int, graphs: bool, top: int) -> list[tuple[str
     return table[:top]
 
 
+def layer_products(llm: Any, steps: int) -> list[tuple[str, int, float]]:
+    """``(product, launches per step, µs each)`` of a batch-1 decode step's kernels in the graphs, each named by
+    where it falls in its layer: ``qkv.0`` / ``qkv.1`` the products between a layer's first norm and its attention
+    (one, or two where a mixed-type projection runs as row blocks), ``o_proj.0`` those after the attention,
+    ``mlp.0`` / ``mlp.1`` those after the second norm; the other kernels by name. Run it without PDL
+    (``ENGINE_NVIDIA_PDL=0``): under PDL a kernel's time includes its wait for the one before."""
+    from torch.profiler import ProfilerActivity, profile
+
+    profiled: list[Any] = []
+
+    def steady_steps() -> None:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                llm.llm_engine.step()
+            torch.cuda.synchronize()
+        profiled.append(prof)
+
+    _decode_steps(llm, steps, steady_steps)
+    events = sorted((e for e in profiled[0].events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)  # fmt: skip
+    records: list[list[Any]] = []
+    segment, index, seen_attention = "qkv", 0, False
+    for evt in events:
+        name = evt.name
+        if "rms_norm" in name:
+            # a norm after the attention opens the MLP; any other (the layer's first, the final one) the q/k/v
+            segment, index, seen_attention = ("mlp" if seen_attention else "qkv"), 0, False
+        elif "decode" in name and ("paged" in name or "merge" in name):
+            segment, index, seen_attention = "o_proj", 0, True
+        elif "greedy" in name and records and records[-1][0].startswith("qkv"):
+            records[-1][0] = "lm_head"  # the product after the final norm, before the pick
+        if "gemv" in name or "gemm" in name:
+            records.append([f"{segment}.{index}", evt.device_time])
+            index += 1
+        else:
+            records.append([name[:60], evt.device_time])
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for label, us in records:
+        totals[label][0] += 1
+        totals[label][1] += us
+    rows = [(label, round(n / steps), us / n) for label, (n, us) in totals.items()]
+    rows.sort(key=lambda r: -r[1] * r[2])
+    print(f"  {'product':>60s} {'n/step':>6s} {'us each':>8s} {'us/step':>8s}")
+    for label, n, us in rows:
+        print(f"  {label:>60s} {n:6d} {us:8.2f} {n * us:8.1f}")
+    return rows
+
+
 def _graph_time_us(fn: Callable[[], None], repeats: int = 20) -> float:
     """Median µs of one replay of a CUDA graph of ``fn``."""
     fn()

@@ -272,6 +272,10 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                     from nvidia_h200_profile_decode import kernel_table
 
                     results[f"decode_{label}"]["kernels"] = kernel_table(llm, 16, graphs=True, top=args.profile)
+                if args.profile_products:
+                    from nvidia_h200_profile_decode import layer_products
+
+                    results[f"decode_{label}"]["products"] = layer_products(llm, 16)
                 for batch in args.decode_batch:
                     total = batched_decode_rate(llm, batch, new_tokens=args.decode_tokens)
                     results[f"decode_{label}"][f"batch_{batch}_tok_s"] = total
@@ -462,6 +466,9 @@ def main() -> None:
     bench.add_argument("--num-prompts", type=int, default=1000)
     bench.add_argument("--profile", type=int, default=0, metavar="TOP",
                        help="also list the TOP kernels of the decode graphs by time (torch.profiler, 16 steps)")
+    bench.add_argument("--profile-products", action="store_true",
+                       help="also time each product of a decode step by its place in the layer (run with "
+                       "ENGINE_NVIDIA_PDL=0: under PDL a kernel's time includes its wait)")
     bench.add_argument("--without-norms", action="store_true",
                        help="the residual norms return their input (wrong tokens on purpose): what the norm nodes cost")
     for p in (check, bench):
