@@ -182,6 +182,20 @@ def test_row_groups_give_the_same_bits(device, groups: int) -> None:
                        gated)  # fmt: skip
 
 
+def test_narrow_products_take_their_own_rows(device) -> None:
+    """``dot_gemv_narrow_rows``: products of at most ``dot_gemv_narrow_max`` output rows take that many rows a
+    program, wider ones ``dot_gemv_rows``; each gives the bits of the other row count (4- and 8-bit codes)."""
+    gen = torch.Generator().manual_seed(31)
+    for bits, (block, zero_scales, perm, k, n) in ((4, CASES[0]), (8, CASES8[1])):
+        weight, _ = _weight(gen, block, zero_scales, perm, k, 2 * n + 1, device, bits)
+        x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
+        eight = _tiles(device, 8)
+        narrow = dataclasses.replace(eight, dot_gemv_narrow_rows=2, dot_gemv_narrow_max=2 * n + 1)
+        assert launchers._dot_rows(weight, narrow) == 2
+        assert launchers._dot_rows(weight, dataclasses.replace(narrow, dot_gemv_narrow_max=2 * n)) == 8
+        assert torch.equal(grouped_int_linear(x, weight, None, narrow), grouped_int_linear(x, weight, None, eight))
+
+
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
     """bf16 activations whose 32-column slots span less than 2**7 become 16-bit integers exactly: the product
     is float64's to float32 sums' rounding (a wrong code-to-activation pairing is far off)."""

@@ -267,6 +267,8 @@ def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
     """Rows a program of the integer-dot GEMV for ``weight`` (6-bit codes may take their own)."""
     if weight.bits == 6 and tiles.dot_gemv_six_bit_rows:
         return tiles.dot_gemv_six_bit_rows
+    if tiles.dot_gemv_narrow_rows and weight.shape[0] <= tiles.dot_gemv_narrow_max:
+        return tiles.dot_gemv_narrow_rows
     return tiles.dot_gemv_rows
 
 

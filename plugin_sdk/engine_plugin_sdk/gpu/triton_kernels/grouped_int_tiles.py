@@ -156,6 +156,11 @@ class GroupedIntTiles:
             ``six_bit_codes`` (0: none): GGUF Q4_K_M's Q6_K LM head (128,256 rows of Llama-3-8B, 0.56 GB a step in 8
             bits, 0.43 in 6), one long product whose bytes, not its launch, set its time, while the per-layer Q6_K
             weights stay a byte a code. Untimed (2026-12-06).
+        dot_gemv_narrow_rows: rows a program of the integer-dot GEMV over products of at most
+            ``dot_gemv_narrow_max`` output rows (0: ``dot_gemv_rows``). Why: GGUF Q4_K_M's ``attn_v`` in Q6_K (1,024
+            rows of Llama-3-8B, its own launch in half the layers) is 128 programs at 8 rows, fewer than an H100's
+            132 multiprocessors, each two steps one after the other: 4.75 us without PDL for 4.5 MB (an H100,
+            2026-12-06). Untimed.
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -225,6 +230,8 @@ class GroupedIntTiles:
     two_level_scales: bool = False
     six_bit_codes: bool = False
     six_bit_min_rows: int = 0
+    dot_gemv_narrow_rows: int = 0
+    dot_gemv_narrow_max: int = 2048
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
