@@ -131,33 +131,38 @@ def step_split(llm: Any, steps: int) -> dict[str, float]:
     return out
 
 
-def kernel_table(llm: Any, steps: int, graphs: bool, top: int) -> list[tuple[str, int, float, float]]:
-    """(name, launches per step, µs per step, share) of the top kernels over ``steps`` decode steps."""
+def _profiled_kernels(llm: Any, steps: int) -> list[Any]:
+    """torch.profiler's CUDA events over ``steps`` steady decode steps (the prefill and the first decodes run
+    before the profiler starts)."""
     from torch.profiler import ProfilerActivity, profile
 
-    runner = llm.llm_engine.runner
-    saved = runner.decode_graphs
-    if not graphs:
-        runner.decode_graphs = None
-    kernels: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     profiled: list[Any] = []
 
     def steady_steps() -> None:
-        # only the steady-state steps: the prefill and the first decodes run before the profiler starts
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 llm.llm_engine.step()
             torch.cuda.synchronize()
         profiled.append(prof)
 
+    _decode_steps(llm, steps, steady_steps)
+    return [e for e in profiled[0].events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_table(llm: Any, steps: int, graphs: bool, top: int) -> list[tuple[str, int, float, float]]:
+    """(name, launches per step, µs per step, share) of the top kernels over ``steps`` decode steps."""
+    runner = llm.llm_engine.runner
+    saved = runner.decode_graphs
+    if not graphs:
+        runner.decode_graphs = None
+    kernels: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     try:
-        _decode_steps(llm, steps, steady_steps)
+        events = _profiled_kernels(llm, steps)
     finally:
         runner.decode_graphs = saved
-    for evt in profiled[0].events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[evt.name[:70]][0] += 1
-            kernels[evt.name[:70]][1] += evt.device_time
+    for evt in events:
+        kernels[evt.name[:70]][0] += 1
+        kernels[evt.name[:70]][1] += evt.device_time
     total = sum(v[1] for v in kernels.values())
     rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
     per = max(1, steps)
@@ -180,20 +185,7 @@ def layer_products(llm: Any, steps: int) -> list[tuple[str, int, float]]:
     (one, or two where a mixed-type projection runs as row blocks), ``o_proj.0`` those after the attention,
     ``mlp.0`` / ``mlp.1`` those after the second norm; the other kernels by name. Run it without PDL
     (``ENGINE_NVIDIA_PDL=0``): under PDL a kernel's time includes its wait for the one before."""
-    from torch.profiler import ProfilerActivity, profile
-
-    profiled: list[Any] = []
-
-    def steady_steps() -> None:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                llm.llm_engine.step()
-            torch.cuda.synchronize()
-        profiled.append(prof)
-
-    _decode_steps(llm, steps, steady_steps)
-    events = sorted((e for e in profiled[0].events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)  # fmt: skip
+    events = sorted(_profiled_kernels(llm, steps), key=lambda e: e.time_range.start)
     records: list[list[Any]] = []
     segment, index, seen_attention = "qkv", 0, False
     for evt in events:

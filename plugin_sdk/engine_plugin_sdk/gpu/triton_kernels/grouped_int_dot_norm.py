@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import _pairs
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import _pairs, _slot_activations
 
 
 @triton.jit
@@ -47,18 +47,9 @@ def _run_columns(S: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def norm_scales(nw_ptr, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
-    """The norm's scales as pairs ``[S, 4]`` x 2 (x 4 for 4-bit codes) in the runs' order (0 past ``NUM_SLOTS``):
-    constant, so read before the PDL wait."""
-    EVEN: tl.constexpr = NUM_SLOTS == S
-    cols = _run_columns(S, BLOCK, BITS)
-    ok = tl.arange(0, S) < NUM_SLOTS
-    wl0 = _pairs(nw_ptr, nw_ptr, cols, ok, False, EVEN)
-    wl1 = _pairs(nw_ptr, nw_ptr, cols + 8, ok, False, EVEN)
-    wh0, wh1 = wl0, wl1
-    if BITS != 8:
-        wh0 = _pairs(nw_ptr, nw_ptr, cols + BLOCK // 2, ok, False, EVEN)
-        wh1 = _pairs(nw_ptr, nw_ptr, cols + BLOCK // 2 + 8, ok, False, EVEN)
-    return wl0, wl1, wh0, wh1
+    """The norm's scales as pairs ``[S, 4]`` x 2 (x 4 for 4-bit codes) in the runs' order (0 past ``NUM_SLOTS``),
+    read as the activations are: constant, so read before the PDL wait."""
+    return _slot_activations(nw_ptr, nw_ptr, 0, S, NUM_SLOTS, BLOCK, False, NUM_SLOTS == S, BITS)
 
 
 @triton.jit
