@@ -30,6 +30,12 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   session50: session 50's untimed dot-GEMV variants, each beside the defaults in one process for GGUF Q4_K_M and
+#            W4A16, 1 and 4 sequences, after their GPU tests: the Q6_K LM head alone in 6 bits (six_bit_min_rows),
+#            every Q6_K weight in 6 bits now that 6-bit codes read program-order parameters (six_bit_codes), narrow
+#            products at 4 rows a program (dot_gemv_narrow_rows), masked steps' activations as vectors
+#            (dot_gemv_vector_masks: down_proj), and the residual norm in the GEMV (dot_gemv_residual_norm: an H100
+#            measured -2.2 to -3.8%; the H200's A/B).
 #   program-params: the dot GEMV's group parameters from a copy in its programs' order (session 49: on for GGUF's
 #            forms since an H100 measured Q4_K_M +3.8%, off for GPTQ's one zero point, W4A16 -4.6%): its GPU tests,
 #            then GGUF Q4_K_M and W4A16 batch-1 decode with the copy off for GGUF's forms and on for GPTQ's beside
@@ -78,7 +84,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -162,6 +168,19 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = session50 ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv.py \
+    plugins/nvidia/tests/test_dot_gemv_program_params.py plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
+    plugins/nvidia/tests/test_six_bit_codes.py > $LOGS/session50_tests.log 2>&1
+  tail -1 $LOGS/session50_tests.log
+  timeout 280 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q4_k_m \
+    --grouped-tiles six_bit_min_rows=65536 six_bit_codes=1 dot_gemv_narrow_rows=4 dot_gemv_vector_masks=1 \
+    --decode-batch 4 --throughput --json "$OUT/session50_gguf.json" > $LOGS/session50_gguf.log 2>&1
+  grep -E "^decode" $LOGS/session50_gguf.log
+  timeout 200 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode w4a16 \
+    --grouped-tiles dot_gemv_vector_masks=1 dot_gemv_residual_norm=1 --decode-batch 4 --throughput \
+    --json "$OUT/session50_w4a16.json" > $LOGS/session50_w4a16.log 2>&1
+  grep -E "^decode" $LOGS/session50_w4a16.log
 elif [ "$PART" = program-params ]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/pp_tests.log 2>&1
   tail -1 $LOGS/pp_tests.log

@@ -196,6 +196,21 @@ def test_narrow_products_take_their_own_rows(device) -> None:
         assert torch.equal(grouped_int_linear(x, weight, None, narrow), grouped_int_linear(x, weight, None, eight))
 
 
+def test_vector_masks_give_the_same_bits(device) -> None:
+    """``dot_gemv_vector_masks``: a reduction the steps do not divide (a masked last step), read ahead and not, 4-
+    and 8-bit codes (with act-order's permutation, whose gathered pairs it leaves alone), gives the bits without it."""
+    gen = torch.Generator().manual_seed(37)
+    for bits, cases in ((4, CASES), (8, CASES8)):
+        for block, zero_scales, perm, k, n in cases:
+            weight, _ = _weight(gen, block, zero_scales, perm, k, n, device, bits)
+            x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
+            for ahead in (False, True):
+                plain = _tiles(device, 4, ahead=ahead)
+                vector = dataclasses.replace(plain, dot_gemv_vector_masks=True)
+                want = grouped_int_linear(x, weight, None, plain)
+                assert torch.equal(grouped_int_linear(x, weight, None, vector), want), (bits, block, k, ahead)
+
+
 def test_activations_within_2_7_of_their_slot_maximum_are_exact(device) -> None:
     """bf16 activations whose 32-column slots span less than 2**7 become 16-bit integers exactly: the product
     is float64's to float32 sums' rounding (a wrong code-to-activation pairing is far off)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import SILU
@@ -87,11 +88,20 @@ def test_gated_and_zero_point_forms_give_the_row_major_bits(device) -> None:
         assert program_params(weight, 8, True) is weight.program_params[(8, True)]
 
 
-def test_six_bit_codes_keep_their_row_major_parameters(device) -> None:
-    """6-bit codes read each slot's two groups apart: no copy is made, the product is the one without it."""
-    weight = pack_grouped_int(make_quantized_weight("gguf_q6_k", 16, 256, seed=5), 16, device, six_bit=True)
+@pytest.mark.parametrize("scheme", ["gguf_q6_k", "gguf_q5_1", "gguf_q3_k"])
+def test_six_bit_codes_give_the_row_major_bits(device, scheme: str) -> None:
+    """6-bit codes read each slot's two halves' groups (Q6_K's two groups of 16 under one super-block; Q5_1's one
+    group with its zero scale; Q3_K's two groups of 16): from the program-order copy they give the row-major
+    parameters' bits, one step (1,024 columns at 4 warps) and several (at 1 warp), 37 outputs, gated and not."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    weight = pack_grouped_int(make_quantized_weight(scheme, 38, 1024, seed=int(gen.seed() % (1 << 30))), 16, device,
+                              six_bit=True)  # fmt: skip
     assert weight.bits == 6
-    x = torch.randn(1, 256).to(torch.bfloat16).to(device)
-    on = dataclasses.replace(_tiles(device, 8, True), six_bit_codes=True)
-    assert torch.equal(grouped_int_linear(x, weight, None, on), grouped_int_linear(x, weight, None, _tiles(device, 8, False)))
-    assert not weight.program_params
+    x = torch.randn(1, 1024, generator=gen).to(torch.bfloat16).to(device)
+    for warps, rows in ((4, 8), (1, 4)):
+        off, on = _tiles(device, rows, False, warps), _tiles(device, rows, True, warps)
+        off, on = (dataclasses.replace(t, six_bit_codes=True) for t in (off, on))
+        assert torch.equal(grouped_int_linear(x, weight, None, on), grouped_int_linear(x, weight, None, off)), warps
+        gated = grouped_int_gated_linear(x, weight, SILU, on)
+        assert gated is not None and torch.equal(gated, grouped_int_gated_linear(x, weight, SILU, off)), warps
+    assert {(8, False), (4, False), (8, True), (4, True)} <= set(weight.program_params)

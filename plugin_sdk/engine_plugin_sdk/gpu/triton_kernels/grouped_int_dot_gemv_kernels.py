@@ -53,33 +53,46 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_
 
 
 @triton.jit
+def _group_at(rows, stride_sn, group, PARAM_ROWS: tl.constexpr):
+    """Flat offsets ``[R, S]`` of the rows' groups ``group [S]``: row-major ``[out, groups]``, or with
+    ``PARAM_ROWS`` a program-order copy's (``stride_sn`` a program)."""
+    if PARAM_ROWS != 0:
+        return tl.program_id(0).to(tl.int64) * stride_sn + group[None, :] * PARAM_ROWS + tl.arange(0, PARAM_ROWS)[:, None]
+    return rows[:, None] * stride_sn + group[None, :]
+
+
+@triton.jit
 def _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr,
                     GROUP: tl.constexpr, HAS_ZS: tl.constexpr, EVEN: tl.constexpr, super_ptr, zsuper_ptr,
-                    SUB_GROUPS: tl.constexpr):  # fmt: skip
+                    SUB_GROUPS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0):  # fmt: skip
     """The group scales and zero scales ``[R, S]`` of the rows' 6-bit slots ``s0 ..``: the low columns', then the
-    high columns' (their own group where groups are 16 columns)."""
+    high columns' (their own group where groups are 16 columns); row-major or, with ``PARAM_ROWS``, from a
+    program-order copy."""
     slots = s0 + tl.arange(0, S)
     if GROUP == 16 and not HAS_ZS and SUB_GROUPS != 0:
         # Q6_K's form: a block's two groups side by side under one super-block, whose scale is read once (a load
         # of the pair would be split across threads: a shuffle through shared memory a step)
-        low_at = rows[:, None] * stride_sn + 2 * slots[None, :]
+        low_at = _group_at(rows, stride_sn, 2 * slots, PARAM_ROWS)
+        high_at = _group_at(rows, stride_sn, 2 * slots + 1, PARAM_ROWS)
+        one_at = super_offsets(low_at, SUB_GROUPS, PARAM_ROWS)
         if EVEN:
-            one = tl.load(super_ptr + low_at // SUB_GROUPS).to(tl.float32)
+            one = tl.load(super_ptr + one_at).to(tl.float32)
             scale = tl.load(scale_ptr + low_at).to(tl.float32) * one
-            scale_hi = tl.load(scale_ptr + low_at + 1).to(tl.float32) * one
+            scale_hi = tl.load(scale_ptr + high_at).to(tl.float32) * one
         else:
             ok = (slots < NUM_SLOTS)[None, :]
-            one = tl.load(super_ptr + low_at // SUB_GROUPS, mask=ok, other=0.0).to(tl.float32)
+            one = tl.load(super_ptr + one_at, mask=ok, other=0.0).to(tl.float32)
             scale = tl.load(scale_ptr + low_at, mask=ok, other=0).to(tl.float32) * one
-            scale_hi = tl.load(scale_ptr + low_at + 1, mask=ok, other=0).to(tl.float32) * one
+            scale_hi = tl.load(scale_ptr + high_at, mask=ok, other=0).to(tl.float32) * one
         return scale, scale, scale_hi, scale_hi
-    low = rows[:, None] * stride_sn + (slots * 32 // GROUP)[None, :]
-    scale, zs = _params_at(scale_ptr, zs_ptr, low, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)
+    low = _group_at(rows, stride_sn, slots * 32 // GROUP, PARAM_ROWS)
+    scale, zs = _params_at(scale_ptr, zs_ptr, low, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS,
+                           PARAM_ROWS)  # fmt: skip
     scale_hi, zs_hi = scale, zs
     if GROUP % 32 != 0:
-        high = rows[:, None] * stride_sn + ((slots * 32 + 16) // GROUP)[None, :]
+        high = _group_at(rows, stride_sn, (slots * 32 + 16) // GROUP, PARAM_ROWS)
         scale_hi, zs_hi = _params_at(scale_ptr, zs_ptr, high, slots, NUM_SLOTS, HAS_ZS, EVEN, super_ptr, zsuper_ptr,
-                                     SUB_GROUPS)  # fmt: skip
+                                     SUB_GROUPS, PARAM_ROWS)  # fmt: skip
     return scale, zs, scale_hi, zs_hi
 
 
@@ -144,7 +157,8 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
                 S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr, BITS: tl.constexpr,
                 super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr, EARLY_PARAMS: tl.constexpr,
                 PREFETCH_PARAMS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False,
-                res_ptr=None, nw_ptr=None, res_out_ptr=None, eps=0.0, FP16: tl.constexpr = False):  # fmt: skip
+                res_ptr=None, nw_ptr=None, res_out_ptr=None, eps=0.0, FP16: tl.constexpr = False,
+                VECTOR_MASKS: tl.constexpr = False):  # fmt: skip
     """The rows' first step: its words, group parameters and activation pairs, across the PDL wait. The weight is
     constant: its words (and, with ``EARLY_PARAMS``, their scales; else with ``PREFETCH_PARAMS`` their L2 lines)
     are read while the kernel that writes ``x`` drains; what is read before the wait stays live across it, in
@@ -168,7 +182,8 @@ def _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_
         xl0, xl1, xh0, xh1 = normed_activations(x_ptr, res_ptr, res_out_ptr, eps, wl0, wl1, wh0, wh1, S, NUM_SLOTS,
                                                 BLOCK, BITS, FP16)  # fmt: skip
     else:
-        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS,
+                                               VECTOR_MASKS)  # fmt: skip
     return words, scale, zs, xl0, xl1, xh0, xh1
 
 
@@ -223,7 +238,8 @@ def _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, 
                   NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZS: tl.constexpr,
                   HAS_PERM: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr,
                   USE_PDL: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
-                  EARLY_PARAMS: tl.constexpr):  # fmt: skip
+                  EARLY_PARAMS: tl.constexpr, PARAM_ROWS: tl.constexpr = 0,
+                  VECTOR_MASKS: tl.constexpr = False):  # fmt: skip
     """The rows' products ``[R, S]`` (to be summed over the slots) over 6-bit codes: the kernel's loop with each
     step's plane words beside its code words (its first ones, and with ``EARLY_PARAMS`` their parameters, read
     before the PDL wait)."""
@@ -232,20 +248,24 @@ def _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, 
     plane = six_bit_plane_words(p16, rows, stride_p, 0, S, NUM_SLOTS, EVEN)
     if EARLY_PARAMS:
         scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, GROUP,
-                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
+                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                                     PARAM_ROWS)  # fmt: skip
     if USE_PDL:
         gdc_wait()
     if not EARLY_PARAMS:
         scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, 0, S, NUM_SLOTS, GROUP,
-                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, 32, HAS_PERM, EVEN, 6)
+                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                                     PARAM_ROWS)  # fmt: skip
+    xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, 0, S, NUM_SLOTS, 32, HAS_PERM, EVEN, 6, VECTOR_MASKS)
     acc = _six_bit_step(acc, words, plane, scale, zs, scale_hi, zs_hi, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM)
     for s0 in tl.range(S, NUM_SLOTS, S):
         words = _slot_words(w32, rows, stride_w, s0, S, NUM_SLOTS, EVEN)
         plane = six_bit_plane_words(p16, rows, stride_p, s0, S, NUM_SLOTS, EVEN)
         scale, zs, scale_hi, zs_hi = _six_bit_params(scale_ptr, zs_ptr, rows, stride_sn, s0, S, NUM_SLOTS, GROUP,
-                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS)  # fmt: skip
-        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, 32, HAS_PERM, EVEN, 6)
+                                                     HAS_ZS, EVEN, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                                     PARAM_ROWS)  # fmt: skip
+        xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, 32, HAS_PERM, EVEN, 6,
+                                               VECTOR_MASKS)  # fmt: skip
         acc = _six_bit_step(acc, words, plane, scale, zs, scale_hi, zs_hi, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16,
                             ASM)  # fmt: skip
     return acc
@@ -261,7 +281,7 @@ def grouped_int_dot_gemv_kernel(
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
     ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False, res_ptr=None,
-    nw_ptr=None, res_out_ptr=None, eps=0.0,
+    nw_ptr=None, res_out_ptr=None, eps=0.0, VECTOR_MASKS: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -279,12 +299,13 @@ def grouped_int_dot_gemv_kernel(
     ``NUM_SLOTS`` ``K / 32``, ``plane`` their high bits, ``stride_pn`` a multiple of 8; ``AHEAD`` and
     ``PREFETCH_PARAMS`` do not apply) take :func:`_six_bit_sums`. ``ROW_GROUPS`` (a single-step product of 4- or
     8-bit codes, ``NUM_SLOTS`` at most ``32 * WARPS``): a program takes that many groups of ``ROWS`` rows one after
-    another (:func:`_row_groups`). ``PARAM_ROWS`` (``ROWS``; not with 6-bit codes or row groups): ``scale``,
+    another (:func:`_row_groups`). ``PARAM_ROWS`` (``ROWS``; not with row groups): ``scale``,
     ``zs`` and their super-block scales are a program-order copy (:mod:`.grouped_int_program_params`), ``stride_sn``
     its elements a program. ``NORM`` (a single step of 4- or 8-bit codes, no permutation, one group of rows): ``x``
     is a branch's output and the product's input ``rms_norm(x + res) * nw`` (``eps``), the sum stored to
     ``res_out`` by the first program (:mod:`.grouped_int_dot_norm`; ``res``, ``nw``, ``res_out`` ``[K]`` in
-    ``x``'s dtype, 4-byte aligned).
+    ``x``'s dtype, 4-byte aligned). ``VECTOR_MASKS``: a masked step reads its activations as 16-byte vectors
+    (:func:`.grouped_int_dot_operands._pairs`).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -293,8 +314,8 @@ def grouped_int_dot_gemv_kernel(
     S: tl.constexpr = 32 * WARPS
     EVEN: tl.constexpr = NUM_SLOTS % S == 0
     tl.static_assert(ROW_GROUPS == 1 or (NUM_SLOTS <= 32 * WARPS and BITS != 6), "row groups of single steps")
-    tl.static_assert(PARAM_ROWS == 0 or (PARAM_ROWS == ROWS and ROW_GROUPS == 1 and BITS != 6),
-                     "program-order parameters: one group of rows, 4- or 8-bit codes")
+    tl.static_assert(PARAM_ROWS == 0 or (PARAM_ROWS == ROWS and ROW_GROUPS == 1),
+                     "program-order parameters: one group of rows")
     tl.static_assert(not NORM or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1),
                      "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
@@ -310,7 +331,7 @@ def grouped_int_dot_gemv_kernel(
         p16 = plane_ptr.to(tl.pointer_type(tl.int16))
         acc = _six_bit_sums(x_ptr, w32, p16, scale_ptr, zs_ptr, perm_ptr, rows, stride_w, stride_pn // 2, stride_sn,
                             NUM_SLOTS, GROUP, ZERO, HAS_ZS, HAS_PERM, S, EVEN, FP16, ASM, USE_PDL, super_ptr,
-                            zsuper_ptr, SUB_GROUPS, EARLY_PARAMS)  # fmt: skip
+                            zsuper_ptr, SUB_GROUPS, EARLY_PARAMS, PARAM_ROWS, VECTOR_MASKS)  # fmt: skip
     else:
         acc = tl.zeros((ROWS, S), dtype=tl.float32)
         words, scale, zs, xl0, xl1, xh0, xh1 = _first_step(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, rows, stride_w,
@@ -318,7 +339,7 @@ def grouped_int_dot_gemv_kernel(
                                                            EVEN, ASM, USE_PDL, BITS, super_ptr, zsuper_ptr,
                                                            SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS,
                                                            PARAM_ROWS, NORM, res_ptr, nw_ptr, res_out_ptr, eps,
-                                                           FP16)  # fmt: skip
+                                                           FP16, VECTOR_MASKS)  # fmt: skip
         if AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency
@@ -328,7 +349,8 @@ def grouped_int_dot_gemv_kernel(
                 next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
                                                               NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
                                                               zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
-                nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+                nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS,
+                                                       VECTOR_MASKS)  # fmt: skip
                 acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
                 words, scale, zs = next_words, next_scale, next_zs
                 xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
@@ -338,7 +360,8 @@ def grouped_int_dot_gemv_kernel(
                 words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
                                                BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
                                                PARAM_ROWS)  # fmt: skip
-                xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS)
+                xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS,
+                                                       VECTOR_MASKS)  # fmt: skip
                 acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
     if ROW_GROUPS == 1:
         _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)

@@ -275,11 +275,11 @@ def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
 def _program_params(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, groups: int, gated: int):
     """The program-order copy of ``weight``'s parameters the integer-dot GEMV reads (``dot_gemv_program_params``
     for zero scales and 8-bit codes, ``dot_gemv_program_params_zero_point`` for 4-bit codes with one zero point),
-    or None: not asked for, 6-bit codes, row groups, or a first use inside graph capture (the copy is made
-    by the warm-up's eager steps; a captured product keeps the row-major parameters)."""
+    or None: not asked for, row groups, or a first use inside graph capture (the copy is made by the warm-up's
+    eager steps; a captured product keeps the row-major parameters)."""
     one_zero = weight.bits == 4 and weight.zero_scales is None
     wanted = tiles.dot_gemv_program_params_zero_point if one_zero else tiles.dot_gemv_program_params
-    if not wanted or weight.bits == 6 or groups != 1:
+    if not wanted or groups != 1:
         return None
     key = (rows, gated != gated_rows.NOT_GATED)
     if key not in weight.program_params and stream_capturing():
@@ -330,7 +330,8 @@ def _dot_gemv(
         BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
         ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
         EARLY_PARAMS=_dot_early_params(weight, tiles), PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
-        PARAM_ROWS=rows if params is not None else 0, num_warps=tiles.dot_gemv_warps, num_stages=1, **supers,
+        PARAM_ROWS=rows if params is not None else 0, VECTOR_MASKS=tiles.dot_gemv_vector_masks,
+        num_warps=tiles.dot_gemv_warps, num_stages=1, **supers,
         **plane_args(weight), **(norm.kernel_args() if norm is not None else {}),
         **pdl.launch_options(), **_register_cap(tiles),
     )  # fmt: skip

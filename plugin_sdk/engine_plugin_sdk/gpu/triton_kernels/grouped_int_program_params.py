@@ -68,7 +68,7 @@ def program_params(weight: GroupedIntWeight, rows: int, gated: bool) -> ProgramP
     """``weight``'s program-order parameters for a GEMV of ``rows`` rows a program (built once, kept).
 
     Args:
-        weight: 4- or 8-bit codes.
+        weight: 4-, 6- or 8-bit codes.
         rows: rows a program.
         gated: whether the GEMV fuses the gated activation (:func:`program_rows`).
 
@@ -76,15 +76,14 @@ def program_params(weight: GroupedIntWeight, rows: int, gated: bool) -> ProgramP
         The copy.
 
     Raises:
-        ValueError: for 6-bit codes (their GEMV reads each slot's two groups apart) or an odd ``rows`` for a
-            gated product.
+        ValueError: for an odd ``rows`` for a gated product.
     """
     key = (rows, gated)
     kept = weight.program_params.get(key)
     if kept is not None:
         return kept
-    if weight.bits == 6 or (gated and rows % 2):
-        raise ValueError(f"no program-order parameters for {weight.bits}-bit codes at {rows} rows (gated={gated})")
+    if gated and rows % 2:
+        raise ValueError(f"no program-order parameters for a gated product at {rows} rows")
     order = program_rows(weight.shape[0], rows, gated)
     made = ProgramParams(
         scales=_reordered(weight.scales, order),

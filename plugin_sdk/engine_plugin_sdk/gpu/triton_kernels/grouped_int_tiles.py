@@ -132,7 +132,8 @@ class GroupedIntTiles:
             sm_90 code), kept beside the row-major ones for the other kernels: GGUF Q4_K_M batch-1 decode +3.8%
             on an H100 (2026-12-06, session 49: 438.8 / 438.9 against 422.9 tok/s, two processes). The copies
             (about 8% of a K-quant weight's bytes) are made by the warm-up, after the KV cache took its share of
-            the free memory.
+            the free memory. 6-bit codes (``six_bit_codes``, ``six_bit_min_rows``) take the copy too since
+            2026-12-06 (Q6_K's form at 8 rows: 37 loads a step against 16 in sm_90 code; untimed).
         dot_gemv_program_params_zero_point: the same for 4-bit codes with one zero point (GPTQ / AWQ's form:
             20 loads a step become 13, but the row sums then take 42 shuffles against 4: 616 instructions against
             560): W4A16 batch-1 decode 459.3 against 481.5 tok/s on that H100 (-4.6%), so off.
@@ -161,6 +162,12 @@ class GroupedIntTiles:
             rows of Llama-3-8B, its own launch in half the layers) is 128 programs at 8 rows, fewer than an H100's
             132 multiprocessors, each two steps one after the other: 4.75 us without PDL for 4.5 MB (an H100,
             2026-12-06). Untimed.
+        dot_gemv_vector_masks: a reduction whose steps do not divide it (Llama-3-8B's down_proj: 448 slots of
+            128 a step) reads its masked step's activations as 16-byte vectors, the mask declared constant over a
+            slot's four words. In sm_90 code (Triton 3.6, 8 rows, 4 warps) the activations otherwise take four
+            4-byte loads a run: W4A16's down_proj 64 loads against 40 (952 instructions against 912, but 136
+            registers against 128: three programs a multiprocessor instead of four), Q4_K's 56 against 32 (113
+            registers against 128, four programs either way). Untimed (2026-12-06).
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -232,6 +239,7 @@ class GroupedIntTiles:
     six_bit_min_rows: int = 0
     dot_gemv_narrow_rows: int = 0
     dot_gemv_narrow_max: int = 2048
+    dot_gemv_vector_masks: bool = False
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
