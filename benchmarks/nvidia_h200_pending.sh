@@ -34,7 +34,8 @@
 #            W4A16, 1 and 4 sequences, after their GPU tests: the Q6_K LM head alone in 6 bits (six_bit_min_rows),
 #            every Q6_K weight in 6 bits now that 6-bit codes read program-order parameters (six_bit_codes), narrow
 #            products at 4 rows a program (dot_gemv_narrow_rows), masked steps' activations as vectors
-#            (dot_gemv_vector_masks: down_proj), and the residual norm in the GEMV (dot_gemv_residual_norm: an H100
+#            (dot_gemv_vector_masks: down_proj; for W4A16 also capped at 128 registers, where sm_90 code spills 8
+#            bytes, to keep four programs a multiprocessor), and the residual norm in the GEMV (dot_gemv_residual_norm: an H100
 #            measured -2.2 to -3.8%; the H200's A/B).
 #   program-params: the dot GEMV's group parameters from a copy in its programs' order (session 49: on for GGUF's
 #            forms since an H100 measured Q4_K_M +3.8%, off for GPTQ's one zero point, W4A16 -4.6%): its GPU tests,
@@ -178,7 +179,8 @@ elif [ "$PART" = session50 ]; then
     --decode-batch 4 --throughput --json "$OUT/session50_gguf.json" > $LOGS/session50_gguf.log 2>&1
   grep -E "^decode" $LOGS/session50_gguf.log
   timeout 200 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode w4a16 \
-    --grouped-tiles dot_gemv_vector_masks=1 dot_gemv_residual_norm=1 --decode-batch 4 --throughput \
+    --grouped-tiles dot_gemv_vector_masks=1 dot_gemv_vector_masks=1,dot_gemv_max_registers=128 \
+    dot_gemv_residual_norm=1 --decode-batch 4 --throughput \
     --json "$OUT/session50_w4a16.json" > $LOGS/session50_w4a16.log 2>&1
   grep -E "^decode" $LOGS/session50_w4a16.log
 elif [ "$PART" = program-params ]; then
