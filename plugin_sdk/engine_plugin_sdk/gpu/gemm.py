@@ -246,8 +246,10 @@ class TorchGemmBackend(GemmBackend):
 
     @property
     def fuses_residual_norm(self) -> bool:  # type: ignore[override]
-        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm``) and the Triton kernels run."""
-        return self.triton_grouped_int and self.triton_gated and self._grouped_int_tiles().dot_gemv_residual_norm
+        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm``; the defaults do not) and the Triton
+        kernels run. Read by every layer of an eager step: no import, no tiles built."""
+        tiles = self.grouped_int_tiles
+        return self.triton_grouped_int and self.triton_gated and tiles is not None and tiles.dot_gemv_residual_norm
 
     def add_rms_norm_linear(
         self, x: Any, residual: Any, norm_weight: Any, eps: float, weight: Any, bias: Any | None = None,
