@@ -19,7 +19,11 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int4_fragment_mma import _halves
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import _pairs, _slot_activations
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
+    _pairs,
+    _slot_activations,
+    slot_columns,
+)
 
 
 @triton.jit
@@ -32,17 +36,6 @@ def _packed(lo, hi, FP16: tl.constexpr):
         a = lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
         b = hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
     return (a & 0xFFFF) | (b << 16)
-
-
-@triton.jit
-def _run_columns(S: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
-    """The first columns ``[S]`` of the slots' low runs (as :func:`.grouped_int_dot_operands._slot_activations`
-    has them, from slot 0)."""
-    slots = tl.arange(0, S)
-    if BITS != 8:
-        SPB: tl.constexpr = BLOCK // 32
-        return (slots // SPB) * BLOCK + (slots % SPB) * 16
-    return slots * 16
 
 
 @triton.jit
@@ -80,7 +73,7 @@ def normed_activations(x_ptr, res_ptr, res_out_ptr, eps, wl0, wl1, wh0, wh1, S: 
     norm's scales (:func:`norm_scales`). Program 0 stores the sum as the new residual stream."""
     EVEN: tl.constexpr = NUM_SLOTS == S
     HIDDEN: tl.constexpr = NUM_SLOTS * (16 if BITS == 8 else 32)
-    cols = _run_columns(S, BLOCK, BITS)
+    cols = slot_columns(tl.arange(0, S), BLOCK, BITS)
     ok = tl.arange(0, S) < NUM_SLOTS
     s0, q0 = _summed_run(x_ptr, res_ptr, cols, ok, FP16, EVEN)
     s1, q1 = _summed_run(x_ptr, res_ptr, cols + 8, ok, FP16, EVEN)
@@ -107,7 +100,7 @@ def normed_activations(x_ptr, res_ptr, res_out_ptr, eps, wl0, wl1, wh0, wh1, S: 
 def _store_sums(res_out_ptr, cols, ok, s0, s1):
     """Store two runs of sums' words ``[S, 4]`` of the slots ``ok``: ``cols``' run and the one 8 columns on."""
     at = (cols[:, None] + 2 * tl.arange(0, 4)[None, :]) // 2
-    fine = ok[:, None] & (at >= 0)
+    fine = tl.broadcast_to(ok[:, None], at.shape)
     words = res_out_ptr.to(tl.pointer_type(tl.int32))
     tl.store(words + tl.max_contiguous(tl.multiple_of(at, [1, 4]), [1, 4]), s0, mask=fine)
     tl.store(words + tl.max_contiguous(tl.multiple_of(at + 4, [1, 4]), [1, 4]), s1, mask=fine)

@@ -124,18 +124,23 @@ def _slot_words(w32, rows, stride_w, s0, S: tl.constexpr, NUM_SLOTS: tl.constexp
 
 
 @triton.jit
+def slot_columns(slots, BLOCK: tl.constexpr, BITS: tl.constexpr):
+    """The first column of each slot's low run (4-bit codes: its block's low half; 8-bit codes: 16 in a row)."""
+    if BITS != 8:
+        SPB: tl.constexpr = BLOCK // 32
+        return (slots // SPB) * BLOCK + (slots % SPB) * 16
+    return slots * 16
+
+
+@triton.jit
 def _slot_activations(x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
                       HAS_PERM: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr,
                       VECTOR_MASKS: tl.constexpr = False):  # fmt: skip
     """Slots ``s0 ..``'s 16-bit activations as pairs ``[S, 4]``: the low columns' two runs of eight and (4-bit codes)
     the high columns' (8-bit codes: the low ones again)."""
-    SPB: tl.constexpr = BLOCK // 32
     slots = s0 + tl.arange(0, S)
     ok = slots < NUM_SLOTS
-    if BITS != 8:
-        cols = (slots // SPB) * BLOCK + (slots % SPB) * 16
-    else:
-        cols = slots * 16
+    cols = slot_columns(slots, BLOCK, BITS)
     xl0 = _pairs(x_ptr, perm_ptr, cols, ok, HAS_PERM, EVEN, VECTOR_MASKS)
     xl1 = _pairs(x_ptr, perm_ptr, cols + 8, ok, HAS_PERM, EVEN, VECTOR_MASKS)
     xh0, xh1 = xl0, xl1

@@ -274,7 +274,7 @@ def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
 
 def _program_params(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, groups: int, gated: int):
     """The program-order copy of ``weight``'s parameters the integer-dot GEMV reads (``dot_gemv_program_params``
-    for zero scales and 8-bit codes, ``dot_gemv_program_params_zero_point`` for 4-bit codes with one zero point),
+    for zero scales and 8- or 6-bit codes, ``dot_gemv_program_params_zero_point`` for 4-bit codes with one zero point),
     or None: not asked for, row groups, or a first use inside graph capture (the copy is made by the warm-up's
     eager steps; a captured product keeps the row-major parameters)."""
     one_zero = weight.bits == 4 and weight.zero_scales is None
