@@ -30,6 +30,9 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   session51: GGUF Q4_K_M's mixed q/k/v in one launch (dot_gemv_row_blocks, session 51) after its GPU tests, then
+#            issue 25's batch-1 figures (bf16, W4A16, Q4_K_M, its dequantized copy) with it, the Q6_K LM head in 6 bits
+#            and the vector masks each beside the defaults in one process.
 #   session50: session 50's untimed dot-GEMV variants, each beside the defaults in one process for GGUF Q4_K_M and
 #            W4A16, 1 and 4 sequences, after their GPU tests: the Q6_K LM head alone in 6 bits (six_bit_min_rows),
 #            every Q6_K weight in 6 bits now that 6-bit codes read program-order parameters (six_bit_codes), narrow
@@ -85,7 +88,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -169,6 +172,13 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = session51 ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_row_blocks.py > $LOGS/session51_tests.log 2>&1
+  tail -1 $LOGS/session51_tests.log
+  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_row_blocks=1 six_bit_min_rows=65536 dot_gemv_vector_masks=1} \
+    --throughput --json "$OUT/session51_decode.json" > $LOGS/session51_decode.log 2>&1
+  grep -E "^decode" $LOGS/session51_decode.log
 elif [ "$PART" = session50 ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv.py \
     plugins/nvidia/tests/test_dot_gemv_program_params.py plugins/nvidia/tests/test_dot_gemv_residual_norm.py \

@@ -214,10 +214,10 @@ def step_bytes(llm: Any) -> int:
     """Bytes a batch-1 decode step reads: every layer tensor in its stored form, the final norm, the LM head."""
     import torch
 
-    from engine_plugin_sdk.gpu.gemm import Fp8Weight, GroupedIntWeight
+    from engine_plugin_sdk.gpu.gemm import Fp8Weight, GroupedIntRowBlocks, GroupedIntWeight
 
     def size(t: Any) -> int:
-        if isinstance(t, GroupedIntWeight):
+        if isinstance(t, GroupedIntWeight | GroupedIntRowBlocks):
             return t.nbytes
         if isinstance(t, Fp8Weight):
             return size(t.data) + size(t.scale)

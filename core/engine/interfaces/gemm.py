@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +180,25 @@ class GemmBackend(ABC):
             f"{type(self).__name__} does not fuse the residual norm into its products; "
             "the core runs fused_add_rms_norm and linear() instead"
         )
+
+    def join_row_blocks(self, parts: Sequence[Any], rows: Sequence[int]) -> Any | None:
+        """One weight for a fused projection (q/k/v, gate/up) whose parts were quantized in different schemes and
+        so prepared one by one: GGUF Q4_K_M stores q and k in Q4_K and v in Q6_K in half its layers.
+
+        Why: kept apart, such a projection is a product a block, and at batch 1 each is a launch whose time is
+        latency more than bytes. A backend that can run the blocks' products as one (a kernel whose programs take
+        either block's form) returns a weight that :meth:`linear`, :meth:`gated_linear`,
+        :meth:`add_rms_norm_linear` and :meth:`add_lora` take as the stacked projection. The default, None,
+        keeps the blocks apart: the core then runs a product a block.
+
+        Args:
+            parts: each block as :meth:`prepare_weight` returned it, in output order.
+            rows: each block's output features.
+
+        Returns:
+            The joined weight (``[..., sum(rows)]`` products), or None.
+        """
+        return None
 
     def row_quantized_input(self, weight: Any) -> Any | None:
         """The FP8 dtype in which :meth:`linear` takes this weight's activations pre-quantized per row.

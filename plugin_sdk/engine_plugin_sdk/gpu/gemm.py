@@ -136,6 +136,32 @@ class GroupedIntWeight:
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupedIntRowBlocks:
+    """A projection's row blocks in different grouped-integer forms, joined into one weight
+    (:meth:`TorchGemmBackend.join_row_blocks`): GGUF Q4_K_M's q / k in Q4_K over v in Q6_K. Its product is one
+    ``[..., sum(rows)]`` output; at one row a single launch of the integer-dot GEMV takes both blocks where the
+    tiles allow (``dot_gemv_row_blocks``), else each block's product fills its columns.
+
+    Attributes:
+        parts: the blocks in output order, each as :meth:`TorchGemmBackend.prepare_weight` packed it.
+        rows: each block's output features.
+    """
+
+    parts: tuple[GroupedIntWeight, ...]
+    rows: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(out_features, in_features)`` of the stacked projection."""
+        return sum(self.rows), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the packed blocks (what one product streams)."""
+        return sum(part.nbytes for part in self.parts)
+
+
 def e4m3fn_to_fnuz(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same values as ``data * scale`` in e4m3fnuz: bits reinterpreted, ``0x80`` cleared, scale doubled."""
     bits = data.contiguous().view(torch.int8).clone()
@@ -225,7 +251,25 @@ class TorchGemmBackend(GemmBackend):
             from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import grouped_int_linear
 
             return grouped_int_linear(x, weight, bias, self._grouped_int_tiles())
+        if isinstance(weight, GroupedIntRowBlocks):
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_row_blocks_launchers import (
+                row_blocks_linear,
+            )
+
+            return row_blocks_linear(x, weight, bias, self._grouped_int_tiles())
         return torch.nn.functional.linear(x, weight, bias)
+
+    def join_row_blocks(self, parts: Any, rows: Any) -> Any | None:
+        """Blocks that all stayed grouped-integer codes over one input width, as a :class:`GroupedIntRowBlocks`;
+        else None."""
+        parts, rows = tuple(parts), tuple(int(n) for n in rows)
+        if len(parts) < 2 or len(parts) != len(rows):
+            return None
+        if not all(isinstance(p, GroupedIntWeight) and p.shape[0] == n for p, n in zip(parts, rows, strict=True)):
+            return None
+        if len({p.shape[1] for p in parts}) != 1:
+            return None
+        return GroupedIntRowBlocks(parts, rows)
 
     def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
         """The product, then the Triton gated activation (a vendor's backend fuses the single-row case; 4-bit

@@ -191,8 +191,8 @@ def test_narrow_products_take_their_own_rows(device) -> None:
         x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16).to(device)
         eight = _tiles(device, 8)
         narrow = dataclasses.replace(eight, dot_gemv_narrow_rows=2, dot_gemv_narrow_max=2 * n + 1)
-        assert launchers._dot_rows(weight, narrow) == 2
-        assert launchers._dot_rows(weight, dataclasses.replace(narrow, dot_gemv_narrow_max=2 * n)) == 8
+        assert launchers.dot_rows(weight, narrow) == 2
+        assert launchers.dot_rows(weight, dataclasses.replace(narrow, dot_gemv_narrow_max=2 * n)) == 8
         assert torch.equal(grouped_int_linear(x, weight, None, narrow), grouped_int_linear(x, weight, None, eight))
 
 

@@ -97,7 +97,8 @@ class LayerLoader:
 
     def fused_matrix(self, parts: list[torch.Tensor | QuantizedWeight]) -> Any:
         """Row blocks prepared as one matrix when they stack; quantized parts of different schemes that
-        the backend keeps packed stay apart (:class:`RowBlocks`) rather than dequantized to stack."""
+        the backend keeps packed stay apart rather than dequantized to stack: joined by the backend where it runs
+        them as one product (:meth:`GemmBackend.join_row_blocks`), else as :class:`RowBlocks`."""
         quantized = [w for w in parts if isinstance(w, QuantizedWeight)]
         kept = self.model.gemm.supported_quant_schemes
         if len(parts) > 1 and quantized and not stacks_quantized(parts) and all(w.scheme in kept for w in quantized):
@@ -109,7 +110,10 @@ class LayerLoader:
                 else:
                     runs.append([w])
             rows = tuple(sum(w.shape[0] for w in run) for run in runs)
-            return RowBlocks(tuple(self.matrix(concat_weights(run)) for run in runs), rows)
+            prepared = tuple(self.matrix(concat_weights(run)) for run in runs)
+            # the backend may run the blocks' products as one (a weight it takes as the stacked projection)
+            joined = self.model.gemm.join_row_blocks(prepared, rows)
+            return joined if joined is not None else RowBlocks(prepared, rows)
         return self.matrix(concat_weights(parts))
 
     def _qkv(self, p: str) -> tuple[Any, torch.Tensor | None]:

@@ -132,9 +132,9 @@ def grouped_int_gated_linear(
         return None
     m = rows.shape[0]
     fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
-    if m == 1 and _takes_dot(rows, weight, tiles):
+    if m == 1 and takes_dot(rows, weight, tiles):
         # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
-        gemv = tiles.gated_epilogue and _dot_rows(weight, tiles) % 2 == 0
+        gemv = tiles.gated_epilogue and dot_rows(weight, tiles) % 2 == 0
     else:
         gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4 and weight.bits != 6
     if not (fragments or gemv):
@@ -203,9 +203,9 @@ def grouped_int_add_rms_norm_linear(
         and weight.perm is None
         and in_features // (16 if weight.bits == 8 else 32) <= 32 * tiles.dot_gemv_warps
         and tiles.dot_gemv_row_groups == 1
-        and (gated == gated_rows.NOT_GATED or (out_features % 2 == 0 and _dot_rows(weight, tiles) % 2 == 0))
+        and (gated == gated_rows.NOT_GATED or (out_features % 2 == 0 and dot_rows(weight, tiles) % 2 == 0))
     )
-    if not fits or not _takes_dot(x.reshape(1, in_features), weight, tiles):
+    if not fits or not takes_dot(x.reshape(1, in_features), weight, tiles):
         return None
     row = x.reshape(1, in_features)
     width = out_features if gated == gated_rows.NOT_GATED else out_features // 2
@@ -230,7 +230,7 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return weight.bits == 4 and weight.block_k >= tiles.gemv4_min_block and not weight.sub_groups
 
 
-def _takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+def takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4- and 6-bit codes (or, with
     ``tiles.dot_gemv_8bit``, 8-bit codes in groups of a multiple of 16 columns) against 16-bit activations whose
     pairs and words it reads as aligned 32-bit / 16-byte vectors (a 6-bit plane's as 8-byte ones)."""
@@ -263,7 +263,7 @@ def _dot_early_params(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return tiles.dot_gemv_early_params
 
 
-def _dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
+def dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
     """Rows a program of the integer-dot GEMV for ``weight`` (6-bit codes may take their own)."""
     if weight.bits == 6 and tiles.dot_gemv_six_bit_rows:
         return tiles.dot_gemv_six_bit_rows
@@ -287,9 +287,34 @@ def _program_params(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int,
     return program_params(weight, *key)
 
 
-def _register_cap(tiles: GroupedIntTiles) -> dict:
+def register_cap(tiles: GroupedIntTiles) -> dict:
     """The integer-dot GEMV's launch option capping its registers a thread (none where the tiles set no cap)."""
     return {"maxnreg": tiles.dot_gemv_max_registers} if tiles.dot_gemv_max_registers else {}
+
+
+def dot_operands(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, groups: int = 1,
+                 gated: int = gated_rows.NOT_GATED) -> dict:  # fmt: skip
+    """``weight``'s arguments to the integer-dot GEMV at ``rows`` rows a program in ``groups`` row groups: its
+    codes, group parameters (or their program-order copy), super-block scales and plane with their strides, and
+    its form's constants."""
+    params = _program_params(weight, tiles, rows, groups, gated)
+    scales, zero_scales, supers = weight.scales, weight.zero_scales, super_args(weight)
+    if params is not None:
+        scales, zero_scales = params.scales, params.zero_scales
+        if weight.sub_groups:
+            zsuper = params.super_zero_scales if params.super_zero_scales is not None else params.super_scales
+            supers = {**supers, "super_ptr": params.super_scales, "zsuper_ptr": zsuper}
+    return {
+        "w_ptr": weight.codes, "scale_ptr": scales,
+        # any pointer where there are none: unread without HAS_ZS
+        "zs_ptr": zero_scales if zero_scales is not None else weight.scales,
+        "stride_wn": weight.codes.stride(0), "stride_sn": params.stride if params is not None else weight.scales.stride(0),
+        **supers, **plane_args(weight),
+        "NUM_SLOTS": weight.shape[1] // (16 if weight.bits == 8 else 32), "GROUP": weight.group_size,
+        "ZERO": weight.zero_point, "HAS_ZS": weight.zero_scales is not None, "BLOCK": weight.block_k,
+        "BITS": weight.bits, "AHEAD": _dot_ahead(weight, tiles), "EARLY_PARAMS": _dot_early_params(weight, tiles),
+        "PARAM_ROWS": rows if params is not None else 0,
+    }  # fmt: skip
 
 
 def _dot_gemv(
@@ -304,36 +329,24 @@ def _dot_gemv(
     """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments; with ``norm``, ``row`` is a
     branch's output that the kernel adds to the residual stream and normalises first)."""
     out_features, in_features = weight.shape
-    rows = _dot_rows(weight, tiles)
+    rows = dot_rows(weight, tiles)
     if rows & (rows - 1) or rows > 64:
         raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
-    unused = weight.scales  # any pointer: unread without HAS_ZS / HAS_PERM / HAS_BIAS
+    unused = weight.scales  # any pointer: unread without HAS_PERM / HAS_BIAS
     slots = in_features // (16 if weight.bits == 8 else 32)
     # row groups only where one step takes the whole reduction (and not over 6-bit codes)
     groups = tiles.dot_gemv_row_groups if slots <= 32 * tiles.dot_gemv_warps and weight.bits != 6 else 1
     grid = (triton.cdiv(out_features, rows * groups),)
     if gated != gated_rows.NOT_GATED:
         grid = (triton.cdiv(out_features // 2, rows // 2 * groups),)
-    params = _program_params(weight, tiles, rows, groups, gated)
-    scales, zero_scales, supers = weight.scales, weight.zero_scales, super_args(weight)
-    if params is not None:
-        scales, zero_scales = params.scales, params.zero_scales
-        if weight.sub_groups:
-            zsuper = params.super_zero_scales if params.super_zero_scales is not None else params.super_scales
-            supers = {**supers, "super_ptr": params.super_scales, "zsuper_ptr": zsuper}
     dot.grouped_int_dot_gemv_kernel[grid](
-        row, weight.codes, scales, zero_scales if zero_scales is not None else unused,
-        weight.perm if weight.perm is not None else unused, bias.contiguous() if bias is not None else unused, out,
-        out_features, weight.codes.stride(0), params.stride if params is not None else weight.scales.stride(0),
-        NUM_SLOTS=slots, GROUP=weight.group_size, ZERO=weight.zero_point,
-        HAS_ZS=weight.zero_scales is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-        BLOCK=weight.block_k, ROWS=rows, WARPS=tiles.dot_gemv_warps, FP16=row.dtype == torch.float16,
-        ASM=tiles.mma_asm, GATED=gated, BITS=weight.bits, AHEAD=_dot_ahead(weight, tiles),
-        EARLY_PARAMS=_dot_early_params(weight, tiles), PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params, ROW_GROUPS=groups,
-        PARAM_ROWS=rows if params is not None else 0, VECTOR_MASKS=tiles.dot_gemv_vector_masks,
-        num_warps=tiles.dot_gemv_warps, num_stages=1, **supers,
-        **plane_args(weight), **(norm.kernel_args() if norm is not None else {}),
-        **pdl.launch_options(), **_register_cap(tiles),
+        x_ptr=row, perm_ptr=weight.perm if weight.perm is not None else unused,
+        bias_ptr=bias.contiguous() if bias is not None else unused, out_ptr=out, N=out_features,
+        HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None, ROWS=rows, WARPS=tiles.dot_gemv_warps,
+        FP16=row.dtype == torch.float16, ASM=tiles.mma_asm, GATED=gated, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
+        ROW_GROUPS=groups, VECTOR_MASKS=tiles.dot_gemv_vector_masks, num_warps=tiles.dot_gemv_warps, num_stages=1,
+        **dot_operands(weight, tiles, rows, groups, gated), **(norm.kernel_args() if norm is not None else {}),
+        **pdl.launch_options(), **register_cap(tiles),
     )  # fmt: skip
 
 
@@ -352,7 +365,7 @@ def _gemv(
 ) -> None:
     """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, on the integer-dot GEMV or at 4 rows a
     program on the others: ``act(gate) * up`` into ``out [1, N / 2]``)."""
-    if _takes_dot(row, weight, tiles):
+    if takes_dot(row, weight, tiles):
         _dot_gemv(row, weight, bias, tiles, out, gated)
         return
     if weight.bits == 6:

@@ -168,6 +168,11 @@ class GroupedIntTiles:
             4-byte loads a run: W4A16's down_proj 64 loads against 40 (952 instructions against 912, but 136
             registers against 128: three programs a multiprocessor instead of four), Q4_K's 56 against 32 (113
             registers against 128, four programs either way). Untimed (2026-12-06).
+        dot_gemv_row_blocks: one row through a projection of two row blocks in different forms (GGUF Q4_K_M's
+            q / k in Q4_K over v in Q6_K, :class:`~engine_plugin_sdk.gpu.gemm.GroupedIntRowBlocks`) takes one launch
+            of the integer-dot GEMV (:mod:`.grouped_int_dot_row_blocks`) instead of one a block: v's 128 programs
+            (Llama-3-8B at 8 rows) ran 4.75 us of an H100's time without PDL for 4.5 MB in a launch of their own, in
+            half the layers. Untimed (2026-12-07).
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -240,6 +245,7 @@ class GroupedIntTiles:
     dot_gemv_narrow_rows: int = 0
     dot_gemv_narrow_max: int = 2048
     dot_gemv_vector_masks: bool = False
+    dot_gemv_row_blocks: bool = False
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
@@ -295,5 +301,5 @@ INTERPRETER_GROUPED_INT_TILES = GroupedIntTiles(
     gemv=(64, 1024, 4, 1), gemv4=(64, 1024, 4, 1), mma_rows=16, mma_asm=False, fragment_rows=8, fragment_min_rows=2,
     fragment_warps=2, fragment_narrow_warps=2, fragment_narrow_blocks=True, dot_gemv_rows=64, dot_gemv_8bit=True,
     dot_gemv_warps=1, two_level_scales=True, six_bit_codes=True, dot_gemv_program_params=True,
-    dot_gemv_residual_norm=True,
+    dot_gemv_residual_norm=True, dot_gemv_row_blocks=True,
 )
