@@ -214,9 +214,12 @@ def step_bytes(llm: Any) -> int:
     """Bytes a batch-1 decode step reads: every layer tensor in its stored form, the final norm, the LM head."""
     import torch
 
+    from engine.models.layers.row_blocks import RowBlocks
     from engine_plugin_sdk.gpu.gemm import Fp8Weight, GroupedIntRowBlocks, GroupedIntWeight
 
     def size(t: Any) -> int:
+        if isinstance(t, RowBlocks):
+            return sum(size(part) for part in t.parts)
         if isinstance(t, GroupedIntWeight | GroupedIntRowBlocks):
             return t.nbytes
         if isinstance(t, Fp8Weight):

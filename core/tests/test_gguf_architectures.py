@@ -22,6 +22,7 @@ from gguf.quants import dequantize, quantize
 
 from engine import LLM, SamplingParams
 from engine.loader import load_model_config
+from engine_plugin_cpu.amx_kernels import AmxWeight
 from engine_test_utils import assert_all_blocks_free
 
 WINDOW = 8
@@ -414,7 +415,8 @@ def test_gguf_experts_stay_quantized(tmp_path, hf_tokenizer_dir, qtype):
         llm = LLM(model=str(path), tokenizer=hf_tokenizer_dir, device="cpu", dtype="bfloat16", quantization=quantization,
                   kv_cache_memory_bytes=16 << 20)  # fmt: skip
         experts = llm.llm_engine.model.layers[0].moe.experts
-        packed = [not isinstance(w, torch.Tensor) for w in experts.gate_up + experts.down]
+        # dense: a float tensor, or on a CPU with AMX its bf16 tiles
+        packed = [not isinstance(w, torch.Tensor | AmxWeight) for w in experts.gate_up + experts.down]
         assert len(experts.gate_up) == 4 and all(packed) == (quantization == "gguf") and any(packed) == all(packed)
         ids = [llm.tokenizer.encode(p) for p in PROMPTS[:3]]
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

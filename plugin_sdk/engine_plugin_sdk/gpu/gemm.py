@@ -260,14 +260,15 @@ class TorchGemmBackend(GemmBackend):
         return torch.nn.functional.linear(x, weight, bias)
 
     def join_row_blocks(self, parts: Any, rows: Any) -> Any | None:
-        """Blocks that all stayed grouped-integer codes over one input width, as a :class:`GroupedIntRowBlocks`;
-        else None."""
+        """Blocks that all stayed grouped-integer codes over one input width, as a :class:`GroupedIntRowBlocks`, where
+        the tiles run one row through them in one launch (``dot_gemv_row_blocks``); else None (the core's views of
+        each block's product then cost no copy where one launch does not take them)."""
         parts, rows = tuple(parts), tuple(int(n) for n in rows)
         if len(parts) < 2 or len(parts) != len(rows):
             return None
         if not all(isinstance(p, GroupedIntWeight) and p.shape[0] == n for p, n in zip(parts, rows, strict=True)):
             return None
-        if len({p.shape[1] for p in parts}) != 1:
+        if len({p.shape[1] for p in parts}) != 1 or not self._grouped_int_tiles().dot_gemv_row_blocks:
             return None
         return GroupedIntRowBlocks(parts, rows)
 

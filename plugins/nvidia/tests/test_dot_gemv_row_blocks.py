@@ -90,8 +90,8 @@ def test_other_rows_and_shapes_take_a_product_a_block(device) -> None:
 
 
 def test_backend_joins_grouped_blocks_of_one_width(device) -> None:
-    """``join_row_blocks``: grouped-integer blocks of one input width joined; a float block, blocks of two widths
-    or rows that do not match are left apart (None). The joined weight through ``linear`` (one row, a prompt's
+    """``join_row_blocks``: grouped-integer blocks of one input width joined where the tiles take them in one
+    launch; a float block, blocks of two widths, rows that do not match or tiles without it are left apart (None). The joined weight through ``linear`` (one row, a prompt's
     rows) and ``gated_linear`` (a gate/up pair: the product, then the activation) against its blocks'."""
     if device.type == "cpu":
         pytest.importorskip("triton")
@@ -106,6 +106,10 @@ def test_backend_joins_grouped_blocks_of_one_width(device) -> None:
     assert backend.join_row_blocks((weight.parts[0], dense), (32, 32)) is None
     assert backend.join_row_blocks((weight.parts[0], narrow), (32, 32)) is None
     assert backend.join_row_blocks(weight.parts, (32, 31)) is None
+    # tiles that take no one launch keep the blocks apart: the core's views of their products copy nothing
+    backend.grouped_int_tiles = _tiles(device, True, on=False)
+    assert backend.join_row_blocks(weight.parts, weight.rows) is None
+    backend.grouped_int_tiles = _tiles(device, True)
     for rows in (1, 3):
         x = torch.randn(rows, K, generator=gen).to(torch.float16).to(device)
         want = _side_by_side(x, weight, None, backend.grouped_int_tiles)

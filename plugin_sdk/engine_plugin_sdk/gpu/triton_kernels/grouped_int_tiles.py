@@ -172,7 +172,9 @@ class GroupedIntTiles:
             q / k in Q4_K over v in Q6_K, :class:`~engine_plugin_sdk.gpu.gemm.GroupedIntRowBlocks`) takes one launch
             of the integer-dot GEMV (:mod:`.grouped_int_dot_row_blocks`) instead of one a block: v's 128 programs
             (Llama-3-8B at 8 rows) ran 4.75 us of an H100's time without PDL for 4.5 MB in a launch of their own, in
-            half the layers. Untimed (2026-12-07).
+            half the layers. The backend joins such blocks only with it (else the core hands on views of each block's
+            product, no copy). Measured on an H100 (2026-12-07, Q4_K_M batch-1 decode, two rounds): 439.1 / 439.3
+            against 439.8 / 439.5 tok/s, no gain under PDL; off, the H200's A/B to run.
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
