@@ -126,12 +126,11 @@ def test_rows_the_kernel_does_not_take_fall_back(device) -> None:
     assert gated_rows.NOT_GATED == -1
 
 
-@pytest.mark.slow  # three engines in the interpreter
+@pytest.mark.slow  # two engines in the interpreter
 def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkeypatch) -> None:
     """A tiny GPTQ Llama (zero points, hidden 256) decoding one sequence in float16: every layer's norms but the
     first go into the q/k/v and gate/up GEMVs (the first layer's attention norm has no residual to add), and the
-    greedy tokens and log-probabilities are those with the norms as their own launches, and the dequantized
-    checkpoint's."""
+    greedy tokens and log-probabilities are those with the norms as their own launches."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     from prequantized_checkpoints import write_gptq
@@ -173,9 +172,6 @@ def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkey
     fused.clear()
     unfused_tokens, unfused_logprobs = decode("auto")
     assert not fused
-    dense_tokens, dense_logprobs = decode("none")
-    assert tokens == unfused_tokens == dense_tokens
+    # (the unfused packed path against the dequantized checkpoint is test_gptq_packed_model.py's)
+    assert tokens == unfused_tokens
     torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(unfused_logprobs), atol=2e-3, rtol=0)
-    # float16 activations rounded to 16-bit integers a slot: as far from the dense model as the unfused run is
-    gap, unfused_gap = (torch.tensor(v) - torch.tensor(dense_logprobs) for v in (logprobs, unfused_logprobs))
-    assert (gap.abs() <= unfused_gap.abs() + 2e-3).all(), (gap, unfused_gap)
