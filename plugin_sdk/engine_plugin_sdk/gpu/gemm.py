@@ -260,17 +260,19 @@ class TorchGemmBackend(GemmBackend):
         return torch.nn.functional.linear(x, weight, bias)
 
     def join_row_blocks(self, parts: Any, rows: Any) -> Any | None:
-        """Blocks that all stayed grouped-integer codes over one input width, as a :class:`GroupedIntRowBlocks`, where
-        the tiles run one row through them in one launch (``dot_gemv_row_blocks``); else None (the core's views of
-        each block's product then cost no copy where one launch does not take them)."""
+        """Blocks that stayed grouped-integer codes over one input width, as a :class:`GroupedIntRowBlocks`, where
+        one launch takes a row through them (``dot_gemv_row_blocks`` and their forms and rows, :func:`~engine_plugin_sdk.gpu.triton_kernels.grouped_int_row_blocks_launchers.joinable`);
+        else None: the core's views of each block's product then copy nothing."""
         parts, rows = tuple(parts), tuple(int(n) for n in rows)
-        if len(parts) < 2 or len(parts) != len(rows):
+        if len(parts) != len(rows):
             return None
         if not all(isinstance(p, GroupedIntWeight) and p.shape[0] == n for p, n in zip(parts, rows, strict=True)):
             return None
-        if len({p.shape[1] for p in parts}) != 1 or not self._grouped_int_tiles().dot_gemv_row_blocks:
+        if len({p.shape[1] for p in parts}) != 1:
             return None
-        return GroupedIntRowBlocks(parts, rows)
+        from engine_plugin_sdk.gpu.triton_kernels.grouped_int_row_blocks_launchers import joinable
+
+        return GroupedIntRowBlocks(parts, rows) if joinable(parts, rows, self._grouped_int_tiles()) else None
 
     def gated_linear(self, x: Any, weight: Any, activation: str) -> Any:
         """The product, then the Triton gated activation (a vendor's backend fuses the single-row case; 4-bit

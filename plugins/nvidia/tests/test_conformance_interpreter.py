@@ -25,9 +25,23 @@ HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0
 
 
 
-def run_suite(capabilities: list[str]) -> subprocess.CompletedProcess:
+#: not the quantized schemes' K=4096 shape rows (1, 7 and 33 rows over a 7B-class width) nor the 4-bit ones' gated
+#: rows: at 2-8 fp16 rows 4-bit codes take the fragment kernel, whose tensor-core operands the interpreter emulates
+#: lane by lane (15-17 s a 4-bit scheme's shapes row, 4 s its gated one, half of the op-level run in all); the
+#: kernels' own tests check them against float64 (test_fragment_kernels.py, test_fragment_gated.py,
+#: test_dot_gemv.py, test_grouped_int_kernels.py), every scheme's plain, residual-norm and row-block rows stay here,
+#: and the shape rows run on GPUs and on the CPU plugin
+SKIPPED_ROWS = (
+    "not (test_quantized_linear_shapes or (test_quantized_gated_linear and (gguf_q4_k or gguf_q4_0 or gguf_q4_1 "
+    "or int4_grouped)))"
+)
+
+
+def run_suite(capabilities: list[str], skipped: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, ENGINE_NVIDIA_INTERPRET="1", TRITON_INTERPRET="1", **SUITE_ENV)
     args = [sys.executable, "-m", "pytest", str(suite_dir()), "-q", "--no-header", "-p", "no:cacheprovider", "--device", "cuda"]
+    if skipped:
+        args += ["-k", skipped]
     # strict: a check that cannot run in the interpreter fails here rather than skipping unseen
     args.append("--conformance-strict")
     for cap in capabilities:
@@ -38,7 +52,7 @@ def run_suite(capabilities: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(HAS_GPU, reason="on a GPU, run `engine conformance --device cuda` instead")
 def test_op_level_suite_in_interpreter() -> None:
-    proc = run_suite(OP_LEVEL)
+    proc = run_suite(OP_LEVEL, SKIPPED_ROWS)
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
     assert proc.returncode == 0, f"conformance (interpreter) failed:\n{tail}"
     assert " passed" in tail and "failed" not in tail

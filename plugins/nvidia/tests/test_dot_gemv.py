@@ -158,7 +158,7 @@ def test_group_parameters_read_after_the_wait_give_the_same_bits(device, change:
             assert torch.equal(grouped_int_linear(x, weight, None, late), want), (bits, block, zero_scales, perm)
 
 
-@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("groups", [3])  # 2 is the same code path with whole groups; 3 leaves partial ones
 def test_row_groups_give_the_same_bits(device, groups: int) -> None:
     """``dot_gemv_row_groups``: a program taking several groups of rows one after another (single-step products:
     each case's reduction within one warp's 32 slots, or several steps, where the groups do not apply) gives the

@@ -89,8 +89,9 @@ def test_other_rows_and_shapes_take_a_product_a_block(device) -> None:
 
 
 def test_backend_joins_grouped_blocks_of_one_width(device) -> None:
-    """``join_row_blocks``: grouped-integer blocks of one input width joined where the tiles take them in one
-    launch; a float block, blocks of two widths, rows that do not match or tiles without it are left apart (None). The joined weight through ``linear`` (one row, a prompt's
+    """``join_row_blocks``: grouped-integer blocks of one input width joined where one launch takes them; a float
+    block, blocks of two widths, rows that do not match, a first block of partial programs or tiles without the
+    one launch are left apart (None). The joined weight through ``linear`` (one row, a prompt's
     rows) and ``gated_linear`` (a gate/up pair: the product, then the activation) against its blocks'."""
     if device.type == "cpu":
         pytest.importorskip("triton")
@@ -105,6 +106,8 @@ def test_backend_joins_grouped_blocks_of_one_width(device) -> None:
     assert backend.join_row_blocks((weight.parts[0], dense), (32, 32)) is None
     assert backend.join_row_blocks((weight.parts[0], narrow), (32, 32)) is None
     assert backend.join_row_blocks(weight.parts, (32, 31)) is None
+    partial = _blocks(PAIRS[0], (20, 16), int(gen.seed() % (1 << 20)), device)
+    assert backend.join_row_blocks(partial.parts, partial.rows) is None  # no one launch: the core's views
     # tiles that take no one launch keep the blocks apart: the core's views of their products copy nothing
     backend.grouped_int_tiles = _tiles(device, True, on=False)
     assert backend.join_row_blocks(weight.parts, weight.rows) is None

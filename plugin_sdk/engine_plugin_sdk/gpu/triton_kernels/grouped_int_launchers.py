@@ -231,16 +231,20 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
 
 
 def takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: 4- and 6-bit codes (or, with
-    ``tiles.dot_gemv_8bit``, 8-bit codes in groups of a multiple of 16 columns) against 16-bit activations whose
-    pairs and words it reads as aligned 32-bit / 16-byte vectors (a 6-bit plane's as 8-byte ones)."""
+    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: :func:`dot_form` against 16-bit
+    activations whose pairs it reads as aligned 32-bit words."""
+    return row.dtype in (torch.bfloat16, torch.float16) and row.data_ptr() % 4 == 0 and dot_form(weight, tiles)
+
+
+def dot_form(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
+    """Whether the integer-dot GEMV takes ``weight``'s form: 4- and 6-bit codes (or, with ``tiles.dot_gemv_8bit``,
+    8-bit codes in groups of a multiple of 16 columns) whose words it reads as aligned 16-byte vectors (a 6-bit
+    plane's as 8-byte ones)."""
     eight = tiles.dot_gemv_8bit and weight.bits == 8 and weight.group_size % 16 == 0
     plane = weight.high_bits
     return (
         tiles.dot_gemv_rows > 0
         and (weight.bits in (4, 6) or eight)
-        and row.dtype in (torch.bfloat16, torch.float16)
-        and row.data_ptr() % 4 == 0
         and weight.codes.data_ptr() % 16 == 0
         and weight.codes.stride(0) % 16 == 0
         and (plane is None or (plane.data_ptr() % 8 == 0 and plane.stride(0) % 8 == 0))

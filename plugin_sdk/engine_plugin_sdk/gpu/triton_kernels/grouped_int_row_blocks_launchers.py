@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from engine_plugin_sdk.gpu.gemm import GroupedIntRowBlocks
+from engine_plugin_sdk.gpu.gemm import GroupedIntRowBlocks, GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_row_blocks as blocks_kernels
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    dot_form,
     dot_operands,
     dot_rows,
     grouped_int_linear,
@@ -68,17 +69,22 @@ def row_blocks_linear(
 
 
 def one_launch(rows: torch.Tensor, weight: GroupedIntRowBlocks, tiles: GroupedIntTiles) -> bool:
-    """Whether one launch of the integer-dot GEMV takes ``rows`` through both blocks: asked for
-    (``dot_gemv_row_blocks``), one row, two blocks that each take that GEMV at the same rows a program in one row
-    group, without a permutation, the first block's rows whole programs."""
-    if not tiles.dot_gemv_row_blocks or rows.shape[0] != 1 or len(weight.parts) != 2 or tiles.dot_gemv_row_groups != 1:
+    """Whether one launch of the integer-dot GEMV takes ``rows`` through both blocks: one row of 16-bit activations
+    (:func:`.grouped_int_launchers.takes_dot`) through blocks that :func:`joinable` holds for."""
+    return rows.shape[0] == 1 and takes_dot(rows, weight.parts[0], tiles) and joinable(weight.parts, weight.rows, tiles)
+
+
+def joinable(parts: tuple[GroupedIntWeight, ...], rows: tuple[int, ...], tiles: GroupedIntTiles) -> bool:
+    """Whether one launch takes a row through blocks ``parts`` of ``rows`` rows each: asked for
+    (``dot_gemv_row_blocks``), two blocks whose forms the integer-dot GEMV takes at the same rows a program in
+    one row group, without a permutation, the first block's rows whole programs."""
+    if not tiles.dot_gemv_row_blocks or len(parts) != 2 or tiles.dot_gemv_row_groups != 1:
         return False
-    first, second = weight.parts
-    per_program = dot_rows(first, tiles)
+    per_program = dot_rows(parts[0], tiles)
     return (
-        all(takes_dot(rows, part, tiles) and part.perm is None for part in weight.parts)
-        and dot_rows(second, tiles) == per_program
-        and weight.rows[0] % per_program == 0
+        all(dot_form(part, tiles) and part.perm is None for part in parts)
+        and dot_rows(parts[1], tiles) == per_program
+        and rows[0] % per_program == 0
     )
 
 
