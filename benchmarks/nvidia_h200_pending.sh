@@ -30,9 +30,10 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
-#   session51: GGUF Q4_K_M's mixed q/k/v in one launch (dot_gemv_row_blocks, session 51) after its GPU tests, then
-#            issue 25's batch-1 figures (bf16, W4A16, Q4_K_M, its dequantized copy) with it, the Q6_K LM head in 6 bits
-#            and the vector masks each beside the defaults in one process.
+#   session51: GGUF Q4_K_M's mixed q/k/v in one launch (dot_gemv_row_blocks, session 51; no gain on an H100) after
+#            its GPU tests, then issue 25's batch-1 figures (bf16, W4A16, Q4_K_M, its dequantized copy) with it and with
+#            every Q6_K weight in 6 bits (H100: +4.2% at one row, -4.8% at four sequences) beside the defaults in one
+#            process, 1 and 4 sequences; then issue 20's Qwen3-30B-A3B batch-1 decode.
 #   session50: session 50's untimed dot-GEMV variants, each beside the defaults in one process for GGUF Q4_K_M and
 #            W4A16, 1 and 4 sequences, after their GPU tests: the Q6_K LM head alone in 6 bits (six_bit_min_rows),
 #            every Q6_K weight in 6 bits now that 6-bit codes read program-order parameters (six_bit_codes), narrow
@@ -175,10 +176,13 @@ elif [ "$PART" = two-level ]; then
 elif [ "$PART" = session51 ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_row_blocks.py > $LOGS/session51_tests.log 2>&1
   tail -1 $LOGS/session51_tests.log
-  timeout 400 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_row_blocks=1 six_bit_min_rows=65536 dot_gemv_vector_masks=1} \
-    --throughput --json "$OUT/session51_decode.json" > $LOGS/session51_decode.log 2>&1
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode gguf_q4_k_m bf16 \
+    gguf_q4_k_m_dequantized w4a16 --grouped-tiles ${TILES:-dot_gemv_row_blocks=1 six_bit_codes=1} \
+    --decode-batch 4 --throughput --json "$OUT/session51_decode.json" > $LOGS/session51_decode.log 2>&1
   grep -E "^decode" $LOGS/session51_decode.log
+  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/session51_moe.json" \
+    > $LOGS/session51_moe.log 2>&1
+  grep -iE "experts bf16" $LOGS/session51_moe.log
 elif [ "$PART" = session50 ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv.py \
     plugins/nvidia/tests/test_dot_gemv_program_params.py plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
