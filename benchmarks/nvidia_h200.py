@@ -184,6 +184,8 @@ def use_decode_kernel_from(path: str) -> types.ModuleType:
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     if args.late_kv:
         override_tuning(decode_early_kv=False)
+    if args.min_split_keys is not None:
+        override_tuning(decode_min_split_keys=args.min_split_keys)
     if args.decode_kernel_from:
         use_decode_kernel_from(args.decode_kernel_from)
     bandwidth = copy_bandwidth()
@@ -198,6 +200,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     eager = decode_rate(llm)
     result = {
         "decode_kernel_from": args.decode_kernel_from,
+        "min_split_keys": args.min_split_keys,
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "weight_GB_all": all_bytes / 1e9,
         "weight_GB_read_per_step": read_bytes / 1e9,
@@ -327,6 +330,8 @@ def main() -> None:
         if name == "decode":
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
+            p.add_argument("--min-split-keys", type=int, default=None,
+                           help="KernelTuning.decode_min_split_keys for this run (the A/B)")
         if name == "throughput":
             p.add_argument("--num-prompts", type=int, default=1000)
             # every request fits at once (1000 x 768 tokens of KV is ~100 GB) and prefill runs in

@@ -293,7 +293,11 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
-        for variant in args.experts:
+        runs = [(variant, keys) for keys in (args.min_split_keys or [None]) for variant in args.experts]
+        for variant, keys in runs:
+            if keys is not None:
+                # no decode split under this many keys (KernelTuning.decode_min_split_keys): the A/B
+                override_tuning(decode_min_split_keys=keys)
             t0 = time.perf_counter()
             with experts_as(variant):
                 llm = make_moe_llm(folder, max_num_seqs=8, kv_cache_memory_bytes=8 << 30, max_model_len=4096)
@@ -301,20 +305,23 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             all_bytes, read = step_bytes(llm)
             rate = decode_rate(llm)
             batched = {n: batched_decode_rate(llm, n) for n in args.decode_batch}
+            long_rate = decode_rate(llm, prompt_len=args.long_prompt, new_tokens=128) if args.long_prompt else None
             if args.profile:
                 profile_decode(llm)
             llm.shutdown()
             del llm
             release()
             roofline = bandwidth / read
-            results[variant] = {
+            name = variant if keys is None else f"{variant}_min_split_keys={keys}"
+            results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
-                "batched_tok_s": batched,
+                "batched_tok_s": batched, "long_prompt": args.long_prompt, "long_prompt_decode_tok_s": long_rate,
             }  # fmt: skip
-            print(f"qwen3-30b-a3b experts {variant}: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, "
+            print(f"qwen3-30b-a3b experts {name}: {all_bytes / 1e9:.1f} GB, reads {read / 1e9:.2f} GB/step, "
                   f"roofline {roofline:.0f} tok/s, decode {rate:.1f} tok/s = {rate / roofline:.3f} of it"
                   + "".join(f", {n} sequences {r:.1f} tok/s" for n, r in batched.items())
+                  + (f", after {args.long_prompt} tokens {long_rate:.1f} tok/s" if long_rate else "")
                   + f" (load {load_s:.0f} s)", flush=True)  # fmt: skip
     return results
 
@@ -431,6 +438,10 @@ def main() -> None:
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",
                            help="split decode attention merged by its last split program, not a merge kernel")
+            p.add_argument("--min-split-keys", type=int, nargs="*", default=[],
+                           help="each run's KernelTuning.decode_min_split_keys (the A/B), one engine each")
+            p.add_argument("--long-prompt", type=int, default=0,
+                           help="also batch-1 decode 128 tokens after a prompt of this many tokens")
         if name == "throughput":
             p.add_argument("--num-prompts", type=int, default=1000)
             p.add_argument("--max-num-seqs", type=int, default=256)

@@ -4,6 +4,8 @@ two KV heads a program, the early read under PDL, graph padding rows."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -29,12 +31,13 @@ def test_decode_split_context(device, splits, feature):
     check(out, problem, f"decode splits={splits} {feature}")
 
 
-@pytest.mark.parametrize("splits", [8, 16])
+@pytest.mark.parametrize(("splits", "min_keys"), [(8, 0), (16, 0), (8, 40)])
 @pytest.mark.parametrize("window", [None, 12])
-def test_decode_merges_only_the_splits_that_hold_keys(device, splits, window, monkeypatch):
+def test_decode_merges_only_the_splits_that_hold_keys(device, splits, min_keys, window, monkeypatch):
     """A graph's split count is fixed for any context: splits past a short context's end write no partials
     and the merge must not read them. The partial buffers start as NaN here, so a merge that read an
-    unwritten split would give NaN."""
+    unwritten split would give NaN. With ``decode_min_split_keys`` (40: three of the interpreter's 16-key
+    tiles a split) the 97-key context takes three splits of 48 keys, not seven of 16."""
     real_empty = torch.empty
 
     def nan_empty(*args, **kwargs):
@@ -47,15 +50,17 @@ def test_decode_merges_only_the_splits_that_hold_keys(device, splits, window, mo
     with monkeypatch.context() as patch:
         patch.setattr(torch, "empty", nan_empty)
         launchers.paged_decode(
-            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, tuning(), window=window
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits,
+            dataclasses.replace(tuning(), decode_min_split_keys=min_keys), window=window,
         )  # fmt: skip
-    check(out, problem, f"decode splits={splits} window={window}, most splits idle")
+    check(out, problem, f"decode splits={splits} min keys={min_keys} window={window}, most splits idle")
 
 
-@pytest.mark.parametrize("splits", [2, 4])
-def test_decode_last_split_merges_when_given_arrival_counts(device, splits):
+@pytest.mark.parametrize(("splits", "min_keys"), [(2, 0), (4, 0), (4, 32)])
+def test_decode_last_split_merges_when_given_arrival_counts(device, splits, min_keys):
     """With ``arrivals`` the split programs count themselves and the last of each KV head's merges its
-    heads (no merge kernel): the same result as the merge kernel's, and every count back at zero."""
+    heads (no merge kernel): the same result as the merge kernel's, and every count back at zero (with
+    ``decode_min_split_keys`` too, whose idle splits still arrive)."""
     problem, cache = filled_problem(device, torch.float16, DECODE_LENS, seed=40 + splits, sliding_window=12)
     md = problem.metadata
     outs = []
@@ -63,8 +68,8 @@ def test_decode_last_split_merges_when_given_arrival_counts(device, splits):
     for given in (None, arrivals, arrivals):
         out = torch.full_like(problem.query, float("nan"))
         launchers.paged_decode(
-            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits, tuning(),
-            window=md.sliding_window, arrivals=given,
+            out, problem.query, cache, md.block_tables, md.seq_lens, md.scale, splits,
+            dataclasses.replace(tuning(), decode_min_split_keys=min_keys), window=md.sliding_window, arrivals=given,
         )  # fmt: skip
         outs.append(out)
         assert not arrivals.any()

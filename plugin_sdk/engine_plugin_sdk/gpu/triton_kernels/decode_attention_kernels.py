@@ -187,6 +187,7 @@ def paged_decode_kernel(
     DOT_F16: tl.constexpr, USE_PDL: tl.constexpr, USE_SINKS: tl.constexpr, ROTARY: tl.constexpr,
     HEAD_NORM: tl.constexpr, MERGE_LAST: tl.constexpr, EARLY_KV: tl.constexpr = True,
     SKIP_IDLE: tl.constexpr = False, KV_HEADS: tl.constexpr = 1, PRESCALED: tl.constexpr = False,
+    MIN_SHARE: tl.constexpr = 0,
 ):
     """One program: every query head of ``KV_HEADS`` (1 or 2) consecutive KV heads of one sequence (one new
     token each), over one contiguous share of the context (flash-decoding). Keys are read once for each head
@@ -216,6 +217,10 @@ def paged_decode_kernel(
 
     ``SKIP_IDLE`` (several splits, merged by :func:`.decode_merge_kernels.decode_merge_kernel`): a split past the end of its
     sequence's context writes no partials and ends at once.
+
+    ``MIN_SHARE``: no split takes fewer than this many keys (a multiple of ``BLOCK_N``; 0: one tile), so that a
+    short context in a graph captured for any length is read by the few splits it needs, not by as many one-tile
+    splits as it has tiles (:func:`.decode_merge_kernels.split_share`).
 
     Under PDL with ``WRITE_KV`` (and ``EARLY_KV``) a program reads its context length, block table and
     first key and value tiles before it waits for the kernel that wrote the query: none of them is written
@@ -248,7 +253,7 @@ def paged_decode_kernel(
     pair = offs_g >= NUM_QUERIES_PER_KV  # the second KV head's rows
     d_ok = offs_d < HEAD_DIM
     row = seq.to(tl.int64)
-    lo, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW)
+    lo, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW, MIN_SHARE)
     start = lo + split * per_split
     if SKIP_IDLE:
         # a graph's split count is fixed for any context: the splits past a short one's end have nothing to

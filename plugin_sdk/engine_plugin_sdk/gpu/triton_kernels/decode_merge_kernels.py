@@ -10,15 +10,19 @@ from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_
 
 
 @triton.jit
-def split_share(seq_len, window, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+def split_share(seq_len, window, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
+                MIN_SHARE: tl.constexpr = 0):
     """How a sequence's context is cut across the decode kernel's splits: ``(lo, span, per_split)``, the
-    first key any split reads, the keys they read in all, and each split's share (whole ``BLOCK_N`` tiles).
-    The decode kernel and the merge both take it from here, so they agree on which splits hold keys."""
+    first key any split reads, the keys they read in all, and each split's share (whole ``BLOCK_N`` tiles, at
+    least ``MIN_SHARE`` keys: a short context then takes fewer splits, the rest holding none). The decode kernel
+    and the merge both take it from here, so they agree on which splits hold keys."""
     lo = 0
     if USE_WINDOW:
         lo = tl.maximum(0, seq_len - window)
     span = seq_len - lo
     per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if MIN_SHARE > BLOCK_N:
+        per_split = tl.maximum(per_split, MIN_SHARE)
     return lo, span, per_split
 
 
@@ -61,10 +65,11 @@ def decode_merge_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, seq_lens_ptr, window,
     stride_o_tok, stride_o_head,
     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_PDL: tl.constexpr, MIN_SHARE: tl.constexpr = 0,
 ):
     """Join the splits of one head of one sequence (see :func:`_merge_head`): only those that
-    :func:`.decode_attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N`` and ``SKIP_IDLE``) gave keys, and split 0."""
+    :func:`.decode_attention_kernels.paged_decode_kernel` (launched with ``BLOCK_N``, ``MIN_SHARE`` and ``SKIP_IDLE``) gave
+    keys, and split 0."""
     if USE_PDL:
         gdc_launch_dependents()
     seq = tl.program_id(0).to(tl.int64)
@@ -73,7 +78,7 @@ def decode_merge_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     if USE_PDL:
         gdc_wait()
-    _, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW)
+    _, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW, MIN_SHARE)
     used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
                 tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)

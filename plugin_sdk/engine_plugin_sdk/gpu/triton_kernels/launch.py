@@ -45,6 +45,10 @@ class KernelTuning:
             at smaller heads.
         max_decode_splits: most programs one sequence's context is split across (flash-decoding).
         min_keys_per_split: a split never gets fewer keys than this (below it the merge costs more).
+        decode_min_split_keys: where the split count was fixed without the context's length (a graph), no split
+            takes fewer keys than this (rounded up to whole ``decode_block_n`` tiles; 0: one tile), the splits past
+            a short context's end holding none: a 384-token context over 32 splits is read by six programs of one
+            tile each, or by three of two tiles at 128 (and merged from three partials).
         elementwise_num_warps: warps for norm / rotary / activation kernels.
         use_pdl: launch every kernel with programmatic dependent launch (CUDA compute capability 9.0+;
             see :mod:`.pdl`), so that each starts while the one before it drains.
@@ -71,6 +75,7 @@ class KernelTuning:
     decode_large_head: tuple[int, int, int] | None = None
     max_decode_splits: int = 32
     min_keys_per_split: int = 256
+    decode_min_split_keys: int = 0
     elementwise_num_warps: int = 4
     use_pdl: bool = False
     decode_merge_last: bool = False

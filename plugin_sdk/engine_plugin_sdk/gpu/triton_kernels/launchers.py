@@ -228,6 +228,8 @@ def paged_decode(
     tiles = tuning.decode_tiles(fp8_cache, head_dim, pair)
     flags = _attention_flags(query, kv_cache, window, soft_cap)
     programs = kv_heads // pair * num_seqs * num_splits
+    block_n = tiles["BLOCK_N"]
+    min_share = -(-tuning.decode_min_split_keys // block_n) * block_n if num_splits > 1 else 0
     # only under PDL (graphs, whose variants compile at capture): eager launches keep one variant for any batch
     early_kv = tuning.decode_early_kv and pdl.active() and programs <= EARLY_KV_WAVES * tuning.num_compute_units
     dak.paged_decode_kernel[(kv_heads // pair, num_seqs, num_splits)](
@@ -241,7 +243,7 @@ def paged_decode(
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
         MERGE_LAST=merge_last, EARLY_KV=early_kv,
-        SKIP_IDLE=num_splits > 1 and not merge_last,
+        SKIP_IDLE=num_splits > 1 and not merge_last, MIN_SHARE=min_share,
         # the scale folded into the query once: over an FP8 cache (whose values carry 2**-4 of error, against the
         # 2**-11 the fp16 query's rounding adds) and in float32; a bf16 / fp16 query over its own dtype keeps its bits
         KV_HEADS=pair, PRESCALED=soft_cap is None and (flags["DOT_F16"] or flags["IS_FP32"]),
@@ -251,8 +253,8 @@ def paged_decode(
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
         dmk.decode_merge_kernel[(num_seqs, num_heads)](
             out, part_acc, part_ml, seq_lens, int(window or 0), out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_N=tiles["BLOCK_N"],
-            USE_WINDOW=flags["USE_WINDOW"], num_warps=ek_warps, **pdl.launch_options(),
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_N=block_n,
+            USE_WINDOW=flags["USE_WINDOW"], MIN_SHARE=min_share, num_warps=ek_warps, **pdl.launch_options(),
         )  # fmt: skip
 
 
