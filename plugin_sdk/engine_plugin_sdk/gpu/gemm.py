@@ -206,17 +206,21 @@ class TorchGemmBackend(GemmBackend):
 
     @property
     def fuses_residual_norm(self) -> bool:  # type: ignore[override]
-        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm``; the defaults do not) and the Triton
-        kernels run. Read by every layer of an eager step: no import, no tiles built."""
+        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm`` or ``dot_gemv_prepared``; the
+        defaults do not) and the Triton kernels run. Read by every layer of an eager step: no import, no tiles built."""
         tiles = self.grouped_int_tiles
-        return self.triton_grouped_int and self.triton_gated and tiles is not None and tiles.dot_gemv_residual_norm
+        return (
+            self.triton_grouped_int and self.triton_gated and tiles is not None
+            and (tiles.dot_gemv_residual_norm or tiles.dot_gemv_prepared)
+        )  # fmt: skip
 
     def add_rms_norm_linear(
         self, x: Any, residual: Any, norm_weight: Any, eps: float, weight: Any, bias: Any | None = None,
         activation: str | None = None,
     ) -> tuple[Any, Any]:  # fmt: skip
-        """One launch where the integer-dot GEMV takes the row (one row of a single-step grouped-integer
-        product); else the Triton norm, then :meth:`linear` or :meth:`gated_linear`."""
+        """The integer-dot GEMV with the norm in its programs or handed the row converted, where it takes the row
+        (one row of a single-step grouped-integer product); else the Triton norm, then :meth:`linear` or
+        :meth:`gated_linear`."""
         if not self.fuses_residual_norm:
             return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
         from engine_plugin_sdk.gpu.triton_kernels import launchers
@@ -226,7 +230,7 @@ class TorchGemmBackend(GemmBackend):
             raise ValueError(f"{type(self).__name__} gates {sorted(self.gated_activations)}, not {activation!r}")
         if isinstance(weight, GroupedIntWeight):
             from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
-            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+            from engine_plugin_sdk.gpu.triton_kernels.grouped_int_norm_launchers import (
                 grouped_int_add_rms_norm_linear,
             )
 

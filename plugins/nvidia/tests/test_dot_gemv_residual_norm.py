@@ -15,10 +15,10 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_
 from engine_plugin_sdk.gpu.triton_kernels import launchers
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import SILU
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
-    grouped_int_add_rms_norm_linear,
     grouped_int_gated_linear,
     grouped_int_linear,
 )
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_norm_launchers import grouped_int_add_rms_norm_linear
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes, pack_grouped_int
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     H200_GROUPED_INT_TILES,
@@ -29,11 +29,14 @@ from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.quant import make_quantized_weight
 
 
-def _tiles(device: torch.device, warps: int, on: bool = True) -> GroupedIntTiles:
+def _tiles(device: torch.device, warps: int, on: bool = True, mode: str = "fused") -> GroupedIntTiles:
+    """The tiles with the norm in the GEMV's programs (``mode`` "fused") or in a kernel that converts the row for it
+    ("prepared"), or neither (not ``on``)."""
     base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
     return dataclasses.replace(
         base, dot_gemv_rows=8, dot_gemv_warps=warps, fragment_rows=0, dot_gemv_8bit=True, six_bit_codes=False,
-        mma_asm=device.type != "cpu", dot_gemv_residual_norm=on,
+        mma_asm=device.type != "cpu", dot_gemv_residual_norm=on and mode == "fused",
+        dot_gemv_prepared=on and mode == "prepared",
     )  # fmt: skip
 
 
@@ -52,12 +55,13 @@ def _check(got: torch.Tensor, want: torch.Tensor, label: str) -> None:
     assert (got == want).float().mean() > 0.9, label
 
 
+@pytest.mark.parametrize("mode", ["fused", "prepared"])
 @pytest.mark.parametrize(("dtype", "fill"), [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.bfloat16, 0.75)])
-def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill) -> None:
+def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill, mode) -> None:
     """Q4_K (zero scales, two-level), Q8_0 (8-bit codes) and GPTQ's form (one zero point), 37 outputs (a partial
     last program), with a bias, over one step (``fill``: the share of the step's slots the row fills, the rest
     masked): the sum stored is the norm kernel's, bit for bit, and the product the GEMV's over the norm kernel's
-    output."""
+    output, with the norm in the GEMV's programs and with the row converted for them by the norm's kernel."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
     warps = 4 if device.type == "cuda" else 1
     k4, k8 = int(1024 * warps * fill), int(512 * warps * fill)
@@ -68,7 +72,7 @@ def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill) -> None:
         "gguf_q8_0": pack_grouped_int(make_quantized_weight("gguf_q8_0", 37, k8, seed=12), 32, device),
         "gptq": pack_grouped_codes(gptq, 128, device),
     }
-    tiles, off = _tiles(device, warps), _tiles(device, warps, on=False)
+    tiles, off = _tiles(device, warps, mode=mode), _tiles(device, warps, on=False)
     for name, weight in weights.items():
         x, residual, norm_weight = _inputs(weight.shape[1], dtype, device, gen)
         bias = torch.randn(37, generator=gen).to(dtype).to(device)
@@ -78,16 +82,22 @@ def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill) -> None:
         assert torch.equal(fused[1], summed), name
         assert torch.equal(residual, residual.clone()), name  # not written
         _check(fused[0], grouped_int_linear(normed, weight, bias, off), name)
+        if mode == "prepared":
+            # the norm's kernel converts the row as each of the fused GEMV's programs does: the same bits
+            in_programs = grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight, bias,
+                                                          _tiles(device, warps))  # fmt: skip
+            assert in_programs is not None and torch.equal(fused[0], in_programs[0]), name
 
 
-def test_fused_norm_gated(device) -> None:
+@pytest.mark.parametrize("mode", ["fused", "prepared"])
+def test_fused_norm_gated(device, mode) -> None:
     """A gate/up weight of 11 features, SiLU in the epilogue, GPTQ's form and Q4_K's."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
     warps = 4 if device.type == "cuda" else 1
     k = 1024 * warps
     codes = torch.randint(0, 16, (22, k), generator=gen, dtype=torch.uint8)
     gptq = GroupedCodes(codes, torch.rand(22, k // 128, generator=gen) * 0.05 + 0.001, None, 8, 4, 128, None)
-    tiles, off = _tiles(device, warps), _tiles(device, warps, on=False)
+    tiles, off = _tiles(device, warps, mode=mode), _tiles(device, warps, on=False)
     for weight in (pack_grouped_codes(gptq, 128, device),
                    pack_grouped_int(make_quantized_weight("gguf_q4_k", 22, k, seed=13), 32, device)):  # fmt: skip
         x, residual, norm_weight = _inputs(k, torch.bfloat16, device, gen)
@@ -129,15 +139,16 @@ def test_rows_the_kernel_does_not_take_fall_back(device) -> None:
 @pytest.mark.slow  # two engines in the interpreter
 def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkeypatch) -> None:
     """A tiny GPTQ Llama (zero points, hidden 256) decoding one sequence in float16: every layer's norms but the
-    first go into the q/k/v and gate/up GEMVs (the first layer's attention norm has no residual to add), and the
-    greedy tokens and log-probabilities are those with the norms as their own launches."""
+    first go into the q/k/v and gate/up GEMVs (the first layer's attention norm has no residual to add), or into
+    norm kernels that convert the row for them (``dot_gemv_prepared``, the same bits), and the greedy tokens and
+    log-probabilities are those with the norms as their own launches."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     from prequantized_checkpoints import write_gptq
 
     from engine import LLM, SamplingParams
     from engine_plugin_nvidia.platform import INTERPRET_ENV
-    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers, grouped_int_tiles
+    from engine_plugin_sdk.gpu.triton_kernels import grouped_int_norm_launchers, grouped_int_tiles
     from engine_plugin_sdk.testing import build_tiny_llama
 
     monkeypatch.setenv(INTERPRET_ENV, "1")
@@ -147,12 +158,12 @@ def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkey
                          symmetric=False, act_order=False)  # fmt: skip
     fused: list[int] = []
 
-    def counted(*args, _real=grouped_int_launchers.grouped_int_add_rms_norm_linear, **kwargs):
+    def counted(*args, _real=grouped_int_norm_launchers.grouped_int_add_rms_norm_linear, **kwargs):
         result = _real(*args, **kwargs)
         fused.append(result is not None)
         return result
 
-    monkeypatch.setattr(grouped_int_launchers, "grouped_int_add_rms_norm_linear", counted)
+    monkeypatch.setattr(grouped_int_norm_launchers, "grouped_int_add_rms_norm_linear", counted)
 
     def decode(quantization: str) -> tuple[list[int], list[float]]:
         llm = LLM(model=path, device="cuda", dtype="float16", quantization=quantization, block_size=16,
@@ -167,7 +178,14 @@ def test_a_gptq_llama_decodes_alike_with_the_norms_in_its_gemvs(tmp_path, monkey
     # per step (the prompt's rows declined, then 2 single rows): each layer's MLP norm and the second's attention
     # norm
     assert fused.count(True) == 2 * (2 * layers - 1) and fused.count(False) == 2 * layers - 1, fused
-    off = dataclasses.replace(grouped_int_tiles.INTERPRETER_GROUPED_INT_TILES, dot_gemv_residual_norm=False)
+    interpreter = grouped_int_tiles.INTERPRETER_GROUPED_INT_TILES
+    prepared = dataclasses.replace(interpreter, dot_gemv_residual_norm=False, dot_gemv_prepared=True)
+    monkeypatch.setattr(grouped_int_tiles, "INTERPRETER_GROUPED_INT_TILES", prepared)
+    fused.clear()
+    # the norm's kernel hands each GEMV the row converted as its programs convert it: the same bits
+    assert decode("auto") == (tokens, logprobs)
+    assert fused.count(True) == 2 * (2 * layers - 1), fused
+    off = dataclasses.replace(interpreter, dot_gemv_residual_norm=False)
     monkeypatch.setattr(grouped_int_tiles, "INTERPRETER_GROUPED_INT_TILES", off)
     fused.clear()
     unfused_tokens, unfused_logprobs = decode("auto")

@@ -281,7 +281,8 @@ def grouped_int_dot_gemv_kernel(
     AHEAD: tl.constexpr = False, super_ptr=None, zsuper_ptr=None, SUB_GROUPS: tl.constexpr = 0,
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
     ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False, res_ptr=None,
-    nw_ptr=None, res_out_ptr=None, eps=0.0, VECTOR_MASKS: tl.constexpr = False,
+    nw_ptr=None, res_out_ptr=None, eps=0.0, VECTOR_MASKS: tl.constexpr = False, PREPARED: tl.constexpr = False,
+    unit_ptr=None, total_ptr=None,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -305,7 +306,10 @@ def grouped_int_dot_gemv_kernel(
     is a branch's output and the product's input ``rms_norm(x + res) * nw`` (``eps``), the sum stored to
     ``res_out`` by the first program (:mod:`.grouped_int_dot_norm`; ``res``, ``nw``, ``res_out`` ``[K]`` in
     ``x``'s dtype, 4-byte aligned). ``VECTOR_MASKS``: a masked step reads its activations as 16-byte vectors
-    (:func:`.grouped_int_dot_operands._pairs`).
+    (:func:`.grouped_int_dot_operands._pairs`). ``PREPARED`` (a single step of 4- or 8-bit codes, no permutation,
+    one group of rows): ``x`` is the row already converted (int16 ``[K]``) with each slot's unit in ``unit`` and
+    activation sum in ``total`` (float32 ``[NUM_SLOTS]``, :mod:`.grouped_int_dot_prepared`), read in place of the
+    program's own conversion.
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -318,6 +322,8 @@ def grouped_int_dot_gemv_kernel(
                      "program-order parameters: one group of rows")
     tl.static_assert(not NORM or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1),
                      "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
+    tl.static_assert(not PREPARED or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1 and not NORM),
+                     "prepared activations: one step of 4- or 8-bit codes, no permutation, one group of rows")
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
@@ -340,7 +346,13 @@ def grouped_int_dot_gemv_kernel(
                                                            SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS,
                                                            PARAM_ROWS, NORM, res_ptr, nw_ptr, res_out_ptr, eps,
                                                            FP16, VECTOR_MASKS)  # fmt: skip
-        if AHEAD and NUM_SLOTS > S:
+        if PREPARED:
+            # the pairs read above are the row's int16 activations already; their units and sums a slot beside
+            slots = tl.arange(0, S)
+            unit = tl.load(unit_ptr + slots, mask=slots < NUM_SLOTS, other=0.0)
+            x_sum = tl.load(total_ptr + slots, mask=slots < NUM_SLOTS, other=0.0)
+            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+        elif AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency
                 # follows the arithmetic (the last step reads its own again, unused; masked past the end where the

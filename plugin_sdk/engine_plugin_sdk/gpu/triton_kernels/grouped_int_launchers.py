@@ -6,8 +6,6 @@ parameters in :mod:`.grouped_int_tiles`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 
@@ -149,73 +147,6 @@ def grouped_int_gated_linear(
     return out.reshape(*x.shape[:-1], out_features // 2)
 
 
-@dataclass(frozen=True, slots=True)
-class ResidualNorm:
-    """The residual add and RMS norm a single-step integer-dot GEMV runs on its input row (``NORM``)."""
-
-    residual: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-    #: where the first program stores the sum (the new residual stream)
-    summed: torch.Tensor
-
-    def kernel_args(self) -> dict:
-        return {"NORM": True, "res_ptr": self.residual, "nw_ptr": self.weight, "res_out_ptr": self.summed,
-                "eps": self.eps}  # fmt: skip
-
-
-def grouped_int_add_rms_norm_linear(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: GroupedIntWeight,
-    bias: torch.Tensor | None,
-    tiles: GroupedIntTiles,
-    gated: int = gated_rows.NOT_GATED,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(linear(rms_norm(x + residual) * norm_weight), x + residual)`` in one launch of the integer-dot GEMV
-    (with ``gated``, its gated product), or None where that kernel does not take them: more than one row, a
-    reduction of more than one step, a permutation, 6-bit codes, or inputs that are not 16-bit, contiguous and
-    4-byte aligned (the caller then runs the norm and the product).
-
-    Args:
-        x: ``[1, K]`` (or ``[K]``) branch output.
-        residual: the residual stream, ``x``'s shape and dtype.
-        norm_weight: ``[K]`` in ``x``'s dtype.
-        eps: the norm's epsilon.
-        weight: from :func:`pack_grouped_int`.
-        bias: ``[out_features]`` or None (none when gated).
-        tiles: launch parameters (``tiles.dot_gemv_residual_norm`` must be set).
-        gated: :data:`.elementwise_kernels.SILU` or ``GELU_TANH`` for the gated product, else not gated.
-
-    Returns:
-        The product (``[..., N]`` or ``[..., N / 2]`` gated) and the sum, in ``x``'s shape, or None.
-    """
-    out_features, in_features = weight.shape
-    parts = (x, residual, norm_weight)
-    fits = (
-        tiles.dot_gemv_residual_norm
-        and x.numel() == in_features == residual.numel() == norm_weight.numel()
-        and x.dtype == residual.dtype == norm_weight.dtype
-        and all(t.is_contiguous() and t.data_ptr() % 4 == 0 for t in parts)
-        and weight.bits in (4, 8)
-        and weight.perm is None
-        and in_features // (16 if weight.bits == 8 else 32) <= 32 * tiles.dot_gemv_warps
-        and tiles.dot_gemv_row_groups == 1
-        and (gated == gated_rows.NOT_GATED or (out_features % 2 == 0 and dot_rows(weight, tiles) % 2 == 0))
-    )
-    if not fits or not takes_dot(x.reshape(1, in_features), weight, tiles):
-        return None
-    row = x.reshape(1, in_features)
-    width = out_features if gated == gated_rows.NOT_GATED else out_features // 2
-    out = torch.empty((1, width), dtype=x.dtype, device=x.device)
-    summed = torch.empty_like(residual)
-    norm = ResidualNorm(residual, norm_weight, float(eps), summed)
-    _dot_gemv(row, weight, bias, tiles, out, gated, norm)
-    return out.reshape(*x.shape[:-1], width), summed
-
-
 def gemv_subs(weight: GroupedIntWeight, row_bytes: int) -> int:
     """Sub-blocks of ``weight.block_k`` columns the GEMV reads per iteration: ``row_bytes`` of codes of a
     row, a power of two, no more than the row holds."""
@@ -328,10 +259,10 @@ def _dot_gemv(
     tiles: GroupedIntTiles,
     out: torch.Tensor,
     gated: int = gated_rows.NOT_GATED,
-    norm: ResidualNorm | None = None,
+    prologue: dict | None = None,
 ) -> None:
-    """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments; with ``norm``, ``row`` is a
-    branch's output that the kernel adds to the residual stream and normalises first)."""
+    """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments; ``prologue``: the kernel's
+    arguments for what ``row`` is where it is not the product's input itself, :mod:`.grouped_int_norm_launchers`)."""
     out_features, in_features = weight.shape
     rows = dot_rows(weight, tiles)
     if rows & (rows - 1) or rows > 64:
@@ -349,7 +280,7 @@ def _dot_gemv(
         HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None, ROWS=rows, WARPS=tiles.dot_gemv_warps,
         FP16=row.dtype == torch.float16, ASM=tiles.mma_asm, GATED=gated, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
         ROW_GROUPS=groups, VECTOR_MASKS=tiles.dot_gemv_vector_masks, num_warps=tiles.dot_gemv_warps, num_stages=1,
-        **dot_operands(weight, tiles, rows, groups, gated), **(norm.kernel_args() if norm is not None else {}),
+        **dot_operands(weight, tiles, rows, groups, gated), **(prologue or {}),
         **pdl.launch_options(), **register_cap(tiles),
     )  # fmt: skip
 

@@ -193,6 +193,15 @@ class GroupedIntTiles:
             without them, 2026-12-05), their latency, not their bytes. Measured slower on an H100 (2026-12-06,
             batch 1: W4A16 -2.2 / -2.7%, GGUF Q4_K_M -3.4 / -3.8%): each program's share of the norm (about 440
             instructions a thread, 120 registers against 79) costs more than the launch it saves. Off.
+        dot_gemv_prepared: the backend takes a layer's residual add and RMS norm before a single-step integer-dot
+            GEMV (``GemmBackend.add_rms_norm_linear``, as ``dot_gemv_residual_norm`` does; that one first where both
+            are set) into a norm kernel that also writes the row as the GEMV's programs would convert it: each
+            slot's int16 pairs, the float32 value of a unit of their integer sums and their sum
+            (:mod:`.grouped_int_dot_prepared`). The GEMV's programs then read those instead of converting the row
+            each (about 175 of a W4A16 program's 560 instructions a thread in sm_90 code: the absolute maximum,
+            the power of two, 32 roundings and packings, the sums). Why: at 8 rows a program the products issue
+            some 2,240 warp instructions for 16 KB of codes, about 60% of an SM's issue rate at the H200's
+            4.2 TB/s, where gate/up streamed at 3.3 TB/s (2026-12-06). Untimed (2026-12-07).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
@@ -252,6 +261,7 @@ class GroupedIntTiles:
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
     dot_gemv_residual_norm: bool = False
+    dot_gemv_prepared: bool = False
 
     def takes_fragments(self, rows: int, out_features: int) -> bool:
         """Whether ``rows`` activation rows of a product with ``out_features`` features (16 a program) take the
