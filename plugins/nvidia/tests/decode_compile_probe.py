@@ -41,7 +41,12 @@ CASES = {
 
 def registers(cache: str, constants: dict, warps: int, stages: int) -> int:
     fn = dak.paged_decode_kernel
-    params = list(inspect.signature(fn.fn).parameters)
+    parameters = inspect.signature(fn.fn).parameters
+    params = list(parameters)
+    # a constexpr the case does not name takes its default (a new kernel option off), never a runtime argument
+    defaults = {name: p.default for name, p in parameters.items()
+                if "constexpr" in str(p.annotation) and p.default is not inspect.Parameter.empty}  # fmt: skip
+    constants = {**defaults, **constants}
     pointers = {**POINTERS, "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}"}
     signature = {
         name: "constexpr" if name in constants else pointers.get(name, "fp32" if name in FLOATS else "i32")
