@@ -110,6 +110,31 @@ def test_fused_norm_gated(device, mode) -> None:
         _check(fused[0], want, "gated")
 
 
+@pytest.mark.parametrize("ahead", [False, True])
+def test_prepared_row_over_several_steps(device, ahead) -> None:
+    """The prepared row where the GEMV's reduction takes several steps (a wider model's q/k/v and gate/up): two
+    steps of GPTQ's form, 1.5 of Q4_K's (a masked last step) and two of Q8_0's, each step's operands read ahead of
+    the one before or not; against the norm kernel then the GEMV."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    warps = 4 if device.type == "cuda" else 1
+    codes = torch.randint(0, 16, (21, 2048 * warps), generator=gen, dtype=torch.uint8)
+    gptq = GroupedCodes(codes, torch.rand(21, 16 * warps, generator=gen) * 0.05 + 0.001, None, 8, 4, 128, None)
+    weights = {
+        "gptq": pack_grouped_codes(gptq, 128, device),
+        "gguf_q4_k": pack_grouped_int(make_quantized_weight("gguf_q4_k", 21, 1536 * warps, seed=15), 32, device),
+        "gguf_q8_0": pack_grouped_int(make_quantized_weight("gguf_q8_0", 21, 1024 * warps, seed=16), 32, device),
+    }
+    tiles = dataclasses.replace(_tiles(device, warps, mode="prepared"), dot_gemv_ahead=ahead, dot_gemv_ahead_all=ahead)
+    off = _tiles(device, warps, on=False)
+    for name, weight in weights.items():
+        x, residual, norm_weight = _inputs(weight.shape[1], torch.bfloat16, device, gen)
+        prepared = grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight, None, tiles)
+        assert prepared is not None, name
+        normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, 1e-5)
+        assert torch.equal(prepared[1], summed), name
+        _check(prepared[0], grouped_int_linear(normed, weight, None, off), name)
+
+
 def test_rows_the_kernel_does_not_take_fall_back(device) -> None:
     """Two rows, and a reduction of two steps, are declined by the launcher; the backend's
     ``add_rms_norm_linear`` then runs the norm and the product, and claims the fusion only with the tiles' flag."""

@@ -217,6 +217,49 @@ def _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, s
 
 
 @triton.jit
+def _prepared_units(unit_ptr, total_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr):
+    """Slots ``s0 ..``'s units and activation sums ``[S]`` as the norm's kernel wrote them (0 past the end)."""
+    slots = s0 + tl.arange(0, S)
+    ok = slots < NUM_SLOTS
+    return tl.load(unit_ptr + slots, mask=ok, other=0.0), tl.load(total_ptr + slots, mask=ok, other=0.0)
+
+
+@triton.jit
+def _prepared_steps(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, unit_ptr, total_ptr, w32, scale_ptr, zs_ptr, rows,
+                    stride_w, stride_sn, NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
+                    HAS_ZS: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
+                    BITS: tl.constexpr, AHEAD: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
+                    PARAM_ROWS: tl.constexpr, VECTOR_MASKS: tl.constexpr):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over a prepared row (``PREPARED``): the first step's operands as
+    :func:`_first_step` read them (its pairs the int16 activations already), each step's units and sums read beside
+    its pairs; with ``AHEAD`` each step's operands read before the step before multiplies."""
+    unit, x_sum = _prepared_units(unit_ptr, total_ptr, 0, S, NUM_SLOTS)
+    if AHEAD and NUM_SLOTS > S:
+        for s0 in tl.range(0, NUM_SLOTS, S):
+            ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
+            next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
+                                                          NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
+                                                          zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
+            nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, x_ptr, ahead, S, NUM_SLOTS, BLOCK, False, EVEN, BITS,
+                                                   VECTOR_MASKS)  # fmt: skip
+            next_unit, next_sum = _prepared_units(unit_ptr, total_ptr, ahead, S, NUM_SLOTS)
+            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+            words, scale, zs, unit, x_sum = next_words, next_scale, next_zs, next_unit, next_sum
+            xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
+    else:
+        acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+        for s0 in tl.range(S, NUM_SLOTS, S):
+            words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS, BLOCK,
+                                           GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
+                                           PARAM_ROWS)  # fmt: skip
+            xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, x_ptr, s0, S, NUM_SLOTS, BLOCK, False, EVEN, BITS,
+                                                   VECTOR_MASKS)  # fmt: skip
+            unit, x_sum = _prepared_units(unit_ptr, total_ptr, s0, S, NUM_SLOTS)
+            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+    return acc
+
+
+@triton.jit
 def _six_bit_step(acc, words, plane, scale, zs, scale_hi, zs_hi, xl0, xl1, xh0, xh1, ZERO: tl.constexpr,
                   HAS_ZS: tl.constexpr, FP16: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """:func:`_step` over 6-bit slots: each half of a slot with its own group's parameters."""
@@ -306,8 +349,8 @@ def grouped_int_dot_gemv_kernel(
     is a branch's output and the product's input ``rms_norm(x + res) * nw`` (``eps``), the sum stored to
     ``res_out`` by the first program (:mod:`.grouped_int_dot_norm`; ``res``, ``nw``, ``res_out`` ``[K]`` in
     ``x``'s dtype, 4-byte aligned). ``VECTOR_MASKS``: a masked step reads its activations as 16-byte vectors
-    (:func:`.grouped_int_dot_operands._pairs`). ``PREPARED`` (a single step of 4- or 8-bit codes, no permutation,
-    one group of rows): ``x`` is the row already converted (int16 ``[K]``) with each slot's unit in ``unit`` and
+    (:func:`.grouped_int_dot_operands._pairs`). ``PREPARED`` (4- or 8-bit codes, no permutation, one group of
+    rows): ``x`` is the row already converted (int16 ``[K]``) with each slot's unit in ``unit`` and
     activation sum in ``total`` (float32 ``[NUM_SLOTS]``, :mod:`.grouped_int_dot_prepared`), read in place of the
     program's own conversion.
     """
@@ -322,8 +365,8 @@ def grouped_int_dot_gemv_kernel(
                      "program-order parameters: one group of rows")
     tl.static_assert(not NORM or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1),
                      "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
-    tl.static_assert(not PREPARED or (NUM_SLOTS <= S and not HAS_PERM and BITS != 6 and ROW_GROUPS == 1 and not NORM),
-                     "prepared activations: one step of 4- or 8-bit codes, no permutation, one group of rows")
+    tl.static_assert(not PREPARED or (not HAS_PERM and BITS != 6 and ROW_GROUPS == 1 and not NORM),
+                     "prepared activations: 4- or 8-bit codes, no permutation, one group of rows")
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
@@ -347,11 +390,10 @@ def grouped_int_dot_gemv_kernel(
                                                            PARAM_ROWS, NORM, res_ptr, nw_ptr, res_out_ptr, eps,
                                                            FP16, VECTOR_MASKS)  # fmt: skip
         if PREPARED:
-            # the pairs read above are the row's int16 activations already; their units and sums a slot beside
-            slots = tl.arange(0, S)
-            unit = tl.load(unit_ptr + slots, mask=slots < NUM_SLOTS, other=0.0)
-            x_sum = tl.load(total_ptr + slots, mask=slots < NUM_SLOTS, other=0.0)
-            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
+            acc = _prepared_steps(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, unit_ptr, total_ptr, w32, scale_ptr,
+                                  zs_ptr, rows, stride_w, stride_sn, NUM_SLOTS, GROUP, ZERO, HAS_ZS, BLOCK, S, EVEN,
+                                  ASM, BITS, AHEAD, super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS,
+                                  VECTOR_MASKS)  # fmt: skip
         elif AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency

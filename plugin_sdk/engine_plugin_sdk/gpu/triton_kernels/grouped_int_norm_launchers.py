@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import torch
+import triton
 
 from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_prepared as prepared_kernels
@@ -13,6 +14,9 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import _dot_gemv, dot_rows, takes_dot
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
+
+#: the most warps of the prepared row's norm program (a slot a thread: 512 slots, 16,384 columns of 4-bit codes)
+MAX_NORM_WARPS = 16
 
 
 def grouped_int_add_rms_norm_linear(
@@ -26,10 +30,11 @@ def grouped_int_add_rms_norm_linear(
     gated: int = gated_rows.NOT_GATED,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(linear(rms_norm(x + residual) * norm_weight), x + residual)`` by the integer-dot GEMV (with ``gated``, its
-    gated product): in one launch with ``tiles.dot_gemv_residual_norm``, else with ``tiles.dot_gemv_prepared`` a norm
-    kernel that converts the row for it, then the GEMV; None where that kernel does not take them: more than one
-    row, a reduction of more than one step, a permutation, 6-bit codes, or inputs that are not 16-bit, contiguous
-    and 4-byte aligned (the caller then runs the norm and the product).
+    gated product): in one launch with ``tiles.dot_gemv_residual_norm`` (a single-step product), else with
+    ``tiles.dot_gemv_prepared`` a norm kernel that converts the row for it (at most ``32 * MAX_NORM_WARPS`` slots),
+    then the GEMV; None where that kernel does not take them: more than one row, a longer reduction, a
+    permutation, 6-bit codes, or inputs that are not 16-bit, contiguous and 4-byte aligned (the caller then runs
+    the norm and the product).
 
     Args:
         x: ``[1, K]`` (or ``[K]``) branch output.
@@ -54,7 +59,8 @@ def grouped_int_add_rms_norm_linear(
         and all(t.is_contiguous() and t.data_ptr() % 4 == 0 for t in parts)
         and weight.bits in (4, 8)
         and weight.perm is None
-        and slots <= 32 * tiles.dot_gemv_warps
+        # the norm in the GEMV's programs: one step; the prepared row: one norm program of at most 16 warps
+        and slots <= (32 * tiles.dot_gemv_warps if tiles.dot_gemv_residual_norm else 32 * MAX_NORM_WARPS)
         and tiles.dot_gemv_row_groups == 1
         and (gated == gated_rows.NOT_GATED or (out_features % 2 == 0 and dot_rows(weight, tiles) % 2 == 0))
     )
@@ -72,10 +78,12 @@ def grouped_int_add_rms_norm_linear(
         converted = torch.empty((1, in_features), dtype=torch.int16, device=x.device)
         unit = torch.empty(slots, dtype=torch.float32, device=x.device)
         total = torch.empty(slots, dtype=torch.float32, device=x.device)
+        # a thread a slot: as many warps as the row's slots need (the GEMV's own warps at least)
+        warps = max(tiles.dot_gemv_warps, triton.next_power_of_2(triton.cdiv(slots, 32)))
         prepared_kernels.add_rms_norm_prepared_kernel[(1,)](
             row, residual, norm_weight, summed, converted, unit, total, float(eps),
-            NUM_SLOTS=slots, BLOCK=weight.block_k, BITS=weight.bits, WARPS=tiles.dot_gemv_warps,
-            FP16=x.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=tiles.dot_gemv_warps, **pdl.launch_options(),
+            NUM_SLOTS=slots, BLOCK=weight.block_k, BITS=weight.bits, WARPS=warps,
+            FP16=x.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         _dot_gemv(converted, weight, bias, tiles, out, gated, {"PREPARED": True, "unit_ptr": unit, "total_ptr": total})
     return out.reshape(*x.shape[:-1], width), summed
