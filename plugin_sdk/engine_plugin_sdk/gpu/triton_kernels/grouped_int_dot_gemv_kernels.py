@@ -143,10 +143,23 @@ def _accumulate(acc, words, scale, zs, pl0, pl1, ph0, ph1, unit, x_sum, ZERO: tl
 
 
 @triton.jit
+def _prepared_units(unit_ptr, total_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr):
+    """Slots ``s0 ..``'s units and activation sums ``[S]`` as the norm's kernel wrote them (0 past the end)."""
+    slots = s0 + tl.arange(0, S)
+    ok = slots < NUM_SLOTS
+    return tl.load(unit_ptr + slots, mask=ok, other=0.0), tl.load(total_ptr + slots, mask=ok, other=0.0)
+
+
+@triton.jit
 def _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO: tl.constexpr, HAS_ZS: tl.constexpr, FP16: tl.constexpr,
-          ASM: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """``acc [R, S]`` plus the rows' products over one step's slots (:func:`_slot_activations`' pairs), the
-    activations converted once."""
+          ASM: tl.constexpr, BITS: tl.constexpr, PREPARED: tl.constexpr = False, unit_ptr=None, total_ptr=None, s0=0,
+          NUM_SLOTS: tl.constexpr = 0):  # fmt: skip
+    """``acc [R, S]`` plus the rows' products over one step's slots ``s0 ..`` (:func:`_slot_activations`' pairs), the
+    activations converted once; with ``PREPARED`` the pairs are int16 already, each slot's unit and sum read
+    beside them."""
+    if PREPARED:
+        unit, x_sum = _prepared_units(unit_ptr, total_ptr, s0, xl0.shape[0], NUM_SLOTS)
+        return _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
     pl0, pl1, ph0, ph1, unit, x_sum, _ = _integer_pairs(xl0, xl1, xh0, xh1, FP16, HAS_ZS or ZERO != 0, ASM, BITS == 4)
     return _accumulate(acc, words, scale, zs, pl0, pl1, ph0, ph1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
 
@@ -214,49 +227,6 @@ def _row_groups(x_ptr, w32, scale_ptr, zs_ptr, perm_ptr, bias_ptr, out_ptr, N, s
         _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)
         if g + 1 < GROUPS:
             rows, first, words, scale, zs = next_rows, next_first, next_words, next_scale, next_zs
-
-
-@triton.jit
-def _prepared_units(unit_ptr, total_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.constexpr):
-    """Slots ``s0 ..``'s units and activation sums ``[S]`` as the norm's kernel wrote them (0 past the end)."""
-    slots = s0 + tl.arange(0, S)
-    ok = slots < NUM_SLOTS
-    return tl.load(unit_ptr + slots, mask=ok, other=0.0), tl.load(total_ptr + slots, mask=ok, other=0.0)
-
-
-@triton.jit
-def _prepared_steps(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, unit_ptr, total_ptr, w32, scale_ptr, zs_ptr, rows,
-                    stride_w, stride_sn, NUM_SLOTS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
-                    HAS_ZS: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
-                    BITS: tl.constexpr, AHEAD: tl.constexpr, super_ptr, zsuper_ptr, SUB_GROUPS: tl.constexpr,
-                    PARAM_ROWS: tl.constexpr, VECTOR_MASKS: tl.constexpr):  # fmt: skip
-    """``acc [R, S]`` plus the rows' products over a prepared row (``PREPARED``): the first step's operands as
-    :func:`_first_step` read them (its pairs the int16 activations already), each step's units and sums read beside
-    its pairs; with ``AHEAD`` each step's operands read before the step before multiplies."""
-    unit, x_sum = _prepared_units(unit_ptr, total_ptr, 0, S, NUM_SLOTS)
-    if AHEAD and NUM_SLOTS > S:
-        for s0 in tl.range(0, NUM_SLOTS, S):
-            ahead = tl.minimum(s0 + S, NUM_SLOTS - S) if EVEN else s0 + S
-            next_words, next_scale, next_zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, ahead, S,
-                                                          NUM_SLOTS, BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr,
-                                                          zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
-            nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, x_ptr, ahead, S, NUM_SLOTS, BLOCK, False, EVEN, BITS,
-                                                   VECTOR_MASKS)  # fmt: skip
-            next_unit, next_sum = _prepared_units(unit_ptr, total_ptr, ahead, S, NUM_SLOTS)
-            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
-            words, scale, zs, unit, x_sum = next_words, next_scale, next_zs, next_unit, next_sum
-            xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
-    else:
-        acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
-        for s0 in tl.range(S, NUM_SLOTS, S):
-            words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS, BLOCK,
-                                           GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
-                                           PARAM_ROWS)  # fmt: skip
-            xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, x_ptr, s0, S, NUM_SLOTS, BLOCK, False, EVEN, BITS,
-                                                   VECTOR_MASKS)  # fmt: skip
-            unit, x_sum = _prepared_units(unit_ptr, total_ptr, s0, S, NUM_SLOTS)
-            acc = _accumulate(acc, words, scale, zs, xl0, xl1, xh0, xh1, unit, x_sum, ZERO, HAS_ZS, ASM, BITS)
-    return acc
 
 
 @triton.jit
@@ -389,12 +359,7 @@ def grouped_int_dot_gemv_kernel(
                                                            SUB_GROUPS, EARLY_PARAMS, PREFETCH_PARAMS,
                                                            PARAM_ROWS, NORM, res_ptr, nw_ptr, res_out_ptr, eps,
                                                            FP16, VECTOR_MASKS)  # fmt: skip
-        if PREPARED:
-            acc = _prepared_steps(acc, words, scale, zs, xl0, xl1, xh0, xh1, x_ptr, unit_ptr, total_ptr, w32, scale_ptr,
-                                  zs_ptr, rows, stride_w, stride_sn, NUM_SLOTS, GROUP, ZERO, HAS_ZS, BLOCK, S, EVEN,
-                                  ASM, BITS, AHEAD, super_ptr, zsuper_ptr, SUB_GROUPS, PARAM_ROWS,
-                                  VECTOR_MASKS)  # fmt: skip
-        elif AHEAD and NUM_SLOTS > S:
+        if AHEAD and NUM_SLOTS > S:
             for s0 in tl.range(0, NUM_SLOTS, S):
                 # the next step's words and activations are read before this step multiplies, so neither's latency
                 # follows the arithmetic (the last step reads its own again, unused; masked past the end where the
@@ -405,17 +370,20 @@ def grouped_int_dot_gemv_kernel(
                                                               zsuper_ptr, SUB_GROUPS, PARAM_ROWS)  # fmt: skip
                 nl0, nl1, nh0, nh1 = _slot_activations(x_ptr, perm_ptr, ahead, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS,
                                                        VECTOR_MASKS)  # fmt: skip
-                acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
+                acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS, PREPARED, unit_ptr,
+                            total_ptr, s0, NUM_SLOTS)  # fmt: skip
                 words, scale, zs = next_words, next_scale, next_zs
                 xl0, xl1, xh0, xh1 = nl0, nl1, nh0, nh1
         else:
-            acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
+            acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS, PREPARED, unit_ptr,
+                        total_ptr, 0, NUM_SLOTS)  # fmt: skip
             for s0 in tl.range(S, NUM_SLOTS, S):
                 words, scale, zs = _slot_tiles(w32, scale_ptr, zs_ptr, rows, stride_w, stride_sn, s0, S, NUM_SLOTS,
                                                BLOCK, GROUP, HAS_ZS, EVEN, BITS, super_ptr, zsuper_ptr, SUB_GROUPS,
                                                PARAM_ROWS)  # fmt: skip
                 xl0, xl1, xh0, xh1 = _slot_activations(x_ptr, perm_ptr, s0, S, NUM_SLOTS, BLOCK, HAS_PERM, EVEN, BITS,
                                                        VECTOR_MASKS)  # fmt: skip
-                acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS)
+                acc = _step(acc, words, scale, zs, xl0, xl1, xh0, xh1, ZERO, HAS_ZS, FP16, ASM, BITS, PREPARED,
+                            unit_ptr, total_ptr, s0, NUM_SLOTS)  # fmt: skip
     if ROW_GROUPS == 1:
         _store(out_ptr, bias_ptr, first, N, tl.sum(acc, axis=1), ROWS, HAS_BIAS, GATED)
