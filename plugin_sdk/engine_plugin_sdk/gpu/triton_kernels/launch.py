@@ -48,7 +48,9 @@ class KernelTuning:
         decode_min_split_keys: where the split count was fixed without the context's length (a graph), no split
             takes fewer keys than this (rounded up to whole ``decode_block_n`` tiles; 0: one tile), the splits past
             a short context's end holding none: a 384-token context over 32 splits is read by six programs of one
-            tile each, or by three of two tiles at 128 (and merged from three partials).
+            tile each, or by three of two tiles at 128 (and merged from three partials). Measured slower on an H100
+            (2026-12-07, Qwen3-30B-A3B batch-1 decode in graphs): 128 keys 325.5 against 332.3 tok/s after a
+            128-token prompt, 316.7 against 317.7 after 2,048. Off.
         elementwise_num_warps: warps for norm / rotary / activation kernels.
         use_pdl: launch every kernel with programmatic dependent launch (CUDA compute capability 9.0+;
             see :mod:`.pdl`), so that each starts while the one before it drains.
