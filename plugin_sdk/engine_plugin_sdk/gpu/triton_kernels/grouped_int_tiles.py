@@ -202,7 +202,8 @@ class GroupedIntTiles:
             the power of two, 32 roundings and packings, the sums). Why: at 8 rows a program the products issue
             some 2,240 warp instructions for 16 KB of codes, about 60% of an SM's issue rate at the H200's
             4.2 TB/s, where gate/up streamed at 3.3 TB/s (2026-12-06). On an H100 (2026-12-07, session 52) it is no
-            gain: without PDL gate/up 22.20 -> 21.44 us and q/k/v 6.68 -> 6.62, but the norm program 2.05 -> 2.51 us;
+            gain: without PDL gate/up 22.20 -> 21.44 us and q/k/v 6.68 -> 6.62, but the norm 2.05 -> 2.51 us (one
+            program of 4 warps, 32 activations a thread, where the norm kernel's 16 warps take 8 columns a thread);
             batch-1 decode W4A16 478.6 against 480.9 tok/s, GGUF Q4_K_M 435.8 against 439.8, 4 sequences alike.
             Off; the H200's A/B (where the GEMVs run nearer the issue rate) to run.
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
