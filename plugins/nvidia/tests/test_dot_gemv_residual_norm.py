@@ -1,7 +1,8 @@
-"""The integer-dot GEMV taking the residual add and RMS norm before it (``dot_gemv_residual_norm``,
-``GemmBackend.add_rms_norm_linear``): against the norm kernel then the GEMV, through GGUF's 4-bit zero scales,
-8-bit codes and GPTQ's one zero point, gated and not, in bf16 and fp16; the backend's fallback where the kernel
-does not take the row (several rows, several steps)."""
+"""The integer-dot GEMV taking the residual add and RMS norm before it (``GemmBackend.add_rms_norm_linear``), in its
+programs (``dot_gemv_residual_norm``) or from a norm kernel that converts the row for it (``dot_gemv_prepared``):
+against the norm kernel then the GEMV, through GGUF's 4-bit zero scales, 8-bit codes and GPTQ's one zero point,
+gated and not, in bf16 and fp16, over one step and (the prepared row) several; the backend's fallback where the
+kernel does not take the row (several rows, several steps)."""
 
 from __future__ import annotations
 
