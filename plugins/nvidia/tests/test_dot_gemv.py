@@ -87,7 +87,7 @@ def test_dot_gemv_matches_float64(device, rows: int, ahead: bool, monkeypatch) -
     """Every block width, zero point and zero scales, act-order and bias, with and without the words read a
     step ahead (several steps a reduction: one warp's 32 slots a step; on zero scales too, ``dot_gemv_ahead_all``)."""
     calls = []
-    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    monkeypatch.setattr(launchers, "dot_gemv", lambda *a, _real=launchers.dot_gemv: calls.append(1) or _real(*a))
     _check_cases(device, CASES, 4, rows, ahead, 101 + rows)
     assert len(calls) == 2 * 2 * len(CASES)
 
@@ -97,7 +97,7 @@ def test_dot_gemv_takes_8_bit_codes(device, rows: int, ahead: bool, monkeypatch)
     """8-bit codes (``dot_gemv_8bit``) in groups of 16, 32 and 128 columns, a zero point or zero scales with
     act-order; without the switch they take the byte GEMV."""
     calls = []
-    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    monkeypatch.setattr(launchers, "dot_gemv", lambda *a, _real=launchers.dot_gemv: calls.append(1) or _real(*a))
     _check_cases(device, CASES8, 8, rows, ahead, 301 + rows)
     assert len(calls) == 2 * 2 * len(CASES8)
     weight, _ = _weight(torch.Generator().manual_seed(3), 32, False, False, 256, 4, device, bits=8)

@@ -125,7 +125,7 @@ def test_one_row_takes_the_integer_dot_gemv(device, rows: int, six_rows: int, mo
     """bf16 and fp16 rows with a bias against float64, within 16-bit tolerance; float32 outputs within the bound
     of the activations' rounding (each within 2**-16 of its 32-column slot's largest)."""
     calls = []
-    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    monkeypatch.setattr(launchers, "dot_gemv", lambda *a, _real=launchers.dot_gemv: calls.append(1) or _real(*a))
     gen = torch.Generator().manual_seed(fresh_seed())
     weights = _weights(device, fresh_seed())
     tiles = _tiles(device, rows, six_rows)
@@ -157,7 +157,7 @@ def test_other_rows_take_the_gemm_or_the_dequantized_copy(device, monkeypatch) -
     """A float32 row, 3 and 17 rows on the grouped GEMM, 130 on the dense copy (the same values as the 8-bit
     packing's copy, bit for bit)."""
     calls = []
-    monkeypatch.setattr(launchers, "_dot_gemv", lambda *a, _real=launchers._dot_gemv: calls.append(1) or _real(*a))
+    monkeypatch.setattr(launchers, "dot_gemv", lambda *a, _real=launchers.dot_gemv: calls.append(1) or _real(*a))
     gen = torch.Generator().manual_seed(fresh_seed())
     tiles = _tiles(device, 8)
     picked = [w for w in _weights(device, fresh_seed()) if w[0] in ("q6_k k=512", "q6_k k=2048", "gguf_q5_k")

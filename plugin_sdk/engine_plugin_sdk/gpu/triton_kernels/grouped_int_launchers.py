@@ -252,7 +252,7 @@ def dot_operands(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, gr
     }  # fmt: skip
 
 
-def _dot_gemv(
+def dot_gemv(
     row: torch.Tensor,
     weight: GroupedIntWeight,
     bias: torch.Tensor | None,
@@ -301,7 +301,7 @@ def _gemv(
     """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, on the integer-dot GEMV or at 4 rows a
     program on the others: ``act(gate) * up`` into ``out [1, N / 2]``)."""
     if takes_dot(row, weight, tiles):
-        _dot_gemv(row, weight, bias, tiles, out, gated)
+        dot_gemv(row, weight, bias, tiles, out, gated)
         return
     if weight.bits == 6:
         # the byte GEMVs read whole bytes a code: 6-bit codes' other rows (float32 ones) take the GEMM

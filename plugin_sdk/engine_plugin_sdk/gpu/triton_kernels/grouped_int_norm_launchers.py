@@ -1,5 +1,5 @@
-"""Host side of a layer's residual add and RMS norm taken by the single-step integer-dot GEMV after it
-(``GemmBackend.add_rms_norm_linear``): inside the GEMV's programs (``dot_gemv_residual_norm``,
+"""Host side of a layer's residual add and RMS norm taken by the one-row integer-dot GEMV after it
+(``GemmBackend.add_rms_norm_linear``): inside the programs of a single-step GEMV (``dot_gemv_residual_norm``,
 :mod:`.grouped_int_dot_norm`), or in a norm kernel that hands the GEMV its row already converted
 (``dot_gemv_prepared``, :mod:`.grouped_int_dot_prepared`)."""
 
@@ -12,7 +12,7 @@ from engine_plugin_sdk.gpu.gemm import GroupedIntWeight
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_dot_prepared as prepared_kernels
 from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
 from engine_plugin_sdk.gpu.triton_kernels import pdl
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import _dot_gemv, dot_rows, takes_dot
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import dot_gemv, dot_rows, takes_dot
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
 #: the most warps of the prepared row's norm program (a slot a thread: 512 slots, 16,384 columns of 4-bit codes)
@@ -73,7 +73,7 @@ def grouped_int_add_rms_norm_linear(
     if tiles.dot_gemv_residual_norm:
         # every program of the GEMV adds and normalises the row itself; the first stores the sum
         norm = {"NORM": True, "res_ptr": residual, "nw_ptr": norm_weight, "res_out_ptr": summed, "eps": float(eps)}
-        _dot_gemv(row, weight, bias, tiles, out, gated, norm)
+        dot_gemv(row, weight, bias, tiles, out, gated, norm)
     else:
         converted = torch.empty((1, in_features), dtype=torch.int16, device=x.device)
         unit = torch.empty(slots, dtype=torch.float32, device=x.device)
@@ -85,5 +85,5 @@ def grouped_int_add_rms_norm_linear(
             NUM_SLOTS=slots, BLOCK=weight.block_k, BITS=weight.bits, WARPS=warps,
             FP16=x.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
-        _dot_gemv(converted, weight, bias, tiles, out, gated, {"PREPARED": True, "unit_ptr": unit, "total_ptr": total})
+        dot_gemv(converted, weight, bias, tiles, out, gated, {"PREPARED": True, "unit_ptr": unit, "total_ptr": total})
     return out.reshape(*x.shape[:-1], width), summed
