@@ -19,7 +19,10 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
     grouped_int_gated_linear,
     grouped_int_linear,
 )
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_norm_launchers import grouped_int_add_rms_norm_linear
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_norm_launchers import (
+    grouped_int_add_rms_norm_linear,
+    prepare_row,
+)
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes, pack_grouped_int
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
     H200_GROUPED_INT_TILES,
@@ -83,11 +86,6 @@ def test_fused_norm_matches_the_norm_then_the_gemv(device, dtype, fill, mode) ->
         assert torch.equal(fused[1], summed), name
         assert torch.equal(residual, residual.clone()), name  # not written
         _check(fused[0], grouped_int_linear(normed, weight, bias, off), name)
-        if mode == "prepared":
-            # the norm's kernel converts the row as each of the fused GEMV's programs does: the same bits
-            in_programs = grouped_int_add_rms_norm_linear(x, residual, norm_weight, 1e-5, weight, bias,
-                                                          _tiles(device, warps))  # fmt: skip
-            assert in_programs is not None and torch.equal(fused[0], in_programs[0]), name
 
 
 @pytest.mark.parametrize("mode", ["fused", "prepared"])
@@ -109,6 +107,51 @@ def test_fused_norm_gated(device, mode) -> None:
         assert want is not None and fused[0].shape == (1, 11)
         assert torch.equal(fused[1], summed)
         _check(fused[0], want, "gated")
+
+
+def _converted_reference(normed: torch.Tensor, block: int, bits: int) -> tuple[torch.Tensor, ...]:
+    """The GEMV's conversion of a normalised row in float64: each slot's power of two ``2**(e - 141)`` from its
+    largest magnitude's float32 exponent ``e`` (at least 19), the activations over it rounded half to even, the unit
+    of their integer sums (over 16 for 4-bit codes) and their sum."""
+    y = normed.double().reshape(-1)
+    if bits == 8:
+        slot_of = torch.arange(y.numel()) // 16
+    else:
+        col = torch.arange(y.numel())
+        slot_of = (col // block) * (block // 32) + (col % (block // 2)) // 16
+    slot_of = slot_of.to(y.device)
+    slots = int(slot_of.max()) + 1
+    big = torch.zeros(slots, dtype=torch.float64, device=y.device).scatter_reduce(0, slot_of, y.abs(), "amax")
+    e = (big.float().view(torch.int32) >> 23).clamp(19, 254).double()
+    ints = torch.round(y * torch.exp2(141 - e)[slot_of])
+    unit = torch.exp2(e - (145 if bits == 4 else 141))
+    total = torch.zeros(slots, dtype=torch.float64, device=y.device).index_add(0, slot_of, y)
+    return ints, unit, total
+
+
+@pytest.mark.parametrize(("kind", "k"), [("gptq", 1536), ("gguf_q4_k", 1024), ("gguf_q8_0", 768)])
+def test_prepared_row_against_float64(device, kind, k) -> None:
+    """The norm kernel's converted row (GPTQ's 128-column blocks over a row that is not a power of two wide, GGUF's
+    32, 8-bit codes' runs of 16): the sum and the normalised row the norm kernel's, bit for bit; the int16
+    activations and units exactly the float64 conversion's, the sums within float32 rounding."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    k *= 4 if device.type == "cuda" else 1
+    if kind == "gptq":
+        codes = torch.randint(0, 16, (8, k), generator=gen, dtype=torch.uint8)
+        weight = pack_grouped_codes(GroupedCodes(codes, torch.rand(8, k // 128, generator=gen) + 0.1, None, 8, 4, 128,
+                                                 None), 128, device)  # fmt: skip
+    else:
+        weight = pack_grouped_int(make_quantized_weight(kind, 8, k, seed=17), 32, device)
+    for dtype in (torch.bfloat16, torch.float16):
+        x, residual, norm_weight = _inputs(k, dtype, device, gen)
+        summed = torch.empty_like(residual)
+        converted, unit, total = prepare_row(x, residual, norm_weight, 1e-5, weight, summed)
+        normed, want_summed = launchers.fused_add_rms_norm(x, residual, norm_weight, 1e-5)
+        assert torch.equal(summed, want_summed)
+        ints, want_unit, want_total = _converted_reference(normed, weight.block_k, weight.bits)
+        assert torch.equal(converted.reshape(-1).double(), ints), (kind, dtype)
+        assert torch.equal(unit.double(), want_unit), (kind, dtype)
+        torch.testing.assert_close(total.double(), want_total, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("ahead", [False, True])

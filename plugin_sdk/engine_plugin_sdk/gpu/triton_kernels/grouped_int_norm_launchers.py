@@ -14,9 +14,10 @@ from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_
 from engine_plugin_sdk.gpu.triton_kernels import pdl
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import dot_gemv, dot_rows, takes_dot
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
+from engine_plugin_sdk.gpu.triton_kernels.launchers import row_warps
 
-#: the most warps of the prepared row's norm program (a slot a thread: 512 slots, 16,384 columns of 4-bit codes)
-MAX_NORM_WARPS = 16
+#: the widest row the prepared row's norm program takes (a row in one program, as the norm kernel's)
+MAX_PREPARED_COLUMNS = 16384
 
 
 def grouped_int_add_rms_norm_linear(
@@ -31,7 +32,7 @@ def grouped_int_add_rms_norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(linear(rms_norm(x + residual) * norm_weight), x + residual)`` by the integer-dot GEMV (with ``gated``, its
     gated product): in one launch with ``tiles.dot_gemv_residual_norm`` (a single-step product), else with
-    ``tiles.dot_gemv_prepared`` a norm kernel that converts the row for it (at most ``32 * MAX_NORM_WARPS`` slots),
+    ``tiles.dot_gemv_prepared`` a norm kernel that converts the row for it (at most ``MAX_PREPARED_COLUMNS``),
     then the GEMV; None where that kernel does not take them: more than one row, a longer reduction, a
     permutation, 6-bit codes, or inputs that are not 16-bit, contiguous and 4-byte aligned (the caller then runs
     the norm and the product).
@@ -59,8 +60,8 @@ def grouped_int_add_rms_norm_linear(
         and all(t.is_contiguous() and t.data_ptr() % 4 == 0 for t in parts)
         and weight.bits in (4, 8)
         and weight.perm is None
-        # the norm in the GEMV's programs: one step; the prepared row: one norm program of at most 16 warps
-        and slots <= (32 * tiles.dot_gemv_warps if tiles.dot_gemv_residual_norm else 32 * MAX_NORM_WARPS)
+        # the norm in the GEMV's programs: one step; the prepared row: one norm program
+        and (slots <= 32 * tiles.dot_gemv_warps if tiles.dot_gemv_residual_norm else in_features <= MAX_PREPARED_COLUMNS)
         and tiles.dot_gemv_row_groups == 1
         and (gated == gated_rows.NOT_GATED or (out_features % 2 == 0 and dot_rows(weight, tiles) % 2 == 0))
     )
@@ -75,15 +76,44 @@ def grouped_int_add_rms_norm_linear(
         norm = {"NORM": True, "res_ptr": residual, "nw_ptr": norm_weight, "res_out_ptr": summed, "eps": float(eps)}
         dot_gemv(row, weight, bias, tiles, out, gated, norm)
     else:
-        converted = torch.empty((1, in_features), dtype=torch.int16, device=x.device)
-        unit = torch.empty(slots, dtype=torch.float32, device=x.device)
-        total = torch.empty(slots, dtype=torch.float32, device=x.device)
-        # a thread a slot: as many warps as the row's slots need (the GEMV's own warps at least)
-        warps = max(tiles.dot_gemv_warps, triton.next_power_of_2(triton.cdiv(slots, 32)))
-        prepared_kernels.add_rms_norm_prepared_kernel[(1,)](
-            row, residual, norm_weight, summed, converted, unit, total, float(eps),
-            NUM_SLOTS=slots, BLOCK=weight.block_k, BITS=weight.bits, WARPS=warps,
-            FP16=x.dtype == torch.float16, ASM=tiles.mma_asm, num_warps=warps, **pdl.launch_options(),
-        )  # fmt: skip
+        converted, unit, total = prepare_row(row, residual, norm_weight, eps, weight, summed)
         dot_gemv(converted, weight, bias, tiles, out, gated, {"PREPARED": True, "unit_ptr": unit, "total_ptr": total})
     return out.reshape(*x.shape[:-1], width), summed
+
+
+def prepare_row(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: GroupedIntWeight,
+    summed: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's residual add and RMS norm converted for the integer-dot GEMV over ``weight``
+    (:mod:`.grouped_int_dot_prepared`); ``summed`` receives ``x + residual``.
+
+    Args:
+        x: ``[1, K]`` branch output, 16-bit, contiguous.
+        residual: the residual stream, ``[K]`` elements in ``x``'s dtype.
+        norm_weight: ``[K]`` in ``x``'s dtype.
+        eps: the norm's epsilon.
+        weight: 4- or 8-bit codes (its ``block_k`` and ``bits`` place the slots), ``K`` at most
+            ``MAX_PREPARED_COLUMNS``.
+        summed: ``residual``'s shape and dtype, written.
+
+    Returns:
+        ``(int16 [1, K] activations, float32 unit a slot, float32 activation sum a slot)``.
+    """
+    in_features = x.shape[-1]
+    slots = in_features // (16 if weight.bits == 8 else 32)
+    converted = torch.empty((1, in_features), dtype=torch.int16, device=x.device)
+    unit = torch.empty(slots, dtype=torch.float32, device=x.device)
+    total = torch.empty(slots, dtype=torch.float32, device=x.device)
+    # the norm kernel's layout and warps: its sum of squares, so its normalised row, bit for bit
+    cols = triton.next_power_of_2(in_features)
+    prepared_kernels.add_rms_norm_prepared_kernel[(1,)](
+        x, residual, norm_weight, summed, converted, unit, total, float(eps),
+        HIDDEN=in_features, COLS=cols, BLOCK=weight.block_k, BITS=weight.bits, num_warps=row_warps(cols),
+        **pdl.launch_options(),
+    )  # fmt: skip
+    return converted, unit, total

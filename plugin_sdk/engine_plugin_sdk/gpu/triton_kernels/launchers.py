@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 MAX_DECODE_SEQS = 65_535
 
 
-def _row_warps(block: int) -> int:
+def row_warps(block: int) -> int:
+    """The warps of a row kernel over ``block`` columns (a power of two) in one program."""
     # about 256 elements per warp keeps a row's registers in check up to hidden sizes of 16k
     return max(1, min(16, block // 256))
 
@@ -281,7 +282,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         block = next_power_of_2(hidden)
         ek.rms_norm_kernel[(rows.shape[0],)](
             out, rows, weight, eps, rows.stride(0), out.stride(0),
-            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block), **pdl.launch_options(),
+            HIDDEN=hidden, BLOCK=block, num_warps=row_warps(block), **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape)
 
@@ -310,7 +311,7 @@ def _layer_norm(
         # without a bias the weight stands in for the pointer; HAS_BIAS keeps the kernel from reading it
         ek.layer_norm_kernel[(rows.shape[0],)](
             out, rows, res, weight, weight if bias is None else bias, eps, rows.stride(0), res.stride(0),
-            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=_row_warps(block),
+            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=row_warps(block),
             HAS_RESIDUAL=residual is not None, **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape)
@@ -329,7 +330,7 @@ def fused_add_rms_norm(
         ek.fused_add_rms_norm_kernel[(rows.shape[0],)](
             out, res_out, rows, res, weight, eps,
             rows.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
-            HIDDEN=hidden, BLOCK=block, num_warps=_row_warps(block), **pdl.launch_options(),
+            HIDDEN=hidden, BLOCK=block, num_warps=row_warps(block), **pdl.launch_options(),
         )  # fmt: skip
     return out.view(x.shape), res_out.view(residual.shape)
 
@@ -420,7 +421,7 @@ def quantize_rows_fp8(x: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -
         # 8 warps, not 16: more rows in flight per multiprocessor (H200: 49 against 69 us at 16384 x 4096)
         ek.quantize_rows_fp8_kernel[(m,)](
             out, scale, rows, rows.stride(0), out.stride(0),
-            K=k, BLOCK=block, FP8_MAX=limit, num_warps=min(8, _row_warps(block)), **pdl.launch_options(),
+            K=k, BLOCK=block, FP8_MAX=limit, num_warps=min(8, row_warps(block)), **pdl.launch_options(),
         )  # fmt: skip
     return out, scale
 
