@@ -137,6 +137,32 @@ def override_tuning(**changes: Any) -> None:
     )
 
 
+#: the NVIDIA plugin's batch-1 GEMV tiles a ``--gemv-tiles`` part names (``engine_plugin_nvidia.gemm``)
+GEMV_TILE_NAMES = {"narrow": "GEMV_TILE", "wide": "GEMV_WIDE_TILE", "gated": "GATED_GEMV_TILE", "logits": "LOGITS_GEMV_TILE"}
+
+
+def use_gemv_tiles(spec: str) -> dict[str, dict]:
+    """Start the NVIDIA plugin's engines with batch-1 GEMV tiles ``spec`` (the A/B of a tile): ``default``, or
+    parts ``name=block_n,block_k,warps,stages,prefetch`` joined by ``+`` with ``name`` one of
+    :data:`GEMV_TILE_NAMES` (narrow: o_proj, down_proj, a MoE's router; wide: q/k/v inside graphs). The first call
+    remembers the defaults; each call starts from them. Returns the tiles set."""
+    import engine_plugin_nvidia.gemm as nvidia_gemm
+
+    defaults = use_gemv_tiles.__dict__.setdefault(
+        "defaults", {attr: getattr(nvidia_gemm, attr) for attr in GEMV_TILE_NAMES.values()}
+    )
+    for attr, tile in defaults.items():
+        setattr(nvidia_gemm, attr, tile)
+    chosen: dict[str, dict] = {}
+    for part in ([] if spec == "default" else spec.split("+")):
+        name, _, values = part.partition("=")
+        block_n, block_k, warps, stages, prefetch = (int(v) for v in values.split(","))
+        tile = {"block_n": block_n, "block_k": block_k, "num_warps": warps, "num_stages": stages, "prefetch": prefetch}
+        setattr(nvidia_gemm, GEMV_TILE_NAMES[name], tile)
+        chosen[name] = tile
+    return chosen
+
+
 def load_module(name: str, path: str) -> types.ModuleType:
     """The Python module in file ``path`` (an earlier commit's kernel module, for an A/B), imported as ``name``."""
     import importlib.util
@@ -188,6 +214,8 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         override_tuning(decode_min_split_keys=args.min_split_keys)
     if args.decode_kernel_from:
         use_decode_kernel_from(args.decode_kernel_from)
+    if args.gemv_tiles:
+        use_gemv_tiles(args.gemv_tiles)
     bandwidth = copy_bandwidth()
     t0 = time.perf_counter()
     llm = make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
@@ -201,6 +229,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "decode_kernel_from": args.decode_kernel_from,
         "min_split_keys": args.min_split_keys,
+        "gemv_tiles": args.gemv_tiles,
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "weight_GB_all": all_bytes / 1e9,
         "weight_GB_read_per_step": read_bytes / 1e9,
@@ -330,6 +359,8 @@ def main() -> None:
         if name == "decode":
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
+            p.add_argument("--gemv-tiles", default=None,
+                           help="the batch-1 GEMVs' tiles for this run (use_gemv_tiles: narrow=bn,bk,warps,stages,prefetch+...)")
             p.add_argument("--min-split-keys", type=int, default=None,
                            help="KernelTuning.decode_min_split_keys for this run (the A/B)")
         if name == "throughput":

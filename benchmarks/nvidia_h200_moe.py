@@ -288,13 +288,20 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         moe_launchers.fused_moe = lambda x, gu, dn, w, i, tiles, **kw: run(  # type: ignore[assignment]
             x, gu, dn, w, i, dataclasses.replace(tiles, **overrides), **kw
         )
-    from nvidia_h200 import batched_decode_rate, release
+    from nvidia_h200 import batched_decode_rate, release, use_gemv_tiles
 
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
-        runs = [(variant, keys) for keys in (args.min_split_keys or [None]) for variant in args.experts]
-        for variant, keys in runs:
+        runs = [
+            (variant, keys, tiles)
+            for tiles in (args.gemv_tiles or [None])
+            for keys in (args.min_split_keys or [None])
+            for variant in args.experts
+        ]
+        for variant, keys, tiles in runs:
+            if tiles is not None:
+                use_gemv_tiles(tiles)  # the batch-1 GEMVs' tiles: the A/B
             if keys is not None:
                 # no decode split under this many keys (KernelTuning.decode_min_split_keys): the A/B
                 override_tuning(decode_min_split_keys=keys)
@@ -312,7 +319,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             del llm
             release()
             roofline = bandwidth / read
-            name = variant if keys is None else f"{variant}_min_split_keys={keys}"
+            name = variant + ("" if keys is None else f"_min_split_keys={keys}") + ("" if tiles is None else f"_gemv={tiles}")
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
@@ -440,6 +447,9 @@ def main() -> None:
                            help="split decode attention merged by its last split program, not a merge kernel")
             p.add_argument("--min-split-keys", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_min_split_keys (the A/B), one engine each")
+            p.add_argument("--gemv-tiles", nargs="*", default=[],
+                           help="each run's batch-1 GEMV tiles (nvidia_h200.use_gemv_tiles: default, or "
+                           "narrow=bn,bk,warps,stages,prefetch+wide=...), one engine each")
             p.add_argument("--long-prompt", type=int, default=0,
                            help="also batch-1 decode 128 tokens after a prompt of this many tokens")
         if name == "throughput":

@@ -205,7 +205,9 @@ class GroupedIntTiles:
             gain: without PDL gate/up 22.20 -> 21.44 us and q/k/v 6.68 -> 6.62, but the norm 2.05 -> 2.51 us (one
             program of 4 warps, 32 activations a thread, where the norm kernel's 16 warps take 8 columns a thread);
             batch-1 decode W4A16 478.6 against 480.9 tok/s, GGUF Q4_K_M 435.8 against 439.8, 4 sequences alike.
-            Off; the H200's A/B (where the GEMVs run nearer the issue rate) to run.
+            With the norm kernel's flat layout (session 53: 2.16 us) W4A16 +0.5% (483.0 / 480.7, 487.3 / 485.1 in
+            two calls), Q4_K_M -0.2% / 0.0%; 16 rows a program with it slower (-0.3% / -0.8%). Off; the H200's
+            A/B (where the GEMVs run nearer the issue rate) to run.
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
