@@ -216,6 +216,8 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         use_decode_kernel_from(args.decode_kernel_from)
     if args.gemv_tiles:
         use_gemv_tiles(args.gemv_tiles)
+    if args.merge_last:
+        override_tuning(decode_merge_last=True)
     bandwidth = copy_bandwidth()
     t0 = time.perf_counter()
     llm = make_llm(args.model, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**30)
@@ -230,6 +232,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         "decode_kernel_from": args.decode_kernel_from,
         "min_split_keys": args.min_split_keys,
         "gemv_tiles": args.gemv_tiles,
+        "merge_last": args.merge_last,
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "weight_GB_all": all_bytes / 1e9,
         "weight_GB_read_per_step": read_bytes / 1e9,
@@ -359,6 +362,8 @@ def main() -> None:
         if name == "decode":
             p.add_argument("--late-kv", action="store_true",
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
+            p.add_argument("--merge-last", action="store_true",
+                           help="split decode attention merged by its last split program, not a merge kernel (the A/B)")
             p.add_argument("--gemv-tiles", default=None,
                            help="the batch-1 GEMVs' tiles for this run (use_gemv_tiles: narrow=bn,bk,warps,stages,prefetch+...)")
             p.add_argument("--min-split-keys", type=int, default=None,

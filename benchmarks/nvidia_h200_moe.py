@@ -294,14 +294,18 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
         runs = [
-            (variant, keys, tiles)
+            (variant, keys, tiles, last)
+            for last in (args.merge_last_ab or [None])
             for tiles in (args.gemv_tiles or [None])
             for keys in (args.min_split_keys or [None])
             for variant in args.experts
         ]
-        for variant, keys, tiles in runs:
+        for variant, keys, tiles, last in runs:
             if tiles is not None:
                 use_gemv_tiles(tiles)  # the batch-1 GEMVs' tiles: the A/B
+            if last is not None:
+                # split decode attention merged by its last program or by the merge kernel: the A/B
+                override_tuning(decode_merge_last=bool(last))
             if keys is not None:
                 # no decode split under this many keys (KernelTuning.decode_min_split_keys): the A/B
                 override_tuning(decode_min_split_keys=keys)
@@ -320,6 +324,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             release()
             roofline = bandwidth / read
             name = variant + ("" if keys is None else f"_min_split_keys={keys}") + ("" if tiles is None else f"_gemv={tiles}")
+            name += "" if last is None else f"_merge_last={last}"
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
@@ -445,6 +450,8 @@ def main() -> None:
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",
                            help="split decode attention merged by its last split program, not a merge kernel")
+            p.add_argument("--merge-last-ab", type=int, nargs="*", default=[],
+                           help="each run's KernelTuning.decode_merge_last (0 / 1, the A/B), one engine each")
             p.add_argument("--min-split-keys", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_min_split_keys (the A/B), one engine each")
             p.add_argument("--gemv-tiles", nargs="*", default=[],

@@ -56,11 +56,11 @@ def test_decode_merges_only_the_splits_that_hold_keys(device, splits, min_keys, 
     check(out, problem, f"decode splits={splits} min keys={min_keys} window={window}, most splits idle")
 
 
-@pytest.mark.parametrize(("splits", "min_keys"), [(2, 0), (4, 0), (4, 32)])
+@pytest.mark.parametrize(("splits", "min_keys"), [(2, 0), (8, 0), (4, 32)])
 def test_decode_last_split_merges_when_given_arrival_counts(device, splits, min_keys):
-    """With ``arrivals`` the split programs count themselves and the last of each KV head's merges its
-    heads (no merge kernel): the same result as the merge kernel's, and every count back at zero (with
-    ``decode_min_split_keys`` too, whose idle splits still arrive)."""
+    """With ``arrivals`` the split programs that hold keys count themselves and the last of each KV head's merges
+    its heads (no merge kernel; the idle splits past a short context leave at once, uncounted): the same result as
+    the merge kernel's, and every count back at zero (with ``decode_min_split_keys`` too)."""
     problem, cache = filled_problem(device, torch.float16, DECODE_LENS, seed=40 + splits, sliding_window=12)
     md = problem.metadata
     outs = []

@@ -215,8 +215,9 @@ def paged_decode_kernel(
     RMS-normalised over the head (``q_norm`` / ``k_norm`` scales, float32, rounded to the input dtype as
     the norm kernel stores them): a dim's rotation partner is normalised by the same row statistic.
 
-    ``SKIP_IDLE`` (several splits, merged by :func:`.decode_merge_kernels.decode_merge_kernel`): a split past the end of its
-    sequence's context writes no partials and ends at once.
+    ``SKIP_IDLE`` (several splits): a split past the end of its sequence's context writes no partials and ends at
+    once; the merge (its kernel, or with ``MERGE_LAST`` the last split to arrive of those that hold keys) reads
+    only those that do.
 
     ``MIN_SHARE``: no split takes fewer than this many keys (a multiple of ``BLOCK_N``; 0: one tile), so that a
     short context in a graph captured for any length is read by the few splits it needs, not by as many one-tile
@@ -403,9 +404,10 @@ def paged_decode_kernel(
             # every thread's partials are stored before the count (acquire-release at GPU scope) says so
             tl.debug_barrier()
             count = arrivals_ptr + row * tl.num_programs(0) + tl.program_id(0)
-            # a graph's split count is fixed for any context: only the first splits of a short one hold keys
-            used = (span + per_split - 1) // tl.maximum(per_split, 1)
-            if tl.atomic_add(count, 1) == NUM_SPLITS - 1:
+            # a graph's split count is fixed for any context: only the first splits of a short one hold keys,
+            # and with SKIP_IDLE only those (split 0 at least) arrive
+            used = tl.maximum((span + per_split - 1) // tl.maximum(per_split, 1), 1)
+            if tl.atomic_add(count, 1) == (used if SKIP_IDLE else NUM_SPLITS) - 1:
                 for g in tl.static_range(NUM_QUERIES_PER_KV * KV_HEADS):
                     # .cg: the other programs' partials from L2, never a stale L1 line
                     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,

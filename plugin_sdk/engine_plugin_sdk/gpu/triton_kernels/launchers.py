@@ -244,7 +244,7 @@ def paged_decode(
         HEAD_DIM=head_dim, D_PAD=d_pad, KV_BLOCK=block_size, WRITE_KV=new_kv is not None,
         USE_SINKS=sinks is not None, ROTARY=rotary is not None, HEAD_NORM=head_norm is not None,
         MERGE_LAST=merge_last, EARLY_KV=early_kv,
-        SKIP_IDLE=num_splits > 1 and not merge_last, MIN_SHARE=min_share,
+        SKIP_IDLE=num_splits > 1, MIN_SHARE=min_share,
         # the scale folded into the query once: over an FP8 cache (whose values carry 2**-4 of error, against the
         # 2**-11 the fp16 query's rounding adds) and in float32; a bf16 / fp16 query over its own dtype keeps its bits
         KV_HEADS=pair, PRESCALED=soft_cap is None and (flags["DOT_F16"] or flags["IS_FP32"]),
