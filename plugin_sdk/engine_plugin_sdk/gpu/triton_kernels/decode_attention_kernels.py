@@ -20,7 +20,7 @@ from engine_plugin_sdk.gpu.triton_kernels.attention_kernels import (
     _dot_operand,
     _soft_cap,
 )
-from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import _merge_head, split_share
+from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import merge_heads_from_l2, split_share
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -408,10 +408,9 @@ def paged_decode_kernel(
             # and with SKIP_IDLE only those (split 0 at least) arrive
             used = tl.maximum((span + per_split - 1) // tl.maximum(per_split, 1), 1)
             if tl.atomic_add(count, 1) == (used if SKIP_IDLE else NUM_SPLITS) - 1:
-                for g in tl.static_range(NUM_QUERIES_PER_KV * KV_HEADS):
-                    # .cg: the other programs' partials from L2, never a stale L1 line
-                    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV + g,
-                                num_heads, stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, True)
+                merge_heads_from_l2(out_ptr, part_acc_ptr, part_ml_ptr, row, kv_head * NUM_QUERIES_PER_KV, num_heads,
+                                    stride_o_tok, stride_o_head, used, NUM_QUERIES_PER_KV * KV_HEADS, NUM_SPLITS,
+                                    HEAD_DIM, D_PAD)  # fmt: skip
                 tl.atomic_xchg(count, 0)
 
 

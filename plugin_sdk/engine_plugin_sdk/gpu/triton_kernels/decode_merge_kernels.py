@@ -29,25 +29,17 @@ def split_share(seq_len, window, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr
 @triton.jit
 def _merge_head(
     out_ptr, part_acc_ptr, part_ml_ptr, seq, head, num_heads, stride_o_tok, stride_o_head,
-    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, FROM_L2: tl.constexpr,
+    used, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
 ):
     """Join the first ``used`` splits of one head of one sequence (the others are empty: not read):
-    rescale each by exp(m_s - max m) and normalise. ``FROM_L2``: the partials are read past L1 (``.cg``),
-    as a program reading what other programs of its own launch wrote must (a flag, not the modifier's
-    string: Triton 3.6 does not take a string constexpr through a call)."""
+    rescale each by exp(m_s - max m) and normalise."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
     s_ok = offs_s < used
     part = (seq * num_heads + head) * NUM_SPLITS + offs_s
-    if FROM_L2:
-        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-    else:
-        m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
-        l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
-        acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
@@ -81,4 +73,49 @@ def decode_merge_kernel(
     _, span, per_split = split_share(seq_len, window, NUM_SPLITS, BLOCK_N, USE_WINDOW, MIN_SHARE)
     used = tl.maximum(tl.cdiv(span, tl.maximum(per_split, 1)), 1)
     _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, seq, tl.program_id(1),
-                tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD, False)
+                tl.num_programs(1), stride_o_tok, stride_o_head, used, NUM_SPLITS, HEAD_DIM, D_PAD)
+
+
+@triton.jit
+def merge_heads_from_l2(
+    out_ptr, part_acc_ptr, part_ml_ptr, seq, first_head, num_heads, stride_o_tok, stride_o_head, used,
+    HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+):  # fmt: skip
+    """:func:`_merge_head` for ``HEADS`` heads from ``first_head`` at once, as the decode kernel's last split to
+    arrive runs it (``MERGE_LAST``): every head's running maxima and sums, and the first ``CHUNK`` splits'
+    accumulators, in one round of loads from L2 (``.cg``: other programs of the launch wrote them). Why: a loop
+    over the heads stores each head's row before the next head's loads, which the compiler may not move above
+    that store, so the heads' L2 round trips ran one after another (Qwen3-30B-A3B's 8 heads a KV head: 13% of
+    an H100's batch-1 decode, 2026-12-07). Splits past ``CHUNK`` (long contexts) come a chunk a round."""
+    V: tl.constexpr = HEADS - 1
+    H_PAD: tl.constexpr = (V | (V >> 1) | (V >> 2) | (V >> 3) | (V >> 4) | (V >> 5) | (V >> 6)) + 1
+    CHUNK: tl.constexpr = 8 if NUM_SPLITS > 8 else NUM_SPLITS
+    offs_h = tl.arange(0, H_PAD)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, D_PAD)
+    h_ok = offs_h < HEADS
+    base = (seq * num_heads + first_head + offs_h) * NUM_SPLITS
+    ml_at = (base[:, None] + offs_s[None, :]) * 2
+    ml_ok = h_ok[:, None] & (offs_s[None, :] < used)
+    m = tl.load(part_ml_ptr + ml_at, mask=ml_ok, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(part_ml_ptr + ml_at + 1, mask=ml_ok, other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m, 1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    denom = tl.sum(tl.exp2(m - m_max[:, None]) * l_s, 1)
+    out = tl.zeros((H_PAD, D_PAD), dtype=tl.float32)
+    for c0 in range(0, used, CHUNK):
+        split = c0 + offs_c
+        ok = h_ok[:, None] & (split[None, :] < used)
+        part = base[:, None] + split[None, :]
+        m_c = tl.load(part_ml_ptr + part * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + (part * D_PAD)[:, :, None] + offs_d[None, None, :], mask=ok[:, :, None],
+                      other=0.0, cache_modifier=".cg")  # fmt: skip
+        out += tl.sum(acc * tl.exp2(m_c - m_max[:, None])[:, :, None], 1)
+    out = out / tl.maximum(denom, 1.0e-30)[:, None]
+    heads = first_head + offs_h
+    tl.store(
+        out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :],
+    )
