@@ -30,6 +30,10 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   session53: the first call of a session with an H200: the prepared row's GPU tests (its norm kernel in the norm
+#            kernel's flat layout since session 53: +0.5% W4A16 on an H100), issue 25's batch-1 figures with it and with
+#            it at 16 rows a program beside the defaults in one process, then issue 32's dense batch-1 end to end and
+#            issue 20's Qwen3-30B-A3B batch-1 decode at the defaults.
 #   session52: the integer-dot GEMV handed its row converted by the norm's kernel (dot_gemv_prepared, session 52; an
 #            H100 measured W4A16 -0.5%, Q4_K_M -0.9%: its products are not issue-bound there) after its GPU tests,
 #            issue 25's batch-1 figures with it and with the Q6_K LM head in 6 bits beside the defaults in one process
@@ -93,7 +97,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -177,6 +181,20 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = session53 ]; then
+  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
+    plugins/nvidia/tests/test_decode_kernel.py -m "not slow" > $LOGS/session53_tests.log 2>&1
+  tail -1 $LOGS/session53_tests.log
+  timeout 280 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_prepared=1 dot_gemv_prepared=1,dot_gemv_rows=16} \
+    --throughput --json "$OUT/session53_decode.json" > $LOGS/session53_decode.log 2>&1
+  grep -E "^decode" $LOGS/session53_decode.log
+  timeout 90 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/session53_dense.json" \
+    > $LOGS/session53_dense.log 2>&1
+  grep -E "decode_tok_s_graphs|decode_tok_s_end|end_to_end_ratio" $LOGS/session53_dense.log
+  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/session53_moe.json" \
+    > $LOGS/session53_moe.log 2>&1
+  grep -iE "experts bf16" $LOGS/session53_moe.log
 elif [ "$PART" = session52 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
     plugins/nvidia/tests/test_decode_kernel.py -m "not slow" > $LOGS/session52_tests.log 2>&1
