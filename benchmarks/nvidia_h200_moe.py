@@ -259,19 +259,6 @@ def use_routing_kernel_from(path: str) -> None:
     moe_launchers.mrk = types.SimpleNamespace(moe_topk_kernel=Launch())  # type: ignore[attr-defined]
 
 
-def use_routed_gemv(spec: str) -> None:
-    """Start the engines with the default MoE tiles' ``routed_gemv`` as ``spec`` says: ``0`` / ``1``, or ``1:N`` with
-    ``down_prefetch`` N too (the GPU backend builds ``MoeTiles()`` at each call: the class is replaced)."""
-    from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
-
-    tiles_class = use_routed_gemv.__dict__.setdefault("tiles_class", moe_launchers.MoeTiles)
-    flag, _, prefetch = spec.partition(":")
-    changes: dict[str, Any] = {"routed_gemv": flag == "1"}
-    if prefetch:
-        changes["down_prefetch"] = int(prefetch)
-    moe_launchers.MoeTiles = lambda **kw: tiles_class(**{**changes, **kw})  # type: ignore[assignment, misc]
-
-
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
@@ -307,21 +294,18 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
         runs = [
-            (variant, keys, tiles, last, routed)
-            for routed in (args.routed_ab or [None])
+            (variant, keys, tiles, last)
             for last in (args.merge_last_ab or [None])
             for tiles in (args.gemv_tiles or [None])
             for keys in (args.min_split_keys or [None])
             for variant in args.experts
         ]
-        for variant, keys, tiles, last, routed in runs:
+        for variant, keys, tiles, last in runs:
             if tiles is not None:
                 use_gemv_tiles(tiles)  # the batch-1 GEMVs' tiles: the A/B
             if last is not None:
                 # split decode attention merged by its last program or by the merge kernel: the A/B
                 override_tuning(decode_merge_last=bool(last))
-            if routed is not None:
-                use_routed_gemv(routed)  # the routing inside the expert GEMVs or in its kernel: the A/B
             if keys is not None:
                 # no decode split under this many keys (KernelTuning.decode_min_split_keys): the A/B
                 override_tuning(decode_min_split_keys=keys)
@@ -341,7 +325,6 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             roofline = bandwidth / read
             name = variant + ("" if keys is None else f"_min_split_keys={keys}") + ("" if tiles is None else f"_gemv={tiles}")
             name += "" if last is None else f"_merge_last={last}"
-            name += "" if routed is None else f"_routed={routed}"
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
@@ -467,9 +450,6 @@ def main() -> None:
                            help="decode attention reads the cache only after its PDL wait (the A/B)")
             p.add_argument("--merge-last", action="store_true",
                            help="split decode attention merged by its last split program, not a merge kernel")
-            p.add_argument("--routed-ab", nargs="*", default=[],
-                           help="each run's MoeTiles.routed_gemv as 0 / 1, or 1:N with N the down GEMV's early experts "
-                           "(the A/B), one engine each")
             p.add_argument("--merge-last-ab", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_merge_last (0 / 1, the A/B), one engine each")
             p.add_argument("--min-split-keys", type=int, nargs="*", default=[],

@@ -56,33 +56,6 @@ def test_fused_moe(platform: Platform, device: Any, dtype_name: str) -> None:
         pytest.fail(f"{capability}: no tokens gave shape {tuple(empty.shape)}", pytrace=False)
 
 
-@pytest.mark.capability("moe.routed.{dtype_name}")
-def test_fused_moe_routed(platform: Platform, device: Any, dtype_name: str) -> None:
-    """``fused_moe_routed`` (softmax routing inside the expert kernels) where the backend takes the batch: against
-    the float64 routing and experts, renormalised and not, at decode-sized batches; not claimed where it always
-    returns None (the core then routes, then calls ``fused_moe``)."""
-    capability = f"moe.routed.{dtype_name}"
-    dtype = torch_dtype(dtype_name)
-    gemm = platform.make_gemm_backend()
-    taken = 0
-    for tokens, renormalize in ((1, True), (3, False), (13, True)):
-        x, gate_up, down, _, _ = moe_case(dtype, device, tokens)
-        experts = gemm.prepare_experts(gate_up, down, dtype)
-        gen = torch.Generator().manual_seed(99 + tokens)
-        logits = (torch.randn(tokens, EXPERTS, generator=gen) * 2).to(dtype).to(device)
-        out = gemm.fused_moe_routed(x, experts, logits, TOP_K, renormalize)
-        if out is None:
-            continue
-        taken += 1
-        label = f"{capability} ({tokens} tokens, renormalize={renormalize})"
-        if out.dtype != dtype or tuple(out.shape) != (tokens, HIDDEN):
-            pytest.fail(f"{label}: output {out.dtype} {tuple(out.shape)}, expected {dtype} {(tokens, HIDDEN)}", pytrace=False)
-        weights, ids = ref_moe_topk(logits, TOP_K, renormalize)
-        assert_close(out, ref_fused_moe(x, gate_up, down, weights, ids), get_tolerance(dtype), label)
-    if not taken:
-        not_claimed("the backend routes apart from its expert kernels (moe_topk, then fused_moe)")
-
-
 @pytest.mark.capability("moe.fused.swigluoai.{dtype_name}")
 def test_fused_moe_with_biases_and_clamped_swiglu(platform: Platform, device: Any, dtype_name: str) -> None:
     """gpt-oss's experts: biases on both projections and its clamped SwiGLU; the gate/up products are drawn

@@ -286,27 +286,6 @@ class GemmBackend(ABC):
 
         return reference_fused_moe(self, x, experts, topk_weights, topk_ids, activation)
 
-    def fused_moe_routed(
-        self, x: Any, experts: Any, router_logits: Any, top_k: int, renormalize: bool, activation: str = "silu"
-    ) -> Any | None:
-        """Softmax routing without a bias, groups or scaling, then :meth:`fused_moe`, in one call where the backend
-        runs them together (its expert kernels picking each token's experts from the router logits themselves);
-        None where it does not, and the caller then routes (``moe_topk``) and calls :meth:`fused_moe`. The result
-        is what that pair gives (:func:`engine.interfaces.moe.reference_routed_moe`).
-
-        Args:
-            x: ``[tokens, hidden]`` activations.
-            experts: from :meth:`prepare_experts`.
-            router_logits: ``[tokens, experts]``.
-            top_k: experts per token.
-            renormalize: scale each token's chosen weights to sum to 1.
-            activation: as for :meth:`fused_moe`.
-
-        Returns:
-            ``[tokens, hidden]`` in ``x``'s dtype, or None (the default).
-        """
-        return None
-
     def plan_lora(self, step: Any) -> Any:
         """Prepare a step's adapter rows once for every :meth:`add_lora` of that step.
 

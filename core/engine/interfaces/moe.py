@@ -168,31 +168,3 @@ def reference_fused_moe(
         y = gemm.linear(expert_activation(gate_up, activation), experts.down[expert], down_bias)
         out.index_add_(0, tokens, y.float() * flat_weights[rows])
     return out.to(x.dtype)
-
-
-def reference_routed_moe(
-    gemm: GemmBackend,
-    x: torch.Tensor,
-    experts: Any,
-    router_logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    activation: MoeActivation = "silu",
-) -> torch.Tensor:
-    """What :meth:`GemmBackend.fused_moe_routed` gives: softmax routing (:func:`moe_topk`), then
-    ``gemm.fused_moe`` over the chosen experts.
-
-    Args:
-        gemm: the backend whose :meth:`~GemmBackend.fused_moe` runs the experts.
-        x: ``[tokens, hidden]`` activations.
-        experts: from :meth:`GemmBackend.prepare_experts`.
-        router_logits: ``[tokens, experts]``.
-        top_k: experts per token.
-        renormalize: scale each token's chosen weights to sum to 1.
-        activation: the experts' gated activation.
-
-    Returns:
-        ``[tokens, hidden]`` in ``x``'s dtype.
-    """
-    weights, ids = moe_topk(router_logits, top_k, renormalize)
-    return gemm.fused_moe(x, experts, weights, ids, activation)

@@ -308,21 +308,6 @@ class TorchGemmBackend(GemmBackend):
             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
         )  # fmt: skip
 
-    def fused_moe_routed(
-        self, x: Any, experts: Any, router_logits: Any, top_k: int, renormalize: bool, activation: str = "silu"
-    ) -> Any | None:
-        """Stacked experts' GEMV kernels picking each token's experts themselves (``MoeTiles.routed_gemv``, batches
-        of at most ``gemv_max_slots`` slots); None otherwise."""
-        if not self.triton_moe or not isinstance(experts, StackedExperts):
-            return None
-        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe_routed
-
-        return fused_moe_routed(
-            x, experts.gate_up, experts.down, router_logits, top_k, renormalize, self.moe_tiles or MoeTiles(),
-            gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, activation=activation,
-            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
-        )  # fmt: skip
-
     def plan_lora(self, step: Any) -> Any:
         """The step's rows sorted by slot on the device (once per step for every projection): the kernels
         read them there, and ``token_slots_cpu`` is never touched, so the plan is the same while a graph

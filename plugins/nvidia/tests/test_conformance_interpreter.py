@@ -18,7 +18,7 @@ from engine_conformance.runner import QUICK_OP_LEVEL, SUITE_ENV, suite_dir
 #: not the quantized experts' rows (``moe.fused.quant.*``): each took 20-70 s in the interpreter (9 minutes in all);
 #: their kernels' forms are test_moe_grouped_int.py's, and the rows run on a GPU and on the CPU plugin
 OP_LEVEL = [p for p in QUICK_OP_LEVEL if p != "moe"] + [
-    "moe.fused.float", "moe.fused.bfloat16", "moe.fused.swigluoai", "moe.topk", "moe.routed",
+    "moe.fused.float", "moe.fused.bfloat16", "moe.fused.swigluoai", "moe.topk",
 ]
 
 HAS_GPU = torch.version.cuda is not None and torch.cuda.device_count() > 0

@@ -7,8 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_sdk import QuantizedWeight
@@ -119,47 +117,3 @@ def test_align_groups_every_slot_once_under_its_expert(device) -> None:
     for block, expert in zip(used, block_expert[: total // 16].tolist(), strict=True):
         slots = block[block < 150]
         assert (ids[slots] == expert).all() and slots.tolist() == sorted(slots.tolist())
-
-
-@triton.jit
-def _no_wait():
-    # the interpreter runs a jit function only where its module holds triton.language
-    tl.static_assert(True)
-
-
-@pytest.mark.parametrize("pdl_path", [False, True])
-def test_routing_inside_the_gemvs_matches_the_routing_kernel(device, monkeypatch, pdl_path) -> None:
-    """``fused_moe_routed`` (each GEMV program picking its token's experts from the router logits) against the
-    routing kernel then ``fused_moe``: the same output for 1 and 3 tokens, renormalised and not, 6 of 8 experts
-    (``TOP_K`` below its power of two), a tie between two logits (the lower expert first); on the CPU also through
-    the path only CUDA graphs with PDL compile (the down kernel picking and loading its first experts' tiles
-    before its wait), the waits stubbed."""
-    from engine_plugin_sdk.gpu.triton_kernels import moe_kernels, pdl
-    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import fused_moe_routed, moe_topk
-
-    if pdl_path:
-        if device.type != "cpu":
-            pytest.skip("the GPU runs the real PDL path in graphs")
-        for module in (moe_kernels, pdl):
-            monkeypatch.setattr(module, "gdc_wait", _no_wait)
-            monkeypatch.setattr(module, "gdc_launch_dependents", _no_wait)
-        monkeypatch.setattr(pdl, "launch_options", lambda: {"USE_PDL": True})
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
-    experts = 8
-    gate_up = (torch.randn(experts, 2 * INTER, HIDDEN, generator=gen) * 0.2).to(device)
-    down = (torch.randn(experts, HIDDEN, INTER, generator=gen) * 0.2).to(device)
-    tiles = INTERPRETER_MOE_TILES if device.type == "cpu" else MoeTiles(routed_gemv=True)
-    for tokens, renormalize in ((1, True), (3, False)):
-        x = torch.randn(tokens, HIDDEN, generator=gen).to(device)
-        logits = torch.randn(tokens, experts, generator=gen)
-        logits[0, 5] = logits[0, 2]  # a tie
-        logits = logits.to(device)
-        got = fused_moe_routed(x, gate_up, down, logits, 6, renormalize, tiles)
-        assert got is not None
-        weights, ids = moe_topk(logits, 6, renormalize)
-        want = fused_moe(x, gate_up, down, weights, ids, tiles)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    # batches past the GEMVs, or tiles without the flag, are left to the caller
-    assert fused_moe_routed(x, gate_up, down, logits, 6, True, dataclasses.replace(tiles, routed_gemv=False)) is None
-    many = torch.randn(16, experts, generator=gen).to(device)
-    assert fused_moe_routed(torch.randn(16, HIDDEN, generator=gen).to(device), gate_up, down, many, 6, True, tiles) is None

@@ -58,15 +58,23 @@ class MoeMLP:
         gemm = model.gemm
         logits = gemm.linear(x, self.router, self.router_bias)
         spec = self.spec
-        activation = "silu" if spec is None else spec.activation
         plain = spec is None or (spec.num_groups == 1 and spec.routed_scaling_factor == 1.0)
-        softmax = plain and (spec is None or spec.scoring == "softmax") and self.correction_bias is None
-        out = None
-        if softmax and self.expert_start is None:
-            # the backend may pick the experts inside its expert kernels (no routing launch at batch 1)
-            out = gemm.fused_moe_routed(x, self.experts, logits, self.top_k, self.renormalize, activation)
-        if out is None:
-            out = self._routed_experts(model, x, logits, softmax)
+        if plain and (spec is None or spec.scoring == "softmax") and self.correction_bias is None:
+            weights, ids = model.ops.moe_topk(logits, self.top_k, self.renormalize)
+        else:
+            weights, ids = model.ops.moe_topk(
+                logits, self.top_k, self.renormalize, spec.scoring, self.correction_bias, spec.num_groups,
+                spec.topk_groups, spec.routed_scaling_factor, spec.group_score,
+            )  # fmt: skip
+        if self.expert_start is not None:
+            # this rank's experts only: the others' choices weigh nothing here (the ranks' sum has them)
+            local = ids - self.expert_start
+            mine = (local >= 0) & (local < self.local_experts)
+            weights, ids = weights * mine, local.clamp(0, self.local_experts - 1)
+        if spec is None or spec.activation == "silu":
+            out = gemm.fused_moe(x, self.experts, weights, ids)
+        else:
+            out = gemm.fused_moe(x, self.experts, weights, ids, spec.activation)
         if self.shared_gate_up is not None:
             if "silu" in gemm.gated_activations:
                 # the backend's gate/up product with its activation in one (at batch 1 one GEMV launch, not two)
@@ -78,27 +86,6 @@ class MoeMLP:
                 shared = torch.sigmoid(gemm.linear(x, self.shared_gate)) * shared
             out = out + shared
         return out if model.tp is None else model.tp.reduce(out)
-
-    def _routed_experts(self, model: DenseDecoder, x: torch.Tensor, logits: torch.Tensor, softmax: bool) -> torch.Tensor:
-        """The routing op, then the backend's ``fused_moe`` over the chosen experts (this rank's only under expert
-        parallelism)."""
-        spec = self.spec
-        if softmax:
-            weights, ids = model.ops.moe_topk(logits, self.top_k, self.renormalize)
-        else:
-            assert spec is not None
-            weights, ids = model.ops.moe_topk(
-                logits, self.top_k, self.renormalize, spec.scoring, self.correction_bias, spec.num_groups,
-                spec.topk_groups, spec.routed_scaling_factor, spec.group_score,
-            )  # fmt: skip
-        if self.expert_start is not None:
-            # this rank's experts only: the others' choices weigh nothing here (the ranks' sum has them)
-            local = ids - self.expert_start
-            mine = (local >= 0) & (local < self.local_experts)
-            weights, ids = weights * mine, local.clamp(0, self.local_experts - 1)
-        if spec is None or spec.activation == "silu":
-            return model.gemm.fused_moe(x, self.experts, weights, ids)
-        return model.gemm.fused_moe(x, self.experts, weights, ids, spec.activation)
 
 
 def moe_weight_shapes(spec: MoeSpec, hidden: int, prefix: str) -> dict[str, tuple[int, ...]]:

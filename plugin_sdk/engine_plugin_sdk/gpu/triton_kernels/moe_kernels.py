@@ -22,7 +22,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.moe_routing_kernels import logit_picks
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -37,38 +36,13 @@ def _gated(gate, up, ACT: tl.constexpr):
 
 
 @triton.jit
-def _routing(logits_ptr, token, stride_l, NUM_EXPERTS: tl.constexpr, E_P2: tl.constexpr, TOP_K: tl.constexpr,
-             K_P2: tl.constexpr, RENORM: tl.constexpr):  # fmt: skip
-    """A token's softmax routing from its router logits (:func:`.moe_routing_kernels.logit_picks`): float32 weights
-    and int64 ids ``[K_P2]``, best first. The logits are read past L1: the router GEMV wrote them in this step, and
-    an SM's L1 may still hold the previous layer's at the same address."""
-    offs = tl.arange(0, E_P2)
-    ok = offs < NUM_EXPERTS
-    x = tl.load(logits_ptr + token * stride_l + offs, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    return logit_picks(x.to(tl.float32), ok, E_P2, TOP_K, K_P2, RENORM)
-
-
-@triton.jit
-def _pick(values, j):
-    """``values[j]`` of a small ``[K_P2]`` vector (a choice's id or weight)."""
-    return tl.sum(tl.where(tl.arange(0, values.shape[0]) == j, values, 0), axis=0)
-
-
-@triton.jit
 def moe_gemv_gate_up_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, ids_ptr, out_ptr,
     INTER, stride_x, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, ROUTED: tl.constexpr = False,
-    logits_ptr=None, stride_l=0, NUM_EXPERTS: tl.constexpr = 1, E_P2: tl.constexpr = 1, K_P2: tl.constexpr = 1,
-    RENORM: tl.constexpr = False,
-):  # fmt: skip
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
     """``out[slot, n] = silu(gate_e[n] . x[token]) * (up_e[n] . x[token])`` for one slot's expert ``e``.
-
-    ``ROUTED`` (softmax routing without a bias or groups): ``e`` is the slot's choice among the token's router
-    logits (``logits [tokens, NUM_EXPERTS]``, ``E_P2`` / ``K_P2`` the powers of two of the experts and ``TOP_K``),
-    picked by the program itself (:func:`_routing`) instead of read from a routing kernel's ``ids``: the routing
-    launch and its round trip leave the step.
 
     ``K`` is a compile-time constant, so the reduction loop unrolls and every weight tile's load can be
     issued before the first one is used: a program keeps several tiles in flight, as streaming needs.
@@ -82,11 +56,7 @@ def moe_gemv_gate_up_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
     rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    if ROUTED:
-        _, picked = _routing(logits_ptr, slot // TOP_K, stride_l, NUM_EXPERTS, E_P2, TOP_K, K_P2, RENORM)
-        expert = _pick(picked, slot % TOP_K)
-    else:
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
+    expert = tl.load(ids_ptr + slot).to(tl.int64)
     x_row = x_ptr + (slot // TOP_K) * stride_x
     gate_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wn
     up_rows = gate_rows + INTER * stride_wn
@@ -116,15 +86,11 @@ def moe_gemv_gate_up_kernel(
 
 
 @triton.jit
-def _down_tile(w_ptr, ids_ptr, slot, rows, stride_we, stride_wn, K: tl.constexpr, BLOCK_K: tl.constexpr,
-               picked, j, ROUTED: tl.constexpr):  # fmt: skip
+def _down_tile(w_ptr, ids_ptr, slot, rows, stride_we, stride_wn, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """The first ``BLOCK_K`` columns of ``rows`` of slot ``slot``'s down expert, its id read past L1 (the
     routing was written by a kernel that ended before this one started, but an SM's L1 may still hold the
-    previous layer's) or, ``ROUTED``, the program's own pick (``picked``, the token's ids; ``j`` the slot's choice)."""
-    if ROUTED:
-        expert = _pick(picked, j)
-    else:
-        expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+    previous layer's)."""
+    expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     return tl.load(w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs_k[None, :],
                    mask=offs_k[None, :] < K, other=0.0)
@@ -136,52 +102,35 @@ def moe_gemv_down_kernel(
     H, stride_a, stride_we, stride_wn, stride_o, stride_se, stride_be,
     K: tl.constexpr, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-    ROUTED: tl.constexpr = False, logits_ptr=None, stride_l=0, NUM_EXPERTS: tl.constexpr = 1, E_P2: tl.constexpr = 1,
-    K_P2: tl.constexpr = 1, RENORM: tl.constexpr = False,
-):  # fmt: skip
+):
     """``out[t, n] = sum_j w[t, j] * (down_{e_j}[n] . act[t * TOP_K + j])``: one token's experts, summed here
     (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other).
 
     Under PDL the programs start while the gate/up kernel drains (it lets them start only after its own
     wait, so the routing is complete): each loads the first tile of its first ``PREFETCH`` (0 to 4) experts
     before it waits for the activations, so those weights stream during that kernel's tail.
-
-    ``ROUTED`` (``K_P2`` a power of two at or above ``TOP_K``): the ids and weights are the program's own picks
-    from the router logits, as :func:`moe_gemv_gate_up_kernel` takes them, made before the wait (the logits are
-    complete once the gate/up kernel lets this one start).
     """
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
     rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    if ROUTED:
-        chosen_w, picked = _routing(logits_ptr, t, stride_l, NUM_EXPERTS, E_P2, TOP_K, K_P2, RENORM)
-    else:
-        chosen_w = tl.zeros([K_P2], dtype=tl.float32)
-        picked = tl.zeros([K_P2], dtype=tl.int64)
     if USE_PDL:
         gdc_launch_dependents()
-        p0 = _down_tile(w_ptr, ids_ptr, t * TOP_K, rows, stride_we, stride_wn, K, BLOCK_K, picked, 0, ROUTED)
+        p0 = _down_tile(w_ptr, ids_ptr, t * TOP_K, rows, stride_we, stride_wn, K, BLOCK_K)
         p1 = p0
         p2 = p0
         p3 = p0
         if PREFETCH >= 2 and TOP_K >= 2:
-            p1 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 1, rows, stride_we, stride_wn, K, BLOCK_K, picked,
-                            1, ROUTED)  # fmt: skip
+            p1 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 1, rows, stride_we, stride_wn, K, BLOCK_K)
         if PREFETCH >= 3 and TOP_K >= 3:
-            p2 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 2, rows, stride_we, stride_wn, K, BLOCK_K, picked,
-                            2, ROUTED)  # fmt: skip
+            p2 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 2, rows, stride_we, stride_wn, K, BLOCK_K)
         if PREFETCH >= 4 and TOP_K >= 4:
-            p3 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 3, rows, stride_we, stride_wn, K, BLOCK_K, picked,
-                            3, ROUTED)  # fmt: skip
+            p3 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 3, rows, stride_we, stride_wn, K, BLOCK_K)
         gdc_wait()
     y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         slot = t * TOP_K + j
-        if ROUTED:
-            expert = _pick(picked, j)
-        else:
-            expert = tl.load(ids_ptr + slot).to(tl.int64)
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
         a_row = act_ptr + slot * stride_a
         w_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wn
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -206,10 +155,7 @@ def moe_gemv_down_kernel(
             part *= tl.load(scale_ptr + expert * stride_se + rows)
         if HAS_BIAS:
             part += tl.load(bias_ptr + expert * stride_be + rows).to(tl.float32)
-        if ROUTED:
-            y += _pick(chosen_w, j) * part
-        else:
-            y += tl.load(topw_ptr + slot).to(tl.float32) * part
+        y += tl.load(topw_ptr + slot).to(tl.float32) * part
     tl.store(out_ptr + t * stride_o + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 

@@ -35,10 +35,6 @@ class MoeTiles:
             ``block_m`` is slots per block (each expert's group is padded to a multiple of it), ``block_n``
             output columns per program, ``block_k`` the reduction tile, ``num_stages`` the pipelining depth.
         align_block_t: slots each align program scans per step.
-        routed_gemv: softmax routing without a bias or groups runs inside the GEMV kernels (each program picks its
-            token's experts from the router logits: :func:`fused_moe_routed`), not in a routing kernel before them.
-            Why: at batch 1 that kernel is one node of a MoE layer's chain; without it a Qwen3-30B-A3B step took
-            2.6% less time on an H100 (76 us, 2026-12-07, its bytes unchanged).
     """
 
     gemv_max_slots: int = 64
@@ -50,7 +46,6 @@ class MoeTiles:
         (2048, 32, 64, 64, 4, 3), (8192, 64, 64, 64, 4, 3), (0, 128, 128, 64, 8, 3),
     )  # fmt: skip
     align_block_t: int = 64
-    routed_gemv: bool = False
 
     def gemm_tiles(self, slots: int) -> tuple[int, int, int, int, int]:
         """``(block_m, block_n, block_k, num_warps, num_stages)`` of the grouped GEMM for ``slots`` slots."""
@@ -67,8 +62,7 @@ class MoeTiles:
 H200_MOE_TILES = MoeTiles()
 #: small tiles keep the interpreter's programs quick (``tl.dot`` needs 16 at least)
 INTERPRETER_MOE_TILES = MoeTiles(
-    gate_up_gemv=(32, 128, 4), down_gemv=(32, 128, 4), gemm=((0, 16, 16, 16, 4, 1),), align_block_t=16,
-    routed_gemv=True,
+    gate_up_gemv=(32, 128, 4), down_gemv=(32, 128, 4), gemm=((0, 16, 16, 16, 4, 1),), align_block_t=16
 )
 
 
@@ -142,8 +136,6 @@ def fused_moe(
     activation: str = "silu",
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
-    router_logits: torch.Tensor | None = None,
-    renormalize: bool = True,
 ) -> torch.Tensor:
     """``y[t] = sum_j w[t, j] * down_e(act(gate_up_e x[t]))`` with ``e = ids[t, j]``.
 
@@ -159,9 +151,6 @@ def fused_moe(
         activation: ``"silu"`` or gpt-oss's ``"swigluoai"``.
         gate_up_bias: ``[E, 2 * inter]`` biases of ``gate_up``, or None.
         down_bias: ``[E, hidden]`` biases of ``down``, or None.
-        router_logits: ``[tokens, E]``: the GEMV kernels pick each token's experts themselves by softmax routing
-            (renormalised with ``renormalize``), and ``topk_weights`` / ``topk_ids`` give only the shape (unread);
-            the caller keeps to the GEMV path (:func:`fused_moe_routed`).
 
     Returns:
         ``[tokens, hidden]`` in ``x``'s dtype.
@@ -187,20 +176,13 @@ def fused_moe(
     d_scale = down_scale if down_scale is not None else weights
     gu_stride_se = gate_up_scale.stride(0) if fp8 else 0
     d_stride_se = down_scale.stride(0) if down_scale is not None else 0
-    routed: dict = {}
-    if router_logits is not None:
-        if slots > tiles.gemv_max_slots or tiles.down_experts_at_once or router_logits.shape != (tokens, experts):
-            raise ValueError(f"routing inside the GEMVs takes {tiles.gemv_max_slots} slots, one expert at a time")
-        logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
-        routed = {"ROUTED": True, "logits_ptr": logits, "stride_l": logits.stride(0), "NUM_EXPERTS": experts,
-                  "E_P2": next_power_of_2(experts), "K_P2": next_power_of_2(top_k), "RENORM": renormalize}  # fmt: skip
     if slots <= tiles.gemv_max_slots:
         bn, bk, warps = tiles.gate_up_gemv
         mk.moe_gemv_gate_up_kernel[(slots, triton_cdiv(inter, bn))](
             x, gate_up, gu_scale, gu_bias, ids, hidden_act, inter,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), hidden_act.stride(0), gu_stride_se, gu_stride_be,
             K=hidden, TOP_K=top_k, HAS_SCALE=fp8, HAS_BIAS=gate_up_bias is not None, ACT=act, BLOCK_N=bn,
-            BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps, **routed, **pdl.launch_options(),
+            BLOCK_K=min(bk, next_power_of_2(hidden)), num_warps=warps, **pdl.launch_options(),
         )  # fmt: skip
         bn, bk, warps = tiles.down_gemv
         launch = pdl.launch_options()
@@ -219,7 +201,7 @@ def fused_moe(
             hidden_act, down, d_scale, d_bias, ids, weights, out, hidden,
             hidden_act.stride(0), down.stride(0), down.stride(1), out.stride(0), d_stride_se, d_stride_be,
             K=inter, TOP_K=top_k, HAS_SCALE=down_scale is not None, HAS_BIAS=down_bias is not None, BLOCK_N=bn,
-            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, PREFETCH=prefetch, **routed, **launch,
+            BLOCK_K=min(bk, next_power_of_2(inter)), num_warps=warps, PREFETCH=prefetch, **launch,
         )  # fmt: skip
         return out
     block_m, block_n, block_k, warps, stages = tiles.gemm_tiles(slots)
@@ -242,37 +224,6 @@ def fused_moe(
         HAS_BIAS=down_bias is not None, ACT=act, **common,
     )  # fmt: skip
     return per_slot.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
-
-
-def fused_moe_routed(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router_logits: torch.Tensor, top_k: int,
-    renormalize: bool, tiles: MoeTiles, **experts: torch.Tensor | str | None,
-) -> torch.Tensor | None:  # fmt: skip
-    """Softmax routing (no bias, groups or scaling) and the experts in one call: inside the GEMV kernels where
-    ``tiles.routed_gemv`` is set and the batch takes them, else None (the caller routes, then :func:`fused_moe`).
-
-    Args:
-        x: ``[tokens, hidden]`` activations.
-        gate_up: as for :func:`fused_moe`.
-        down: likewise.
-        router_logits: ``[tokens, E]``.
-        top_k: experts per token.
-        renormalize: scale each token's chosen weights to sum to 1.
-        tiles: launch parameters.
-        experts: :func:`fused_moe`'s scales, biases and ``activation``.
-
-    Returns:
-        ``[tokens, hidden]`` in ``x``'s dtype, or None.
-    """
-    tokens, experts_count = router_logits.shape
-    if not tiles.routed_gemv or tiles.down_experts_at_once or not 1 <= top_k <= experts_count:
-        return None
-    if tokens == 0 or tokens * top_k > tiles.gemv_max_slots:
-        return None
-    shape = torch.empty((tokens, top_k), dtype=torch.float32, device=x.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=x.device)
-    return fused_moe(x, gate_up, down, shape, ids, tiles, **experts, router_logits=router_logits,  # type: ignore[arg-type]
-                     renormalize=renormalize)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,37 +38,6 @@ def _key_value(key):
 
 
 @triton.jit
-def logit_picks(x, valid, N: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, RENORM: tl.constexpr):
-    """Softmax routing without a bias or groups over one token's router logits ``x`` (float32 ``[N]``, ``N`` a power
-    of two, -inf where not ``valid``): ``(weights, ids)``, float32 and int64 ``[K_P2]``, the ``TOP_K`` best first
-    (the lower index on ties; the rest zero). The picks go by the logits (the softmax keeps their order), one maximum
-    over 64-bit keys each; the weights come from the picked logits, over their own sum when renormalised, else over
-    every expert's; a NaN logit makes every weight NaN, as the softmax over every expert would, and the picks still
-    name ``TOP_K`` distinct valid experts."""
-    idx = tl.arange(0, N)
-    choice = tl.where(valid & (x == x), x, float("-inf"))
-    # an expert out of the race: -inf's key with an index part of 0, below every valid one (-inf included)
-    gone = tl.full([N], GONE_KEY, tl.int64)
-    keys = tl.where(valid, _keys(choice, idx, N), gone)
-    offs_k = tl.arange(0, K_P2)
-    chosen_w = tl.zeros([K_P2], dtype=tl.float32)
-    chosen_i = tl.zeros([K_P2], dtype=tl.int64)
-    for j in tl.static_range(TOP_K):
-        top = tl.max(keys, axis=0)
-        e = N - (top & 0xFFFFFFFF)
-        chosen_w = tl.where(offs_k == j, _key_value(top), chosen_w)
-        chosen_i = tl.where(offs_k == j, e, chosen_i)
-        keys = tl.where(idx == e, gone, keys)
-    # exp against the best logit, over the picked ones' sum (renormalised) or every expert's
-    lead = tl.max(chosen_w, axis=0)
-    p = tl.where(offs_k < TOP_K, tl.exp(chosen_w - lead), 0.0)
-    if RENORM:
-        nan = tl.max((x != x).to(tl.int32), axis=0)
-        return tl.where(nan > 0, float("nan"), p / tl.sum(p, axis=0)), chosen_i
-    return p / tl.sum(tl.exp(x - lead), axis=0), chosen_i
-
-
-@triton.jit
 def moe_topk_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, G_P2: tl.constexpr, S_P2: tl.constexpr,
@@ -123,7 +92,24 @@ def moe_topk_kernel(
     chosen_i = tl.zeros([K_P2], dtype=tl.int64)
     big: tl.constexpr = G_P2 * S_P2
     if LOGIT_PICKS:
-        chosen_w, chosen_i = logit_picks(tl.reshape(x, (big,)), tl.reshape(valid, (big,)), big, TOP_K, K_P2, RENORM)
+        # an expert out of the race: -inf's key with an index part of 0, below every valid one (-inf included)
+        gone = tl.full([G_P2, S_P2], GONE_KEY, tl.int64)
+        keys = tl.where(valid, _keys(choice, idx, big), gone)
+        for j in tl.static_range(TOP_K):
+            top = tl.max(tl.max(keys, axis=1), axis=0)
+            e = big - (top & 0xFFFFFFFF)
+            chosen_w = tl.where(offs_k == j, _key_value(top), chosen_w)
+            chosen_i = tl.where(offs_k == j, e, chosen_i)
+            keys = tl.where(idx == e, gone, keys)
+        # softmax weights: exp against the best logit, over the picked ones' sum (renormalised) or every expert's;
+        # a NaN logit makes them all NaN, as the softmax over every expert would
+        lead = tl.max(chosen_w, axis=0)
+        p = tl.where(offs_k < TOP_K, tl.exp(chosen_w - lead), 0.0)
+        if RENORM:
+            nan = tl.max(tl.max((x != x).to(tl.int32), axis=1), axis=0)
+            chosen_w = tl.where(nan > 0, float("nan"), p / tl.sum(p, axis=0))
+        else:
+            chosen_w = p / tl.sum(tl.sum(tl.exp(x - lead), axis=1), axis=0)
     else:
         # a maximum, then the lowest index holding it, then its score: three reductions a pick (with 64-bit keys,
         # one, the grouped sigmoid form took 40% more instructions on sm_90)
