@@ -56,14 +56,15 @@ def test_decode_merges_only_the_splits_that_hold_keys(device, splits, min_keys, 
     check(out, problem, f"decode splits={splits} min keys={min_keys} window={window}, most splits idle")
 
 
-@pytest.mark.parametrize(("splits", "min_keys", "lens"), [(2, 0, DECODE_LENS), (8, 0, DECODE_LENS), (4, 32, DECODE_LENS),
-                                                       (16, 0, ([1, 1, 1], [3, 150, 230]))])  # fmt: skip
-def test_decode_last_split_merges_when_given_arrival_counts(device, splits, min_keys, lens):
+@pytest.mark.parametrize(
+    ("splits", "min_keys", "lens", "window"),
+    [(2, 0, DECODE_LENS, 12), (8, 0, DECODE_LENS, 12), (4, 32, DECODE_LENS, 12), (16, 0, ([1, 1, 1], [3, 150, 230]), None)],
+)
+def test_decode_last_split_merges_when_given_arrival_counts(device, splits, min_keys, lens, window):
     """With ``arrivals`` the split programs that hold keys count themselves and the last of each KV head's merges
     its heads (no merge kernel; the idle splits past a short context leave at once, uncounted; more than 8 splits
     with keys, joined in two chunks): the same result as the merge kernel's, and every count back at zero (with
     ``decode_min_split_keys`` too)."""
-    window = 12 if lens is DECODE_LENS else None
     problem, cache = filled_problem(device, torch.float16, lens, seed=40 + splits, sliding_window=window)
     md = problem.metadata
     outs = []

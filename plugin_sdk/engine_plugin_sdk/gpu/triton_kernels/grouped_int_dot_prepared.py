@@ -1,7 +1,7 @@
 """A layer's residual add and RMS norm that hands the next integer-dot GEMV its row already converted
 (``dot_gemv_prepared``, ``PREPARED`` in :mod:`.grouped_int_dot_gemv_kernels`): ``s = x + residual`` and ``y =
-rms_norm(s) * w`` as the norm kernel computes them (:func:`.elementwise_kernels.fused_add_rms_norm_kernel`: the
-same flat layout, so the same sum of squares), then ``y`` as every program of that GEMV would convert it
+rms_norm(s) * w`` as the norm kernel computes them (:func:`.elementwise_kernels.summed_row_rms` over the same
+flat layout, so the same sum of squares), then ``y`` as every program of that GEMV would convert it
 (:func:`.grouped_int_dot_operands._integer_pairs`): each slot's activations as int16 under its power of two, the
 float32 value of a unit of their integer sums, and their sum.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import summed_row_rms
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import _ROUNDING, _nan_max
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
@@ -75,29 +76,24 @@ def add_rms_norm_prepared_kernel(
     w = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if USE_PDL:
         gdc_wait()
-    x = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    r = tl.load(res_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    summed = (x + r).to(res_out_ptr.dtype.element_ty)
-    tl.store(res_out_ptr + cols, summed, mask=ok)
-    s = summed.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(s * s, 0) / HIDDEN + eps)
+    s, inv = summed_row_rms(res_out_ptr, x_ptr, res_ptr, eps, 0, cols, ok, 0, 0, 0, HIDDEN)
     y = (s * inv * w).to(res_out_ptr.dtype.element_ty).to(tl.float32)
+    by_slot = _by_slot(y, COLS, BLOCK, BITS)
     # each slot's largest magnitude: below 2**(e - 126), so times 2**(141 - e) below 2**15, where a 16-bit float
     # is an integer already and none rounds up to 2**15 (e at least 19 keeps both powers of two normal floats)
-    big = _slot_max(_by_slot(tl.abs(y), COLS, BLOCK, BITS))
+    big = _slot_max(tl.abs(by_slot))
     top = big.to(tl.int32, bitcast=True) >> 23
     e = tl.minimum(tl.maximum(top, 19), 254)
     # 2**(e - 141), over 16 for the 4-bit codes' sums; a slot holding an infinity or a NaN makes its share NaN
     unit = ((e - (18 if BITS == 4 else 14)) << 23).to(tl.float32, bitcast=True)
     unit = tl.where(top == 255, float("nan"), unit)
-    total = _slot_sum(_by_slot(y, COLS, BLOCK, BITS))
+    total = _slot_sum(by_slot)
     slots = tl.arange(0, big.shape[0])
     num_slots: tl.constexpr = HIDDEN // (16 if BITS == 8 else 32)
     tl.store(unit_ptr + slots, unit, mask=slots < num_slots)
     tl.store(total_ptr + slots, total, mask=slots < num_slots)
     # back to the columns: each slot's 2**(141 - e) beside its activations
     scale = ((268 - e) << 23).to(tl.float32, bitcast=True)
-    by_slot = _by_slot(y, COLS, BLOCK, BITS)
     scaled = tl.reshape(by_slot * tl.reshape(scale, (by_slot.shape[0], 1, by_slot.shape[2], 1)), (COLS,))
     q = (scaled + _ROUNDING).to(tl.int32, bitcast=True).to(tl.int16)
     tl.store(xq_ptr + cols, q, mask=ok)
