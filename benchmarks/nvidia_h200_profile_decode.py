@@ -93,14 +93,17 @@ class _Timed:
         return [a[0].elapsed_time(b[0]) * 1e3 for a, b in zip(self.pairs, self.pairs[1:])]
 
 
-def _decode_steps(llm: Any, steps: int, fn: Callable[[], None] | None = None) -> None:
-    """One request, prefill and two decode steps outside ``fn``; then ``fn`` runs around ``steps`` steps."""
+def _decode_steps(llm: Any, steps: int, fn: Callable[[], None] | None = None, requests: int = 1) -> None:
+    """``requests`` requests, their prefill and two decode steps outside ``fn``; then ``fn`` runs around ``steps``
+    steps."""
     from engine.sampling.params import SamplingParams
 
     engine = llm.llm_engine
-    prompt = [random.Random(0).randint(1000, 40000) for _ in range(128)]
-    engine.add_request("profile", prompt, SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True),
-                       final_only=True)  # fmt: skip
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    ids = [f"profile{i}" for i in range(requests)]
+    for request_id in ids:
+        engine.add_request(request_id, [rng.randint(1000, 40000) for _ in range(128)], params, final_only=True)
     for _ in range(3):
         engine.step()
     torch.cuda.synchronize()
@@ -110,7 +113,8 @@ def _decode_steps(llm: Any, steps: int, fn: Callable[[], None] | None = None) ->
     else:
         fn()
     torch.cuda.synchronize()
-    engine.abort_request("profile")
+    for request_id in ids:
+        engine.abort_request(request_id)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -131,9 +135,9 @@ def step_split(llm: Any, steps: int) -> dict[str, float]:
     return out
 
 
-def _profiled_kernels(llm: Any, steps: int) -> list[Any]:
-    """torch.profiler's CUDA events over ``steps`` steady decode steps (the prefill and the first decodes run
-    before the profiler starts)."""
+def _profiled_kernels(llm: Any, steps: int, requests: int = 1) -> list[Any]:
+    """torch.profiler's CUDA events over ``steps`` steady decode steps of ``requests`` sequences (the prefill and
+    the first decodes run before the profiler starts)."""
     from torch.profiler import ProfilerActivity, profile
 
     profiled: list[Any] = []
@@ -145,7 +149,7 @@ def _profiled_kernels(llm: Any, steps: int) -> list[Any]:
             torch.cuda.synchronize()
         profiled.append(prof)
 
-    _decode_steps(llm, steps, steady_steps)
+    _decode_steps(llm, steps, steady_steps, requests)
     return [e for e in profiled[0].events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
@@ -179,13 +183,13 @@ def kernel_table(llm: Any, steps: int, graphs: bool, top: int) -> list[tuple[str
     return table[:top]
 
 
-def layer_products(llm: Any, steps: int) -> list[tuple[str, int, float]]:
-    """``(product, launches per step, µs each)`` of a batch-1 decode step's kernels in the graphs, each named by
+def layer_products(llm: Any, steps: int, requests: int = 1) -> list[tuple[str, int, float]]:
+    """``(product, launches per step, µs each)`` of a decode step's kernels (``requests`` sequences) in the graphs, each named by
     where it falls in its layer: ``qkv.0`` / ``qkv.1`` the products between a layer's first norm and its attention
     (one, or two where a mixed-type projection runs as row blocks), ``o_proj.0`` those after the attention,
     ``mlp.0`` / ``mlp.1`` those after the second norm; the other kernels by name. Run it without PDL
     (``ENGINE_NVIDIA_PDL=0``): under PDL a kernel's time includes its wait for the one before."""
-    events = sorted(_profiled_kernels(llm, steps), key=lambda e: e.time_range.start)
+    events = sorted(_profiled_kernels(llm, steps, requests), key=lambda e: e.time_range.start)
     records: list[list[Any]] = []
     segment, index, seen_attention = "qkv", 0, False
     for evt in events:

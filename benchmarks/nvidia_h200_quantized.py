@@ -275,10 +275,12 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                     from nvidia_h200_profile_decode import kernel_table
 
                     results[f"decode_{label}"]["kernels"] = kernel_table(llm, 16, graphs=True, top=args.profile)
-                if args.profile_products:
+                if args.profile_products is not None:
                     from nvidia_h200_profile_decode import layer_products
 
-                    results[f"decode_{label}"]["products"] = layer_products(llm, 16)
+                    for requests in args.profile_products or [1]:
+                        key = "products" if requests == 1 else f"products_{requests}"
+                        results[f"decode_{label}"][key] = layer_products(llm, 16, requests)
                 for batch in args.decode_batch:
                     total = batched_decode_rate(llm, batch, new_tokens=args.decode_tokens)
                     results[f"decode_{label}"][f"batch_{batch}_tok_s"] = total
@@ -328,6 +330,11 @@ def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
     from engine_plugin_sdk.gpu.triton_kernels import grouped_int_tiles
 
     saved = grouped_int_tiles.H200_GROUPED_INT_TILES
+    overrides = dict(overrides)
+    if "gemm_first" in overrides:  # the GEMM's first entry (2-16 rows), its five numbers run together
+        first = str(overrides.pop("gemm_first"))
+        overrides["gemm"] = ((int(first[:2]), int(first[2:4]), int(first[4:6]), int(first[6]), int(first[7])),
+                             *saved.gemm[1:])  # fmt: skip
     grouped_int_tiles.H200_GROUPED_INT_TILES = dataclasses.replace(saved, **overrides)
     try:
         yield
@@ -469,8 +476,9 @@ def main() -> None:
     bench.add_argument("--num-prompts", type=int, default=1000)
     bench.add_argument("--profile", type=int, default=0, metavar="TOP",
                        help="also list the TOP kernels of the decode graphs by time (torch.profiler, 16 steps)")
-    bench.add_argument("--profile-products", action="store_true",
-                       help="also time each product of a decode step by its place in the layer (run with "
+    bench.add_argument("--profile-products", type=int, nargs="*", default=None, metavar="SEQUENCES",
+                       help="also time each product of a decode step (of 1 or these many sequences) by its place in "
+                       "the layer (run with "
                        "ENGINE_NVIDIA_PDL=0: under PDL a kernel's time includes its wait)")
     bench.add_argument("--without-norms", action="store_true",
                        help="the residual norms return their input (wrong tokens on purpose): what the norm nodes cost")
