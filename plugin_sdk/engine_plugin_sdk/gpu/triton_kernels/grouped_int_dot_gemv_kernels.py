@@ -43,6 +43,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
     _slot_params,
     _slot_words,
     _store,
+    x_row,
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _slot_dots, _slot_dots6
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
@@ -295,7 +296,7 @@ def grouped_int_dot_gemv_kernel(
     EARLY_PARAMS: tl.constexpr = True, PREFETCH_PARAMS: tl.constexpr = False, plane_ptr=None, stride_pn=0,
     ROW_GROUPS: tl.constexpr = 1, PARAM_ROWS: tl.constexpr = 0, NORM: tl.constexpr = False, res_ptr=None,
     nw_ptr=None, res_out_ptr=None, eps=0.0, VECTOR_MASKS: tl.constexpr = False, PREPARED: tl.constexpr = False,
-    unit_ptr=None, total_ptr=None,
+    unit_ptr=None, total_ptr=None, X_ROWS: tl.constexpr = 1, stride_xm=0, stride_om=0,
 ):  # fmt: skip
     """``out[n] = sum_k x[perm[k]] * W[n, k] (+ bias[n])`` for ``ROWS`` output features ``n``; or, with ``GATED``
     (an activation of :func:`.elementwise_kernels.gated_product`; ``ROWS`` even, no bias), ``act(gate[f]) * up[f]``
@@ -322,7 +323,10 @@ def grouped_int_dot_gemv_kernel(
     (:func:`.grouped_int_dot_operands._pairs`). ``PREPARED`` (4- or 8-bit codes, no permutation, one group of
     rows): ``x`` is the row already converted (int16 ``[K]``) with each slot's unit in ``unit`` and
     activation sum in ``total`` (float32 ``[NUM_SLOTS]``, :mod:`.grouped_int_dot_prepared`), read in place of the
-    program's own conversion.
+    program's own conversion. ``X_ROWS`` (one group of rows, row-major parameters, neither ``NORM`` nor
+    ``PREPARED``): ``x`` is ``[X_ROWS, K]`` (rows ``stride_xm`` apart, 4-byte aligned) and ``out`` ``[X_ROWS, N]``
+    (``stride_om``), each activation row its own program beside the others' over the same weight rows
+    (:func:`.grouped_int_dot_operands.x_row`).
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -337,7 +341,13 @@ def grouped_int_dot_gemv_kernel(
                      "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
     tl.static_assert(not PREPARED or (not HAS_PERM and BITS != 6 and ROW_GROUPS == 1 and not NORM),
                      "prepared activations: 4- or 8-bit codes, no permutation, one group of rows")
-    rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS)
+    tl.static_assert(X_ROWS == 1 or (ROW_GROUPS == 1 and PARAM_ROWS == 0 and not NORM and not PREPARED),
+                     "several activation rows: one group of rows, row-major parameters")
+    if X_ROWS > 1:
+        m = x_row(X_ROWS)
+        x_ptr += m.to(tl.int64) * stride_xm
+        out_ptr += m.to(tl.int64) * stride_om
+    rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS, X_ROWS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4
     if USE_PDL:

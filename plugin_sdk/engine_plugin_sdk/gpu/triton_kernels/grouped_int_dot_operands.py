@@ -151,16 +151,27 @@ def _slot_activations(x_ptr, perm_ptr, s0, S: tl.constexpr, NUM_SLOTS: tl.conste
 
 
 @triton.jit
-def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr, group=0, GROUPS: tl.constexpr = 1):
+def x_row(X_ROWS: tl.constexpr):
+    """The activation row of the program (0 with one row): the programs of one group of weight rows are adjacent
+    launch ids, one an activation row, so that they run together and all but the first find the weight's lines in
+    the L2 cache (a row a program would read the weight once a row from memory)."""
+    return tl.program_id(0) % X_ROWS
+
+
+@triton.jit
+def _program_rows(N, ROWS: tl.constexpr, GATED: tl.constexpr, group=0, GROUPS: tl.constexpr = 1,
+                  X_ROWS: tl.constexpr = 1):  # fmt: skip
     """The program's weight rows ``[ROWS]`` (past ``N`` the last again, never stored) and its first output feature:
     ``ROWS`` consecutive rows, or with ``GATED`` the gate rows of ``ROWS / 2`` features then their up rows; a
-    program of ``GROUPS`` row groups takes its ``group``-th."""
+    program of ``GROUPS`` row groups takes its ``group``-th. With ``X_ROWS`` activation rows the program ids run
+    over them fastest (:func:`x_row`), ``X_ROWS`` programs a group of weight rows."""
+    program = tl.program_id(0) // X_ROWS
     if GATED == _NOT_GATED:
-        first = (tl.program_id(0) * GROUPS + group) * ROWS
+        first = (program * GROUPS + group) * ROWS
         return tl.minimum(first + tl.arange(0, ROWS), N - 1).to(tl.int64), first
     else:
         F: tl.constexpr = ROWS // 2
-        first = (tl.program_id(0) * GROUPS + group) * F
+        first = (program * GROUPS + group) * F
         gate = tl.minimum(first + tl.arange(0, F), N // 2 - 1)
         rows = tl.reshape(tl.permute(tl.join(gate, gate + N // 2), (1, 0)), (ROWS,))
         return rows.to(tl.int64), first

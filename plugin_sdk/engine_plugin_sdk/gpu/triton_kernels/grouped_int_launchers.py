@@ -97,7 +97,9 @@ def grouped_int_linear(
         dense = torch.nn.functional.linear(rows, dequantize_grouped(weight, rows.dtype), bias)
         return dense.reshape(*x.shape[:-1], out_features)
     out = torch.empty((m, out_features), dtype=dtype, device=x.device)
-    if tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles):
+    if 1 < m <= tiles.dot_gemv_x_rows and takes_dot(rows, weight, tiles):
+        dot_gemv(rows, weight, bias, tiles, out)
+    elif tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles):
         fragment_linear(rows, weight, bias, tiles, out)
     elif m == 1:
         _gemv(rows, weight, bias, tiles, out)
@@ -130,9 +132,10 @@ def grouped_int_gated_linear(
         return None
     m = rows.shape[0]
     fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
-    if m == 1 and takes_dot(rows, weight, tiles):
+    if m <= max(1, tiles.dot_gemv_x_rows) and takes_dot(rows, weight, tiles):
         # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
         gemv = tiles.gated_epilogue and dot_rows(weight, tiles) % 2 == 0
+        fragments = fragments and not gemv
     else:
         gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4 and weight.bits != 6
     if not (fragments or gemv):
@@ -162,9 +165,10 @@ def _takes_words(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
 
 
 def takes_dot(row: torch.Tensor, weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
-    """Whether one row ``row`` with ``weight`` takes the integer-dot GEMV: :func:`dot_form` against 16-bit
+    """Whether the rows ``row`` with ``weight`` take the integer-dot GEMV: :func:`dot_form` against 16-bit
     activations whose pairs it reads as aligned 32-bit words."""
-    return row.dtype in (torch.bfloat16, torch.float16) and row.data_ptr() % 4 == 0 and dot_form(weight, tiles)
+    aligned = row.data_ptr() % 4 == 0 and (row.shape[0] == 1 or row.stride(0) % 2 == 0)
+    return row.dtype in (torch.bfloat16, torch.float16) and aligned and dot_form(weight, tiles)
 
 
 def dot_form(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
@@ -228,11 +232,11 @@ def register_cap(tiles: GroupedIntTiles) -> dict:
 
 
 def dot_operands(weight: GroupedIntWeight, tiles: GroupedIntTiles, rows: int, groups: int = 1,
-                 gated: int = gated_rows.NOT_GATED) -> dict:  # fmt: skip
+                 gated: int = gated_rows.NOT_GATED, program_params: bool = True) -> dict:  # fmt: skip
     """``weight``'s arguments to the integer-dot GEMV at ``rows`` rows a program in ``groups`` row groups: its
-    codes, group parameters (or their program-order copy), super-block scales and plane with their strides, and
-    its form's constants."""
-    params = _program_params(weight, tiles, rows, groups, gated)
+    codes, group parameters (or, unless ``program_params`` is off, their program-order copy), super-block scales
+    and plane with their strides, and its form's constants."""
+    params = _program_params(weight, tiles, rows, groups, gated) if program_params else None
     scales, zero_scales, supers = weight.scales, weight.zero_scales, super_args(weight)
     if params is not None:
         scales, zero_scales = params.scales, params.zero_scales
@@ -261,26 +265,34 @@ def dot_gemv(
     gated: int = gated_rows.NOT_GATED,
     prologue: dict | None = None,
 ) -> None:
-    """One activation row through the integer-dot GEMV (:func:`_gemv`'s arguments; ``prologue``: the kernel's
-    arguments for what ``row`` is where it is not the product's input itself, :mod:`.grouped_int_norm_launchers`)."""
+    """Activation rows ``row [M, K]`` (one, or up to ``tiles.dot_gemv_x_rows``) through the integer-dot GEMV
+    (:func:`_gemv`'s arguments; ``prologue``: the kernel's arguments for what ``row`` is where it is not the
+    product's input itself, :mod:`.grouped_int_norm_launchers`, one row only)."""
     out_features, in_features = weight.shape
     rows = dot_rows(weight, tiles)
     if rows & (rows - 1) or rows > 64:
         raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
+    x_rows = row.shape[0] if row.dim() == 2 else 1
+    if x_rows > 1 and prologue:
+        raise ValueError("the integer-dot GEMV fuses its input's norm for one activation row only")
     unused = weight.scales  # any pointer: unread without HAS_PERM / HAS_BIAS
     slots = in_features // (16 if weight.bits == 8 else 32)
-    # row groups only where one step takes the whole reduction (and not over 6-bit codes)
-    groups = tiles.dot_gemv_row_groups if slots <= 32 * tiles.dot_gemv_warps and weight.bits != 6 else 1
-    grid = (triton.cdiv(out_features, rows * groups),)
+    # row groups only where one step takes the whole reduction (and not over 6-bit codes), and one activation row
+    one_step = slots <= 32 * tiles.dot_gemv_warps and weight.bits != 6 and x_rows == 1
+    groups = tiles.dot_gemv_row_groups if one_step else 1
+    programs = triton.cdiv(out_features, rows * groups)
     if gated != gated_rows.NOT_GATED:
-        grid = (triton.cdiv(out_features // 2, rows // 2 * groups),)
-    dot.grouped_int_dot_gemv_kernel[grid](
+        programs = triton.cdiv(out_features // 2, rows // 2 * groups)
+    operands = dot_operands(weight, tiles, rows, groups, gated, program_params=x_rows == 1)
+    if x_rows > 1:
+        operands.update(X_ROWS=x_rows, stride_xm=row.stride(0), stride_om=out.stride(0))
+    dot.grouped_int_dot_gemv_kernel[(programs * x_rows,)](
         x_ptr=row, perm_ptr=weight.perm if weight.perm is not None else unused,
         bias_ptr=bias.contiguous() if bias is not None else unused, out_ptr=out, N=out_features,
         HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None, ROWS=rows, WARPS=tiles.dot_gemv_warps,
         FP16=row.dtype == torch.float16, ASM=tiles.mma_asm, GATED=gated, PREFETCH_PARAMS=tiles.dot_gemv_prefetch_params,
         ROW_GROUPS=groups, VECTOR_MASKS=tiles.dot_gemv_vector_masks, num_warps=tiles.dot_gemv_warps, num_stages=1,
-        **dot_operands(weight, tiles, rows, groups, gated), **(prologue or {}),
+        **operands, **(prologue or {}),
         **pdl.launch_options(), **register_cap(tiles),
     )  # fmt: skip
 

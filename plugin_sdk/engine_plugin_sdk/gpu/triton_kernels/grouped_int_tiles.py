@@ -175,6 +175,16 @@ class GroupedIntTiles:
             half the layers. The backend joins such blocks only with it (else the core hands on views of each block's
             product, no copy). Measured on an H100 (2026-12-07, Q4_K_M batch-1 decode, two rounds): 439.1 / 439.3
             against 439.8 / 439.5 tok/s, no gain under PDL; off, the H200's A/B to run.
+        dot_gemv_x_rows: up to this many activation rows (2-8 sequences decoding) take the integer-dot GEMV too,
+            before the fragment kernel and the GEMM: each row its own programs, launched beside the other rows'
+            over the same weight rows, so that the weight comes from memory once and from the L2 cache for the
+            rest (1: one row only). Why: at 2-8 rows the fragment kernel and the GEMM are bound by their
+            dequantizing, not by memory: GGUF Q4_K_M decode of 2 sequences ran 432 tok/s in all on an H100, below
+            its 445 for one. With two rows here: **580** (+34%), W4A16 771 against 711 (+8%); but 4 rows 670
+            against 843 (GGUF) and 1,026 against 1,396 (W4A16), 8 rows 728 against 1,588: each row's integer
+            work is its own, and past two rows it costs more than the fragment kernel's dequantizing, shared by
+            its rows (2026-12-07, session 54, one process each). Row-major parameters (no program-order copy) and
+            no fused norm there.
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -264,6 +274,7 @@ class GroupedIntTiles:
     dot_gemv_vector_masks: bool = False
     dot_gemv_row_blocks: bool = False
     dot_gemv_six_bit_rows: int = 0
+    dot_gemv_x_rows: int = 1
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
     dot_gemv_residual_norm: bool = False
@@ -305,11 +316,12 @@ class GroupedIntTiles:
 #: K-quants with their own two-level scales (batch-1 decode +12.7%, 4 sequences -3.4%: ``two_level_scales``); the
 #: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``), and
 #: their first scales read after its PDL wait (+1.5-1.6%: ``dot_gemv_early_zero_point_params``); GGUF's forms'
-#: parameters from a copy in the GEMV's program order (+3.8% Q4_K_M: ``dot_gemv_program_params``).
+#: parameters from a copy in the GEMV's program order (+3.8% Q4_K_M: ``dot_gemv_program_params``); two rows on the
+#: integer-dot GEMV too (2 sequences +34% GGUF Q4_K_M, +8% W4A16: ``dot_gemv_x_rows``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
     gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True, dot_gemv_ahead=True,
-    dot_gemv_early_zero_point_params=False, dot_gemv_program_params=True,
+    dot_gemv_early_zero_point_params=False, dot_gemv_program_params=True, dot_gemv_x_rows=2,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved

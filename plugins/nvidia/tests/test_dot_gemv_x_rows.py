@@ -1,0 +1,99 @@
+"""A few activation rows through the integer-dot GEMV (``GroupedIntTiles.dot_gemv_x_rows``): each row's programs
+beside the others' over the same weight rows. Every form it takes (GGUF's K-quants with two-level scales, Q6_K in 8
+and in 6 bits, Q8_0, Q4_0's zero point, GPTQ's act-order), gated and not, gives each row the bits that row gets on
+its own, the rows read through their stride; and those rows take neither the fragment kernel nor the GEMM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_plugin_sdk.gpu.triton_kernels import grouped_int_launchers as launchers
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import SILU
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_launchers import (
+    grouped_int_gated_linear,
+    grouped_int_linear,
+)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_packing import pack_grouped_codes, pack_grouped_int
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
+    H200_GROUPED_INT_TILES,
+    INTERPRETER_GROUPED_INT_TILES,
+    GroupedIntTiles,
+)
+from engine_plugin_sdk.grouped_codes import GroupedCodes
+from engine_plugin_sdk.quant import make_quantized_weight
+
+#: scheme, block, 6-bit codes
+FORMS = (("gguf_q4_k", 32, False), ("gguf_q6_k", 16, False), ("gguf_q6_k", 16, True), ("gguf_q8_0", 32, False),
+         ("gguf_q4_0", 32, False))  # fmt: skip
+
+
+def _tiles(device: torch.device, x_rows: int) -> GroupedIntTiles:
+    base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
+    return dataclasses.replace(
+        base, dot_gemv_rows=4, dot_gemv_warps=1, dot_gemv_8bit=True, dot_gemv_x_rows=x_rows,
+        mma_asm=device.type != "cpu",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def no_other_kernels(monkeypatch):
+    """Fails a product that takes the fragment kernel or the GEMM."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("rows within dot_gemv_x_rows took another kernel")
+
+    monkeypatch.setattr(launchers, "fragment_linear", refuse)
+    monkeypatch.setattr(launchers, "_gemm", refuse)
+    monkeypatch.setattr(launchers, "mma_linear", refuse)
+
+
+def _seed() -> int:
+    return int(torch.randint(0, 1 << 30, ()))
+
+
+def test_each_row_gets_its_own_bits(device, no_other_kernels) -> None:
+    """2 and 3 rows (the 3 a view of every other row of a wider batch: a stride of its own) with a bias, 37
+    outputs (a partial last program), over 512 columns (several steps at one warp) and 256."""
+    gen = torch.Generator().manual_seed(_seed())
+    for scheme, block, six in FORMS:
+        for k in (512, 256):
+            weight = pack_grouped_int(make_quantized_weight(scheme, 37, k, seed=_seed()), block, device, six_bit=six)
+            bias = torch.randn(37, generator=gen).to(torch.bfloat16).to(device)
+            wide = (torch.randn(6, k, generator=gen) * 2).to(torch.bfloat16).to(device)
+            for x in (wide[:2], wide[::2]):
+                got = grouped_int_linear(x, weight, bias, _tiles(device, 4))
+                for i in range(x.shape[0]):
+                    alone = grouped_int_linear(x[i : i + 1].contiguous(), weight, bias, _tiles(device, 1))
+                    assert torch.equal(got[i : i + 1], alone), (scheme, six, k, x.shape, i)
+
+
+def test_gated_rows_and_act_order(device, no_other_kernels) -> None:
+    """GPTQ's one zero point with act-order, gated (SiLU in the epilogue, 11 features) and not, fp16 rows."""
+    gen = torch.Generator().manual_seed(_seed())
+    k = 1024
+    codes = torch.randint(0, 16, (22, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(22, k // 128, generator=gen) * 0.05 + 0.001
+    weight = pack_grouped_codes(GroupedCodes(codes, scales, None, 8, 4, 128, torch.randperm(k, generator=gen)), 128,
+                                device)  # fmt: skip
+    x = torch.randn(3, k, generator=gen).to(torch.float16).to(device)
+    gated = grouped_int_gated_linear(x, weight, SILU, _tiles(device, 3))
+    plain = grouped_int_linear(x, weight, None, _tiles(device, 3))
+    for i in range(3):
+        row = x[i : i + 1]
+        assert torch.equal(gated[i : i + 1], grouped_int_gated_linear(row, weight, SILU, _tiles(device, 1)))
+        assert torch.equal(plain[i : i + 1], grouped_int_linear(row, weight, None, _tiles(device, 1)))
+
+
+def test_more_rows_than_asked_take_the_other_kernels(device, monkeypatch) -> None:
+    """Past ``dot_gemv_x_rows`` the rows go where they went before (here the GEMM: no fragment rows)."""
+    calls = []
+    monkeypatch.setattr(launchers, "dot_gemv", lambda *a, **kw: calls.append(a[0].shape[0]))
+    weight = pack_grouped_int(make_quantized_weight("gguf_q8_0", 8, 256, seed=_seed()), 32, device)
+    x = torch.randn(3, 256).to(torch.bfloat16).to(device)
+    tiles = dataclasses.replace(_tiles(device, 2), fragment_rows=0)
+    grouped_int_linear(x, weight, None, tiles)
+    grouped_int_linear(x[:2], weight, None, tiles)
+    assert calls == [2]
