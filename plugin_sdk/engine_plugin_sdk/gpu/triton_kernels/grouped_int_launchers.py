@@ -135,7 +135,9 @@ def grouped_int_gated_linear(
     if m <= max(1, tiles.dot_gemv_x_rows) and takes_dot(rows, weight, tiles):
         # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
         gemv = tiles.gated_epilogue and dot_rows(weight, tiles) % 2 == 0
-        fragments = fragments and not gemv
+        # several rows within dot_gemv_x_rows go to it before the fragment kernel (one row keeps the fragment
+        # kernel where the tiles give it one row)
+        fragments = fragments and not (gemv and m > 1)
     else:
         gemv = tiles.gemv_gated_epilogue and m == 1 and _gemv_tile(weight, tiles)[0] == 4 and weight.bits != 6
     if not (fragments or gemv):
