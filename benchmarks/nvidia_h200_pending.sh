@@ -30,6 +30,10 @@
 #            39 measured it on H100s: TILES=two_level_scales=0 for the A/B on an H200): the GGUF kernel tests on
 #            the GPU (two-level against one-level bit for bit through every kernel), then Q4_K_M decode of 1 and
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
+#   session54: the first call of a session with an H200: the two-row integer-dot GEMV's GPU tests (dot_gemv_x_rows,
+#            session 54: GGUF Q4_K_M 2 sequences +34%, W4A16 +8% on an H100), issue 25's batch-1 figures and 2
+#            sequences at the defaults beside one row only (dot_gemv_x_rows=1) and the prepared row (dot_gemv_prepared=1,
+#            session 53) in one process, then issue 32's dense batch-1 end to end and issue 20's Qwen3-30B-A3B batch 1.
 #   session53: the first call of a session with an H200: the prepared row's GPU tests (its norm kernel in the norm
 #            kernel's flat layout since session 53: +0.5% W4A16 on an H100), issue 25's batch-1 figures with it and with
 #            it at 16 rows a program beside the defaults in one process, then issue 32's dense batch-1 end to end and
@@ -181,6 +185,20 @@ elif [ "$PART" = two-level ]; then
     gguf_q4_k_m_dequantized --decode-batch 4 --grouped-tiles ${TILES:-two_level_scales=0} --throughput \
     --json "$OUT/two_level_decode.json" > $LOGS/two_level_decode.log 2>&1
   grep -E "^decode" $LOGS/two_level_decode.log
+elif [ "$PART" = session54 ]; then
+  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
+    plugins/nvidia/tests/test_dot_gemv_residual_norm.py > $LOGS/session54_tests.log 2>&1
+  tail -1 $LOGS/session54_tests.log
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_x_rows=1 dot_gemv_prepared=1} --decode-batch 2 \
+    --throughput --json "$OUT/session54_decode.json" > $LOGS/session54_decode.log 2>&1
+  grep -E "^decode" $LOGS/session54_decode.log
+  timeout 90 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/session54_dense.json" \
+    > $LOGS/session54_dense.log 2>&1
+  grep -E "decode_tok_s_graphs|decode_tok_s_end|end_to_end_ratio" $LOGS/session54_dense.log
+  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/session54_moe.json" \
+    > $LOGS/session54_moe.log 2>&1
+  grep -iE "experts bf16" $LOGS/session54_moe.log
 elif [ "$PART" = session53 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
     plugins/nvidia/tests/test_decode_kernel.py -m "not slow" > $LOGS/session53_tests.log 2>&1
