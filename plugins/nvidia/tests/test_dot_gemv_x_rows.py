@@ -25,15 +25,16 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import (
 from engine_plugin_sdk.grouped_codes import GroupedCodes
 from engine_plugin_sdk.quant import make_quantized_weight
 
-#: scheme, block, 6-bit codes
-FORMS = (("gguf_q4_k", 32, False), ("gguf_q6_k", 16, False), ("gguf_q6_k", 16, True), ("gguf_q8_0", 32, False),
-         ("gguf_q4_0", 32, False))  # fmt: skip
+#: scheme, block, 6-bit codes, columns: two steps of 32 slots at one warp (a slot is 32 columns of 4- or 6-bit codes,
+#: 16 of 8-bit ones; the second step masked)
+FORMS = (("gguf_q4_k", 32, False, 1536), ("gguf_q6_k", 16, False, 768), ("gguf_q6_k", 16, True, 1536),
+         ("gguf_q8_0", 32, False, 768), ("gguf_q4_0", 32, False, 1536))  # fmt: skip
 
 
 def _tiles(device: torch.device, x_rows: int) -> GroupedIntTiles:
     base = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
     return dataclasses.replace(
-        base, dot_gemv_rows=4, dot_gemv_warps=1, dot_gemv_8bit=True, dot_gemv_x_rows=x_rows,
+        base, dot_gemv_rows=4, dot_gemv_warps=1, dot_gemv_8bit=True, dot_gemv_x_rows=x_rows, dot_gemv_ahead=True,
         mma_asm=device.type != "cpu",
     )  # fmt: skip
 
@@ -56,10 +57,10 @@ def _seed() -> int:
 
 def test_each_row_gets_its_own_bits(device, no_other_kernels) -> None:
     """2 and 3 rows (the 3 a view of every other row of a wider batch: a stride of its own) with a bias, 37
-    outputs (a partial last program), over 512 columns (several steps at one warp) and 256."""
+    outputs (a partial last program), over two steps and, for two forms, one (256 columns)."""
     gen = torch.Generator().manual_seed(_seed())
-    for scheme, block, six in FORMS:
-        for k in (512, 256):
+    for scheme, block, six, columns in FORMS:
+        for k in (columns, 256) if scheme in ("gguf_q4_k", "gguf_q8_0") else (columns,):
             weight = pack_grouped_int(make_quantized_weight(scheme, 37, k, seed=_seed()), block, device, six_bit=six)
             bias = torch.randn(37, generator=gen).to(torch.bfloat16).to(device)
             wide = (torch.randn(6, k, generator=gen) * 2).to(torch.bfloat16).to(device)
@@ -71,9 +72,10 @@ def test_each_row_gets_its_own_bits(device, no_other_kernels) -> None:
 
 
 def test_gated_rows_and_act_order(device, no_other_kernels) -> None:
-    """GPTQ's one zero point with act-order, gated (SiLU in the epilogue, 11 features) and not, fp16 rows."""
+    """GPTQ's one zero point with act-order, gated (SiLU in the epilogue, 11 features) and not, fp16 rows, over
+    three steps read ahead (the last masked)."""
     gen = torch.Generator().manual_seed(_seed())
-    k = 1024
+    k = 2304
     codes = torch.randint(0, 16, (22, k), generator=gen, dtype=torch.uint8)
     scales = torch.rand(22, k // 128, generator=gen) * 0.05 + 0.001
     weight = pack_grouped_codes(GroupedCodes(codes, scales, None, 8, 4, 128, torch.randperm(k, generator=gen)), 128,
