@@ -312,8 +312,9 @@ def _gemv(
     out: torch.Tensor,
     gated: int = gated_rows.NOT_GATED,
 ) -> None:
-    """One activation row ``[1, K]`` into ``out [1, N]`` (with ``gated``, on the integer-dot GEMV or at 4 rows a
-    program on the others: ``act(gate) * up`` into ``out [1, N / 2]``)."""
+    """One activation row ``[1, K]`` into ``out [1, N]`` (on the integer-dot GEMV up to ``tiles.dot_gemv_x_rows``
+    rows ``[M, K]`` into ``[M, N]``; with ``gated``, on the integer-dot GEMV or at 4 rows a program on the others:
+    ``act(gate) * up`` into ``out [M, N / 2]``)."""
     if takes_dot(row, weight, tiles):
         dot_gemv(row, weight, bias, tiles, out, gated)
         return
