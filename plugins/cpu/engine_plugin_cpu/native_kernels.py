@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -63,16 +64,25 @@ def torch_omp_team(maps_path: str = "/proc/self/maps") -> OmpTeam | None:
     return OmpTeam(*entry)
 
 
+def _passive_omp_waits(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the OpenMP runtime's workers sleep between parallel regions (``OMP_WAIT_POLICY=passive``)."""
+    env = os.environ if environ is None else environ
+    return env.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+
+
 class NativeKernels(AmxKernels):
     """The loaded C library, a thread pool sized to torch's intra-op threads, and typed calls.
 
     Args:
         lib: the library from :func:`engine_plugin_cpu.native_build.load_native`.
         threads: pool size; None uses ``torch.get_num_threads()``.
+        linear_on_team: whether the quantized products run on torch's OpenMP team where found; None: unless its
+            workers wait passively (``OMP_WAIT_POLICY=passive``).
     """
 
     def __init__(
-        self, lib: ctypes.CDLL, threads: int | None = None, amx: bool = False, torch_threads: bool = True
+        self, lib: ctypes.CDLL, threads: int | None = None, amx: bool = False, torch_threads: bool = True,
+        linear_on_team: bool | None = None,
     ) -> None:
         self.lib = lib
         self.threads = max(1, threads or torch.get_num_threads())
@@ -85,6 +95,12 @@ class NativeKernels(AmxKernels):
         self.team = torch_omp_team() if torch_threads else None
         # the kernels' team argument, built once: a pointer to the team, or NULL for the pool
         self._team_arg = None if self.team is None else ctypes.byref(self.team)
+        # the quantized products run on torch's team too unless its workers sleep between regions: two sets of
+        # spinning workers on the same cores stall each other (the embedded model's decode on 2 cores: 1 / 2 / 4
+        # sequences 100 / 133 / 234 tok/s on the pool, 119 / 187 / 296 on the team), while a passive team's
+        # workers wake by futex for every product (49 / 88 / 160 against the pool's 100 / 164 / 268)
+        on_team = not _passive_omp_waits() if linear_on_team is None else linear_on_team
+        self._linear_team = self._team_arg if on_team else None
 
     def close(self) -> None:
         if self._pool:
@@ -118,8 +134,8 @@ class NativeKernels(AmxKernels):
             6: self.lib.q6_linear, 5: self.lib.q5_linear, 2: self.lib.q2_linear,
         }[weight.bits]  # fmt: skip
         if fn(
-            self._pool, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows, weight.out_features,
-            weight.in_features, int(out_dtype == torch.float32), threads,
+            self._pool, self._linear_team, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows,
+            weight.out_features, weight.in_features, int(out_dtype == torch.float32), threads,
         ):  # fmt: skip
             raise MemoryError("the CPU kernels could not allocate activation scratch")
         return out

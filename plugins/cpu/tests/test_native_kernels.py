@@ -15,7 +15,7 @@ from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.fast_ops import add_layer_norm as torch_add_layer_norm
 from engine_plugin_cpu.gemm import BYTE_TILES, TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
 from engine_plugin_cpu.native_build import REQUIRED_CPU_FLAGS, load_native, ownership_problem
-from engine_plugin_cpu.native_kernels import NativeKernels
+from engine_plugin_cpu.native_kernels import NativeKernels, _passive_omp_waits
 from engine_plugin_cpu.platform import cpu_flags
 from engine_plugin_cpu.tiled_weights import tile_iq4, tile_q4, tile_q8
 from engine_plugin_sdk.quant import make_quantized_weight
@@ -349,6 +349,44 @@ def test_paged_decode_against_float64(native: NativeKernels, dim: int, block: in
     assert set(changed.tolist()) <= {int(slots[s]) for s in (0, 1, 3)}
     expected = _reference_decode(q, cache, tables, lens, dim**-0.5, window, cap)
     torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_products_on_torchs_team_give_the_pools_bits(native: NativeKernels) -> None:
+    """The quantized products on torch's OpenMP team (the default unless its workers wait passively) against the
+    pool's own threads: 1 to 5 rows of 4- and 8-bit tiles, split over two threads, the same bits; and a forked
+    child of a process that ran them on the team takes the pool's serial path instead of waiting for the
+    parent's OpenMP workers."""
+    if native.team is None:
+        pytest.skip("torch's OpenMP runtime was not found")
+    on_team = NativeKernels(native.lib, threads=2, linear_on_team=True)
+    on_pool = NativeKernels(native.lib, threads=2, linear_on_team=False)
+    q4 = tile_q4(make_quantized_weight("gguf_q4_1", 2000, 256, seed=5).data, "Q4_1", (2000, 256))
+    q8 = tile_q8(make_quantized_weight("gguf_q8_0", 1000, 512, seed=6).data, (1000, 512))
+    gen = torch.Generator().manual_seed(7)
+    for tiled in (q4, q8):
+        for rows in (1, 2, 3, 5):
+            x = torch.randn(rows, tiled.in_features, generator=gen).to(torch.bfloat16)
+            assert torch.equal(on_team.linear(x, tiled), on_pool.linear(x, tiled)), rows
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
+    expected = on_team.linear(x, q4)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if torch.equal(on_team.linear(x, q4), expected) else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the OpenMP team")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    on_team.close()
+    on_pool.close()
+
+
+def test_passive_openmp_waits_keep_the_products_on_the_pool() -> None:
+    assert _passive_omp_waits({"OMP_WAIT_POLICY": "PASSIVE"})
+    assert not _passive_omp_waits({}) and not _passive_omp_waits({"OMP_WAIT_POLICY": "active"})
 
 
 def test_a_forked_child_runs_the_kernels_without_the_parents_workers(native: NativeKernels) -> None:

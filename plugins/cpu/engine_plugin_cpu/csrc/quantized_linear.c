@@ -306,12 +306,12 @@ TILE_DISPATCH(q5_tile)
 TILE_DISPATCH(q2_tile)
 TILE_DISPATCH(iq4_tile)
 
-static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n,
-                   int64_t k, int out_f32, int nthreads) {
+static int qlinear(void *pool, const omp_team_t *team, task_fn task, const bf16_t *x, const uint8_t *w, void *out,
+                   int64_t rows, int64_t n, int64_t k, int out_f32, int nthreads) {
     activations_t act;
     if (prepare_activations(x, rows, k, &act) != 0) return -1;
     qlinear_args_t a = {&act, w, out, rows, n, k, out_f32};
-    pool_run(pool, task, &a, nthreads);
+    team_run(team, pool, task, &a, nthreads);
     free(act.buffer);
     return 0;
 }
@@ -319,9 +319,9 @@ static int qlinear(void *pool, task_fn task, const bf16_t *x, const uint8_t *w, 
 /* Each entry: out[rows, n] = x[rows, k] @ W^T for W in its tile records; x contiguous bf16, k % 32 == 0; out
  * contiguous bf16, or float32 when out_f32. Returns 0, or -1 when out of memory. */
 #define QLINEAR_ENTRY(name, task)                                                                          \
-    int name(void *pool, const bf16_t *x, const uint8_t *w, void *out, int64_t rows, int64_t n, int64_t k,  \
-             int out_f32, int nthreads) {                                                                   \
-        return qlinear(pool, task, x, w, out, rows, n, k, out_f32, nthreads);                               \
+    int name(void *pool, const omp_team_t *team, const bf16_t *x, const uint8_t *w, void *out, int64_t rows,  \
+             int64_t n, int64_t k, int out_f32, int nthreads) {                                                 \
+        return qlinear(pool, team, task, x, w, out, rows, n, k, out_f32, nthreads);                             \
     }
 QLINEAR_ENTRY(q4_linear, q4_tile_task)   /* 4-bit records (Q4_0 / Q4_1 / Q4_K) */
 QLINEAR_ENTRY(q8_linear, q8_tile_task)   /* 8-bit (Q8_0) */

@@ -129,7 +129,8 @@ static void team_trampoline(void *raw) {
 }
 
 void team_run(const omp_team_t *team, void *pool, task_fn fn, void *ctx, int nthreads) {
-    if (!team || nthreads <= 1) {
+    /* a forked child takes the pool's serial path: GNU OpenMP's team would wait for the parent's workers */
+    if (!team || nthreads <= 1 || (pool && ((pool_t *)pool)->owner != getpid())) {
         pool_run(pool, fn, ctx, nthreads);
         return;
     }
