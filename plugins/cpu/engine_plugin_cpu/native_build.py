@@ -76,7 +76,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     ),
     "dense_amx_bf16": ([_P, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _INT, _P, _I64, _INT], _INT),
     "paged_decode_bf16": (
-        [_P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
+        [_P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64,
          _F32, _F32, _I64, _INT],
         _INT,
     ),

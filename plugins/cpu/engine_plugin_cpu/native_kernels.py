@@ -76,8 +76,8 @@ class NativeKernels(AmxKernels):
     Args:
         lib: the library from :func:`engine_plugin_cpu.native_build.load_native`.
         threads: pool size; None uses ``torch.get_num_threads()``.
-        linear_on_team: whether the quantized products run on torch's OpenMP team where found; None: unless its
-            workers wait passively (``OMP_WAIT_POLICY=passive``).
+        linear_on_team: whether the quantized products and decode attention run on torch's OpenMP team where
+            found; None: unless its workers wait passively (``OMP_WAIT_POLICY=passive``).
     """
 
     def __init__(
@@ -95,12 +95,13 @@ class NativeKernels(AmxKernels):
         self.team = torch_omp_team() if torch_threads else None
         # the kernels' team argument, built once: a pointer to the team, or NULL for the pool
         self._team_arg = None if self.team is None else ctypes.byref(self.team)
-        # the quantized products run on torch's team too unless its workers sleep between regions: two sets of
+        # the quantized products and decode attention run on torch's team too unless its workers sleep between
+        # regions (then all on the pool, whose workers spin about 200 us between tasks): two sets of
         # spinning workers on the same cores stall each other (the embedded model's decode on 2 cores: 1 / 2 / 4
         # sequences 100 / 133 / 234 tok/s on the pool, 119 / 187 / 296 on the team), while a passive team's
         # workers wake by futex for every product (49 / 88 / 160 against the pool's 100 / 164 / 268)
         on_team = not _passive_omp_waits() if linear_on_team is None else linear_on_team
-        self._linear_team = self._team_arg if on_team else None
+        self._step_team = self._team_arg if on_team else None
 
     def close(self) -> None:
         if self._pool:
@@ -134,7 +135,7 @@ class NativeKernels(AmxKernels):
             6: self.lib.q6_linear, 5: self.lib.q5_linear, 2: self.lib.q2_linear,
         }[weight.bits]  # fmt: skip
         if fn(
-            self._pool, self._linear_team, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows,
+            self._pool, self._step_team, x.data_ptr(), weight.records.data_ptr(), out.data_ptr(), rows,
             weight.out_features, weight.in_features, int(out_dtype == torch.float32), threads,
         ):  # fmt: skip
             raise MemoryError("the CPU kernels could not allocate activation scratch")
@@ -222,7 +223,8 @@ class NativeKernels(AmxKernels):
         out = torch.empty((seqs, heads, dim), dtype=torch.bfloat16)
         threads = self.threads if total_context * heads >= PARALLEL_MIN_ATTENTION else 1
         failed = self.lib.paged_decode_bf16(
-            self._pool, query.data_ptr(), key.data_ptr(), value.data_ptr(), query.stride(0), key.stride(0),
+            self._pool, self._step_team, query.data_ptr(), key.data_ptr(), value.data_ptr(), query.stride(0),
+            key.stride(0),
             value.stride(0), kv_cache.data_ptr(), kv_cache.shape[1], kv_cache.shape[2], block_tables.data_ptr(),
             block_tables.stride(0), seq_lens.data_ptr(), slots.data_ptr(), out.data_ptr(), seqs, heads,
             kv_heads, dim, scale, soft_cap or 0.0, window or 0, threads,

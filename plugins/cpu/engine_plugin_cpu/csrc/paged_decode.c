@@ -86,7 +86,7 @@ static void decode_task(void *ctx, int tid, int nthreads) {
 
 /* Store each sequence's new key and value at its slot (slot < 0: a padding row, stored nowhere), then
  * attend its one query token over its whole context. head_dim must be a multiple of 32. */
-int paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
+int paged_decode_bf16(void *pool, const omp_team_t *team, const bf16_t *q, const bf16_t *k, const bf16_t *v, int64_t q_stride,
                        int64_t k_stride, int64_t v_stride, bf16_t *cache, int64_t num_blocks, int64_t block_size,
                        const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
                        const int64_t *slots, bf16_t *out, int64_t seqs, int64_t heads, int64_t kv_heads,
@@ -102,6 +102,6 @@ int paged_decode_bf16(void *pool, const bf16_t *q, const bf16_t *k, const bf16_t
     }
     decode_args_t a = {q, k, v, q_stride, cache, num_blocks, block_size, block_tables, table_stride,
                        seq_lens, slots, out, seqs, heads, kv_heads, head_dim, scale, soft_cap, window, 0};
-    pool_run(pool, decode_task, &a, nthreads);
+    team_run(team, pool, decode_task, &a, nthreads);
     return atomic_load(&a.failed) ? -1 : 0;
 }
