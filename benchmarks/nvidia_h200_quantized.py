@@ -315,11 +315,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def tile_overrides(spec: str) -> dict[str, int]:
     """``GroupedIntTiles`` fields from ``"fragment_depth=2,fragment_min_rows=1"``."""
-    overrides = {}
-    for item in spec.split(","):
-        key, _, value = item.partition("=")
-        overrides[key.strip()] = int(value)
-    return overrides
+    return {key.strip(): int(value) for key, _, value in (item.partition("=") for item in spec.split(","))}
 
 
 @contextlib.contextmanager
@@ -331,10 +327,9 @@ def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
 
     saved = grouped_int_tiles.H200_GROUPED_INT_TILES
     overrides = dict(overrides)
-    if "gemm_first" in overrides:  # the GEMM's first entry (2-16 rows), its five numbers run together
-        first = str(overrides.pop("gemm_first"))
-        overrides["gemm"] = ((int(first[:2]), int(first[2:4]), int(first[4:6]), int(first[6]), int(first[7])),
-                             *saved.gemm[1:])  # fmt: skip
+    if "gemm_first" in overrides:  # the GEMM's first entry (2-16 rows), its five numbers run together: 16163243
+        f = str(overrides.pop("gemm_first"))
+        overrides["gemm"] = ((int(f[:2]), int(f[2:4]), int(f[4:6]), int(f[6]), int(f[7])), *saved.gemm[1:])
     grouped_int_tiles.H200_GROUPED_INT_TILES = dataclasses.replace(saved, **overrides)
     try:
         yield
