@@ -119,6 +119,13 @@ gguf_plan() {
   grep -E "^decode" $LOGS/$1_decode.log
   python3 benchmarks/decode_variants_table.py "$OUT/$1_decode.json"
 }
+dense_and_moe() {  # issue 32's dense batch-1 end to end, then issue 20's Qwen3-30B-A3B batch 1, as $1_*.json
+  timeout 90 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/$1_dense.json" > $LOGS/$1_dense.log 2>&1
+  grep -E "decode_tok_s_graphs|decode_tok_s_end|end_to_end_ratio" $LOGS/$1_dense.log
+  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/$1_moe.json" \
+    > $LOGS/$1_moe.log 2>&1
+  grep -iE "experts bf16" $LOGS/$1_moe.log
+}
 if [ "$PART" = kernels ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_grouped_int_kernels.py \
     plugins/nvidia/tests/test_fragment_kernels.py plugins/nvidia/tests/test_moe_kernels.py > $LOGS/pending_tests.log 2>&1
@@ -193,12 +200,7 @@ elif [ "$PART" = session54 ]; then
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_x_rows=1 dot_gemv_prepared=1} --decode-batch 2 \
     --throughput --json "$OUT/session54_decode.json" > $LOGS/session54_decode.log 2>&1
   grep -E "^decode" $LOGS/session54_decode.log
-  timeout 90 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/session54_dense.json" \
-    > $LOGS/session54_dense.log 2>&1
-  grep -E "decode_tok_s_graphs|decode_tok_s_end|end_to_end_ratio" $LOGS/session54_dense.log
-  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/session54_moe.json" \
-    > $LOGS/session54_moe.log 2>&1
-  grep -iE "experts bf16" $LOGS/session54_moe.log
+  dense_and_moe session54
 elif [ "$PART" = session53 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
     plugins/nvidia/tests/test_decode_kernel.py -m "not slow" > $LOGS/session53_tests.log 2>&1
@@ -207,12 +209,7 @@ elif [ "$PART" = session53 ]; then
     gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_prepared=1 dot_gemv_prepared=1,dot_gemv_rows=16} \
     --throughput --json "$OUT/session53_decode.json" > $LOGS/session53_decode.log 2>&1
   grep -E "^decode" $LOGS/session53_decode.log
-  timeout 90 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/session53_dense.json" \
-    > $LOGS/session53_dense.log 2>&1
-  grep -E "decode_tok_s_graphs|decode_tok_s_end|end_to_end_ratio" $LOGS/session53_dense.log
-  timeout 100 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/session53_moe.json" \
-    > $LOGS/session53_moe.log 2>&1
-  grep -iE "experts bf16" $LOGS/session53_moe.log
+  dense_and_moe session53
 elif [ "$PART" = session52 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
     plugins/nvidia/tests/test_decode_kernel.py -m "not slow" > $LOGS/session52_tests.log 2>&1
