@@ -53,18 +53,20 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _F32 = ctypes.c_float
+#: a quantized product's entry (pool, team, x, records, out, rows, n, k, out_f32, threads), one per code form
+_QLINEAR = ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT)
 #: exported function -> (argument types, return type)
 # fmt: off
 SIGNATURES: dict[str, tuple[list, object]] = {
     "pool_create": ([_INT], _P),
     "pool_destroy": ([_P], None),
     "pool_size": ([_P], _INT),
-    "q4_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
-    "q8_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
-    "q6_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
-    "q5_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
-    "q2_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
-    "iq4_linear": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT], _INT),
+    "q4_linear": _QLINEAR,
+    "q8_linear": _QLINEAR,
+    "q6_linear": _QLINEAR,
+    "q5_linear": _QLINEAR,
+    "q2_linear": _QLINEAR,
+    "iq4_linear": _QLINEAR,
     "rms_norm_bf16": ([_P, _P, _P, _I64, _I64, _F32], None),
     "add_rms_norm_f32": ([_P, _P, _INT, _P, _P, _P, _I64, _I64, _F32], None),
     "silu_and_mul_bf16": ([_P, _P, _I64, _I64], None),
