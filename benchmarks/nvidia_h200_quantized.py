@@ -321,11 +321,13 @@ def tile_overrides(spec: str) -> dict[str, int]:
 @contextlib.contextmanager
 def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
     """Within the block, engines start with the NVIDIA grouped-integer tiles' fields replaced by ``overrides``
-    (``{"fragment_rows": 0}`` turns the fragment kernel off: 2-8 rows on the older kernels). The backend reads
+    (on a fast-memory GPU the plugin's own choices on top, but for those an override names). The backend reads
     the tiles when its first grouped-integer product runs: at start-up, before the graphs."""
+    import engine_plugin_nvidia.gemm as nvidia_gemm
     from engine_plugin_sdk.gpu.triton_kernels import grouped_int_tiles
 
-    saved = grouped_int_tiles.H200_GROUPED_INT_TILES
+    saved, saved_fast = grouped_int_tiles.H200_GROUPED_INT_TILES, nvidia_gemm.FAST_MEMORY_DOT_GEMV
+    nvidia_gemm.FAST_MEMORY_DOT_GEMV = {k: v for k, v in saved_fast.items() if k not in overrides}
     overrides = dict(overrides)
     if "gemm_first" in overrides:  # the GEMM's first entry (2-16 rows), its five numbers run together: 16163243
         f = str(overrides.pop("gemm_first"))
@@ -334,7 +336,7 @@ def grouped_tiles(overrides: dict[str, int]) -> Iterator[None]:
     try:
         yield
     finally:
-        grouped_int_tiles.H200_GROUPED_INT_TILES = saved
+        grouped_int_tiles.H200_GROUPED_INT_TILES, nvidia_gemm.FAST_MEMORY_DOT_GEMV = saved, saved_fast
 
 
 def timed_rotating(fn: Callable[[Any], Any], inputs: list[Any], repeats: int = 10) -> float:

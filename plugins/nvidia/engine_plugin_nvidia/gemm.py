@@ -49,6 +49,18 @@ GATED_GEMV_TILE = {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 #: the 4-bit fragment kernel's warp-level ``mma.m16n8k16`` (bf16 and fp16) exists from Ampere on
 FRAGMENT_MIN_CAPABILITY = (8, 0)
+#: memory bandwidth a multiprocessor (bytes/s, from the memory's clock and bus width) from which the packed
+#: products at one row are bound by each SM's instruction issue rather than by the memory: an H200 (4.8 TB/s over
+#: 132 SMs, 37 GB/s each) is, an H100 (3.35 TB/s, 25 GB/s each) is not
+FAST_MEMORY_BYTES_PER_SM = 30e9
+#: the integer-dot GEMV's choices there: one activation row takes 16 rows a program (one row's conversion shared by
+#: twice the rows) and comes converted by the norm's kernel (``dot_gemv_prepared``); two rows keep 8 a program
+#: (their row-major group parameters: ``dot_gemv_x_rows_rows``). On an H100 held to 96 SMs (35 GB/s each,
+#: ``benchmarks/nvidia_sm_partition.py``; 2026-12-07, one process): W4A16 batch-1 decode 440.2 -> 464.1 tok/s,
+#: GGUF Q4_K_M 377.4 -> 433.2 (bf16 186.2); on the whole H100 479.0 against 482.3 and 436.5 against 439.7
+FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gemv_x_rows_rows": 8}
+#: the driver's CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE (kHz) and CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH (bits)
+_CU_MEMORY_CLOCK_RATE, _CU_GLOBAL_MEMORY_BUS_WIDTH = 36, 37
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -82,6 +94,8 @@ class CudaGemmBackend(TorchGemmBackend):
             if torch.cuda.get_device_capability(self.device) < FRAGMENT_MIN_CAPABILITY:
                 # and the integer-dot GEMV's NaN-keeping max (max.NaN.f32) is sm_80's too
                 tiles = dataclasses.replace(tiles, fragment_rows=0, dot_gemv_rows=0)
+            elif fast_memory(memory_bytes_per_sm(self.device)):
+                tiles = dataclasses.replace(tiles, **FAST_MEMORY_DOT_GEMV)
             self.grouped_int_tiles = tiles
         return self.grouped_int_tiles
 
@@ -115,6 +129,47 @@ class CudaGemmBackend(TorchGemmBackend):
 
             return gemv(x, weight, out_dtype=torch.float32, **LOGITS_GEMV_TILE)
         return super().logits(x, weight)
+
+
+def fast_memory(bytes_per_sm: float | None) -> bool:
+    """Whether a GPU streaming ``bytes_per_sm`` a second through each multiprocessor takes the fast-memory tiles
+    (``None``: not known, no)."""
+    return bytes_per_sm is not None and bytes_per_sm >= FAST_MEMORY_BYTES_PER_SM
+
+
+def memory_bytes_per_sm(device: Any) -> float | None:
+    """The GPU's peak memory bandwidth (double data rate: two transfers a memory clock over its bus) over the
+    multiprocessors its kernels run on (the tuning's count, which a benchmark may hold below the GPU's); None where
+    the device does not report its memory clock or bus width."""
+    from engine_plugin_nvidia.tuning import tuning_for_device
+
+    clock_khz, bus_bits = _memory_clock_and_bus(torch.device(device).index or 0)
+    if not clock_khz or not bus_bits:
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / tuning_for_device(False).num_compute_units
+
+
+def _memory_clock_and_bus(index: int) -> tuple[int, int]:
+    """(peak memory clock in kHz, memory bus width in bits) of GPU ``index``, from torch's device properties or,
+    where its CUDA no longer fills them (CUDA 13 dropped them from ``cudaDeviceProp``), the driver's attributes;
+    (0, 0) where neither answers."""
+    import ctypes
+
+    props = torch.cuda.get_device_properties(index)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if clock_khz and bus_bits:
+        return int(clock_khz), int(bus_bits)
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0, 0
+    device, value = ctypes.c_int(), ctypes.c_int()
+    if driver.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return 0, 0
+    found = []
+    for attribute in (_CU_MEMORY_CLOCK_RATE, _CU_GLOBAL_MEMORY_BUS_WIDTH):
+        found.append(value.value if driver.cuDeviceGetAttribute(ctypes.byref(value), attribute, device) == 0 else 0)
+    return found[0], found[1]
 
 
 def _gemv_tile(x: Any, weight: Any) -> dict | None:

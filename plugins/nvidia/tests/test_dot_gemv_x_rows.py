@@ -99,3 +99,33 @@ def test_more_rows_than_asked_take_the_other_kernels(device, monkeypatch) -> Non
     grouped_int_linear(x, weight, None, tiles)
     grouped_int_linear(x[:2], weight, None, tiles)
     assert calls == [2]
+
+
+def test_several_rows_take_their_own_rows_a_program(device, monkeypatch) -> None:
+    """``dot_gemv_x_rows_rows``: two activation rows launch 2 rows a program where one row takes 4 (gated too, the
+    gate and up rows still paired), and each row keeps the bits it gets alone."""
+    launched = []
+    kernel = launchers.dot.grouped_int_dot_gemv_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                launched.append((kwargs.get("X_ROWS", 1), kwargs["ROWS"]))
+                return kernel[grid](**kwargs)
+
+            return launch
+
+    monkeypatch.setattr(launchers.dot, "grouped_int_dot_gemv_kernel", Recording())
+    gen = torch.Generator().manual_seed(_seed())
+    weight = pack_grouped_int(make_quantized_weight("gguf_q4_k", 24, 256, seed=_seed()), 32, device)
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16).to(device)
+    several = dataclasses.replace(_tiles(device, 2), dot_gemv_x_rows_rows=2)
+    got = grouped_int_linear(x, weight, None, several)
+    gated = grouped_int_gated_linear(x, weight, SILU, several)
+    assert launched == [(2, 2), (2, 2)]
+    for i in range(2):
+        row = x[i : i + 1]
+        assert torch.equal(got[i : i + 1], grouped_int_linear(row, weight, None, several))
+        assert torch.equal(gated[i : i + 1], grouped_int_gated_linear(row, weight, SILU, several))
+    assert launched[2:] == [(1, 4)] * 4
+    assert launchers.dot_rows(weight, several, 2) == 2 and launchers.dot_rows(weight, several) == 4

@@ -134,7 +134,7 @@ def grouped_int_gated_linear(
     fragments = tiles.gated_epilogue and tiles.takes_fragments(m, out_features) and fragment_fits(rows, weight, tiles)
     if m <= max(1, tiles.dot_gemv_x_rows) and takes_dot(rows, weight, tiles):
         # the integer-dot GEMV pairs gate and up rows within a program of an even number of rows
-        gemv = tiles.gated_epilogue and dot_rows(weight, tiles) % 2 == 0
+        gemv = tiles.gated_epilogue and dot_rows(weight, tiles, m) % 2 == 0
         # several rows within dot_gemv_x_rows go to it before the fragment kernel (one row keeps the fragment
         # kernel where the tiles give it one row)
         fragments = fragments and not (gemv and m > 1)
@@ -204,10 +204,13 @@ def _dot_early_params(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> bool:
     return tiles.dot_gemv_early_params
 
 
-def dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles) -> int:
-    """Rows a program of the integer-dot GEMV for ``weight`` (6-bit codes may take their own)."""
+def dot_rows(weight: GroupedIntWeight, tiles: GroupedIntTiles, x_rows: int = 1) -> int:
+    """Rows a program of the integer-dot GEMV for ``weight`` at ``x_rows`` activation rows (6-bit codes and
+    several activation rows may take their own)."""
     if weight.bits == 6 and tiles.dot_gemv_six_bit_rows:
         return tiles.dot_gemv_six_bit_rows
+    if x_rows > 1 and tiles.dot_gemv_x_rows_rows:
+        return tiles.dot_gemv_x_rows_rows
     if tiles.dot_gemv_narrow_rows and weight.shape[0] <= tiles.dot_gemv_narrow_max:
         return tiles.dot_gemv_narrow_rows
     return tiles.dot_gemv_rows
@@ -271,10 +274,10 @@ def dot_gemv(
     (:func:`_gemv`'s arguments; ``prologue``: the kernel's arguments for what ``row`` is where it is not the
     product's input itself, :mod:`.grouped_int_norm_launchers`, one row only)."""
     out_features, in_features = weight.shape
-    rows = dot_rows(weight, tiles)
+    x_rows = row.shape[0] if row.dim() == 2 else 1
+    rows = dot_rows(weight, tiles, x_rows)
     if rows & (rows - 1) or rows > 64:
         raise ValueError(f"the integer-dot GEMV runs a power of two rows a program, up to 64, not {rows}")
-    x_rows = row.shape[0] if row.dim() == 2 else 1
     if x_rows > 1 and prologue:
         raise ValueError("the integer-dot GEMV fuses its input's norm for one activation row only")
     unused = weight.scales  # any pointer: unread without HAS_PERM / HAS_BIAS

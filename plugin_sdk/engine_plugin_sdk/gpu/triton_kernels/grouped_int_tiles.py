@@ -185,6 +185,13 @@ class GroupedIntTiles:
             work is its own, and past two rows it costs more than the fragment kernel's dequantizing, shared by
             its rows (2026-12-07, session 54, one process each). Row-major parameters (no program-order copy) and
             no fused norm there.
+        dot_gemv_x_rows_rows: rows a program of the integer-dot GEMV when several activation rows take it
+            (``dot_gemv_x_rows``; 0: ``dot_gemv_rows``). Where one row takes 16 rows a program (the NVIDIA plugin's
+            fast-memory choice) two rows keep 8: on an H100 held to 96 SMs (2026-12-07) GGUF Q4_K_M decoded 2
+            sequences at 384.9 tok/s in all with 16, below its 437.8 for one (8 was not timed there; the whole H100
+            gave 580 with 8), while W4A16 gained with 16 (708.5 against 654.4). The likely cause, unchecked: these
+            programs read row-major group parameters (the program-order copy is the one-row programs'), GGUF's a
+            scattered load a row, slot and step, twice as many a thread at 16 rows.
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -216,8 +223,10 @@ class GroupedIntTiles:
             program of 4 warps, 32 activations a thread, where the norm kernel's 16 warps take 8 columns a thread);
             batch-1 decode W4A16 478.6 against 480.9 tok/s, GGUF Q4_K_M 435.8 against 439.8, 4 sequences alike.
             With the norm kernel's flat layout (session 53: 2.16 us) W4A16 +0.5% (483.0 / 480.7, 487.3 / 485.1 in
-            two calls), Q4_K_M -0.2% / 0.0%; 16 rows a program with it slower (-0.3% / -0.8%). Off; the H200's
-            A/B (where the GEMVs run nearer the issue rate) to run.
+            two calls), Q4_K_M -0.2% / 0.0%; 16 rows a program with it slower (-0.3% / -0.8%). Off in this table;
+            the NVIDIA plugin turns it on with 16 rows a program where the memory streams at least 30 GB/s a
+            multiprocessor (an H200: ``engine_plugin_nvidia.gemm.FAST_MEMORY_DOT_GEMV``): on an H100 held to 96 SMs,
+            an H200's bytes a multiprocessor, W4A16 batch 1 +5.4% and GGUF Q4_K_M +14.8% (2026-12-07, session 55).
         fragment_wide_min_rows: products of at least ``fragment_narrow_programs`` programs (wide: gate/up, the
             LM head) take the fragment kernel from this many rows instead of ``fragment_min_rows`` (0: the
             same). On an H200 at one row it beat the word GEMV on those (gate_up 26.2 against 29.0 us, the LM
@@ -275,6 +284,7 @@ class GroupedIntTiles:
     dot_gemv_row_blocks: bool = False
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_x_rows: int = 1
+    dot_gemv_x_rows_rows: int = 0
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
     dot_gemv_residual_norm: bool = False
