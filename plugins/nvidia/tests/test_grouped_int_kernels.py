@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+import engine_plugin_nvidia.gemm as nvidia_gemm
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import QuantizedWeight, dequantize_stored, grouped_int_weight, unpack_int4
@@ -436,6 +437,8 @@ def test_fragment_kernel_only_from_ampere(monkeypatch, capability: tuple[int, in
     """The NVIDIA backend's few-row tiles keep the fragment kernel (``mma.m16n8k16``) and the integer-dot GEMV
     (``max.NaN.f32``) off before sm_80, where those instructions do not exist; the rest of the H200 tiles stay."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    # a GPU whose memory clock is not known keeps the table's integer-dot GEMV choices (test_fast_memory_tiles.py)
+    monkeypatch.setattr(nvidia_gemm, "_memory_clock_and_bus", lambda index: (0, 0))
     tiles = CudaGemmBackend(torch.device("cpu"))._grouped_int_tiles()
     assert tiles.fragment_rows == fragment_rows
     assert tiles.dot_gemv_rows == (H200_GROUPED_INT_TILES.dot_gemv_rows if fragment_rows else 0)

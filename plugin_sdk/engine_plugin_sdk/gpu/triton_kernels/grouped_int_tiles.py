@@ -189,9 +189,10 @@ class GroupedIntTiles:
             (``dot_gemv_x_rows``; 0: ``dot_gemv_rows``). Where one row takes 16 rows a program (the NVIDIA plugin's
             fast-memory choice) two rows keep 8: on an H100 held to 96 SMs (2026-12-07) GGUF Q4_K_M decoded 2
             sequences at 384.9 tok/s in all with 16, below its 437.8 for one (8 was not timed there; the whole H100
-            gave 580 with 8), while W4A16 gained with 16 (708.5 against 654.4). The likely cause, unchecked: these
-            programs read row-major group parameters (the program-order copy is the one-row programs'), GGUF's a
-            scattered load a row, slot and step, twice as many a thread at 16 rows.
+            gave 580 with 8), while W4A16 gained with 16 (708.5 against 654.4). The likely cause: these programs
+            read row-major group parameters (the program-order copy is the one-row programs'), GGUF's a scattered
+            load a row, slot and step; in sm_90 code (offline Triton 3.6) Q6_K's down_proj loop takes 604
+            instructions at 16 rows that way against 417 from the copy (358 against 272 at 8 rows).
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
