@@ -59,7 +59,8 @@ CONFORMANCE := conformance_tests/engine_conformance --device cpu --conformance-s
 # only when it is first touched those page faults cost (the embedded-model LLM tests: 47 s against 51-57).
 TEST_MALLOC := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
 TEST_WORKERS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN) + 1 )))
-PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# --durations: every CI log names its slowest tests (the whole run must stay under 20 minutes)
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 test: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(TEST_MALLOC) $(PY) -m pytest -q $(PARALLEL) --ignore=conformance_tests
 	$(TEST_MALLOC) $(PY) -m pytest -q $(CONFORMANCE)
