@@ -29,7 +29,7 @@ DRY = ["UV=", "PIP=true", "CREATE_VENV=mkdir -p .venv/bin"]
 #: what ``make test`` runs once installed: the tests, then the CPU conformance suite under --strict
 MALLOC = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864"
 TEST_COMMANDS = [
-    f"OMP_NUM_THREADS=1 {MALLOC} .venv/bin/python -m pytest -q -n {os.cpu_count() + 1} --dist loadfile --no-loadscope-reorder --ignore=conformance_tests",
+    f"OMP_NUM_THREADS=1 {MALLOC} .venv/bin/python -m pytest -q -n {os.cpu_count() + 1} --dist loadfile --no-loadscope-reorder --durations=15 --ignore=conformance_tests",
     f"{MALLOC} .venv/bin/python -m pytest -q conformance_tests/engine_conformance --device cpu --conformance-strict",
 ]
 
