@@ -15,8 +15,7 @@ Subcommands (repository root, on the device machine after ``source benchmarks/nv
   layers and ``output``) and that GGUF dequantized to bf16 at load; then ``--num-prompts`` x (512 in /
   256 out) offline throughput for bf16, W4A16 and an FP8 checkpoint (per-channel ``fp8_e4m3``).
   ``--decode-batch 2 4 8`` adds the total decode rate of that many sequences together, ``--fragment-ab`` each
-  decode variant again with the 4-bit fragment kernel off (its 2-8-row products on the older kernels),
-  ``--grouped-tiles fragment_depth=3,fragment_min_rows=1`` again with those ``GroupedIntTiles`` fields.
+  decode variant with the fragment kernel off, ``--grouped-tiles A=1,B=2`` again with those ``GroupedIntTiles`` fields.
 
     python benchmarks/nvidia_h200_quantized.py check --tokenizer .nvcarry/llama3-8b-dummy
     python benchmarks/nvidia_h200_quantized.py kernels
