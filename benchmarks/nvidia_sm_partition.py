@@ -92,7 +92,7 @@ def keep_partition() -> None:
     whole = torch.cuda.set_device
 
     def same_device(device: Any) -> None:
-        if torch.device("cuda", torch.cuda._get_device_index(device)).index != 0:
+        if torch.cuda._get_device_index(device) != 0:
             whole(device)
 
     torch.cuda.set_device = same_device  # type: ignore[assignment]
