@@ -34,8 +34,10 @@ def build_tiny_llama(
     intermediate_size: int = 256,
     max_position_embeddings: int = 256,
     architecture: str = "llama",
+    num_layers: int = 2,
 ) -> Any:
-    """Save a random two-layer Llama (GQA, untied head) and a word-level tokenizer; return the HF model.
+    """Save a random Llama (GQA, untied head; two layers unless ``num_layers``) and a word-level tokenizer;
+    return the HF model.
 
     The hidden size is ``num_heads * head_dim``: e.g. 9 heads of 64 give 576, a width that is not a power
     of two (as in SmolLM2-135M), with an intermediate size such as 960 that is not one either.
@@ -64,7 +66,7 @@ def build_tiny_llama(
         vocab_size=VOCAB,
         hidden_size=num_heads * head_dim,
         intermediate_size=intermediate_size,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,

@@ -7,7 +7,8 @@ launch options) is recorded instead: the set a serving run launches (a constrain
 lie within the warm-up's. The
 interpreter's tuning decides the launches, with the GPUs' two-KV-heads decode programs on (over any cache): with
 four compute units and two KV heads, a mixed step's leading decode rows take the decode kernel from 4 rows on, two
-heads a program from 8, as a GPU's do from 33 and 66 rows over an FP8 cache.
+heads a program from 8, as a GPU's do from 33 and 66 rows over an FP8 cache. The models have one layer: a second
+one launches the same specializations again.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_serving_launches_only_what_the_warm_up_launched(
     tmp_path: Path, launches: set[tuple], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     claim_warm_up(monkeypatch)
-    build_tiny_llama(tmp_path, head_dim=64)
+    build_tiny_llama(tmp_path, head_dim=64, num_layers=1)
     llm = LLM(
         model=str(tmp_path), device="cuda", dtype="float32", kv_cache_memory_bytes=4 << 20, max_num_seqs=12,
         max_num_batched_tokens=64, max_model_len=64,
@@ -121,7 +122,7 @@ def test_adapter_requests_launch_only_what_the_warm_up_launched(
     from lora_adapters import save_adapter
 
     claim_warm_up(monkeypatch)
-    build_tiny_llama(tmp_path / "base", head_dim=64)
+    build_tiny_llama(tmp_path / "base", head_dim=64, num_layers=1)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     adapter = save_adapter(str(tmp_path / "base"), str(tmp_path / "adapter"), 1, r=8, lora_alpha=16, target_modules=targets)
     llm = LLM(
