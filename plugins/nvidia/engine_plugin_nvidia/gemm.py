@@ -54,11 +54,11 @@ FRAGMENT_MIN_CAPABILITY = (8, 0)
 #: 132 SMs, 37 GB/s each) is, an H100 (3.35 TB/s, 25 GB/s each) is not
 FAST_MEMORY_BYTES_PER_SM = 30e9
 #: the integer-dot GEMV's choices there: one activation row takes 16 rows a program (one row's conversion shared by
-#: twice the rows) and comes converted by the norm's kernel (``dot_gemv_prepared``); two rows keep 8 a program
-#: (their row-major group parameters: ``dot_gemv_x_rows_rows``). On an H100 held to 96 SMs (35 GB/s each,
-#: ``benchmarks/nvidia_sm_partition.py``; 2026-12-07, one process): W4A16 batch-1 decode 440.2 -> 464.1 tok/s,
-#: GGUF Q4_K_M 377.4 -> 433.2 (bf16 186.2); on the whole H100 479.0 against 482.3 and 436.5 against 439.7
-FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gemv_x_rows_rows": 8}
+#: twice the rows) and comes converted by the norm's kernel (``dot_gemv_prepared``). On an H100 held to 96 SMs (35
+#: GB/s each, ``benchmarks/nvidia_sm_partition.py``; 2026-12-07, one process): W4A16 batch-1 decode 440.2 -> 464.1
+#: tok/s, GGUF Q4_K_M 377.4 -> 433.2 (bf16 186.2); on the whole H100 479.0 against 482.3 and 436.5 against 439.7.
+#: (Two activation rows take 16 rows a program on every GPU: ``GroupedIntTiles.dot_gemv_x_rows_rows``.)
+FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True}
 
 
 class CudaGemmBackend(TorchGemmBackend):

@@ -56,13 +56,13 @@ def _seed() -> int:
 
 
 def test_each_row_gets_its_own_bits(device, no_other_kernels) -> None:
-    """2 and 3 rows (the 3 a view of every other row of a wider batch: a stride of its own) with a bias, 37
+    """2 and 3 rows (the 3 a view of every other row of a wider batch: a stride of its own) with a bias, 21
     outputs (a partial last program), over two steps and, for two forms, one (256 columns)."""
     gen = torch.Generator().manual_seed(_seed())
     for scheme, block, six, columns in FORMS:
         for k in (columns, 256) if scheme in ("gguf_q4_k", "gguf_q8_0") else (columns,):
-            weight = pack_grouped_int(make_quantized_weight(scheme, 37, k, seed=_seed()), block, device, six_bit=six)
-            bias = torch.randn(37, generator=gen).to(torch.bfloat16).to(device)
+            weight = pack_grouped_int(make_quantized_weight(scheme, 21, k, seed=_seed()), block, device, six_bit=six)
+            bias = torch.randn(21, generator=gen).to(torch.bfloat16).to(device)
             wide = (torch.randn(6, k, generator=gen) * 2).to(torch.bfloat16).to(device)
             for x in (wide[:2], wide[::2]):
                 got = grouped_int_linear(x, weight, bias, _tiles(device, 4))
@@ -129,3 +129,23 @@ def test_several_rows_take_their_own_rows_a_program(device, monkeypatch) -> None
         assert torch.equal(gated[i : i + 1], grouped_int_gated_linear(row, weight, SILU, several))
     assert launched[2:] == [(1, 4)] * 4
     assert launchers.dot_rows(weight, several, 2) == 2 and launchers.dot_rows(weight, several) == 4
+
+
+@pytest.mark.parametrize(("scheme", "six"), [("gguf_q4_k", False), ("gguf_q6_k", True), ("gguf_q8_0", False)])
+def test_rows_read_the_program_order_parameters(device, no_other_kernels, scheme, six) -> None:
+    """``dot_gemv_x_rows_program_params``: 3 rows (6 programs of 4 weight rows each, 18 launch ids) read their weight
+    rows' part of the program-order copy (two-level scales and zero scales for Q4_K, 6-bit codes for Q6_K), gated and
+    not: each row's bits are those it gets alone and those of the row-major parameters."""
+    gen = torch.Generator().manual_seed(_seed())
+    weight = pack_grouped_int(make_quantized_weight(scheme, 24, 512, seed=_seed()), 16 if six else 32, device,
+                              six_bit=six)  # fmt: skip
+    x = (torch.randn(6, 512, generator=gen) * 2).to(torch.bfloat16).to(device)[::2]
+    row_major = _tiles(device, 3)
+    copied = dataclasses.replace(row_major, dot_gemv_program_params=True, dot_gemv_x_rows_program_params=True)
+    for product in (lambda t, r: grouped_int_linear(r, weight, None, t),
+                    lambda t, r: grouped_int_gated_linear(r, weight, SILU, t)):  # fmt: skip
+        got = product(copied, x)
+        assert torch.equal(got, product(row_major, x)), scheme
+        for i in range(3):
+            assert torch.equal(got[i : i + 1], product(copied, x[i : i + 1].contiguous())), (scheme, i)
+    assert {(4, False), (4, True)} <= set(weight.program_params), weight.program_params.keys()

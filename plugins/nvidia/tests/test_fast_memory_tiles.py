@@ -34,12 +34,13 @@ def test_tiles_follow_the_bandwidth_a_multiprocessor(monkeypatch: pytest.MonkeyP
     assert per_sm == pytest.approx(2 * gpu[0] * 1e3 * gpu[1] / 8 / gpu[2])
     tiles = nvidia_gemm.CudaGemmBackend("cpu")._grouped_int_tiles()
     if fast:
-        assert (tiles.dot_gemv_rows, tiles.dot_gemv_prepared, tiles.dot_gemv_x_rows_rows) == (16, True, 8)
+        assert (tiles.dot_gemv_rows, tiles.dot_gemv_prepared) == (16, True)
     else:
         assert tiles == H200_GROUPED_INT_TILES
     # everything but the fast-memory choices is the NVIDIA table's
     assert tiles.fragment_rows == H200_GROUPED_INT_TILES.fragment_rows
     assert tiles.dot_gemv_x_rows == H200_GROUPED_INT_TILES.dot_gemv_x_rows
+    assert tiles.dot_gemv_x_rows_rows == H200_GROUPED_INT_TILES.dot_gemv_x_rows_rows == 16
 
 
 def test_unknown_memory_keeps_the_table(monkeypatch: pytest.MonkeyPatch) -> None:

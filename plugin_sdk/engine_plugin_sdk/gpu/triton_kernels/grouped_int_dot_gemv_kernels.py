@@ -47,7 +47,7 @@ from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_operands import (
 )
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_products import _slot_dots, _slot_dots6
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
-from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import super_offsets
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import params_back, super_offsets
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_six_bit import six_bit_plane_words
 from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
@@ -323,10 +323,10 @@ def grouped_int_dot_gemv_kernel(
     (:func:`.grouped_int_dot_operands._pairs`). ``PREPARED`` (4- or 8-bit codes, no permutation, one group of
     rows): ``x`` is the row already converted (int16 ``[K]``) with each slot's unit in ``unit`` and
     activation sum in ``total`` (float32 ``[NUM_SLOTS]``, :mod:`.grouped_int_dot_prepared`), read in place of the
-    program's own conversion. ``X_ROWS`` (one group of rows, row-major parameters, neither ``NORM`` nor
-    ``PREPARED``): ``x`` is ``[X_ROWS, K]`` (rows ``stride_xm`` apart, 4-byte aligned) and ``out`` ``[X_ROWS, N]``
-    (``stride_om``), each activation row its own program beside the others' over the same weight rows
-    (:func:`.grouped_int_dot_operands.x_row`).
+    program's own conversion. ``X_ROWS`` (one group of rows, neither ``NORM`` nor ``PREPARED``): ``x`` is
+    ``[X_ROWS, K]`` (rows ``stride_xm`` apart, 4-byte aligned) and ``out`` ``[X_ROWS, N]`` (``stride_om``), each
+    activation row its own program beside the others' over the same weight rows
+    (:func:`.grouped_int_dot_operands.x_row`), a program-order copy's parameters those of its weight rows.
     """
     tl.static_assert(BITS == 8 or BLOCK % 32 == 0, "the slots are 32 columns of a block")
     tl.static_assert(BITS == 4 or GROUP % 16 == 0, "the slots are 16 columns of a group")
@@ -341,12 +341,21 @@ def grouped_int_dot_gemv_kernel(
                      "the residual norm: one step of 4- or 8-bit codes, no permutation, one group of rows")
     tl.static_assert(not PREPARED or (not HAS_PERM and BITS != 6 and ROW_GROUPS == 1 and not NORM),
                      "prepared activations: 4- or 8-bit codes, no permutation, one group of rows")
-    tl.static_assert(X_ROWS == 1 or (ROW_GROUPS == 1 and PARAM_ROWS == 0 and not NORM and not PREPARED),
-                     "several activation rows: one group of rows, row-major parameters")
+    tl.static_assert(X_ROWS == 1 or (ROW_GROUPS == 1 and not NORM and not PREPARED),
+                     "several activation rows: one group of rows")
     if X_ROWS > 1:
         m = x_row(X_ROWS)
         x_ptr += m.to(tl.int64) * stride_xm
         out_ptr += m.to(tl.int64) * stride_om
+        if PARAM_ROWS != 0:
+            # the copy is laid out a weight-row program at a time and the operands find a program's by its launch
+            # id: X_ROWS launch ids share one
+            back = tl.program_id(0).to(tl.int64) - tl.program_id(0).to(tl.int64) // X_ROWS
+            scale_ptr = params_back(scale_ptr, back, stride_sn, 0)
+            zs_ptr = params_back(zs_ptr, back, stride_sn, 0)
+            if SUB_GROUPS != 0:
+                super_ptr = params_back(super_ptr, back, stride_sn, SUB_GROUPS, PARAM_ROWS)
+                zsuper_ptr = params_back(zsuper_ptr, back, stride_sn, SUB_GROUPS, PARAM_ROWS)
     rows, first = _program_rows(N, ROWS, GATED, 0, ROW_GROUPS, X_ROWS)
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     stride_w = stride_wn // 4

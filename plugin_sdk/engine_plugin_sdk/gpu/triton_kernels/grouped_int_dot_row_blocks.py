@@ -21,14 +21,7 @@ import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_dot_gemv_kernels import grouped_int_dot_gemv_kernel
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_gemv_rows import _NOT_GATED
-
-
-@triton.jit
-def _back(ptr, rows, stride, SUB_GROUPS: tl.constexpr):
-    """``ptr`` set back by ``rows`` of ``stride`` elements (a super-block scale's: ``1 / SUB_GROUPS`` of them)."""
-    if SUB_GROUPS == 0:
-        return ptr - rows * stride
-    return ptr - rows * (stride // SUB_GROUPS)
+from engine_plugin_sdk.gpu.triton_kernels.grouped_int_params import params_back
 
 
 @triton.jit
@@ -67,8 +60,8 @@ def grouped_int_dot_gemv_blocks_kernel(
             bias_ptr, out_ptr, N, stride_wn_b, stride_sn_b,
             NUM_SLOTS=SLOTS_B, GROUP=GROUP_B, ZERO=ZERO_B, HAS_ZS=HAS_ZS_B, HAS_PERM=False, HAS_BIAS=HAS_BIAS,
             BLOCK=BLOCK_B, ROWS=ROWS, WARPS=WARPS, FP16=FP16, ASM=ASM, USE_PDL=USE_PDL, GATED=_NOT_GATED,
-            BITS=BITS_B, AHEAD=AHEAD_B, super_ptr=_back(super_b, back, stride_sn_b, SUB_GROUPS_B),
-            zsuper_ptr=_back(zsuper_b, back, stride_sn_b, SUB_GROUPS_B), SUB_GROUPS=SUB_GROUPS_B,
+            BITS=BITS_B, AHEAD=AHEAD_B, super_ptr=params_back(super_b, back, stride_sn_b, SUB_GROUPS_B),
+            zsuper_ptr=params_back(zsuper_b, back, stride_sn_b, SUB_GROUPS_B), SUB_GROUPS=SUB_GROUPS_B,
             EARLY_PARAMS=EARLY_B, PREFETCH_PARAMS=PREFETCH_PARAMS, plane_ptr=plane_b - SPLIT * stride_pn_b,
             stride_pn=stride_pn_b, PARAM_ROWS=PARAM_ROWS_B, VECTOR_MASKS=VECTOR_MASKS,
         )  # fmt: skip

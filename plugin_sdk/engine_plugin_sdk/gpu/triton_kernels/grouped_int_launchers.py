@@ -288,7 +288,8 @@ def dot_gemv(
     programs = triton.cdiv(out_features, rows * groups)
     if gated != gated_rows.NOT_GATED:
         programs = triton.cdiv(out_features // 2, rows // 2 * groups)
-    operands = dot_operands(weight, tiles, rows, groups, gated, program_params=x_rows == 1)
+    operands = dot_operands(weight, tiles, rows, groups, gated,
+                            program_params=x_rows == 1 or tiles.dot_gemv_x_rows_program_params)
     if x_rows > 1:
         operands.update(X_ROWS=x_rows, stride_xm=row.stride(0), stride_om=out.stride(0))
     dot.grouped_int_dot_gemv_kernel[(programs * x_rows,)](

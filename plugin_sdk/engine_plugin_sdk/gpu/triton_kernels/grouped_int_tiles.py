@@ -186,13 +186,16 @@ class GroupedIntTiles:
             its rows (2026-12-07, session 54, one process each). Row-major parameters (no program-order copy) and
             no fused norm there.
         dot_gemv_x_rows_rows: rows a program of the integer-dot GEMV when several activation rows take it
-            (``dot_gemv_x_rows``; 0: ``dot_gemv_rows``). Where one row takes 16 rows a program (the NVIDIA plugin's
-            fast-memory choice) two rows keep 8: on an H100 held to 96 SMs (2026-12-07) GGUF Q4_K_M decoded 2
-            sequences at 384.9 tok/s in all with 16, below its 437.8 for one (8 was not timed there; the whole H100
-            gave 580 with 8), while W4A16 gained with 16 (708.5 against 654.4). The likely cause: these programs
-            read row-major group parameters (the program-order copy is the one-row programs'), GGUF's a scattered
-            load a row, slot and step; in sm_90 code (offline Triton 3.6) Q6_K's down_proj loop takes 604
-            instructions at 16 rows that way against 417 from the copy (358 against 272 at 8 rows).
+            (``dot_gemv_x_rows``; 0: ``dot_gemv_rows``). 16 from the program-order copy
+            (``dot_gemv_x_rows_program_params``): 2 sequences on an H100 (2026-12-07, session 56, tok/s in all)
+            W4A16 777.7 against 758.3 at 8, GGUF Q4_K_M 693.2 against 680.4; on an H100 held to 96 SMs (an H200's
+            bytes a multiprocessor) 708.9 against 659.0 and 602.6 against 574.4.
+        dot_gemv_x_rows_program_params: several activation rows read the program-order copy of the group
+            parameters too, where ``dot_gemv_program_params`` (``_zero_point``) makes one for the weight (each row's
+            programs read their weight rows' part of it): one vector load a thread, group and step in place of a load
+            a row (sm_90 code, Triton 3.6: Q6_K's down_proj loop at two rows 479 instructions against 679 at 16 rows
+            a program, 313 against 407 at 8). GGUF Q4_K_M decode of 2 sequences on an H100 (session 56): 680.4
+            against 580.3 tok/s in all at 8 rows (+17%); held to 96 SMs 574.4 against 463.2 (+24%).
         dot_gemv_six_bit_rows: rows a program of the integer-dot GEMV over 6-bit codes (0: ``dot_gemv_rows``).
             sm_90 code (Triton 3.6, Q6_K's form, PDL): 8 rows take 128 registers a thread on a single-step product
             and 157 on down_proj's loop, 4 rows 95 and 96 (8-bit codes at 8 rows: 100 and 80). Untimed.
@@ -286,6 +289,7 @@ class GroupedIntTiles:
     dot_gemv_six_bit_rows: int = 0
     dot_gemv_x_rows: int = 1
     dot_gemv_x_rows_rows: int = 0
+    dot_gemv_x_rows_program_params: bool = False
     dot_gemv_row_groups: int = 1
     dot_gemv_warps: int = 4
     dot_gemv_residual_norm: bool = False
@@ -328,11 +332,13 @@ class GroupedIntTiles:
 #: integer-dot GEMV's operands a step ahead for one-zero-point codes (W4A16 batch-1 +3.1%: ``dot_gemv_ahead``), and
 #: their first scales read after its PDL wait (+1.5-1.6%: ``dot_gemv_early_zero_point_params``); GGUF's forms'
 #: parameters from a copy in the GEMV's program order (+3.8% Q4_K_M: ``dot_gemv_program_params``); two rows on the
-#: integer-dot GEMV too (2 sequences +34% GGUF Q4_K_M, +8% W4A16: ``dot_gemv_x_rows``).
+#: integer-dot GEMV too (2 sequences +34% GGUF Q4_K_M, +8% W4A16: ``dot_gemv_x_rows``), at 16 rows a program from
+#: the program-order copy (2 sequences +19% GGUF Q4_K_M, +1.6% W4A16 on an H100: ``dot_gemv_x_rows_program_params``).
 H200_GROUPED_INT_TILES = GroupedIntTiles(
     mma_rows=16, fragment_rows=8, fragment_min_rows=2, fragment_depth=2, fragment_narrow_blocks=True,
     gemm_block_k=128, dot_gemv_rows=8, dot_gemv_8bit=True, two_level_scales=True, dot_gemv_ahead=True,
-    dot_gemv_early_zero_point_params=False, dot_gemv_program_params=True, dot_gemv_x_rows=2,
+    dot_gemv_early_zero_point_params=False, dot_gemv_program_params=True, dot_gemv_x_rows=2, dot_gemv_x_rows_rows=16,
+    dot_gemv_x_rows_program_params=True,
 )
 #: the interpreter runs each program's tile ops as numpy calls: few, large tiles and no split keep it quick
 #: (GGUF's 32-column groups cap the reduction tile at 32: 512 output columns a program against 256 halved
