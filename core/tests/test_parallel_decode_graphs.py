@@ -125,9 +125,11 @@ def test_a_rank_that_cannot_follow_the_graphs_stops_the_engine_with_its_reason(
 
 @pytest.mark.slow
 def test_ray_ranks_replay_in_lockstep(tiny_llama_dir, graph_log, monkeypatch):
-    """Ray actors replay the driver's decode graphs bucket for bucket. (A failed replay stopping the engine
-    is checked with the multiprocessing ranks above; a Ray actor's failure reaching the driver, in
-    test_ray_executor: each Ray engine costs a cluster start.)"""
+    """Ray actors replay the driver's decode graphs bucket for bucket, give one process's tokens and free every
+    block; then a dead actor stops the engine with its reason, and shutting down stops the Ray the executor
+    started. (A failed replay stopping the engine is checked with the multiprocessing ranks above; the Ray
+    executor's other cases, in test_ray_executor: each Ray engine costs a cluster start, so this one engine
+    checks all of that.)"""
     ray = pytest.importorskip("ray", reason="the Ray executor needs ray (installed with the test extras)")
     if ray.is_initialized():
         pytest.skip("Ray already runs in this process: its workers would not see the test plugin")
@@ -138,14 +140,21 @@ def test_ray_ranks_replay_in_lockstep(tiny_llama_dir, graph_log, monkeypatch):
         o.outputs[0].token_ids for o in _llm(tiny_llama_dir).generate(PROMPTS, GREEDY, use_tqdm=False)
     ]
     llm = _llm(tiny_llama_dir, device=DEVICE, tensor_parallel_size=2, distributed_executor_backend="ray")
+    workers = llm.llm_engine.workers
     try:
+        assert type(workers).__name__ == "RayWorkers" and len(workers.actors) == 1 and ray.is_initialized()
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+        assert_all_blocks_free(llm)
+        events = read_log(graph_log)
+        driver = events.pop(os.getpid())
+        (actor,) = events.values()  # rank 1's process
+        assert actor == driver and driver.count(("replay", 4)) == GREEDY.max_tokens - 1
+        ray.kill(workers.actors[0])
+        with pytest.raises(WorkerFailed, match=r"rank 1 \(a Ray actor\) is gone"):
+            llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
-    events = read_log(graph_log)
-    driver = events.pop(os.getpid())
-    (actor,) = events.values()  # rank 1's process
-    assert actor == driver and driver.count(("replay", 4)) == GREEDY.max_tokens - 1
+    assert not ray.is_initialized()  # the executor started Ray, so it stopped it
 
 
 class RowsModel:

@@ -57,8 +57,11 @@ FAST_MEMORY_BYTES_PER_SM = 30e9
 #: twice the rows) and comes converted by the norm's kernel (``dot_gemv_prepared``). On an H100 held to 96 SMs (35
 #: GB/s each, ``benchmarks/nvidia_sm_partition.py``; 2026-12-07, one process): W4A16 batch-1 decode 440.2 -> 464.1
 #: tok/s, GGUF Q4_K_M 377.4 -> 433.2 (bf16 186.2); on the whole H100 479.0 against 482.3 and 436.5 against 439.7.
-#: (Two activation rows take 16 rows a program on every GPU: ``GroupedIntTiles.dot_gemv_x_rows_rows``.)
-FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True}
+#: GPTQ / AWQ's form (one zero point) reads its group parameters from the program-order copy too (2026-12-07, session
+#: 56, W4A16 one process each: the stand-in 1 sequence 460.4 -> 474.3 tok/s, 2 sequences 712.5 -> 728.1; the whole
+#: H100 485.5 -> 461.8 and 780.3 -> 777.0). Two activation rows take 16 rows a program on every GPU
+#: (``GroupedIntTiles.dot_gemv_x_rows_rows``).
+FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gemv_program_params_zero_point": True}
 
 
 class CudaGemmBackend(TorchGemmBackend):

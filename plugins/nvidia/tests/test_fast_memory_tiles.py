@@ -34,7 +34,7 @@ def test_tiles_follow_the_bandwidth_a_multiprocessor(monkeypatch: pytest.MonkeyP
     assert per_sm == pytest.approx(2 * gpu[0] * 1e3 * gpu[1] / 8 / gpu[2])
     tiles = nvidia_gemm.CudaGemmBackend("cpu")._grouped_int_tiles()
     if fast:
-        assert (tiles.dot_gemv_rows, tiles.dot_gemv_prepared) == (16, True)
+        assert (tiles.dot_gemv_rows, tiles.dot_gemv_prepared, tiles.dot_gemv_program_params_zero_point) == (16, True, True)
     else:
         assert tiles == H200_GROUPED_INT_TILES
     # everything but the fast-memory choices is the NVIDIA table's

@@ -136,7 +136,9 @@ class GroupedIntTiles:
             2026-12-06 (Q6_K's form at 8 rows: 37 loads a step against 16 in sm_90 code; untimed).
         dot_gemv_program_params_zero_point: the same for 4-bit codes with one zero point (GPTQ / AWQ's form:
             20 loads a step become 13, but the row sums then take 42 shuffles against 4: 616 instructions against
-            560): W4A16 batch-1 decode 459.3 against 481.5 tok/s on that H100 (-4.6%), so off.
+            560): W4A16 batch-1 decode 459.3 against 481.5 tok/s on that H100 (-4.6%), so off; again 461.8 against
+            485.5 in session 56. Where each SM must take in an H200's bytes (an H100 held to 96 SMs) it gains: 474.3
+            against 460.4 (+3.0%), 2 sequences 728.1 against 712.5: the NVIDIA plugin's fast-memory choice.
         dot_gemv_max_registers: the other way to one wave: a cap on its registers a thread (ptxas's
             ``maxnreg``; 0: none). At 80 with its scales read early, sm_90 code spills 4 registers for W4A16
             and 28 over GGUF's form; untimed (2026-12-05).
