@@ -32,9 +32,15 @@
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
 #   standin: on an H100, an H200 stand-in (nvidia_sm_partition.py: 96 SMs, an H200's bytes a multiprocessor, where the
 #            fast-memory tiles apply): issue 25's batch-1 and 2-sequence figures at the defaults beside the next
-#            integer-dot GEMV variants (TILES: 32 rows a program, 8 warps, every reduction's operands a step ahead),
+#            integer-dot GEMV variant (TILES: 8 warps; 32 rows a program and every reduction's operands a step ahead
+#            lost there in session 56),
 #            then issue 20's Qwen3-30B-A3B batch 1 there (0.601 in session 55, where the H200 gave 0.569).
-#   session55: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
+#   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
+#            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
+#            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
+#            (dot_gemv_rows=8,dot_gemv_prepared=0,dot_gemv_program_params_zero_point=0) in one process, the two-row
+#            GPU tests before, then issue 32's dense batch-1 end to end and issue 20's Qwen3-30B-A3B batch 1.
+#   session55: (superseded by session56) the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program and the prepared row, chosen on an H100 held to 96 SMs,
 #            session 55) beside the H100's table (dot_gemv_rows=8,dot_gemv_prepared=0) in one process, the prepared
 #            row's GPU tests before, then issue 32's dense batch-1 end to end and issue 20's Qwen3-30B-A3B batch 1.
@@ -109,7 +115,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|session55|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|session56|session55|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -203,11 +209,20 @@ elif [ "$PART" = two-level ]; then
 elif [ "$PART" = standin ]; then
   P="python3 benchmarks/nvidia_sm_partition.py --sms 94 run"
   timeout 330 $P benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --grouped-tiles ${TILES:-dot_gemv_rows=32 dot_gemv_warps=8 dot_gemv_ahead_all=1} --decode-batch 2 --throughput \
+    --grouped-tiles ${TILES:-dot_gemv_warps=8} --decode-batch 2 --throughput \
     --json "$OUT/standin_decode.json" > $LOGS/standin_decode.log 2>&1
   grep -E "^decode|green" $LOGS/standin_decode.log
   timeout 150 $P benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/standin_moe.json" > $LOGS/standin_moe.log 2>&1
   grep -iE "green|experts bf16" $LOGS/standin_moe.log
+elif [ "$PART" = session56 ]; then
+  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
+    plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/session56_tests.log 2>&1
+  tail -1 $LOGS/session56_tests.log
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_rows=8,dot_gemv_prepared=0,dot_gemv_program_params_zero_point=0} \
+    --decode-batch 2 --throughput --json "$OUT/session56_decode.json" > $LOGS/session56_decode.log 2>&1
+  grep -E "^decode" $LOGS/session56_decode.log
+  dense_and_moe session56
 elif [ "$PART" = session55 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
     plugins/nvidia/tests/test_dot_gemv_x_rows.py > $LOGS/session55_tests.log 2>&1
