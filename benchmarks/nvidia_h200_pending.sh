@@ -32,8 +32,9 @@
 #            4 sequences with the TILES variant against the defaults, bf16 and the dequantized copy.
 #   standin: on an H100, an H200 stand-in (nvidia_sm_partition.py: 96 SMs, an H200's bytes a multiprocessor, where the
 #            fast-memory tiles apply): issue 25's batch-1 and 2-sequence figures at the defaults beside the next
-#            integer-dot GEMV variant (TILES: 8 warps; 32 rows a program and every reduction's operands a step ahead
-#            lost there in session 56),
+#            integer-dot GEMV variants (TILES: W4A16's operands not a step ahead, whose down_proj at 16 rows a program
+#            then takes 128 registers against 168 and 666 sm_90 instructions a step against 690 (session 56, offline);
+#            8 warps; 32 rows a program and every reduction's operands a step ahead lost there in session 56),
 #            then issue 20's Qwen3-30B-A3B batch 1 there (0.601 in session 55, where the H200 gave 0.569).
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
@@ -209,7 +210,7 @@ elif [ "$PART" = two-level ]; then
 elif [ "$PART" = standin ]; then
   P="python3 benchmarks/nvidia_sm_partition.py --sms 94 run"
   timeout 330 $P benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    --grouped-tiles ${TILES:-dot_gemv_warps=8} --decode-batch 2 --throughput \
+    --grouped-tiles ${TILES:-dot_gemv_ahead=0 dot_gemv_warps=8} --decode-batch 2 --throughput \
     --json "$OUT/standin_decode.json" > $LOGS/standin_decode.log 2>&1
   grep -E "^decode|green" $LOGS/standin_decode.log
   timeout 150 $P benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/standin_moe.json" > $LOGS/standin_moe.log 2>&1

@@ -38,7 +38,8 @@ from typing import Any
 #: the pointer arguments' types: bf16 activations, fp16 scales, 4-bit codes as bytes
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*fp16", "perm_ptr": "*i32",
             "bias_ptr": "*bf16", "out_ptr": "*bf16",
-            "super_ptr": "*fp16", "zsuper_ptr": "*fp16", "plane_ptr": "*u8"}  # fmt: skip
+            "super_ptr": "*fp16", "zsuper_ptr": "*fp16", "plane_ptr": "*u8", "unit_ptr": "*fp32",
+            "total_ptr": "*fp32"}  # fmt: skip
 #: ... and of the MoE down GEMVs (bf16 experts, float32 routing weights)
 MOE_POINTERS = {"act_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
                 "topw_ptr": "*fp32", "out_ptr": "*bf16",
