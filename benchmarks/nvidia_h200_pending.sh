@@ -41,10 +41,6 @@
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
 #            (dot_gemv_rows=8,dot_gemv_prepared=0,dot_gemv_program_params_zero_point=0) in one process, the two-row
 #            GPU tests before, then issue 32's dense batch-1 end to end and issue 20's Qwen3-30B-A3B batch 1.
-#   session55: (superseded by session56) the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
-#            an H200 the fast-memory tiles: 16 rows a program and the prepared row, chosen on an H100 held to 96 SMs,
-#            session 55) beside the H100's table (dot_gemv_rows=8,dot_gemv_prepared=0) in one process, the prepared
-#            row's GPU tests before, then issue 32's dense batch-1 end to end and issue 20's Qwen3-30B-A3B batch 1.
 #   session54: the first call of a session with an H200: the two-row integer-dot GEMV's GPU tests (dot_gemv_x_rows,
 #            session 54: GGUF Q4_K_M 2 sequences +34%, W4A16 +8% on an H100), issue 25's batch-1 figures and 2
 #            sequences at the defaults beside one row only (dot_gemv_x_rows=1) and the prepared row (dot_gemv_prepared=1,
@@ -116,7 +112,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|session56|session55|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -224,15 +220,6 @@ elif [ "$PART" = session56 ]; then
     --decode-batch 2 --throughput --json "$OUT/session56_decode.json" > $LOGS/session56_decode.log 2>&1
   grep -E "^decode" $LOGS/session56_decode.log
   dense_and_moe session56
-elif [ "$PART" = session55 ]; then
-  timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_residual_norm.py \
-    plugins/nvidia/tests/test_dot_gemv_x_rows.py > $LOGS/session55_tests.log 2>&1
-  tail -1 $LOGS/session55_tests.log
-  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
-    gguf_q4_k_m_dequantized --grouped-tiles ${TILES:-dot_gemv_rows=8,dot_gemv_prepared=0} --decode-batch 2 \
-    --throughput --json "$OUT/session55_decode.json" > $LOGS/session55_decode.log 2>&1
-  grep -E "^decode" $LOGS/session55_decode.log
-  dense_and_moe session55
 elif [ "$PART" = session54 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
     plugins/nvidia/tests/test_dot_gemv_residual_norm.py > $LOGS/session54_tests.log 2>&1
