@@ -36,6 +36,12 @@
 #            then takes 128 registers against 168 and 666 sm_90 instructions a step against 690 (session 56, offline);
 #            8 warps; 32 rows a program and every reduction's operands a step ahead lost there in session 56),
 #            then issue 20's Qwen3-30B-A3B batch 1 there (0.601 in session 55, where the H200 gave 0.569).
+#   moe-standin: issue 20's batch-1 expert GEMV tiles on the stand-in (96 SMs), where each SM must issue an H200's work:
+#            the down GEMV's 4 x 1,024 tile (the default) masks a quarter of its lanes over Qwen3-30B-A3B's 768 columns
+#            and sums across threads once an expert; offline sm_90 code (session 56, `sass_shape.py moe-down`) issues
+#            per weight element 0.30 instructions a warp at 4 x 1,024, 0.20 at 4 x 256, 0.16 at 8 x 256 (92
+#            registers, 256 programs), 0.14 at 16 x 256 (128 programs). One layer's kernels by tile, then batch-1
+#            decode with 4 x 256 and 8 x 256 beside the default (separate processes).
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
@@ -112,7 +118,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -211,6 +217,16 @@ elif [ "$PART" = standin ]; then
   grep -E "^decode|green" $LOGS/standin_decode.log
   timeout 150 $P benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --json "$OUT/standin_moe.json" > $LOGS/standin_moe.log 2>&1
   grep -iE "green|experts bf16" $LOGS/standin_moe.log
+elif [ "$PART" = moe-standin ]; then
+  P="python3 benchmarks/nvidia_sm_partition.py --sms 94 run"
+  timeout 150 $P benchmarks/nvidia_h200_moe.py kernels --tokens 1 4 --down-gemv 4,1024,4 4,256,4 8,256,4 16,256,4 \
+    8,256,8 --gate-up-gemv 2,1024,4 4,512,4 8,256,4 --json "$OUT/moe_standin_kernels.json" > $LOGS/moe_standin_kernels.log 2>&1
+  tail -12 $LOGS/moe_standin_kernels.log
+  for tile in "" 4,256,4 8,256,4; do
+    timeout 110 $P benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL ${tile:+--down-gemv $tile} \
+      --json "$OUT/moe_standin_decode${tile:+_$tile}.json" > $LOGS/moe_standin_decode.log 2>&1
+    echo "down ${tile:-default}: $(grep -iE "experts bf16" $LOGS/moe_standin_decode.log)"
+  done
 elif [ "$PART" = session56 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
     plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/session56_tests.log 2>&1
