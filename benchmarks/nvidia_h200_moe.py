@@ -259,6 +259,15 @@ def use_routing_kernel_from(path: str) -> None:
     moe_launchers.mrk = types.SimpleNamespace(moe_topk_kernel=Launch())  # type: ignore[attr-defined]
 
 
+def with_tiles(run: Any, overrides: dict[str, Any]) -> Any:
+    """``run`` (a fused-MoE launcher taking its tiles sixth) with ``overrides`` replacing fields of its tiles."""
+
+    def launch(x: Any, gate_up: Any, down: Any, weights: Any, ids: Any, tiles: Any, *args: Any, **kw: Any) -> Any:
+        return run(x, gate_up, down, weights, ids, dataclasses.replace(tiles, **overrides), *args, **kw)
+
+    return launch
+
+
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
@@ -282,12 +291,11 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     if args.down_gemv is not None:
         overrides["down_gemv"] = args.down_gemv
     if overrides:
-        from engine_plugin_sdk.gpu.triton_kernels import moe_launchers
+        from engine_plugin_sdk.gpu.triton_kernels import moe_grouped_int_launchers, moe_launchers
 
-        run = moe_launchers.fused_moe
-        moe_launchers.fused_moe = lambda x, gu, dn, w, i, tiles, **kw: run(  # type: ignore[assignment]
-            x, gu, dn, w, i, dataclasses.replace(tiles, **overrides), **kw
-        )
+        # bf16 / FP8 experts and packed integer experts alike
+        for module, name in ((moe_launchers, "fused_moe"), (moe_grouped_int_launchers, "fused_moe_grouped_int")):
+            setattr(module, name, with_tiles(getattr(module, name), overrides))
     from nvidia_h200 import batched_decode_rate, release, use_gemv_tiles
 
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}

@@ -292,18 +292,17 @@ class TorchGemmBackend(GemmBackend):
 
         if isinstance(experts, GroupedIntExperts):
             from engine_plugin_sdk.gpu.triton_kernels.moe_grouped_int_launchers import fused_moe_grouped_int
-            from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles
 
             return fused_moe_grouped_int(
-                x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(), activation,
+                x, experts.gate_up, experts.down, topk_weights, topk_ids, self._moe_tiles(), activation,
                 experts.gate_up_bias, experts.down_bias,
             )  # fmt: skip
         if not isinstance(experts, StackedExperts):
             return super().fused_moe(x, experts, topk_weights, topk_ids, activation)
-        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe
+        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import fused_moe
 
         return fused_moe(
-            x, experts.gate_up, experts.down, topk_weights, topk_ids, self.moe_tiles or MoeTiles(),
+            x, experts.gate_up, experts.down, topk_weights, topk_ids, self._moe_tiles(),
             gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, activation=activation,
             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
         )  # fmt: skip
@@ -339,6 +338,12 @@ class TorchGemmBackend(GemmBackend):
         from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import GroupedIntTiles
 
         return self.grouped_int_tiles or GroupedIntTiles()
+
+    def _moe_tiles(self) -> Any:
+        """The MoE kernels' tiles: ``moe_tiles``, or their defaults (a plugin picks its own by the GPU)."""
+        from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles
+
+        return self.moe_tiles or MoeTiles()
 
     def _prepare_grouped_int(self, weight: QuantizedWeight, dtype: torch.dtype) -> GroupedIntWeight | None:
         """The weight repacked for the Triton kernels with ``dtype`` activations, or None for a group size

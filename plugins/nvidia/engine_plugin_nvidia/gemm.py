@@ -62,6 +62,13 @@ FAST_MEMORY_BYTES_PER_SM = 30e9
 #: H100 485.5 -> 461.8 and 780.3 -> 777.0). Two activation rows take 16 rows a program on every GPU
 #: (``GroupedIntTiles.dot_gemv_x_rows_rows``).
 FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gemv_program_params_zero_point": True}
+#: the MoE kernels' choices there: the batch-1 down GEMV takes 256 columns a step, not 1,024. Qwen3-30B-A3B's experts
+#: are 768 wide, so a 1,024-column tile masks a quarter of its lanes and each program sums across its threads once an
+#: expert; 256 columns take three unmasked steps (sm_90 code: 0.20 instructions a weight element against 0.30). On an
+#: H100 held to 96 SMs (2026-12-07, session 57, separate processes): batch-1 decode 298.1 -> 320.9 / 321.0 tok/s (0.601
+#: -> 0.647 of the roofline; 8 x 256 315.1, 4 x 256 at 2 warps 315.0, 2 x 256 308.7); on the whole H100, where the
+#: memory and not the issue binds, 332.1 / 332.6 against 323.3.
+FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -99,6 +106,18 @@ class CudaGemmBackend(TorchGemmBackend):
                 tiles = dataclasses.replace(tiles, **FAST_MEMORY_DOT_GEMV)
             self.grouped_int_tiles = tiles
         return self.grouped_int_tiles
+
+    def _moe_tiles(self) -> Any:
+        if self.moe_tiles is None:
+            import dataclasses
+
+            from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import H200_MOE_TILES
+
+            tiles = H200_MOE_TILES
+            if fast_memory(memory_bytes_per_sm(self.device)):
+                tiles = dataclasses.replace(tiles, **FAST_MEMORY_MOE)
+            self.moe_tiles = tiles
+        return self.moe_tiles
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):

@@ -1,4 +1,5 @@
-"""Which integer-dot GEMV tiles a GPU gets by its memory bandwidth a multiprocessor (``engine_plugin_nvidia.gemm``)."""
+"""Which integer-dot GEMV and MoE tiles a GPU gets by its memory bandwidth a multiprocessor
+(``engine_plugin_nvidia.gemm``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import engine_plugin_nvidia.gemm as nvidia_gemm
 import engine_plugin_nvidia.tuning as nvidia_tuning
 from engine_plugin_sdk.gpu.triton_kernels.grouped_int_tiles import H200_GROUPED_INT_TILES
 from engine_plugin_sdk.gpu.triton_kernels.launch import INTERPRETER_TUNING
+from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import H200_MOE_TILES
 
 #: (memory clock kHz, bus bits, SMs) as the drivers report them
 H100_SXM = (2_619_000, 5120, 132)
@@ -41,6 +43,10 @@ def test_tiles_follow_the_bandwidth_a_multiprocessor(monkeypatch: pytest.MonkeyP
     assert tiles.fragment_rows == H200_GROUPED_INT_TILES.fragment_rows
     assert tiles.dot_gemv_x_rows == H200_GROUPED_INT_TILES.dot_gemv_x_rows
     assert tiles.dot_gemv_x_rows_rows == H200_GROUPED_INT_TILES.dot_gemv_x_rows_rows == 16
+    moe = nvidia_gemm.CudaGemmBackend("cpu")._moe_tiles()
+    assert moe.down_gemv == ((4, 256, 4) if fast else (4, 1024, 4)) and H200_MOE_TILES.down_gemv == (4, 1024, 4)
+    # everything but the down GEMV's tile is the table's
+    assert dataclasses.replace(moe, down_gemv=H200_MOE_TILES.down_gemv) == H200_MOE_TILES
 
 
 def test_unknown_memory_keeps_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,6 +54,14 @@ def test_unknown_memory_keeps_the_table(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(nvidia_gemm, "_memory_clock_and_bus", lambda index: (0, 0))
     assert nvidia_gemm.memory_bytes_per_sm("cuda:0") is None
     assert nvidia_gemm.CudaGemmBackend("cpu")._grouped_int_tiles() == H200_GROUPED_INT_TILES
+    assert nvidia_gemm.CudaGemmBackend("cpu")._moe_tiles() == H200_MOE_TILES
+
+
+def test_tiles_set_on_the_backend_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_gpu(monkeypatch, *H200)
+    gemm = nvidia_gemm.CudaGemmBackend("cpu")
+    gemm.moe_tiles = dataclasses.replace(H200_MOE_TILES, down_gemv=(8, 512, 8))  # a benchmark's or the interpreter's
+    assert gemm._moe_tiles().down_gemv == (8, 512, 8)
 
 
 def test_pre_ampere_gpus_keep_off_the_dot_gemv_whatever_their_memory(monkeypatch: pytest.MonkeyPatch) -> None:
