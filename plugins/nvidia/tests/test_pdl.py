@@ -89,3 +89,39 @@ def test_pdl_is_for_graph_captures_only():
             assert pdl.launch_options() == {"USE_PDL": False}
     finally:
         pdl.configure(before)
+
+
+@needs_pdl
+@pytest.mark.parametrize(("down_gemv", "prefetch"), [((4, 1024, 4), 4), ((4, 256, 4), 4), ((4, 256, 4), 8)])
+def test_batch_one_moe_down_reads_its_early_experts_tiles_before_the_wait(pdl_on, down_gemv, prefetch):
+    """The down GEMV's first tiles of ``prefetch`` experts, loaded before its PDL wait, are the routed ones:
+    a batch-1 MoE (top 8 of 16 experts, 768 columns as Qwen3-30B-A3B's) against float64, eager and replayed."""
+    from engine_plugin_sdk.gpu.triton_kernels.moe_launchers import MoeTiles, fused_moe
+    from engine_plugin_sdk.reference_ops import ref_fused_moe
+
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    experts, hidden, inter, top_k = 16, 1024, 768, 8
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen, device="cuda") * hidden**-0.5).bfloat16()
+    down = (torch.randn(experts, hidden, inter, generator=gen, device="cuda") * inter**-0.5).bfloat16()
+    tiles = MoeTiles(down_gemv=down_gemv, down_prefetch=prefetch)
+    static_x = torch.randn(1, hidden, generator=gen, device="cuda").bfloat16()
+    static_w = torch.rand(1, top_k, generator=gen, device="cuda")
+    static_ids = torch.randperm(experts, generator=gen, device="cuda")[:top_k].view(1, top_k)
+    fused_moe(static_x, gate_up, down, static_w, static_ids, tiles)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fused_moe(static_x, gate_up, down, static_w, static_ids, tiles)
+    for trial in range(3):
+        x = torch.randn(1, hidden, generator=gen, device="cuda").bfloat16()
+        weights = torch.rand(1, top_k, generator=gen, device="cuda")
+        ids = torch.randperm(experts, generator=gen, device="cuda")[:top_k].view(1, top_k)
+        want = ref_fused_moe(x.cpu(), list(gate_up.cpu()), list(down.cpu()), weights.cpu(), ids.cpu())
+        eager = fused_moe(x, gate_up, down, weights, ids, tiles)
+        static_x.copy_(x)
+        static_w.copy_(weights)
+        static_ids.copy_(ids)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, what in ((eager, "eager"), (captured, "graph")):
+            err = ((got.double().cpu() - want).norm() / want.norm()).item()
+            assert err < 2e-2, f"{what} trial {trial}: relative error {err:.3g}"
