@@ -42,6 +42,9 @@
 #            per weight element 0.30 instructions a warp at 4 x 1,024, 0.20 at 4 x 256, 0.16 at 8 x 256 (92
 #            registers, 256 programs), 0.14 at 16 x 256 (128 programs). One layer's kernels by tile, then batch-1
 #            decode with 4 x 256 and 8 x 256 beside the default (separate processes).
+#   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
+#            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
+#            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round, each its own process.
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
@@ -118,7 +121,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -226,6 +229,14 @@ elif [ "$PART" = moe-standin ]; then
     timeout 110 $P benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL ${tile:+--down-gemv $tile} \
       --json "$OUT/moe_standin_decode${tile:+_$tile}.json" > $LOGS/moe_standin_decode.log 2>&1
     echo "down ${tile:-default}: $(grep -iE "experts bf16" $LOGS/moe_standin_decode.log)"
+  done
+elif [ "$PART" = moe-tiles ]; then
+  for round in 1 2; do
+    for tile in "" "--down-gemv 4,1024,4" "--down-gemv 4,1024,4 --down-prefetch 0"; do
+      timeout 90 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL $tile \
+        --json "$OUT/moe_tiles_${round}_$(echo ${tile:-default} | tr -c 'a-z0-9\n' _).json" > $LOGS/moe_tiles.log 2>&1
+      echo "round $round ${tile:-default}: $(grep -iE "experts bf16" $LOGS/moe_tiles.log)"
+    done
   done
 elif [ "$PART" = session56 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \

@@ -67,7 +67,10 @@ FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gem
 #: expert; 256 columns take three unmasked steps (sm_90 code: 0.20 instructions a weight element against 0.30). On an
 #: H100 held to 96 SMs (2026-12-07, session 57, separate processes): batch-1 decode 298.1 -> 320.9 / 321.0 tok/s (0.601
 #: -> 0.647 of the roofline; 8 x 256 315.1, 4 x 256 at 2 warps 315.0, 2 x 256 308.7); on the whole H100, where the
-#: memory and not the issue binds, 332.1 / 332.6 against 323.3.
+#: memory and not the issue binds, 332.1 / 332.6 against 323.3. The tile also keeps the four early experts' tiles
+#: (``down_prefetch``) a quarter of 4 x 1,024's registers: there 4 x 1,024 without them ran 325.2 against 323.8 / 323.9
+#: at 4 x 256 with them, and 4 x 256 with 8 early experts 305.8, while the H200 measured 4 x 1,024's early tiles +2.5%
+#: (2026-12-04); ``benchmarks/nvidia_h200_pending.sh moe-tiles`` is the H200's A/B of the three.
 FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
 
 

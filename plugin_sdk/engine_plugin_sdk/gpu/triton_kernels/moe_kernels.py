@@ -107,7 +107,7 @@ def moe_gemv_down_kernel(
     (both loops unroll: the ``TOP_K`` experts' tiles load independently of each other).
 
     Under PDL the programs start while the gate/up kernel drains (it lets them start only after its own
-    wait, so the routing is complete): each loads the first tile of its first ``PREFETCH`` (0 to 8) experts
+    wait, so the routing is complete): each loads the first tile of its first ``PREFETCH`` (0 to 4) experts
     before it waits for the activations, so those weights stream during that kernel's tail.
     """
     t = tl.program_id(0).to(tl.int64)
@@ -117,21 +117,15 @@ def moe_gemv_down_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         p0 = _down_tile(w_ptr, ids_ptr, t * TOP_K, rows, stride_we, stride_wn, K, BLOCK_K)
-        p1, p2, p3, p4, p5, p6, p7 = p0, p0, p0, p0, p0, p0, p0
+        p1 = p0
+        p2 = p0
+        p3 = p0
         if PREFETCH >= 2 and TOP_K >= 2:
             p1 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 1, rows, stride_we, stride_wn, K, BLOCK_K)
         if PREFETCH >= 3 and TOP_K >= 3:
             p2 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 2, rows, stride_we, stride_wn, K, BLOCK_K)
         if PREFETCH >= 4 and TOP_K >= 4:
             p3 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 3, rows, stride_we, stride_wn, K, BLOCK_K)
-        if PREFETCH >= 5 and TOP_K >= 5:
-            p4 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 4, rows, stride_we, stride_wn, K, BLOCK_K)
-        if PREFETCH >= 6 and TOP_K >= 6:
-            p5 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 5, rows, stride_we, stride_wn, K, BLOCK_K)
-        if PREFETCH >= 7 and TOP_K >= 7:
-            p6 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 6, rows, stride_we, stride_wn, K, BLOCK_K)
-        if PREFETCH >= 8 and TOP_K >= 8:
-            p7 = _down_tile(w_ptr, ids_ptr, t * TOP_K + 7, rows, stride_we, stride_wn, K, BLOCK_K)
         gdc_wait()
     y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
@@ -151,16 +145,8 @@ def moe_gemv_down_kernel(
                     w = p1
                 elif j == 2:
                     w = p2
-                elif j == 3:
-                    w = p3
-                elif j == 4:
-                    w = p4
-                elif j == 5:
-                    w = p5
-                elif j == 6:
-                    w = p6
                 else:
-                    w = p7
+                    w = p3
             else:
                 w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * a[None, :]

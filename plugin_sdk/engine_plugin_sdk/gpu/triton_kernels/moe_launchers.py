@@ -22,7 +22,7 @@ class MoeTiles:
         gate_up_gemv: ``(block_n, block_k, num_warps)`` of the GEMV over ``gate_up`` (output rows per
             program, reduction tile, warps).
         down_gemv: the same for the GEMV over ``down``.
-        down_prefetch: under PDL, at batch 1, the experts (0 to 8) whose first ``down`` tile each down GEMV
+        down_prefetch: under PDL, at batch 1, the experts (0 to 4) whose first ``down`` tile each down GEMV
             program loads before it waits for the gate/up kernel. Not with more tokens: the tiles' registers
             then cost more programs per SM than the early loads save (H200, one Qwen3-30B-A3B layer in graphs
             with PDL, 2026-12-04: 4 experts 23.1 us against 24.8 at 1 token, 76.5 against 71.5 at 4, 134.3
