@@ -268,6 +268,17 @@ def with_tiles(run: Any, overrides: dict[str, Any]) -> Any:
     return launch
 
 
+def parse_moe_tiles(spec: str) -> dict[str, Any]:
+    """``default`` or ``field=value+field=value`` (``down_gemv=4x256x4+down_prefetch=0``) as MoeTiles overrides."""
+    if spec == "default":
+        return {}
+    fields: dict[str, Any] = {}
+    for item in spec.split("+"):
+        key, value = item.split("=")
+        fields[key] = tuple(int(v) for v in value.split("x")) if "x" in value else int(value)
+    return fields
+
+
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
 
@@ -290,25 +301,31 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
         overrides["down_experts_at_once"] = True
     if args.down_gemv is not None:
         overrides["down_gemv"] = args.down_gemv
-    if overrides:
+    if overrides or args.moe_tiles_ab:
         from engine_plugin_sdk.gpu.triton_kernels import moe_grouped_int_launchers, moe_launchers
 
-        # bf16 / FP8 experts and packed integer experts alike
+        # bf16 / FP8 experts and packed integer experts alike; each --moe-tiles-ab run updates `overrides`
         for module, name in ((moe_launchers, "fused_moe"), (moe_grouped_int_launchers, "fused_moe_grouped_int")):
             setattr(module, name, with_tiles(getattr(module, name), overrides))
+    fixed_overrides = dict(overrides)
     from nvidia_h200 import batched_decode_rate, release, use_gemv_tiles
 
     results: dict[str, Any] = {"copy_bandwidth_TBps": bandwidth / 1e12}
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
         runs = [
-            (variant, keys, tiles, last)
+            (variant, keys, tiles, last, moe_tiles)
+            for moe_tiles in (args.moe_tiles_ab or [None])
             for last in (args.merge_last_ab or [None])
             for tiles in (args.gemv_tiles or [None])
             for keys in (args.min_split_keys or [None])
             for variant in args.experts
         ]
-        for variant, keys, tiles, last in runs:
+        for run, (variant, keys, tiles, last, moe_tiles) in enumerate(runs):
+            if moe_tiles is not None:
+                # the MoE kernels' tiles (MoeTiles fields over the backend's): the A/B, one engine each
+                overrides.clear()
+                overrides.update(fixed_overrides, **parse_moe_tiles(moe_tiles))
             if tiles is not None:
                 use_gemv_tiles(tiles)  # the batch-1 GEMVs' tiles: the A/B
             if last is not None:
@@ -333,6 +350,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             roofline = bandwidth / read
             name = variant + ("" if keys is None else f"_min_split_keys={keys}") + ("" if tiles is None else f"_gemv={tiles}")
             name += "" if last is None else f"_merge_last={last}"
+            name += "" if moe_tiles is None else f"_moe_tiles={moe_tiles}_run{run}"  # a variant may run twice
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
@@ -460,6 +478,9 @@ def main() -> None:
                            help="split decode attention merged by its last split program, not a merge kernel")
             p.add_argument("--merge-last-ab", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_merge_last (0 / 1, the A/B), one engine each")
+            p.add_argument("--moe-tiles-ab", nargs="*", default=[],
+                           help="each run's MoE tiles over the backend's (default, or down_gemv=4x1024x4+"
+                           "down_prefetch=0), one engine each in this process")
             p.add_argument("--min-split-keys", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_min_split_keys (the A/B), one engine each")
             p.add_argument("--gemv-tiles", nargs="*", default=[],

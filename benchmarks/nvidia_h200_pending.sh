@@ -44,7 +44,7 @@
 #            decode with 4 x 256 and 8 x 256 beside the default (separate processes).
 #   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
 #            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
-#            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round, each its own process.
+#            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round in one process.
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
@@ -231,13 +231,10 @@ elif [ "$PART" = moe-standin ]; then
     echo "down ${tile:-default}: $(grep -iE "experts bf16" $LOGS/moe_standin_decode.log)"
   done
 elif [ "$PART" = moe-tiles ]; then
-  for round in 1 2; do
-    for tile in "" "--down-gemv 4,1024,4" "--down-gemv 4,1024,4 --down-prefetch 0"; do
-      timeout 90 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL $tile \
-        --json "$OUT/moe_tiles_${round}_$(echo ${tile:-default} | tr -c 'a-z0-9\n' _).json" > $LOGS/moe_tiles.log 2>&1
-      echo "round $round ${tile:-default}: $(grep -iE "experts bf16" $LOGS/moe_tiles.log)"
-    done
-  done
+  T="default down_gemv=4x1024x4 down_gemv=4x1024x4+down_prefetch=0"
+  timeout 400 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --moe-tiles-ab $T $T \
+    --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
+  grep -iE "experts bf16" $LOGS/moe_tiles.log
 elif [ "$PART" = session56 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
     plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/session56_tests.log 2>&1
