@@ -35,16 +35,17 @@ def _tokens(outs):
 def test_next_step_is_issued_before_the_last_is_read(pair):
     overlapped, _ = pair
     engine = overlapped.llm_engine
-    events: list[tuple[str, int]] = []
+    # the steps themselves, not their ids: a freed step's id may be a later step's, which miscounted overlaps
+    events: list[tuple[str, LaunchedStep]] = []
     original_launch, original_resolve = engine.runner.launch, LaunchedStep.resolve
 
     def spying_launch(*args, **kwargs):
         launched = original_launch(*args, **kwargs)
-        events.append(("launch", id(launched)))
+        events.append(("launch", launched))
         return launched
 
     def spying_resolve(self):
-        events.append(("resolve", id(self)))
+        events.append(("resolve", self))
         return original_resolve(self)
 
     engine.runner.launch = spying_launch
@@ -54,13 +55,16 @@ def test_next_step_is_issued_before_the_last_is_read(pair):
     finally:
         engine.runner.launch = original_launch
         LaunchedStep.resolve = original_resolve
-    launches = [key for kind, key in events if kind == "launch"]
-    first_resolve = {key: events.index(("resolve", key)) for kind, key in events if kind == "resolve"}
+    launches = [(at, step) for at, (kind, step) in enumerate(events) if kind == "launch"]
+
+    def first_resolve(step: LaunchedStep) -> int | None:
+        return next((at for at, (kind, s) in enumerate(events) if kind == "resolve" and s is step), None)
+
     overlaps = sum(
-        1 for a, b in zip(launches, launches[1:]) if a in first_resolve and events.index(("launch", b)) < first_resolve[a]
+        1 for (_, a), (b_at, _) in zip(launches, launches[1:]) if (read := first_resolve(a)) is not None and b_at < read
     )
     # 12 tokens each: after the prefill step, nearly every step's tokens are read after the next is issued
-    assert overlaps >= 9
+    assert overlaps >= 9, f"{overlaps} of {len(launches) - 1} steps issued before the last was read"
     assert_all_blocks_free(overlapped)
 
 
