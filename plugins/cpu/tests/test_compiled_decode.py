@@ -103,7 +103,7 @@ def test_compiled_engine_matches_eager_and_frees_every_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(COMPILE_ENV, "1")
-    build_tiny_llama(tmp_path, head_dim=32, seed=int(torch.randint(0, 1000, ())))
+    build_tiny_llama(tmp_path, head_dim=32, seed=int(torch.randint(0, 1000, ())), num_layers=1)  # compile time: a layer
     prompts = [torch.randint(3, 128, (int(n),)).tolist() for n in torch.randint(2, 40, (5,))]
 
     def engine(eager: bool) -> Any:
@@ -154,7 +154,7 @@ def test_compiled_decode_steps_run_on_two_ranks_in_lockstep(
     single process's tokens (the core's test_parallel_decode_graphs checks the lockstep rank by rank). One
     sequence at a time: one bucket a rank to compile (the padded buckets are the single-process test's)."""
     monkeypatch.setenv(COMPILE_ENV, "1")
-    build_tiny_llama(tmp_path, head_dim=32, seed=3)
+    build_tiny_llama(tmp_path, head_dim=32, seed=3, num_layers=1)
     prompts = [torch.randint(3, 128, (int(n),)).tolist() for n in (5, 17)]
 
     def llm(**kwargs: Any) -> Any:

@@ -51,7 +51,7 @@ def test_gptq_sequences_decode_together_on_the_fragment_kernel(
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
     plain = tmp_path / "plain"
-    build_tiny_llama(plain, head_dim=64, seed=5)  # hidden 256, MLP 256: two chunks of 128 columns a product
+    build_tiny_llama(plain, head_dim=64, seed=5, num_layers=1)  # hidden 256, MLP 256: two chunks of 128 columns a product
     # act-order gives each projection its own column order (gate and up as two blocks of rows); without it
     # the gate/up product is one weight, and takes its SwiGLU in the same launch
     path, _ = write_gptq(str(plain), str(tmp_path / "gptq"), str(tmp_path / "reference"), bits=4, group=128,
