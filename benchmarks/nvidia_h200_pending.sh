@@ -42,6 +42,10 @@
 #            per weight element 0.30 instructions a warp at 4 x 1,024, 0.20 at 4 x 256, 0.16 at 8 x 256 (92
 #            registers, 256 programs), 0.14 at 16 x 256 (128 programs). One layer's kernels by tile, then batch-1
 #            decode with 4 x 256 and 8 x 256 beside the default (separate processes).
+#   router-norm: issue 20's MoE router GEMV with the residual norm in its programs (session 58, untimed: one launch a
+#            layer fewer; sm_90 code 848 instructions against the norm's 336 and the GEMV's 480, 72 registers): the PDL
+#            GPU tests, then Qwen3-30B-A3B batch-1 decode without / with ENGINE_NVIDIA_ROUTER_NORM=1, twice round in one
+#            process (STANDIN=1: on the H100 stand-in's 94 SMs).
 #   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
 #            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
 #            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round in one process.
@@ -121,7 +125,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -235,6 +239,16 @@ elif [ "$PART" = moe-tiles ]; then
   timeout 400 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --moe-tiles-ab $T $T \
     --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
   grep -iE "experts bf16" $LOGS/moe_tiles.log
+elif [ "$PART" = router-norm ]; then
+  # the MoE router's GEMV with the residual norm in its programs (ENGINE_NVIDIA_ROUTER_NORM, session 58): its GPU
+  # test, then batch-1 Qwen3-30B-A3B without / with it, twice round in one process (STANDIN=1: on 94 SMs)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_pdl.py > $LOGS/router_norm_tests.log 2>&1
+  tail -1 $LOGS/router_norm_tests.log
+  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}
+  timeout 400 ${RUN:-python3} benchmarks/nvidia_h200_moe.py \
+    decode --tokenizer $MODEL --router-norm-ab 0 1 0 1 --json "$OUT/router_norm${STANDIN:+_standin}.json" \
+    > $LOGS/router_norm.log 2>&1
+  grep -iE "experts bf16" $LOGS/router_norm.log
 elif [ "$PART" = session56 ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_dot_gemv_x_rows.py \
     plugins/nvidia/tests/test_dot_gemv_program_params.py > $LOGS/session56_tests.log 2>&1

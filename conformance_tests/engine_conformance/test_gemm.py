@@ -13,6 +13,7 @@ from engine_conformance.pytest_plugin import not_claimed, not_runnable
 from engine_plugin_sdk.quant import UnknownSchemeError, make_quantized_weight
 from engine_plugin_sdk.reference_ops import (
     ref_add_rms_norm_linear,
+    ref_add_rms_norm_router,
     ref_dequantize,
     ref_gated_linear,
     ref_linear,
@@ -291,6 +292,33 @@ def test_add_rms_norm_linear(platform: Platform, device: Any, dtype_name: str) -
     weight = (torch.randn(2 * NORM_D, NORM_K, generator=gen) * NORM_K**-0.5).to(dtype).to(device)
     _check_norm_linear(gemm, gemm.prepare_weight(weight, dtype), weight, dtype, device, get_tolerance(dtype),
                        capability, gen, (1, 7), [None, *sorted(gemm.gated_activations)])  # fmt: skip
+
+
+@pytest.mark.capability("gemm.add_rms_norm_router.{dtype_name}")
+def test_add_rms_norm_router(platform: Platform, device: Any, dtype_name: str) -> None:
+    """``add_rms_norm_router`` where the backend claims it (``fuses_router_norm``): a router's logits over the RMS
+    norm of the residual sum, the normalised rows and the sum (the experts read both), with a bias and without, at
+    1 and 7 rows, against float64."""
+    capability = f"gemm.add_rms_norm_router.{dtype_name}"
+    gemm = platform.make_gemm_backend()
+    if not gemm.fuses_router_norm:
+        not_claimed("the GEMM backend takes no residual norm into a router's product (the core runs the norm op)")
+    dtype = torch_dtype(dtype_name)
+    tol = get_tolerance(dtype)
+    gen = torch.Generator().manual_seed(75)
+    # 60 experts: the GEMV's last program holds rows past the end
+    router = (torch.randn(60, NORM_K, generator=gen) * NORM_K**-0.5).to(dtype).to(device)
+    bias = torch.randn(60, generator=gen).to(dtype).to(device)
+    prepared = gemm.prepare_weight(router, dtype)
+    for rows in (1, 7):
+        for b in (bias, None):
+            x, residual, norm_weight = _norm_inputs(rows, dtype, device, gen)
+            logits, normed, summed = gemm.add_rms_norm_router(x, residual, norm_weight, 1e-5, prepared, b)
+            want, want_normed, want_summed = ref_add_rms_norm_router(x, residual, norm_weight, 1e-5, router, b)
+            name = f"{capability} M={rows} bias={b is not None}"
+            check_output(summed, want_summed, x, tol, f"{name} sum")
+            check_output(normed, want_normed, x, tol, f"{name} norm")
+            check_output(logits, want, x, tol, name)
 
 
 @pytest.mark.capability("gemm.quant.{quant_scheme}.residual_norm")

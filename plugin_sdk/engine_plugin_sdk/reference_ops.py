@@ -290,6 +290,16 @@ def ref_add_rms_norm_linear(
     return ref_gated_linear(normed, weight, activation), summed
 
 
+def ref_add_rms_norm_router(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, router: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits, rms_norm(x + residual) * norm_weight, x + residual)`` in float64, the logits the router's product
+    of the normalised rows (:meth:`GemmBackend.add_rms_norm_router`)."""
+    normed, summed = ref_fused_add_rms_norm(x, residual, norm_weight, eps)
+    return ref_linear(normed, router, bias), normed, summed
+
+
 def ref_linear_activation(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
 ) -> torch.Tensor:

@@ -67,6 +67,9 @@ class GemmBackend(ABC):
     #: whether :meth:`add_rms_norm_linear` takes a layer's residual add and RMS norm into the product that
     #: reads them; the core calls it only then and otherwise runs the op table's norm and :meth:`linear`
     fuses_residual_norm: bool = False
+    #: whether :meth:`add_rms_norm_router` takes the residual add and RMS norm before a mixture of experts into
+    #: its router's product; the core calls it only then and otherwise runs the op table's norm and :meth:`linear`
+    fuses_router_norm: bool = False
 
     @abstractmethod
     def prepare_weight(self, weight: Any, dtype: Any) -> Any:
@@ -178,6 +181,39 @@ class GemmBackend(ABC):
         """
         raise ValueError(
             f"{type(self).__name__} does not fuse the residual norm into its products; "
+            "the core runs fused_add_rms_norm and linear() instead"
+        )
+
+    def add_rms_norm_router(
+        self, x: Any, residual: Any, norm_weight: Any, eps: float, router: Any, bias: Any | None = None
+    ) -> tuple[Any, Any, Any]:
+        """A mixture of experts' residual add and RMS norm with its router's product: ``s = x + residual`` and
+        ``n = rms_norm(s) * norm_weight`` as :meth:`add_rms_norm_linear` computes them, then ``n @ router.T +
+        bias``; unlike there, ``n`` is returned too, since the experts read it after the router.
+
+        Why: at batch 1 the norm is a launch of its own between the attention's output projection and the
+        router, and its time is latency. The router is a small product (experts x hidden) of a few programs,
+        so each can sum and normalise the row itself for little. The core calls this only where
+        :attr:`fuses_router_norm` is set (an RMS norm, no adapter); a backend runs the norm and the product one
+        after the other where its kernel does not take them.
+
+        Args:
+            x: ``[rows, hidden]``, the attention branch's output.
+            residual: ``[rows, hidden]``, the residual stream (not written).
+            norm_weight: ``[hidden]``, the norm's scale as the op table's norms take it.
+            eps: the norm's epsilon.
+            router: the router matrix ``[experts, hidden]`` as :meth:`prepare_weight` returned it.
+            bias: optional ``[experts]``.
+
+        Returns:
+            ``(logits, n, s)``: the router's logits ``[rows, experts]``, the normalised rows and the new residual
+            stream, all in ``x``'s dtype.
+
+        Raises:
+            ValueError: where the backend does not fuse the norm into the router.
+        """
+        raise ValueError(
+            f"{type(self).__name__} does not fuse the residual norm into the router; "
             "the core runs fused_add_rms_norm and linear() instead"
         )
 

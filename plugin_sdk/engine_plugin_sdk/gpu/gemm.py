@@ -123,6 +123,10 @@ class TorchGemmBackend(GemmBackend):
         #: run :meth:`gated_linear`'s activation through the Triton kernels (on the GPU; the platform also
         #: turns this on in interpreter mode), else claim no gated activation
         self.triton_gated = self.device.type == "cuda"
+        #: take the residual norm before a mixture of experts' router into the router's single-row product
+        #: (:meth:`add_rms_norm_router`): off on GPUs until timed on one against the norm's own launch; the
+        #: platform turns it on in interpreter mode, which checks it
+        self.triton_router_norm = False
 
     @property
     def gated_activations(self) -> frozenset[str]:  # type: ignore[override]
@@ -244,6 +248,35 @@ class TorchGemmBackend(GemmBackend):
         if activation is None:
             return self.linear(normed, weight, bias), summed
         return self.gated_linear(normed, weight, activation), summed
+
+    @property
+    def fuses_router_norm(self) -> bool:  # type: ignore[override]
+        """Where :attr:`triton_router_norm` asks for it."""
+        return self.triton_router_norm
+
+    def add_rms_norm_router(
+        self, x: Any, residual: Any, norm_weight: Any, eps: float, router: Any, bias: Any | None = None
+    ) -> tuple[Any, Any, Any]:  # fmt: skip
+        """One row against a plain float router: the Triton GEMV that sums and normalises the row in each program
+        (:func:`~engine_plugin_sdk.gpu.triton_kernels.gemv_launchers.add_rms_norm_gemv`); else the Triton norm,
+        then :meth:`linear`."""
+        if not self.fuses_router_norm:
+            return super().add_rms_norm_router(x, residual, norm_weight, eps, router, bias)
+        from engine_plugin_sdk.gpu.triton_kernels import launchers
+
+        if (
+            isinstance(router, torch.Tensor) and router.dtype == x.dtype and router.stride(-1) == 1
+            and x.numel() == router.shape[1] and residual.numel() == x.numel()
+        ):  # fmt: skip
+            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import add_rms_norm_gemv
+
+            return add_rms_norm_gemv(x, residual, norm_weight, eps, router, bias, **self._router_norm_tile())
+        normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, eps)
+        return self.linear(normed, router, bias), normed, summed
+
+    def _router_norm_tile(self) -> dict[str, int]:
+        """The launch parameters of :meth:`add_rms_norm_router`'s GEMV (a plugin's override: its own GEMV tile)."""
+        return {}
 
     def logits(self, x: Any, weight: Any) -> Any:
         if isinstance(weight, GroupedIntWeight) and not isinstance(x, RowQuantizedActivations):

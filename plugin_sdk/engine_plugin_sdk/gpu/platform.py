@@ -362,6 +362,7 @@ class TorchGpuPlatform(Platform):
             backend.grouped_int_tiles = grouped_int_tiles.INTERPRETER_GROUPED_INT_TILES
             backend.triton_lora, backend.lora_tiles = True, lora_launchers.INTERPRETER_LORA_TILES
             backend.triton_gated = True
+            backend.triton_router_norm = True
         return backend
 
     def make_graph_capture(self) -> GraphCapture:

@@ -8,6 +8,7 @@ The implementation, including the two-term FP8 activations, is :mod:`engine_plug
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -72,6 +73,9 @@ FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gem
 #: at 4 x 256 with them, and 4 x 256 with 8 early experts 305.8, while the H200 measured 4 x 1,024's early tiles +2.5%
 #: (2026-12-04); ``benchmarks/nvidia_h200_pending.sh moe-tiles`` is the H200's A/B of the three.
 FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
+#: ``1``: a mixture of experts' router takes the residual norm before it into its batch-1 GEMV (one launch a layer
+#: fewer, :meth:`CudaGemmBackend.add_rms_norm_router`)
+ROUTER_NORM_ENV = "ENGINE_NVIDIA_ROUTER_NORM"
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -92,6 +96,9 @@ class CudaGemmBackend(TorchGemmBackend):
         if fp8_dtype not in (None, FP8_DTYPE):
             raise ValueError(f"fp8_dtype must be {FP8_DTYPE!r} or None on NVIDIA, got {fp8_dtype!r}")
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
+        # the router's product with its norm (add_rms_norm_router): not yet timed on a GPU against the norm's own
+        # launch, so asked for by name until it is (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
+        self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "0").strip() == "1"
 
     def _grouped_int_tiles(self) -> Any:
         # NVIDIA's tiles add the tensor-core kernels for a few rows (their inline PTX runs on no other vendor);
@@ -121,6 +128,10 @@ class CudaGemmBackend(TorchGemmBackend):
                 tiles = dataclasses.replace(tiles, **FAST_MEMORY_MOE)
             self.moe_tiles = tiles
         return self.moe_tiles
+
+    def _router_norm_tile(self) -> dict[str, int]:
+        # a router is a narrow product (experts x hidden): the narrow weights' GEMV tile
+        return GEMV_TILE
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):

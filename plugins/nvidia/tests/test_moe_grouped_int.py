@@ -137,18 +137,22 @@ def test_a_tile_is_whole_packed_blocks_dividing_the_reduction() -> None:
 def test_a_gptq_moe_checkpoint_keeps_its_experts_packed_on_the_gpu_path(tmp_path, monkeypatch) -> None:
     """A tiny GPTQ Qwen3-MoE (4-bit, groups of 32, zero points, act order shared by a gate and its up projection as
     a quantizer's is) on device ``cuda`` in the interpreter: its experts stay 4-bit codes with their permutations,
-    and a prompt's logits (the grouped GEMM) and a greedy decode (the GEMV) match HF transformers on the weights the
-    checkpoint stands for, in float32."""
+    and a prompt's logits (the grouped GEMM) and a greedy decode (the GEMV, each router's product taking the norm
+    before it) match HF transformers on the weights the checkpoint stands for, in float32."""
     from dense_model_utils import PROMPTS, hf_greedy, load_hf, max_logit_diff, save_tiny
     from prequantized_checkpoints import write_gptq
     from test_gguf_packed_model import _tokenizer
 
     from engine import LLM, SamplingParams
     from engine_plugin_nvidia.platform import INTERPRET_ENV
+    from engine_plugin_sdk.gpu.triton_kernels import gemv_launchers
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
+    routed: list[int] = []
+    norm_gemv = gemv_launchers.add_rms_norm_gemv
+    monkeypatch.setattr(gemv_launchers, "add_rms_norm_gemv", lambda *a, **k: routed.append(1) or norm_gemv(*a, **k))
     # the embedded model's tokenizer (SmolLM2's vocabulary, the tiny model's) from its GGUF: the folder has none
     no_tokenizer = tmp_path / "no-tokenizer"
     no_tokenizer.mkdir()
@@ -166,4 +170,5 @@ def test_a_gptq_moe_checkpoint_keeps_its_experts_packed_on_the_gpu_path(tmp_path
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     out = llm.generate([PROMPTS[1]], params, use_tqdm=False)[0]
     assert list(out.outputs[0].token_ids) == hf_greedy(hf, llm.tokenizer.encode(PROMPTS[1]), 3)
+    assert len(routed) == 2 * len(llm.llm_engine.model.layers)  # the two single-token steps' routers
     llm.shutdown()

@@ -125,3 +125,43 @@ def test_batch_one_moe_down_reads_its_early_experts_tiles_before_the_wait(pdl_on
         for got, what in ((eager, "eager"), (captured, "graph")):
             err = ((got.double().cpu() - want).norm() / want.norm()).item()
             assert err < 2e-2, f"{what} trial {trial}: relative error {err:.3g}"
+
+
+@needs_pdl
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_a_router_takes_the_norm_after_the_products_wait(pdl_on, prefetch):
+    """The router's GEMV with the residual norm in its programs (``add_rms_norm_gemv``, Qwen3-30B-A3B's 128 x 2,048
+    router) after the GEMV that writes its input, eager and replayed: the logits, the normalised row and the sum
+    against float64, the sum and row bit for bit the norm kernel's."""
+    from engine_plugin_sdk.reference_ops import ref_add_rms_norm_router
+
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    hidden, experts = 2048, 128
+    w_o = (torch.randn(hidden, 4096, generator=gen, device="cuda") * 4096**-0.5).bfloat16()
+    router = (torch.randn(experts, hidden, generator=gen, device="cuda") * hidden**-0.5).bfloat16()
+    norm_w = (torch.rand(hidden, generator=gen, device="cuda") + 0.5).bfloat16()
+
+    def chain(attn, residual):
+        out = gemv_launchers.gemv(attn, w_o, block_n=4, block_k=1024, prefetch=2)
+        return gemv_launchers.add_rms_norm_gemv(out, residual, norm_w, 1e-6, router, prefetch=prefetch), out
+
+    static = (torch.randn(1, 4096, generator=gen, device="cuda").bfloat16(),
+              torch.randn(1, hidden, generator=gen, device="cuda").bfloat16())  # fmt: skip
+    chain(*static)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = chain(*static)
+    for trial in range(3):
+        attn, residual = torch.randn(1, 4096, generator=gen, device="cuda").bfloat16(), static[1].clone()
+        (eager, out) = chain(attn, residual)
+        want = ref_add_rms_norm_router(out, residual, norm_w, 1e-6, router)
+        unfused = launchers.fused_add_rms_norm(out, residual, norm_w, 1e-6)
+        static[0].copy_(attn)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, what in ((eager, "eager"), (captured, "graph")):
+            for part, ref, name in zip(got, want, ("logits", "norm", "sum"), strict=True):
+                err = ((part.double() - ref).norm() / ref.norm()).item()
+                assert err < 2e-2, f"{what} {name} trial {trial}: relative error {err:.3g}"
+            assert torch.equal(got[2], unfused[1]), f"{what} trial {trial}: the sum is the norm kernel's"
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True)), "graph and eager agree"

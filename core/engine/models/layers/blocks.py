@@ -54,6 +54,14 @@ class PendingNorm:
         )
         return out
 
+    def route(self, model: DenseDecoder, router: Any, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixture of experts' router logits and the normalised rows its experts read
+        (:meth:`GemmBackend.add_rms_norm_router`)."""
+        logits, normed, self.summed = model.gemm.add_rms_norm_router(
+            self.hidden, self.residual, self.weight, self.eps, router, bias
+        )
+        return logits, normed
+
 
 @dataclass(slots=True)
 class DecoderLayer:
@@ -278,6 +286,20 @@ class DecoderLayer:
             and not isinstance(product, RowBlocks)
         )
 
+    def _mlp_norm_fuses(self, model: DenseDecoder) -> bool:
+        """Whether the MLP's residual add and RMS norm go into its first product: the dense MLP's gate/up
+        (:meth:`_norm_fuses`), or a mixture of experts' router (:attr:`GemmBackend.fuses_router_norm`), whose
+        product also returns the norm's output for the experts."""
+        if self.moe is None:
+            return self._norm_fuses(model, self.pre_mlp, self.gate_up_fp8, self.gate_up)
+        return (
+            model.gemm.fuses_router_norm
+            and model.spec.norm != "layer"
+            and not model.spec.parallel
+            and self.pre_mlp is not None
+            and self.lora is None
+        )
+
     def attention_norm(
         self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[Any, torch.Tensor]:
@@ -298,10 +320,10 @@ class DecoderLayer:
         if model.spec.parallel:
             # both branches read the one norm's output; their sum is the layer's branch
             return hidden + self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual
-        if fuse and self.moe is None and self._norm_fuses(model, self.pre_mlp, self.gate_up_fp8, self.gate_up):
+        if fuse and self._mlp_norm_fuses(model):
             pending = PendingNorm(hidden, residual, self.pre_mlp, model.config.rms_norm_eps)
             out = self._branch_out(model, self.mlp(model, pending), self.post_mlp, self.post_mlp_bias)
-            assert pending.summed is not None, "the gate/up product sets the residual stream"
+            assert pending.summed is not None, "the gate/up or router product sets the residual stream"
             return out, pending.summed
         x, residual = self._norm_in(model, hidden, residual, self.pre_mlp, self.gate_up_fp8, self.pre_mlp_bias)
         return self._branch_out(model, self.mlp(model, x), self.post_mlp, self.post_mlp_bias), residual

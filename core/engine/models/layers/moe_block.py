@@ -17,6 +17,7 @@ from engine.models.layers.spec import MoeSpec
 from engine.models.layers.stacked_experts import ExpertMatrices, load_stacked_experts, stacked_expert_shapes
 
 if TYPE_CHECKING:
+    from engine.models.layers.blocks import PendingNorm
     from engine.models.layers.decoder import DenseDecoder
     from engine.models.layers.layer_loader import LayerLoader
 
@@ -53,10 +54,14 @@ class MoeMLP:
     local_experts: int = 0
     router_bias: torch.Tensor | None = None
 
-    def forward(self, model: DenseDecoder, x: torch.Tensor) -> torch.Tensor:
-        """Route, run the chosen experts and combine them (plus the gated shared expert)."""
+    def forward(self, model: DenseDecoder, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+        """Route, run the chosen experts and combine them (plus the gated shared expert); ``x`` a
+        :class:`~engine.models.layers.blocks.PendingNorm` where the router's product takes the norm before it."""
         gemm = model.gemm
-        logits = gemm.linear(x, self.router, self.router_bias)
+        if isinstance(x, torch.Tensor):
+            logits = gemm.linear(x, self.router, self.router_bias)
+        else:
+            logits, x = x.route(model, self.router, self.router_bias)
         spec = self.spec
         plain = spec is None or (spec.num_groups == 1 and spec.routed_scaling_factor == 1.0)
         if plain and (spec is None or spec.scoring == "softmax") and self.correction_bias is None:

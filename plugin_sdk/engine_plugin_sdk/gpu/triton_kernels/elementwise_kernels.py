@@ -73,16 +73,16 @@ def fused_add_rms_norm_kernel(
 
 @triton.jit
 def summed_row_rms(
-    residual_out_ptr, x_ptr, residual_ptr, eps, row, offs, mask,
+    residual_out_ptr, x_ptr, residual_ptr, eps, row, offs, mask, store,
     stride_x, stride_res, stride_res_out, HIDDEN: tl.constexpr,
 ):
-    """Store row ``x + residual`` (rounded to the residual's dtype) and return it in float32 with the inverse of its
-    root mean square: ``(s, inv)``, the RMS norm being ``s * inv * w`` (every norm that adds a residual takes its
-    sum of squares from here, so their normalised rows agree bit for bit at one layout)."""
+    """Store row ``x + residual`` (rounded to the residual's dtype) where ``store`` holds and return it in float32
+    with the inverse of its root mean square: ``(s, inv)``, the RMS norm being ``s * inv * w`` (every norm that adds
+    a residual takes its sum of squares from here, so their normalised rows agree bit for bit at one layout)."""
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(residual_ptr + row * stride_res + offs, mask=mask, other=0.0).to(tl.float32)
     summed = (x + r).to(residual_out_ptr.dtype.element_ty)
-    tl.store(residual_out_ptr + row * stride_res_out + offs, summed, mask=mask)
+    tl.store(residual_out_ptr + row * stride_res_out + offs, summed, mask=store)
     s = summed.to(tl.float32)
     return s, 1.0 / tl.sqrt(tl.sum(s * s, 0) / HIDDEN + eps)
 
@@ -93,7 +93,7 @@ def _add_rms_norm_row(
     stride_x, stride_res, stride_res_out, HIDDEN: tl.constexpr,
 ):
     """Store row ``x + residual`` (rounded to the residual's dtype) and return its RMS norm in float32."""
-    s, inv = summed_row_rms(residual_out_ptr, x_ptr, residual_ptr, eps, row, offs, mask, stride_x, stride_res,
+    s, inv = summed_row_rms(residual_out_ptr, x_ptr, residual_ptr, eps, row, offs, mask, mask, stride_x, stride_res,
                             stride_res_out, HIDDEN)  # fmt: skip
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     return s * inv * w

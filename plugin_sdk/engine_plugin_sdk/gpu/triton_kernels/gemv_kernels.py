@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product
+from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product, summed_row_rms
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -135,4 +135,63 @@ def gated_gemv_kernel(
         acc_g += w_g.to(tl.float32) * x
         acc_u += w_u.to(tl.float32) * x
     y = gated_product(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1), ACT)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _normed_tile(x_ptr, res_ptr, nw_ptr, out_ptr, offs_k, K, inv, EVEN_K: tl.constexpr):
+    """Columns ``offs_k`` of ``rms_norm(x + residual) * w`` as the norm kernel writes them: the sum rounded to
+    ``out_ptr``'s dtype, then ``s * inv * w`` rounded again (``inv`` the row's inverse root mean square)."""
+    s = (_x_tile(x_ptr, offs_k, K, EVEN_K) + _x_tile(res_ptr, offs_k, K, EVEN_K)).to(out_ptr.dtype.element_ty)
+    normed = s.to(tl.float32) * inv * _x_tile(nw_ptr, offs_k, K, EVEN_K)
+    return normed.to(out_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def add_rms_norm_gemv_kernel(
+    x_ptr, res_ptr, nw_ptr, w_ptr, bias_ptr, y_ptr, normed_ptr, summed_ptr, eps,
+    N, K, stride_w,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    ROW: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
+):
+    """:func:`gemv_kernel` over ``n = rms_norm(x + residual) * nw`` (a mixture of experts' router after its norm):
+    every program sums the row and its squares itself (``ROW``, the power of two at or above ``K``, in one block)
+    and normalises each tile as it multiplies it; the first stores ``s = x + residual`` and ``n``, which the experts
+    read next. Why: the router is a few programs, so the row's sum in each costs less than the norm's own launch
+    between the attention's output projection and the router. ``PREFETCH`` as for :func:`gemv_kernel`."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rows = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    if USE_PDL:
+        gdc_launch_dependents()
+        w0, w1, w2, w3 = _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
+        gdc_wait()
+    cols = tl.arange(0, ROW)
+    ok = cols < K
+    first = cols < tl.where(pid == 0, K, 0)  # the first program's columns
+    s, inv = summed_row_rms(summed_ptr, x_ptr, res_ptr, eps, 0, cols, ok, first, 0, 0, 0, K)
+    nw = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(normed_ptr + cols, (s * inv * nw).to(normed_ptr.dtype.element_ty), mask=first)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k_first = 0
+    if USE_PDL:
+        offs = tl.arange(0, BLOCK_K)
+        acc += w0.to(tl.float32) * _normed_tile(x_ptr, res_ptr, nw_ptr, summed_ptr, offs, K, inv, EVEN_K)[None, :]
+        if PREFETCH >= 2:
+            n1 = _normed_tile(x_ptr, res_ptr, nw_ptr, summed_ptr, BLOCK_K + offs, K, inv, EVEN_K)
+            acc += w1.to(tl.float32) * n1[None, :]
+        if PREFETCH >= 3:
+            n2 = _normed_tile(x_ptr, res_ptr, nw_ptr, summed_ptr, 2 * BLOCK_K + offs, K, inv, EVEN_K)
+            acc += w2.to(tl.float32) * n2[None, :]
+        if PREFETCH >= 4:
+            n3 = _normed_tile(x_ptr, res_ptr, nw_ptr, summed_ptr, 3 * BLOCK_K + offs, K, inv, EVEN_K)
+            acc += w3.to(tl.float32) * n3[None, :]
+        k_first = PREFETCH * BLOCK_K
+    for k0 in range(k_first, K, BLOCK_K):
+        w, offs_k = _tile(x_ptr, w_ptr, rows, stride_w, k0, K, BLOCK_K, EVEN_K)
+        acc += w.to(tl.float32) * _normed_tile(x_ptr, res_ptr, nw_ptr, summed_ptr, offs_k, K, inv, EVEN_K)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)

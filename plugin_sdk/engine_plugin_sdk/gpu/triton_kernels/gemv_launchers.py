@@ -1,5 +1,5 @@
-"""Launchers of the single-row GEMVs (batch-1 decode): the plain product and the gated MLP's fused
-gate/up product with its activation."""
+"""Launchers of the single-row GEMVs (batch-1 decode): the plain product, the gated MLP's fused gate/up product
+with its activation, and a router's product with the residual norm before it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import gemv_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 #: the gated GEMV's ``ACT`` by the activation names of ``GemmBackend.gated_linear``
 GATED_ACTIVATIONS = {"silu": ek.SILU, "gelu_tanh": ek.GELU_TANH}
@@ -78,3 +79,32 @@ def gated_gemv(
         num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], d)
+
+
+def add_rms_norm_gemv(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor | None = None, block_n: int = 4, block_k: int = 1024, num_warps: int = 4,
+    num_stages: int = 2, prefetch: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(n @ weight.T (+ bias), n, s)`` for a single row: ``s = x + residual`` and ``n = rms_norm(s) *
+    norm_weight`` as ``fused_add_rms_norm`` computes them (``GemmBackend.add_rms_norm_router``), all in x's dtype.
+
+    Raises:
+        ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
+    """
+    n, k = weight.shape
+    flat = _single_row(x, weight, k)
+    res = _single_row(residual, weight, k)
+    if norm_weight.numel() != k or (bias is not None and bias.numel() != n):
+        raise ValueError(f"norm weight of {norm_weight.numel()} or bias of {bias.numel() if bias is not None else 0} "
+                         f"values for a {n} x {k} product")  # fmt: skip
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    normed, summed = torch.empty_like(flat), torch.empty_like(flat)
+    gk.add_rms_norm_gemv_kernel[(-(-n // block_n),)](
+        flat, res, norm_weight.contiguous(), weight, bias if bias is not None else y, y, normed, summed, eps,
+        n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, ROW=next_power_of_2(k),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
+    )  # fmt: skip
+    shape = x.shape[:-1]
+    return y.reshape(*shape, n), normed.reshape(*shape, k), summed.reshape(*shape, k)

@@ -76,7 +76,7 @@ def add_rms_norm_prepared_kernel(
     w = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if USE_PDL:
         gdc_wait()
-    s, inv = summed_row_rms(res_out_ptr, x_ptr, res_ptr, eps, 0, cols, ok, 0, 0, 0, HIDDEN)
+    s, inv = summed_row_rms(res_out_ptr, x_ptr, res_ptr, eps, 0, cols, ok, ok, 0, 0, 0, HIDDEN)
     y = (s * inv * w).to(res_out_ptr.dtype.element_ty).to(tl.float32)
     by_slot = _by_slot(y, COLS, BLOCK, BITS)
     # each slot's largest magnitude: below 2**(e - 126), so times 2**(141 - e) below 2**15, where a 16-bit float
