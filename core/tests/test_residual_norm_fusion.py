@@ -90,11 +90,18 @@ def test_fused_norms_give_the_unfused_tokens(tmp_path: Path, architecture: str, 
 LLM_LAYERS = 2
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"])
-def test_a_router_takes_its_norm_and_gives_the_unfused_tokens(tmp_path: Path, architecture: str) -> None:
-    """Each mixture-of-experts layer hands its MLP norm to the router, whose experts (and Qwen2-MoE's shared
-    expert) read the normalised rows it returns: the same tokens and log-probabilities, bit for bit."""
-    path = save_tiny_with_a_llama_tokenizer(architecture, str(tmp_path))
+@pytest.mark.parametrize(
+    ("architecture", "overrides"),
+    [
+        ("Qwen3MoeForCausalLM", {}),
+        ("Qwen2MoeForCausalLM", {}),  # a gated shared expert reads the normalised rows too
+        ("GptOssForCausalLM", {"num_local_experts": 4, "intermediate_size": 64, "pad_token_id": 0}),  # a router bias
+    ],
+)
+def test_a_router_takes_its_norm_and_gives_the_unfused_tokens(tmp_path: Path, architecture: str, overrides: dict) -> None:
+    """Each mixture-of-experts layer hands its MLP norm to the router, whose experts (and a shared expert) read the
+    normalised rows it returns: the same tokens and log-probabilities, bit for bit."""
+    path = save_tiny_with_a_llama_tokenizer(architecture, str(tmp_path), **overrides)
     tokens, logprobs, _ = _decode(path, fuse=False)
     fused_tokens, fused_logprobs, calls = _decode(path, fuse=True, router=True)
     assert (fused_tokens, fused_logprobs) == (tokens, logprobs)
