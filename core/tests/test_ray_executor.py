@@ -4,11 +4,16 @@ test_parallel_decode_graphs.py::test_ray_ranks_replay_in_lockstep: each Ray engi
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from engine import LLM
 
-ray = pytest.importorskip("ray", reason="the Ray executor needs ray (installed with the test extras)")
+# found, not imported: importing ray takes most of a second, which each test worker's collection would pay
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="the Ray executor needs ray (installed with the test extras)"
+)
 
 
 def _llm(path: str, **kwargs) -> LLM:

@@ -5,7 +5,6 @@ stop sequences and Anthropic-shaped errors."""
 
 from __future__ import annotations
 
-import anthropic
 import pytest
 from fastapi.testclient import TestClient
 from test_server_routes import tiny_engine
@@ -27,6 +26,8 @@ def http(tiny_llama_dir):
 
 @pytest.fixture(scope="module")
 def client(http):
+    import anthropic  # here, not at the top: importing it takes 2 s, which each test worker's collection would pay
+
     return anthropic.Anthropic(base_url=str(http.base_url), api_key="unused", http_client=http, max_retries=0)
 
 
@@ -104,6 +105,8 @@ def test_stop_sequences_report_the_one_matched(client, model):
 
 
 def test_errors_take_anthropics_shape(client, model, http):
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "x"}], extra_body={"frobnicate": 1})
     assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"

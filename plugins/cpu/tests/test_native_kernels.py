@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine_plugin_cpu import native_build
 from engine_plugin_cpu.fast_ops import NativeOps
 from engine_plugin_cpu.fast_ops import add_layer_norm as torch_add_layer_norm
 from engine_plugin_cpu.gemm import BYTE_TILES, TILED4_MAX_PACKED_ROWS, CpuGemmBackend, PackedWeight
@@ -56,16 +59,37 @@ def test_load_native_gives_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded.lib is None and "ENGINE_CPU_NATIVE" in loaded.reason
 
 
-def test_an_unwritable_cache_falls_back_to_the_temporary_directory(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The compiler's runs from now on (the library each would build), each giving the library this process built
+    from the same sources and flags in the default cache: the cache tests below check where the kernels are built
+    and loaded from, not the compiler (test_native_build_progress runs it into a fresh folder)."""
     if not _supported():
         pytest.skip("no C kernels on this machine")
+    built = load_native().lib
+    assert built is not None
+    runs: list[str] = []
+
+    def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        out = cmd[cmd.index("-o") + 1]
+        runs.append(out)
+        shutil.copyfile(built._name, out)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    compiler = SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired)
+    monkeypatch.setattr(native_build, "subprocess", compiler)
+    return runs
+
+
+def test_an_unwritable_cache_falls_back_to_the_temporary_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, builds: list[str]
+) -> None:
     monkeypatch.setenv("ENGINE_CPU_KERNEL_CACHE", "/proc/engine-cannot-write-here")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     loaded = load_native()
     assert loaded.lib is not None, loaded.reason
     assert list((tmp_path / f"engine-cpu-kernels-{os.getuid()}").glob("cpu_kernels-*.so"))
+    assert len(builds) == 1
 
 
 def test_ownership_problem_refuses_folders_and_files_others_can_write(tmp_path) -> None:
@@ -86,11 +110,11 @@ def test_ownership_problem_refuses_folders_and_files_others_can_write(tmp_path) 
     assert "cannot inspect" in ownership_problem(tmp_path / "missing", folder=True)
 
 
-def test_a_kernel_cache_others_can_write_is_not_loaded_from(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_kernel_cache_others_can_write_is_not_loaded_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, builds: list[str]
+) -> None:
     """A library planted in a world-writable cache folder is never loaded; the kernels are built in a
     private folder instead, and a cached file others could have rewritten is rebuilt."""
-    if not _supported():
-        pytest.skip("no C kernels on this machine")
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
@@ -99,7 +123,7 @@ def test_a_kernel_cache_others_can_write_is_not_loaded_from(monkeypatch: pytest.
     private = tmp_path / f"engine-cpu-kernels-{os.getuid()}"
     assert load_native().lib is not None
     (built,) = private.glob("cpu_kernels-*.so")
-    assert not list(shared.iterdir())
+    assert not list(shared.iterdir()) and len(builds) == 1 and os.path.dirname(builds[0]) == str(private)
     assert ownership_problem(private, folder=True) == ""
     # a planted file of the right name in the shared folder: loading it would fail, so success shows it was not
     (shared / built.name).write_bytes(b"not a library")
@@ -114,6 +138,7 @@ def test_a_kernel_cache_others_can_write_is_not_loaded_from(monkeypatch: pytest.
     loaded = load_native()
     assert loaded.lib is not None, loaded.reason
     assert ownership_problem(built, folder=False) == ""
+    assert len(builds) == 2  # built once, then again in place of the planted file (the shared one never)
 
 
 def _tile(scheme: str, data: torch.Tensor, shape: tuple[int, int]):

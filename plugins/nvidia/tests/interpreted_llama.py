@@ -19,11 +19,11 @@ def greedy_tokens(llm: LLM, prompts: list[list[int]], max_tokens: int = 5) -> li
 
 
 def tiny_llama_reference(
-    folder: Path, prompts: list[list[int]], max_num_seqs: int
+    folder: Path, prompts: list[list[int]], max_num_seqs: int, num_layers: int = 2
 ) -> tuple[dict[str, object], list[list[int]]]:
-    """Build the tiny Llama (head size 64) in ``folder``: its ``LLM`` settings (float32, blocks of 16) and the
-    eager engine's greedy tokens for ``prompts``."""
-    build_tiny_llama(folder, head_dim=64)
+    """Build the tiny Llama (head size 64, ``num_layers`` layers) in ``folder``: its ``LLM`` settings (float32,
+    blocks of 16) and the eager engine's greedy tokens for ``prompts``."""
+    build_tiny_llama(folder, head_dim=64, num_layers=num_layers)
     common = {"model": str(folder), "device": "cuda", "dtype": "float32", "block_size": 16, "max_num_seqs": max_num_seqs}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(INTERPRET_ENV, "1")

@@ -52,9 +52,9 @@ def test_gated_fragment_product_matches_float64(
 ) -> None:
     """1, 3 and 8 rows of bf16 / fp16 through the backend's ``gated_linear``: one fragment launch each (no
     separate activation kernel), equal to ``act(x @ G.T) * (x @ U.T)`` in float64 within the dtype's
-    tolerance; 44 features, so the last program's gate and up rows run past the features' end."""
+    tolerance; 12 features (programs of 8), so the last program's gate and up rows run past the features' end."""
     seed = int(torch.randint(0, 1 << 30, ()))
-    features, in_features = 44, 512
+    features, in_features = 12, 512
     weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed)
     gemm = CudaGemmBackend(device)
     tiles = INTERPRETER_GROUPED_INT_TILES if device.type == "cpu" else H200_GROUPED_INT_TILES
@@ -92,10 +92,10 @@ def test_gated_gemv_matches_float64(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """One row of bf16 / fp16 / float32 through ``gated_linear`` with the fragment kernel from two rows: the word
-    or byte GEMV (four rows a program, as on the GPU) writes ``act(gate) * up`` itself; 45 features, so the last
-    program's second feature is past the end."""
+    or byte GEMV (four rows a program, as on the GPU) writes ``act(gate) * up`` itself; 7 features (four programs),
+    so the last program's second feature is past the end."""
     seed = int(torch.randint(0, 1 << 30, ()))
-    features, in_features = 45, 512
+    features, in_features = 7, 512
     weight = _stacked_weight(features, in_features, zero_scales, act_order, device, seed, group, bits)
     gemm = CudaGemmBackend(device)
     gemm.triton_grouped_int = gemm.triton_gated = True

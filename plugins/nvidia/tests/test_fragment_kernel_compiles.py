@@ -19,20 +19,29 @@ import pytest
 PROBE = Path(__file__).with_name("fragment_compile_probe.py")
 GEMV_PROBE = Path(__file__).with_name("gemv_compile_probe.py")
 DOT_PROBE = Path(__file__).with_name("dot_gemv_compile_probe.py")
+#: runs several probes in one process
+PROBES = Path(__file__).with_name("compile_probes.py")
 
 
-def run_probe(probe: Path) -> object:
+def run_probe(probe: Path, *args: str) -> object:
     """What ``probe`` printed, run without ``TRITON_INTERPRET`` (skips where Triton has no ``ptxas``)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(probe), *args], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode == 3:
         pytest.skip(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
-    results = run_probe(PROBE)
+@pytest.fixture(scope="module")
+def printed() -> dict:
+    """What each of this module's probes printed, by its file name (the three run in one process: its start, with
+    torch and Triton, took about as long as a probe's compiles)."""
+    return run_probe(PROBES, *(probe.stem for probe in (PROBE, GEMV_PROBE, DOT_PROBE)))
+
+
+def test_fragment_asm_assembles_with_the_layout_it_assumes(printed: dict) -> None:
+    results = printed[PROBE.stem]
     assert len(results) == 8
     for case in results:
         # per word two products and (blocks of 128 columns or more) two activation sums, four words a chunk
@@ -49,23 +58,23 @@ def test_fragment_asm_assembles_with_the_layout_it_assumes() -> None:
         assert case["prefetches_in_loop"] == (0 if covered or not prefetch else 2), case
 
 
-def test_gemv_loops_pipeline_only_when_asked() -> None:
+def test_gemv_loops_pipeline_only_when_asked(printed: dict) -> None:
     """The word GEMV's and the byte GEMV's reduction loops past their first tile: plain (``LOOP_STAGES=1``, no
     ``cp.async``: the launch's ``num_stages`` does not reach a loop without a ``tl.dot``) and pipelined by
     Triton when ``GroupedIntTiles.gemv_loop_stages`` asks (copies ahead through shared memory)."""
-    copies = run_probe(GEMV_PROBE)
+    copies = printed[GEMV_PROBE.stem]
     assert copies["word 1"] == 0 and copies["byte 1"] == 0, copies
     assert copies["word 3"] > 0 and copies["byte 3"] > 0, copies
     assert copies["word gated 1"] == 0 and copies["word gated 3"] > 0, copies
     assert copies["byte gated 1"] == 0 and copies["byte gated 3"] > 0, copies
 
 
-def test_six_bit_dot_gemv_hands_its_asm_the_plane_as_two_registers() -> None:
+def test_six_bit_dot_gemv_hands_its_asm_the_plane_as_two_registers(printed: dict) -> None:
     """Over 6-bit codes the integer-dot GEMV reads a block's plane as one 8-byte load beside its 16-byte words, and
     its asm takes the plane's four int16 halves as two 32-bit registers after the four words (``$8`` = ``A``,
     ``$9`` = ``B``, as :func:`_dot6_asm` reads them); no layout shuffle through shared memory beyond the 8-bit
     kernel's (the plane in a thread's own registers, as its words)."""
-    cases = {(case["bits"], case["in_features"]): case for case in run_probe(DOT_PROBE)}
+    cases = {(case["bits"], case["in_features"]): case for case in printed[DOT_PROBE.stem]}
     for width in (4096, 14336):
         six, eight = cases[6, width], cases[8, width]
         assert six["operands"] == ["i32"] * 4 + ["<2 x i16>"] * 2 + ["i32"] * 16, six

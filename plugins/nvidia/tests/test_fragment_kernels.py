@@ -70,7 +70,7 @@ def test_fragment_kernel_reads_words_into_tensor_core_operands(
     # reading ahead: enough chunks that every register set of the read-ahead takes its turn; with ``ahead`` and
     # 128 columns a block an even number of chunks too (the read-ahead past the last chunk reads the last again)
     blocks = 3 if depth == 1 else 8 if ahead and block == 128 and zero_scales else 7
-    in_features, out_features = blocks * block, 40
+    in_features, out_features = blocks * block, 24
     codes, scales, prepared, perm = _packed_codes(gen, out_features, in_features, block, zero_scales, block == 128,
                                                   device)  # fmt: skip
     calls = _count_fragment_launches(monkeypatch)
@@ -111,7 +111,7 @@ def test_fragment_kernel_takes_narrow_blocks_into_its_operands(
     product fused and act-order (``gated``), an odd chunk count for the warps, and features past the last tile
     of 16."""
     gen = torch.Generator().manual_seed(31 + block + depth)
-    in_features, out_features = 5 * 128, 40
+    in_features, out_features = 5 * 128, 24
     # act-order with the gated product (GPTQ's small groups)
     codes, _, prepared, perm = _packed_codes(gen, out_features, in_features, block, zero_scales, gated, device)
     calls = _count_fragment_launches(monkeypatch)

@@ -186,12 +186,12 @@ def test_two_level_scales_give_the_same_bits_through_every_kernel(device) -> Non
     }  # fmt: skip
     gen = torch.Generator().manual_seed(fresh_seed())
     for scheme in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_q3_k", "gguf_q2_k", "gguf_iq4_xs"):
-        weight = make_quantized_weight(scheme, 40, 512, seed=fresh_seed())
+        weight = make_quantized_weight(scheme, 20, 512, seed=fresh_seed())
         block = 16 if scheme in NARROW else 32
         two = pack_grouped_int(weight, block, device)
         one = pack_grouped_int(weight, block, device, two_level=False)
         assert two.sub_groups and not one.sub_groups
-        bias = torch.randn(40, generator=gen).half().to(device)
+        bias = torch.randn(20, generator=gen).half().to(device)
         for rows, variants in paths.items():
             x = torch.randn(rows, 512, generator=gen).half().to(device)
             for tiles in variants:

@@ -156,7 +156,8 @@ def test_gguf_moe_experts_load_on_the_gpu_path(tmp_path: Path, monkeypatch: pyte
         pytest.skip("a GPU is visible: device cuda is not the interpreter here")
     monkeypatch.setenv(INTERPRET_ENV, "1")
     path = tmp_path / "tiny-moe.gguf"
-    write_qwen3moe_gguf(path, "gguf_q8_0", hidden=128, width=128, heads=2, kv_heads=1, seed=3)
+    # one layer: a second runs the same kernels again
+    write_qwen3moe_gguf(path, "gguf_q8_0", hidden=128, width=128, layers=1, heads=2, kv_heads=1, seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     runs = []
     for quantization in ("auto", "none"):

@@ -33,8 +33,8 @@ def _decode(path: str, quantization: str) -> tuple[list[list[int]], list[list[fl
               max_num_seqs=4, max_model_len=64, kv_cache_memory_bytes=8 << 20)  # fmt: skip
     layer = llm.llm_engine.model.layers[0]
     packed = sum(_packed(getattr(layer, f)) for f in ("qkv", "o_proj", "gate_up", "down"))
-    # the prompts' step, then two decode steps of the four sequences
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=0)
+    # the prompts' step (19 rows: the GEMM), then a decode step of the four sequences (the fragment kernel)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=0)
     outs = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     llm.shutdown()
     tokens = [list(o.token_ids) for o in outs]

@@ -331,25 +331,29 @@ def test_interpreter_claims_what_its_backend_runs(monkeypatch: pytest.MonkeyPatc
     assert set(claimed) == set(platform.make_gemm_backend().supported_quant_schemes)
 
 
+#: the GEMV's outputs: a partial last program at 16, 4 and 2 rows a program (two or more programs at each)
+GEMV_OUT = 19
+
+
 def _gemv_cases() -> list[tuple[str, QuantizedWeight]]:
     """A weight of each form the GEMV specialises on (fresh random values on each call)."""
     seed = int(torch.randint(0, 1 << 30, ()))
     gen = torch.Generator().manual_seed(seed)
-    codes4 = torch.randint(0, 16, (37, 224), generator=gen)
+    codes4 = torch.randint(0, 16, (GEMV_OUT, 224), generator=gen)
     # fp16-exact scales and one zero point (GPTQ's symmetric form): float16 scales, no zero scales
-    symmetric = grouped_int_weight(codes4, (torch.rand(37, 7, generator=gen) / 8).half().float(),
-                                   torch.full((37, 7), 8.0), 32, 4)  # fmt: skip
+    symmetric = grouped_int_weight(codes4, (torch.rand(GEMV_OUT, 7, generator=gen) / 8).half().float(),
+                                   torch.full((GEMV_OUT, 7), 8.0), 32, 4)  # fmt: skip
     return [
         ("int4 symmetric", symmetric),
-        ("int4 act-order", make_quantized_weight("int4_grouped", 37, 256, seed=seed)),
-        ("int8 act-order", make_quantized_weight("int8_grouped", 37, 256, seed=seed + 1)),
-        *((scheme, make_quantized_weight(scheme, 37, 256, seed=seed + 2)) for scheme in GGUF_PACKED),
+        ("int4 act-order", make_quantized_weight("int4_grouped", GEMV_OUT, 256, seed=seed)),
+        ("int8 act-order", make_quantized_weight("int8_grouped", GEMV_OUT, 256, seed=seed + 1)),
+        *((scheme, make_quantized_weight(scheme, GEMV_OUT, 256, seed=seed + 2)) for scheme in GGUF_PACKED),
     ]
 
 
 @pytest.mark.parametrize("rows_per_program", [16, 4, 2, 1])
 def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program: int) -> None:
-    """One activation row through the GEMV: 37 outputs (a partial last program), reductions that the
+    """One activation row through the GEMV: 19 outputs (a partial last program), reductions that the
     iteration width does not divide (masked sub-blocks), perm, bias and float32 logits. Every form through
     the wide (interpreter's) kernel; in the interpreter, the unrolled (GPU's) kernel takes a second per
     program of 4 rows, so it gets a few of the forms there, all of them on a GPU."""
@@ -370,11 +374,11 @@ def test_gemv_matches_float64_reference(device, kernel_dtypes, rows_per_program:
                 prepared = gemm.prepare_weight(weight, dtype)
                 assert isinstance(prepared, GroupedIntWeight), name
                 x = torch.randn(1, weight.shape[1]).to(dtype)
-                bias = torch.randn(37).to(dtype)
+                bias = torch.randn(GEMV_OUT).to(dtype)
                 what = f"{name} {dtype} rows={rows_per_program} row_bytes={row_bytes}"
                 tol = get_tolerance(dtype, quantized=True)
                 got = gemm.linear(x.to(device), prepared, bias.to(device))
-                assert got.shape == (1, 37) and got.dtype == dtype
+                assert got.shape == (1, GEMV_OUT) and got.dtype == dtype
                 problem = compare(got, ref_quantized_linear(x, weight, bias), tol, what)
                 assert not problem, problem
                 logits = gemm.logits(x.to(device), prepared)

@@ -22,10 +22,11 @@ from engine_plugin_sdk.tolerances import compare, get_tolerance
 
 #: GGUF's K-quants need 256 columns a super-block: both projections reduce over 256
 HIDDEN, INTER, EXPERTS, TOP_K = 256, 256, 5, 3
-#: the grouped GEMM for every batch, with interpreter-sized tiles (two packed blocks a tile)
-GEMM_ONLY = MoeTiles(gemv_max_slots=0, gemm=((0, 16, 16, 64, 4, 1),), align_block_t=16)
-#: the GEMV with two 128-column tiles a reduction
-GEMV = dataclasses.replace(INTERPRETER_MOE_TILES, gate_up_gemv=(32, 128, 4), down_gemv=(64, 128, 4))
+#: the grouped GEMM for every batch, with interpreter-sized tiles (two packed blocks a reduction tile; 64 output
+#: columns a program: the interpreter's time goes by programs, and 16 ran four times as many for the same code)
+GEMM_ONLY = MoeTiles(gemv_max_slots=0, gemm=((0, 16, 64, 64, 4, 1),), align_block_t=16)
+#: the GEMV with two 128-column tiles a reduction (64 output columns a program, as above)
+GEMV = dataclasses.replace(INTERPRETER_MOE_TILES, gate_up_gemv=(64, 128, 4), down_gemv=(64, 128, 4))
 
 
 def backend(device: torch.device, tiles: MoeTiles) -> CudaGemmBackend:
@@ -156,9 +157,10 @@ def test_a_gptq_moe_checkpoint_keeps_its_experts_packed_on_the_gpu_path(tmp_path
     # the embedded model's tokenizer (SmolLM2's vocabulary, the tiny model's) from its GGUF: the folder has none
     no_tokenizer = tmp_path / "no-tokenizer"
     no_tokenizer.mkdir()
+    # one layer: a second runs the same kernels again
     plain = save_tiny("Qwen3MoeForCausalLM", str(tmp_path / "plain"), str(no_tokenizer), num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=64)  # fmt: skip
+                      num_key_value_heads=1, head_dim=64, num_hidden_layers=1)  # fmt: skip
     path, reference = write_gptq(plain, str(tmp_path / "gptq"), str(tmp_path / "reference"), bits=4, group=32,
                                  symmetric=False, act_order=True, shared_order=True)  # fmt: skip
     llm = LLM(model=path, tokenizer=_tokenizer(), device="cuda", dtype="float32", max_model_len=128,
