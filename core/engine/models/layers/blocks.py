@@ -272,12 +272,15 @@ class DecoderLayer:
         x, residual = self.attention_norm(model, hidden, residual)
         return self.finish(model, x, self.attention(model, x, tables, kv_cache, meta), residual, fuse=True)
 
-    def _norm_fuses(self, model: DenseDecoder, weight: torch.Tensor | None, fp8: Any, product: Any) -> bool:
-        """Whether the residual add and RMS norm before ``product`` go into that product
-        (:attr:`GemmBackend.fuses_residual_norm`): the product must be the only reader of the norm's output (one
-        weight, no adapter, no parallel branches; the callers rule out latent attention and experts)."""
+    def _norm_fuses(
+        self, model: DenseDecoder, weight: torch.Tensor | None, fp8: Any, product: Any, claimed: bool | None = None
+    ) -> bool:
+        """Whether the residual add and RMS norm before ``product`` go into that product where the backend claims it
+        (``claimed``, by default :attr:`GemmBackend.fuses_residual_norm`): the product must be the only reader of the
+        norm's output (one weight, no adapter, no parallel branches; the callers rule out latent attention), or hand
+        the output on (a router's, :meth:`_mlp_norm_fuses`)."""
         return (
-            model.gemm.fuses_residual_norm
+            (model.gemm.fuses_residual_norm if claimed is None else claimed)
             and model.spec.norm != "layer"
             and not model.spec.parallel
             and weight is not None
@@ -292,13 +295,7 @@ class DecoderLayer:
         product also returns the norm's output for the experts."""
         if self.moe is None:
             return self._norm_fuses(model, self.pre_mlp, self.gate_up_fp8, self.gate_up)
-        return (
-            model.gemm.fuses_router_norm
-            and model.spec.norm != "layer"
-            and not model.spec.parallel
-            and self.pre_mlp is not None
-            and self.lora is None
-        )
+        return self._norm_fuses(model, self.pre_mlp, None, self.moe.router, model.gemm.fuses_router_norm)
 
     def attention_norm(
         self, model: DenseDecoder, hidden: torch.Tensor, residual: torch.Tensor | None
