@@ -73,8 +73,10 @@ FAST_MEMORY_DOT_GEMV = {"dot_gemv_rows": 16, "dot_gemv_prepared": True, "dot_gem
 #: at 4 x 256 with them, and 4 x 256 with 8 early experts 305.8, while the H200 measured 4 x 1,024's early tiles +2.5%
 #: (2026-12-04); ``benchmarks/nvidia_h200_pending.sh moe-tiles`` is the H200's A/B of the three.
 FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
-#: ``1``: a mixture of experts' router takes the residual norm before it into its batch-1 GEMV (one launch a layer
-#: fewer, :meth:`CudaGemmBackend.add_rms_norm_router`)
+#: ``0``: a mixture of experts' router leaves the residual norm before it to the norm kernel. By default its batch-1
+#: GEMV takes the norm (one launch a layer fewer, :meth:`CudaGemmBackend.add_rms_norm_router`): on the H200 stand-in
+#: (an H100 at 94 SMs, 2026-12-07) Qwen3-30B-A3B batch 1 ran 326.7 / 326.7 tok/s with it against 323.9 / 325.4
+#: without, alternated in one process (``benchmarks/nvidia_h200_pending.sh router-norm``)
 ROUTER_NORM_ENV = "ENGINE_NVIDIA_ROUTER_NORM"
 
 
@@ -96,9 +98,9 @@ class CudaGemmBackend(TorchGemmBackend):
         if fp8_dtype not in (None, FP8_DTYPE):
             raise ValueError(f"fp8_dtype must be {FP8_DTYPE!r} or None on NVIDIA, got {fp8_dtype!r}")
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
-        # the router's product with its norm (add_rms_norm_router): not yet timed on a GPU against the norm's own
-        # launch, so asked for by name until it is (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
-        self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "0").strip() == "1"
+        # the router's product with its norm (add_rms_norm_router), unless turned off for an A/B
+        # (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
+        self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "1").strip() != "0"
 
     def _grouped_int_tiles(self) -> Any:
         # NVIDIA's tiles add the tensor-core kernels for a few rows (their inline PTX runs on no other vendor);
