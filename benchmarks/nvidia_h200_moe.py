@@ -272,7 +272,8 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
         runs = [
-            (variant, keys, tiles, last, moe_tiles, router_norm)
+            (variant, keys, tiles, last, moe_tiles, router_norm, env)
+            for env in (args.env_ab or [None])
             for router_norm in (args.router_norm_ab or [None])
             for moe_tiles in (args.moe_tiles_ab or [None])
             for last in (args.merge_last_ab or [None])
@@ -280,7 +281,10 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             for keys in (args.min_split_keys or [None])
             for variant in args.experts
         ]
-        for run, (variant, keys, tiles, last, moe_tiles, router_norm) in enumerate(runs):
+        for run, (variant, keys, tiles, last, moe_tiles, router_norm, env) in enumerate(runs):
+            if env is not None:
+                # plugin settings read when an engine's backend is made (NAME=VALUE+NAME=VALUE): the A/B
+                os.environ.update(dict(item.split("=", 1) for item in env.split("+")))
             if router_norm is not None:
                 # the router's GEMV with the norm before it (CudaGemmBackend.add_rms_norm_router): the A/B
                 os.environ["ENGINE_NVIDIA_ROUTER_NORM"] = str(router_norm)
@@ -314,6 +318,7 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             name += "" if last is None else f"_merge_last={last}"
             name += "" if moe_tiles is None else f"_moe_tiles={moe_tiles}_run{run}"  # a variant may run twice
             name += "" if router_norm is None else f"_router_norm={router_norm}_run{run}"
+            name += "" if env is None else f"_{env}_run{run}"
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
                 "decode_tok_s": rate, "ratio_to_roofline": rate / roofline, "load_s": load_s,
@@ -447,6 +452,9 @@ def main() -> None:
             p.add_argument("--router-norm-ab", type=int, nargs="*", default=[],
                            help="each run's ENGINE_NVIDIA_ROUTER_NORM (0 / 1: the router's GEMV takes its norm), "
                            "one engine each")
+            p.add_argument("--env-ab", nargs="*", default=[],
+                           help="each run's plugin settings as NAME=VALUE+NAME=VALUE (e.g. ENGINE_NVIDIA_LINEAR_NORM=0 "
+                           "ENGINE_NVIDIA_LINEAR_NORM=16,256,4), one engine each in this process")
             p.add_argument("--min-split-keys", type=int, nargs="*", default=[],
                            help="each run's KernelTuning.decode_min_split_keys (the A/B), one engine each")
             p.add_argument("--gemv-tiles", nargs="*", default=[],

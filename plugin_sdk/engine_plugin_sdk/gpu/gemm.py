@@ -127,6 +127,10 @@ class TorchGemmBackend(GemmBackend):
         #: (:meth:`add_rms_norm_router`): off on GPUs until timed on one against the norm's own launch; the
         #: platform turns it on in interpreter mode, which checks it
         self.triton_router_norm = False
+        #: take a layer's residual norm into the single-row product of a plain float weight that reads it (the
+        #: attention's q/k/v; :meth:`add_rms_norm_linear`), every program summing the row itself: off unless a
+        #: plugin asks (its tile: :meth:`_linear_norm_tile`)
+        self.triton_linear_norm = False
 
     @property
     def gated_activations(self) -> frozenset[str]:  # type: ignore[override]
@@ -210,8 +214,12 @@ class TorchGemmBackend(GemmBackend):
 
     @property
     def fuses_residual_norm(self) -> bool:  # type: ignore[override]
-        """Where the grouped-integer tiles ask for it (``dot_gemv_residual_norm`` or ``dot_gemv_prepared``; the
-        defaults do not) and the Triton kernels run. Read by every layer of an eager step: no import, no tiles built."""
+        """Where :attr:`triton_linear_norm` asks for it, or the grouped-integer tiles do (``dot_gemv_residual_norm``
+        or ``dot_gemv_prepared``; the defaults do not) and the Triton kernels run. Read by every layer of an eager
+        step: no import, no tiles built."""
+        return self.triton_linear_norm or self._grouped_int_norm()
+
+    def _grouped_int_norm(self) -> bool:
         tiles = self.grouped_int_tiles
         return (
             self.triton_grouped_int and self.triton_gated and tiles is not None
@@ -223,8 +231,9 @@ class TorchGemmBackend(GemmBackend):
         activation: str | None = None,
     ) -> tuple[Any, Any]:  # fmt: skip
         """The integer-dot GEMV with the norm in its programs or handed the row converted, where it takes the row
-        (one row of a single-step grouped-integer product); else the Triton norm, then :meth:`linear` or
-        :meth:`gated_linear`."""
+        (one row of a single-step grouped-integer product); one row against a plain float weight, not gated, with
+        :attr:`triton_linear_norm`: the GEMV that sums and normalises the row in each program; else the Triton norm,
+        then :meth:`linear` or :meth:`gated_linear`."""
         if not self.fuses_residual_norm:
             return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
         from engine_plugin_sdk.gpu.triton_kernels import launchers
@@ -232,7 +241,7 @@ class TorchGemmBackend(GemmBackend):
 
         if activation is not None and activation not in self.gated_activations:
             raise ValueError(f"{type(self).__name__} gates {sorted(self.gated_activations)}, not {activation!r}")
-        if isinstance(weight, GroupedIntWeight):
+        if isinstance(weight, GroupedIntWeight) and self._grouped_int_norm():
             from engine_plugin_sdk.gpu.triton_kernels import grouped_int_gemv_rows as gated_rows
             from engine_plugin_sdk.gpu.triton_kernels.grouped_int_norm_launchers import (
                 grouped_int_add_rms_norm_linear,
@@ -244,6 +253,12 @@ class TorchGemmBackend(GemmBackend):
             )
             if fused is not None:
                 return fused
+        elif self.triton_linear_norm and activation is None and _float_single_row(x, residual, weight):
+            from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import add_rms_norm_gemv
+
+            tile = self._linear_norm_tile()
+            product, _, summed = add_rms_norm_gemv(x, residual, norm_weight, eps, weight, bias, **tile)
+            return product, summed
         normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, eps)
         if activation is None:
             return self.linear(normed, weight, bias), summed
@@ -264,10 +279,7 @@ class TorchGemmBackend(GemmBackend):
             return super().add_rms_norm_router(x, residual, norm_weight, eps, router, bias)
         from engine_plugin_sdk.gpu.triton_kernels import launchers
 
-        if (
-            isinstance(router, torch.Tensor) and router.dtype == x.dtype and router.stride(-1) == 1
-            and x.numel() == router.shape[1] and residual.numel() == x.numel()
-        ):  # fmt: skip
+        if _float_single_row(x, residual, router):
             from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import add_rms_norm_gemv
 
             return add_rms_norm_gemv(x, residual, norm_weight, eps, router, bias, **self._router_norm_tile())
@@ -276,6 +288,10 @@ class TorchGemmBackend(GemmBackend):
 
     def _router_norm_tile(self) -> dict[str, int]:
         """The launch parameters of :meth:`add_rms_norm_router`'s GEMV (a plugin's override: its own GEMV tile)."""
+        return {}
+
+    def _linear_norm_tile(self) -> dict[str, int]:
+        """The launch parameters of :meth:`add_rms_norm_linear`'s float GEMV (a plugin's override)."""
         return {}
 
     def logits(self, x: Any, weight: Any) -> Any:
@@ -495,3 +511,12 @@ def dequantize_rows(x: RowQuantizedActivations) -> torch.Tensor:
     """The plain activations FP8 rows stand for, in their activation dtype (for a weight that cannot
     take them quantized)."""
     return (x.data.float() * x.scale).to(x.dtype)
+
+
+def _float_single_row(x: Any, residual: Any, weight: Any) -> bool:
+    """Whether the GEMV with the norm in its programs takes this product: one row against a contiguous weight of the
+    row's own float dtype (not FP8, not packed)."""
+    return (
+        isinstance(weight, torch.Tensor) and weight.dtype == x.dtype and weight.stride(-1) == 1
+        and x.numel() == weight.shape[1] and residual.numel() == x.numel()
+    )  # fmt: skip

@@ -78,6 +78,10 @@ FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
 #: (an H100 at 94 SMs, 2026-12-07) Qwen3-30B-A3B batch 1 ran 326.7 / 326.7 tok/s with it against 323.9 / 325.4
 #: without, alternated in one process (``benchmarks/nvidia_h200_pending.sh router-norm``)
 ROUTER_NORM_ENV = "ENGINE_NVIDIA_ROUTER_NORM"
+#: ``1`` (or a tile ``block_n,block_k,num_warps``): the attention's q/k/v takes the residual norm before it into its
+#: batch-1 GEMV (:meth:`CudaGemmBackend.add_rms_norm_linear`), every program summing the row itself. Off until
+#: timed: the router's 32 programs gained by it, q/k/v has hundreds (``nvidia_h200_moe.py decode --env-ab``)
+LINEAR_NORM_ENV = "ENGINE_NVIDIA_LINEAR_NORM"
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -101,6 +105,9 @@ class CudaGemmBackend(TorchGemmBackend):
         # the router's product with its norm (add_rms_norm_router), unless turned off for an A/B
         # (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
         self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "1").strip() != "0"
+        # asked for by name (in the interpreter too, which runs the same kernel on the CPU)
+        self.linear_norm_tile = linear_norm_tile(os.environ.get(LINEAR_NORM_ENV, "0"))
+        self.triton_linear_norm = self.linear_norm_tile is not None
 
     def _grouped_int_tiles(self) -> Any:
         # NVIDIA's tiles add the tensor-core kernels for a few rows (their inline PTX runs on no other vendor);
@@ -134,6 +141,9 @@ class CudaGemmBackend(TorchGemmBackend):
     def _router_norm_tile(self) -> dict[str, int]:
         # a router is a narrow product (experts x hidden): the narrow weights' GEMV tile
         return GEMV_TILE
+
+    def _linear_norm_tile(self) -> dict[str, int]:
+        return self.linear_norm_tile or GEMV_TILE
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):
@@ -211,3 +221,22 @@ def _gemv_fits(x: Any, weight: Any) -> bool:
         and x.dtype == weight.dtype
         and x.numel() == weight.shape[1]
     )
+
+
+def linear_norm_tile(setting: str) -> dict[str, int] | None:
+    """:data:`LINEAR_NORM_ENV`'s tile: None for ``0`` (off), the narrow GEMV tile for ``1``, else ``block_n,block_k,
+    num_warps`` with two tiles ahead of the PDL wait.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    setting = setting.strip()
+    if setting in ("", "0"):
+        return None
+    if setting == "1":
+        return dict(GEMV_TILE)
+    try:
+        block_n, block_k, warps = (int(v) for v in setting.split(","))
+    except ValueError:
+        raise ValueError(f"{LINEAR_NORM_ENV} is 0, 1 or block_n,block_k,num_warps, not {setting!r}") from None
+    return {"block_n": block_n, "block_k": block_k, "num_warps": warps, "num_stages": 2, "prefetch": 2}
