@@ -129,7 +129,7 @@ class TorchGemmBackend(GemmBackend):
         self.triton_router_norm = False
         #: take a layer's residual norm into the single-row product of a plain float weight that reads it (the
         #: attention's q/k/v; :meth:`add_rms_norm_linear`), every program summing the row itself: off unless a
-        #: plugin asks (its tile: :meth:`_linear_norm_tile`)
+        #: plugin asks (its tile, or None for a weight it leaves to the norm kernel: :meth:`_linear_norm_tile`)
         self.triton_linear_norm = False
 
     @property
@@ -256,9 +256,10 @@ class TorchGemmBackend(GemmBackend):
         elif self.triton_linear_norm and activation is None and _float_single_row(x, residual, weight):
             from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import add_rms_norm_gemv
 
-            tile = self._linear_norm_tile()
-            product, _, summed = add_rms_norm_gemv(x, residual, norm_weight, eps, weight, bias, **tile)
-            return product, summed
+            tile = self._linear_norm_tile(weight)
+            if tile is not None:
+                product, _, summed = add_rms_norm_gemv(x, residual, norm_weight, eps, weight, bias, **tile)
+                return product, summed
         normed, summed = launchers.fused_add_rms_norm(x, residual, norm_weight, eps)
         if activation is None:
             return self.linear(normed, weight, bias), summed
@@ -290,8 +291,9 @@ class TorchGemmBackend(GemmBackend):
         """The launch parameters of :meth:`add_rms_norm_router`'s GEMV (a plugin's override: its own GEMV tile)."""
         return {}
 
-    def _linear_norm_tile(self) -> dict[str, int]:
-        """The launch parameters of :meth:`add_rms_norm_linear`'s float GEMV (a plugin's override)."""
+    def _linear_norm_tile(self, weight: torch.Tensor) -> dict[str, int] | None:
+        """The launch parameters of :meth:`add_rms_norm_linear`'s float GEMV for ``weight``, or None to leave its
+        norm to the norm kernel (a plugin's override: where the programs' sums of the row cost more than a launch)."""
         return {}
 
     def logits(self, x: Any, weight: Any) -> Any:

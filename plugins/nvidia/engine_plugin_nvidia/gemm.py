@@ -78,10 +78,15 @@ FAST_MEMORY_MOE = {"down_gemv": (4, 256, 4)}
 #: (an H100 at 94 SMs, 2026-12-07) Qwen3-30B-A3B batch 1 ran 326.7 / 326.7 tok/s with it against 323.9 / 325.4
 #: without, alternated in one process (``benchmarks/nvidia_h200_pending.sh router-norm``)
 ROUTER_NORM_ENV = "ENGINE_NVIDIA_ROUTER_NORM"
-#: ``1`` (or a tile ``block_n,block_k,num_warps``): the attention's q/k/v takes the residual norm before it into its
-#: batch-1 GEMV (:meth:`CudaGemmBackend.add_rms_norm_linear`), every program summing the row itself. Off until
-#: timed: the router's 32 programs gained by it, q/k/v has hundreds (``nvidia_h200_moe.py decode --env-ab``)
+#: ``0``: the attention's q/k/v leaves the residual norm before it to the norm kernel; ``1`` (or a tile
+#: ``block_n,block_k,num_warps``): its batch-1 GEMV takes it whatever its size (every program summing the row itself,
+#: :meth:`CudaGemmBackend.add_rms_norm_linear`). Unset, GPUs take it for weights of at most
+#: :data:`LINEAR_NORM_MAX_BYTES`: on the H200 stand-in (2026-12-07, ``nvidia_h200_moe.py decode --env-ab``)
+#: Qwen3-30B-A3B's q/k/v (2,048 -> 5,120, 20 MiB) gained 1.2% at batch 1 (330.2 / 331.7 against 326.6 / 327.5 tok/s,
+#: alternated), Llama-3-8B's (4,096 -> 6,144, 48 MiB) lost 1.4% (186.5 / 186.5 against 189.1 / 189.1, 8 x 512 -1.1%,
+#: 16 x 256 -1.6%): the saved launch is fixed, the programs' repeated sums grow with the weight
 LINEAR_NORM_ENV = "ENGINE_NVIDIA_LINEAR_NORM"
+LINEAR_NORM_MAX_BYTES = 32 << 20
 
 
 class CudaGemmBackend(TorchGemmBackend):
@@ -105,9 +110,11 @@ class CudaGemmBackend(TorchGemmBackend):
         # the router's product with its norm (add_rms_norm_router), unless turned off for an A/B
         # (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
         self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "1").strip() != "0"
-        # asked for by name (in the interpreter too, which runs the same kernel on the CPU)
-        self.linear_norm_tile = linear_norm_tile(os.environ.get(LINEAR_NORM_ENV, "0"))
-        self.triton_linear_norm = self.linear_norm_tile is not None
+        # q/k/v's product with its norm (add_rms_norm_linear): by size on GPUs, or asked for by name (in the
+        # interpreter too, which runs the same kernel on the CPU)
+        setting = os.environ.get(LINEAR_NORM_ENV)
+        self.linear_norm_tile = None if setting is None else linear_norm_tile(setting)
+        self.triton_linear_norm = self.linear_norm_tile is not None or (setting is None and self.device.type == "cuda")
 
     def _grouped_int_tiles(self) -> Any:
         # NVIDIA's tiles add the tensor-core kernels for a few rows (their inline PTX runs on no other vendor);
@@ -142,8 +149,10 @@ class CudaGemmBackend(TorchGemmBackend):
         # a router is a narrow product (experts x hidden): the narrow weights' GEMV tile
         return GEMV_TILE
 
-    def _linear_norm_tile(self) -> dict[str, int]:
-        return self.linear_norm_tile or GEMV_TILE
+    def _linear_norm_tile(self, weight: torch.Tensor) -> dict[str, int] | None:
+        if self.linear_norm_tile is not None:
+            return self.linear_norm_tile  # asked for by name: every size
+        return GEMV_TILE if weight.numel() * weight.element_size() <= LINEAR_NORM_MAX_BYTES else None
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
         if isinstance(x, RowQuantizedActivations):

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_plugin_nvidia.gemm import GEMV_TILE, LINEAR_NORM_ENV, CudaGemmBackend, linear_norm_tile
+from engine_plugin_nvidia.gemm import (
+    GEMV_TILE,
+    LINEAR_NORM_ENV,
+    LINEAR_NORM_MAX_BYTES,
+    CudaGemmBackend,
+    linear_norm_tile,
+)
 from engine_plugin_sdk.gpu.triton_kernels import gemv_launchers
 from engine_plugin_sdk.reference_ops import ref_add_rms_norm_linear
 
@@ -20,14 +26,31 @@ def test_the_setting_is_off_one_or_a_tile() -> None:
         linear_norm_tile("16x256")
 
 
+def test_unset_gpus_take_it_for_small_weights_and_a_setting_for_every_size(monkeypatch) -> None:
+    """Unset: on GPUs only (not the interpreter's CPU device), and there for q/k/v weights of at most
+    LINEAR_NORM_MAX_BYTES (Qwen3-30B-A3B's, not Llama-3-8B's); ``1`` or a tile: every size; ``0``: none."""
+    qwen3_moe = torch.empty(5120, 2048, dtype=torch.bfloat16, device="meta")
+    llama3_8b = torch.empty(6144, 4096, dtype=torch.bfloat16, device="meta")
+    assert qwen3_moe.numel() * 2 <= LINEAR_NORM_MAX_BYTES < llama3_8b.numel() * 2
+    monkeypatch.delenv(LINEAR_NORM_ENV, raising=False)
+    assert not CudaGemmBackend(torch.device("cpu")).triton_linear_norm
+    unset = CudaGemmBackend(torch.device("cpu"))
+    unset.triton_linear_norm = True  # what a GPU device sets
+    assert unset._linear_norm_tile(qwen3_moe) == GEMV_TILE and unset._linear_norm_tile(llama3_8b) is None
+    monkeypatch.setenv(LINEAR_NORM_ENV, "1")
+    every = CudaGemmBackend(torch.device("cpu"))
+    assert every.triton_linear_norm and every._linear_norm_tile(llama3_8b) == GEMV_TILE
+    monkeypatch.setenv(LINEAR_NORM_ENV, "0")
+    assert not CudaGemmBackend(torch.device("cpu")).triton_linear_norm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_one_row_runs_the_gemv_with_the_norm_and_more_rows_the_norm_kernel(device, dtype, monkeypatch) -> None:
     """One row (90 outputs: the last program holds rows past the end; a bias) goes through the GEMV that sums and
     normalises the row in its programs, seven rows through the norm kernel and the product; both against float64."""
     monkeypatch.setenv(LINEAR_NORM_ENV, "4,64,4")
     gemm = CudaGemmBackend(device)
-    gemm.triton_linear_norm = True  # on the CPU (the interpreter) as on a GPU
-    assert gemm.fuses_residual_norm
+    assert gemm.triton_linear_norm and gemm.fuses_residual_norm
     launched: list[int] = []
     real = gemv_launchers.add_rms_norm_gemv
     monkeypatch.setattr(gemv_launchers, "add_rms_norm_gemv", lambda *a, **k: launched.append(k["block_k"]) or real(*a, **k))
