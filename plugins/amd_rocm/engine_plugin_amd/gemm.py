@@ -6,9 +6,10 @@ The implementation is the SDK's vendor-neutral :mod:`engine_plugin_sdk.gpu.gemm`
 
 from __future__ import annotations
 
-from engine_plugin_sdk.gpu.gemm import FP8_MAX, FP8_SCHEME, Fp8Weight, TorchGemmBackend, e4m3fn_to_fnuz
+from engine_plugin_sdk.gpu.fp8_gemm import FP8_MAX, FP8_SCHEME, Fp8Weight, e4m3fn_to_fnuz
+from engine_plugin_sdk.gpu.gemm import TorchGemmBackend
 
-# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.gemm
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.fp8_gemm
 __all__ = ["FP8_MAX", "FP8_SCHEME", "Fp8Weight", "RocmGemmBackend", "e4m3fn_to_fnuz"]
 
 

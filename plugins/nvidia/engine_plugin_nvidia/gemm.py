@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from engine_plugin_sdk import RowQuantizedActivations
-from engine_plugin_sdk.gpu import gemm as _common
-from engine_plugin_sdk.gpu.gemm import FP8_SCHEME, Fp8Weight, TorchGemmBackend, fp8_linear
+from engine_plugin_sdk.gpu import fp8_gemm as _common
+from engine_plugin_sdk.gpu.fp8_gemm import FP8_SCHEME, Fp8Weight, fp8_linear
+from engine_plugin_sdk.gpu.gemm import TorchGemmBackend
 
-# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.gemm
+# the helpers (fp8_linear, split_quantize_rows, ...) live in engine_plugin_sdk.gpu.fp8_gemm
 __all__ = ["FP8_MAX", "FP8_SCHEME", "CudaGemmBackend", "Fp8Weight"]
 
 #: the FP8 dtype NVIDIA's tensor cores take

@@ -68,7 +68,7 @@ def test_w8a8_gemm_matches_its_quantization(device: torch.device) -> None:
 
 @requires_fp8
 def test_fused_activation_quantizer_matches_torch() -> None:
-    from engine_plugin_sdk.gpu.gemm import quantize_rows
+    from engine_plugin_sdk.gpu.fp8_gemm import quantize_rows
     from engine_plugin_sdk.gpu.triton_kernels.launchers import quantize_rows_fp8
 
     gen = torch.Generator().manual_seed(5)
@@ -88,7 +88,7 @@ def test_fused_activation_quantizer_matches_torch() -> None:
 
 @requires_fp8
 def test_fused_fp8_producers_match_the_unfused_kernels() -> None:
-    from engine_plugin_sdk.gpu.gemm import quantize_rows
+    from engine_plugin_sdk.gpu.fp8_gemm import quantize_rows
     from engine_plugin_sdk.gpu.triton_kernels import fp8_launchers, launchers
 
     gen = torch.Generator().manual_seed(9)

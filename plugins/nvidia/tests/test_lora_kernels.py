@@ -11,7 +11,7 @@ import torch
 from engine_plugin_nvidia.gemm import CudaGemmBackend
 from engine_plugin_nvidia.platform import INTERPRET_ENV, CudaPlatform
 from engine_plugin_sdk import LoraStep, LoraWeights, RowQuantizedActivations, reference_add_lora
-from engine_plugin_sdk.gpu.gemm import quantize_rows as quantize_rows_pair
+from engine_plugin_sdk.gpu.fp8_gemm import quantize_rows as quantize_rows_pair
 from engine_plugin_sdk.gpu.triton_kernels.lora_launchers import (
     INTERPRETER_LORA_TILES,
     LoraTiles,
