@@ -46,6 +46,10 @@
 #            layer fewer; sm_90 code 848 instructions against the norm's 336 and the GEMV's 480, 72 registers): the PDL
 #            GPU tests, then Qwen3-30B-A3B batch-1 decode without / with ENGINE_NVIDIA_ROUTER_NORM=1, twice round in one
 #            process (STANDIN=1: on the H100 stand-in's 94 SMs).
+#   norms:   issue 20's residual norms inside the batch-1 GEMVs on an H200 (session 59, stand-in: the router's +0.6%, then
+#            q/k/v's at 20 MiB +1.2%, Qwen3-30B-A3B 0.653 -> 0.675): their GPU tests, then Qwen3-30B-A3B batch 1 with
+#            neither / the router's / both, twice round in one process, and Llama-3-8B batch 1 (its 48 MiB q/k/v keeps
+#            the norm kernel by default) with q/k/v's forced (`=1`) against the default, processes in turn.
 #   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
 #            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
 #            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round in one process.
@@ -125,7 +129,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -239,6 +243,22 @@ elif [ "$PART" = moe-tiles ]; then
   timeout 400 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --moe-tiles-ab $T $T \
     --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
   grep -iE "experts bf16" $LOGS/moe_tiles.log
+elif [ "$PART" = norms ]; then
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_pdl.py \
+    plugins/nvidia/tests/test_linear_norm.py > $LOGS/norms_tests.log 2>&1
+  tail -1 $LOGS/norms_tests.log
+  R=ENGINE_NVIDIA_ROUTER_NORM; L=ENGINE_NVIDIA_LINEAR_NORM
+  V="$R=0+$L=0 $R=1+$L=0 $R=1+$L=1"
+  timeout 330 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --env-ab $V $V \
+    --json "$OUT/norms_moe.json" > $LOGS/norms_moe.log 2>&1
+  grep -iE "experts bf16" $LOGS/norms_moe.log
+  for s in 1 default 1 default; do
+    if [ $s = 1 ]; then export $L=1; else unset $L; fi
+    timeout 100 python3 benchmarks/nvidia_h200.py decode --model $MODEL --json "$OUT/norms_dense_$s.json" \
+      > $LOGS/norms_dense.log 2>&1
+    echo "dense q/k/v norm $s: $(grep -E "decode_tok_s_graphs|end_to_end_ratio" $LOGS/norms_dense.log | tr -s ' ' | tr '\n' ' ')"
+  done
+  unset $L
 elif [ "$PART" = router-norm ]; then
   # the MoE router's GEMV with the residual norm in its programs (ENGINE_NVIDIA_ROUTER_NORM, session 58): its GPU
   # test, then batch-1 Qwen3-30B-A3B without / with it, twice round in one process (STANDIN=1: on 94 SMs)
