@@ -214,8 +214,7 @@ def step_bytes(llm: Any) -> int:
     import torch
 
     from engine.models.layers.row_blocks import RowBlocks
-    from engine_plugin_sdk.gpu.fp8_gemm import Fp8Weight
-    from engine_plugin_sdk.gpu.gemm import GroupedIntRowBlocks, GroupedIntWeight
+    from engine_plugin_sdk.gpu.gemm import Fp8Weight, GroupedIntRowBlocks, GroupedIntWeight
 
     def size(t: Any) -> int:
         if isinstance(t, RowBlocks):
