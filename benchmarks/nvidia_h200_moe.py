@@ -272,22 +272,18 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = moe_model_folder(args.tokenizer, os.path.join(tmp, "qwen3-30b-a3b"))
         runs = [
-            (variant, keys, tiles, last, moe_tiles, router_norm, env)
+            (variant, keys, tiles, last, moe_tiles, env)
             for env in (args.env_ab or [None])
-            for router_norm in (args.router_norm_ab or [None])
             for moe_tiles in (args.moe_tiles_ab or [None])
             for last in (args.merge_last_ab or [None])
             for tiles in (args.gemv_tiles or [None])
             for keys in (args.min_split_keys or [None])
             for variant in args.experts
         ]
-        for run, (variant, keys, tiles, last, moe_tiles, router_norm, env) in enumerate(runs):
+        for run, (variant, keys, tiles, last, moe_tiles, env) in enumerate(runs):
             if env is not None:
                 # plugin settings read when an engine's backend is made (NAME=VALUE+NAME=VALUE): the A/B
                 os.environ.update(dict(item.split("=", 1) for item in env.split("+")))
-            if router_norm is not None:
-                # the router's GEMV with the norm before it (CudaGemmBackend.add_rms_norm_router): the A/B
-                os.environ["ENGINE_NVIDIA_ROUTER_NORM"] = str(router_norm)
             if moe_tiles is not None:
                 # the MoE kernels' tiles (MoeTiles fields over the backend's): the A/B, one engine each
                 overrides.clear()
@@ -317,7 +313,6 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
             name = variant + ("" if keys is None else f"_min_split_keys={keys}") + ("" if tiles is None else f"_gemv={tiles}")
             name += "" if last is None else f"_merge_last={last}"
             name += "" if moe_tiles is None else f"_moe_tiles={moe_tiles}_run{run}"  # a variant may run twice
-            name += "" if router_norm is None else f"_router_norm={router_norm}_run{run}"
             name += "" if env is None else f"_{env}_run{run}"
             results[name] = {
                 "GB_all": all_bytes / 1e9, "GB_read_per_step": read / 1e9, "roofline_tok_s": roofline,
@@ -449,9 +444,6 @@ def main() -> None:
             p.add_argument("--moe-tiles-ab", nargs="*", default=[],
                            help="each run's MoE tiles over the backend's (default, or down_gemv=4x1024x4+"
                            "down_prefetch=0), one engine each in this process")
-            p.add_argument("--router-norm-ab", type=int, nargs="*", default=[],
-                           help="each run's ENGINE_NVIDIA_ROUTER_NORM (0 / 1: the router's GEMV takes its norm), "
-                           "one engine each")
             p.add_argument("--env-ab", nargs="*", default=[],
                            help="each run's plugin settings as NAME=VALUE+NAME=VALUE (e.g. ENGINE_NVIDIA_LINEAR_NORM=0 "
                            "ENGINE_NVIDIA_LINEAR_NORM=16,256,4), one engine each in this process")

@@ -264,9 +264,9 @@ elif [ "$PART" = router-norm ]; then
   # test, then batch-1 Qwen3-30B-A3B without / with it, twice round in one process (STANDIN=1: on 94 SMs)
   timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_pdl.py > $LOGS/router_norm_tests.log 2>&1
   tail -1 $LOGS/router_norm_tests.log
-  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}
+  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}; R=ENGINE_NVIDIA_ROUTER_NORM
   timeout 400 ${RUN:-python3} benchmarks/nvidia_h200_moe.py \
-    decode --tokenizer $MODEL --router-norm-ab 0 1 0 1 --json "$OUT/router_norm${STANDIN:+_standin}.json" \
+    decode --tokenizer $MODEL --env-ab $R=0 $R=1 $R=0 $R=1 --json "$OUT/router_norm${STANDIN:+_standin}.json" \
     > $LOGS/router_norm.log 2>&1
   grep -iE "experts bf16" $LOGS/router_norm.log
 elif [ "$PART" = session56 ]; then

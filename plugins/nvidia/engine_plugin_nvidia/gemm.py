@@ -109,7 +109,7 @@ class CudaGemmBackend(TorchGemmBackend):
             raise ValueError(f"fp8_dtype must be {FP8_DTYPE!r} or None on NVIDIA, got {fp8_dtype!r}")
         super().__init__(device, fp8_dtype=FP8_DTYPE if fp8 or fp8_dtype else None)
         # the router's product with its norm (add_rms_norm_router), unless turned off for an A/B
-        # (benchmarks/nvidia_h200_moe.py decode --router-norm-ab)
+        # (benchmarks/nvidia_h200_moe.py decode --env-ab ENGINE_NVIDIA_ROUTER_NORM=0 ...)
         self.triton_router_norm = self.device.type == "cuda" and os.environ.get(ROUTER_NORM_ENV, "1").strip() != "0"
         # q/k/v's product with its norm (add_rms_norm_linear): by size on GPUs, or asked for by name (in the
         # interpreter too, which runs the same kernel on the CPU)
