@@ -11,7 +11,7 @@ instruction of interest, in program order:
 
 The MoE down GEMV (``moe-down``, one expert after another) issues each expert's id load and then its tile's
 loads late, past the experts it loaded before its PDL wait; ``moe-down-experts`` gathers them all at once;
-``moe-gate-up`` is the gate/up GEMV before it.
+``moe-gate-up`` is the gate/up GEMV before it, ``moe-topk`` the routing kernel before that.
 
 Why: a read-ahead written in Triton is only what ptxas makes of it. The fragment kernel's words read one
 iteration ahead were issued after most of an iteration's ``mma`` work (``...MMMMMWWMMM|``): each warp waited a
@@ -42,7 +42,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*fp16", "zs_ptr": "*
             "super_ptr": "*fp16", "zsuper_ptr": "*fp16", "plane_ptr": "*u8", "unit_ptr": "*fp32",
             "total_ptr": "*fp32"}  # fmt: skip
 #: ... and of the MoE down GEMVs (bf16 experts, float32 routing weights)
-MOE_POINTERS = {"act_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32",
+MOE_POINTERS = {"act_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "ids_ptr": "*i32", "logits_ptr": "*bf16", "weights_ptr": "*fp32",
                 "topw_ptr": "*fp32", "out_ptr": "*bf16",
             "super_ptr": "*fp16", "zsuper_ptr": "*fp16"}  # fmt: skip
 #: the arguments the compile may assume 16-byte aligned (as the launchers' tensors are)
@@ -66,6 +66,10 @@ GEMM = {"GROUP": 16, "BITS": 6, "ZERO": 32, "HAS_ZS": False, "HAS_PERM": False, 
 MOE_DOWN = {"K": 768, "TOP_K": 8, "K_P2": 8, "HAS_SCALE": False, "HAS_BIAS": False, "BLOCK_N": 4, "BLOCK_K": 1024,
             "USE_PDL": True, "PREFETCH": 4}  # fmt: skip
 #: ... and its gate/up experts (2 gate and 2 up rows of 2,048 columns a program, SiLU)
+#: ... and its routing kernel (softmax over 128 experts, top 8, renormalised: one program, one warp)
+MOE_TOPK = {"NUM_GROUPS": 1, "GROUP": 128, "G_P2": 1, "S_P2": 128, "TOPK_GROUPS": 1, "TOP_K": 8, "K_P2": 8,
+            "SIGMOID": False, "HAS_BIAS": False, "RENORM": True, "GROUP_MAX": False, "LOGIT_PICKS": True,
+            "USE_PDL": True}  # fmt: skip
 MOE_GATE_UP = {"K": 2048, "TOP_K": 8, "HAS_SCALE": False, "HAS_BIAS": False, "ACT": 0, "BLOCK_N": 2, "BLOCK_K": 1024,
                "USE_PDL": True}  # fmt: skip
 
@@ -83,6 +87,7 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
         grouped_int_gemm_kernels,
         grouped_int_kernels,
         moe_kernels,
+        moe_routing_kernels,
     )
 
     pointers = POINTERS
@@ -97,6 +102,8 @@ def compile_kernel(kind: str, settings: dict[str, Any], warps: int, stages: int)
         fn, constants = grouped_int_gemm_kernels.grouped_int_gemm_kernel, dict(GEMM)
     elif kind == "byte-gemv":
         fn, constants = grouped_int_kernels.grouped_int_gemv_kernel, dict(BYTE_GEMV)
+    elif kind == "moe-topk":
+        fn, pointers, constants = moe_routing_kernels.moe_topk_kernel, MOE_POINTERS, dict(MOE_TOPK)
     elif kind == "moe-gate-up":
         fn, pointers, constants = moe_kernels.moe_gemv_gate_up_kernel, MOE_POINTERS, dict(MOE_GATE_UP)
     else:
@@ -246,7 +253,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernel", choices=["fragment", "word-gemv", "dot-gemv", "byte-gemv", "gemm", "moe-down",
-                                           "moe-down-experts", "moe-gate-up"])
+                                           "moe-down-experts", "moe-gate-up", "moe-topk"])
     parser.add_argument("--set", nargs="*", default=[], type=parse_setting, metavar="KEY=VALUE",
                         help="the kernel's constexpr arguments (integers, true / false)")
     parser.add_argument("--warps", type=int, default=8)
