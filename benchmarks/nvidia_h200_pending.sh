@@ -53,6 +53,11 @@
 #   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
 #            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
 #            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round in one process.
+#   l2-window: whether a latency-bound kernel can fill L2 with the next GEMV's weight while it runs (session 60, no
+#            device): `nvidia_l2_window.py`, a q/k/v-sized GEMV, a chain of dependent reads (an attention's length) asking
+#            L2 for the o_proj-sized weight after it (prefetch.global.L2, or ::evict_last), then that GEMV; and the next
+#            layer's q/k/v asked for before 25 / 75 MB of experts' bytes stream through. At most about 1.8 us a Qwen3-
+#            30B-A3B layer for its o_proj (3.1 us for Llama-3-8B's), session 29's estimate of an L2-resident o_proj.
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
@@ -129,7 +134,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh l2-window|norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -243,6 +248,9 @@ elif [ "$PART" = moe-tiles ]; then
   timeout 400 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --moe-tiles-ab $T $T \
     --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
   grep -iE "experts bf16" $LOGS/moe_tiles.log
+elif [ "$PART" = l2-window ]; then
+  timeout 300 python3 benchmarks/nvidia_l2_window.py --json "$OUT/l2_window.json" > $LOGS/l2_window.log 2>&1
+  grep -E "us a segment|Error" $LOGS/l2_window.log
 elif [ "$PART" = norms ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_pdl.py \
     plugins/nvidia/tests/test_linear_norm.py > $LOGS/norms_tests.log 2>&1

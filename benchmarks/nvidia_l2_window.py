@@ -1,0 +1,187 @@
+"""Can a latency-bound kernel fill the L2 cache with the next product's weight while it runs? (NVIDIA, sm_80+)
+
+At batch 1 a decode layer alternates memory-bound GEMVs with latency-bound kernels (decode attention and its merge,
+the router and the routing) during which the memory idles: on an H200 about 8 us a Qwen3-30B-A3B layer, when the
+memory could move some 30 MB. This measures, without the engine, whether ``prefetch.global.L2`` issued by such a
+kernel's programs makes the GEMV after it faster, segments replayed in one CUDA graph with PDL as the decode graphs
+run them, every segment with its own weights (so no weight stays in L2 from one segment to the next):
+
+- ``dense``: GEMV over ``W_a`` (q/k/v-sized) -> a latency-bound kernel (a chain of dependent L2 reads, about an
+  attention's length) -> GEMV over ``W_o`` (o_proj-sized), the chain kernel asking L2 for ``W_o`` or not.
+- ``ahead``: the chain kernel asking L2 for ``W_next`` (the next layer's q/k/v), then a GEMV streaming the experts'
+  bytes, then the GEMV over ``W_next``: does the early line survive the stream (``evict_last``) or not.
+
+Each row prints microseconds a segment (median of repeats) for: no prefetch, ``prefetch.global.L2``, and
+``prefetch.global.L2::evict_last``.
+
+    python benchmarks/nvidia_l2_window.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: E402
+
+#: bf16 values in a 128-byte L2 line
+LINE = 64
+#: the engine's batch-1 GEMV tile (the NVIDIA plugin's GEMV_TILE)
+TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
+MODES = {"none": 0, "L2": 1, "L2::evict_last": 2}
+#: the chain kernel's table, output and program count, set once by ``main``
+SHARED: dict[str, Any] = {}
+
+
+@triton.jit
+def _prefetch_lines(ptrs, ok, MODE: tl.constexpr):
+    if MODE == 1:
+        tl.inline_asm_elementwise(
+            "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;\n\t}",
+            "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
+    if MODE == 2:
+        tl.inline_asm_elementwise(
+            "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;\n\t}",
+            "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
+
+
+@triton.jit
+def chain_kernel(buf_ptr, out_ptr, pf_ptr, pf_lines, STEPS: tl.constexpr, LINES: tl.constexpr,
+                 MODE: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
+    """A latency-bound program (``STEPS`` dependent reads past L1), its share of ``pf_lines`` lines from
+    ``pf_ptr`` asked for first (``MODE``: 0 none, 1 ``prefetch.global.L2``, 2 with ``::evict_last``)."""
+    pid = tl.program_id(0)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if MODE > 0:
+        offs = pid * LINES + tl.arange(0, LINES)
+        _prefetch_lines(pf_ptr + offs.to(tl.int64) * 64, offs < pf_lines, MODE)
+    i = pid % 64
+    for _ in range(STEPS):
+        i = tl.load(buf_ptr + i, cache_modifier=".cg")
+    tl.store(out_ptr + pid, i)
+
+
+def chain(buf: torch.Tensor, out: torch.Tensor, weight: torch.Tensor | None, programs: int, steps: int,
+          mode: int) -> None:  # fmt: skip
+    from engine_plugin_sdk.gpu.triton_kernels import pdl
+
+    lines = 0 if weight is None else weight.numel() // LINE
+    per_program = triton.next_power_of_2(max(1, -(-lines // programs)))
+    chain_kernel[(programs,)](
+        buf, out, weight if weight is not None else buf, lines, STEPS=steps, LINES=per_program,
+        MODE=mode if weight is not None else 0, num_warps=4, **pdl.launch_options(),
+    )  # fmt: skip
+
+
+def timed_us(fn: Any, repeats: int = 15) -> float:
+    """Median microseconds of ``fn()`` replayed in a CUDA graph recorded with PDL."""
+    from engine_plugin_sdk.gpu.triton_kernels import pdl
+
+    pdl.configure(torch.cuda.get_device_capability() >= (9, 0))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with pdl.for_capture():
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def dense_segments(x_a: torch.Tensor, w_a: list[torch.Tensor], x_o: torch.Tensor, w_o: list[torch.Tensor],
+                   steps: int, mode: int) -> None:  # fmt: skip
+    """GEMV over ``w_a[s]``, the chain (asking for ``w_o[s]``), GEMV over ``w_o[s]``, for every segment ``s``."""
+    from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
+
+    for s in range(len(w_a)):
+        gemv(x_a, w_a[s], **TILE)
+        chain(SHARED["buf"], SHARED["out"], w_o[s], SHARED["programs"], steps, mode)
+        gemv(x_o, w_o[s], **TILE)
+
+
+def ahead_segments(x: torch.Tensor, w_next: list[torch.Tensor], w_stream: list[torch.Tensor], mode: int) -> None:
+    """The chain asking for ``w_next[s]``, a GEMV streaming ``w_stream[s]``, then the GEMV over ``w_next[s]``."""
+    from engine_plugin_sdk.gpu.triton_kernels.gemv_launchers import gemv
+
+    for s in range(len(w_next)):
+        chain(SHARED["buf"], SHARED["out"], w_next[s], SHARED["programs"], 16, mode)
+        gemv(x, w_stream[s], **TILE)
+        gemv(x, w_next[s], **TILE)
+
+
+def main() -> None:
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--segments", type=int, default=12, help="segments a graph, each with its own weights")
+    parser.add_argument("--programs", type=int, default=128, help="the chain kernel's programs")
+    parser.add_argument("--steps", type=int, nargs="+", default=[0, 16, 40], help="its dependent reads")
+    parser.add_argument("--stream-mb", type=int, nargs="+", default=[25, 75], help="bytes between, for 'ahead'")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    buf = ((torch.arange(64, device=dev, dtype=torch.int32) * 7 + 1) % 64).contiguous()
+    out = torch.empty(args.programs, dtype=torch.int32, device=dev)
+    SHARED.update(buf=buf, out=out, programs=args.programs)
+    results: dict[str, float] = {}
+
+    def make(n: int, k: int) -> list[torch.Tensor]:
+        return [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(args.segments)]
+
+    for name, (qkv_shape, o_shape) in {"qwen3-30b-a3b": ((5120, 2048), (2048, 4096)),
+                                       "llama-3-8b": ((6144, 4096), (4096, 4096))}.items():  # fmt: skip
+        w_a, w_o = make(*qkv_shape), make(*o_shape)
+        x_a = torch.randn(qkv_shape[1], device=dev, dtype=dt)
+        x_o = torch.randn(o_shape[1], device=dev, dtype=dt)
+        for steps in args.steps:
+            for label, mode in MODES.items():
+                t = timed_us(functools.partial(dense_segments, x_a, w_a, x_o, w_o, steps, mode)) / args.segments
+                results[f"dense {name} chain{steps} {label}"] = t
+                print(f"dense {name:14s} chain {steps:3d} reads, prefetch {label:15s} {t:7.2f} us a segment", flush=True)
+        w_a.clear()
+        w_o.clear()
+        torch.cuda.empty_cache()
+    # the next layer's q/k/v asked for before the experts' bytes stream through
+    w_next = make(5120, 2048)
+    x = torch.randn(2048, device=dev, dtype=dt)
+    for mb in args.stream_mb:
+        w_stream = make(mb * (1 << 20) // (2 * 2048), 2048)
+        for label, mode in MODES.items():
+            t = timed_us(functools.partial(ahead_segments, x, w_next, w_stream, mode)) / args.segments
+            results[f"ahead stream{mb}MB {label}"] = t
+            print(f"ahead: {mb:3d} MB streamed between, prefetch {label:15s} {t:7.2f} us a segment", flush=True)
+        w_stream.clear()
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
