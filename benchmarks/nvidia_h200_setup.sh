@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the engine and the CPU/NVIDIA plugins on the H200 image (no internet there): the missing pure
-# Python packages travel as wheels in .nvcarry/whl (see plugins/nvidia/README.md; structured output needs
+# Python packages travel as wheels in .nvcarry/whl (benchmarks/make_nvcarry.sh builds it; structured output needs
 # xgrammar==0.2.9 and apache-tvm-ffi==0.1.15.post2 there too; the image has uvloop but not httptools, which
 # the server uses where installed). Source it.
 set -e

@@ -88,31 +88,11 @@ def chain(buf: torch.Tensor, out: torch.Tensor, weight: torch.Tensor | None, pro
     )  # fmt: skip
 
 
-def timed_us(fn: Any, repeats: int = 15) -> float:
-    """Median microseconds of ``fn()`` replayed in a CUDA graph recorded with PDL."""
-    from engine_plugin_sdk.gpu.triton_kernels import pdl
+def timed_us(fn: Any) -> float:
+    """Median microseconds of ``fn()`` replayed in a CUDA graph recorded with PDL (``nvidia_h200_moe.timed``)."""
+    from nvidia_h200_moe import timed
 
-    pdl.configure(torch.cuda.get_device_capability() >= (9, 0))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with pdl.for_capture():
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return timed(fn, repeats=15, inner=1) * 1e6
 
 
 def dense_segments(x_a: torch.Tensor, w_a: list[torch.Tensor], x_o: torch.Tensor, w_o: list[torch.Tensor],
