@@ -208,6 +208,9 @@ def use_decode_kernel_from(path: str) -> types.ModuleType:
 
 
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
+    from nvidia_moe_variants import use_l2_ahead
+
+    use_l2_ahead()  # a no-op unless ENGINE_BENCH_L2_AHEAD=1
     if args.late_kv:
         override_tuning(decode_early_kv=False)
     if args.min_split_keys is not None:

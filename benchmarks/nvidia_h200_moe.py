@@ -238,8 +238,9 @@ def make_moe_llm(folder: str, **kwargs: Any) -> Any:
 
 def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
     from nvidia_h200 import copy_bandwidth, decode_rate, override_tuning
-    from nvidia_moe_variants import parse_moe_tiles, use_routing_kernel_from, with_tiles
+    from nvidia_moe_variants import parse_moe_tiles, use_l2_ahead, use_routing_kernel_from, with_tiles
 
+    use_l2_ahead()  # a no-op unless ENGINE_BENCH_L2_AHEAD=1 (e.g. through --env-ab)
     bandwidth = copy_bandwidth()
     if args.merge_last:
         # split decode attention merged by its last program (KernelTuning.decode_merge_last): the A/B

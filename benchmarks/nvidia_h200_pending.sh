@@ -58,6 +58,10 @@
 #            L2 for the o_proj-sized weight after it (prefetch.global.L2, or ::evict_last), then that GEMV; and the next
 #            layer's q/k/v asked for before 25 / 75 MB of experts' bytes stream through. At most about 1.8 us a Qwen3-
 #            30B-A3B layer for its o_proj (3.1 us for Llama-3-8B's), session 29's estimate of an L2-resident o_proj.
+#            Then the decode kernel's test of it (`l2_ahead`, session 60) and Qwen3-30B-A3B batch 1 with the decode
+#            attention asking L2 for each layer's o_proj (ENGINE_BENCH_L2_AHEAD, a benchmark hook) or not, alternated
+#            in one process. STANDIN=1: on the H100 stand-in's 94 SMs.
+#   l2-dense: the same A/B for Llama-3-8B batch 1 end to end (issue 32's figure), a process each, alternated.
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
 #            program-order copy; two rows at 16 rows a program from the copy on every GPU) beside the H100's table
@@ -134,7 +138,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh l2-window|norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh l2-window|l2-dense|norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -249,8 +253,22 @@ elif [ "$PART" = moe-tiles ]; then
     --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
   grep -iE "experts bf16" $LOGS/moe_tiles.log
 elif [ "$PART" = l2-window ]; then
-  timeout 300 python3 benchmarks/nvidia_l2_window.py --json "$OUT/l2_window.json" > $LOGS/l2_window.log 2>&1
+  timeout 150 python3 benchmarks/nvidia_l2_window.py --json "$OUT/l2_window.json" > $LOGS/l2_window.log 2>&1
   grep -E "us a segment|Error" $LOGS/l2_window.log
+  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_decode_kernel.py -k l2 \
+    > $LOGS/l2_tests.log 2>&1
+  tail -1 $LOGS/l2_tests.log
+  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}; A=ENGINE_BENCH_L2_AHEAD
+  timeout 340 ${RUN:-python3} benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --env-ab $A=0 $A=1 $A=0 $A=1 \
+    --json "$OUT/l2_ahead_moe${STANDIN:+_standin}.json" > $LOGS/l2_ahead_moe.log 2>&1
+  grep -iE "experts bf16|Error" $LOGS/l2_ahead_moe.log
+elif [ "$PART" = l2-dense ]; then
+  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}
+  for s in 0 1 0 1; do
+    ENGINE_BENCH_L2_AHEAD=$s timeout 110 ${RUN:-python3} benchmarks/nvidia_h200.py decode --model $MODEL \
+      --json "$OUT/l2_ahead_dense_$s.json" > $LOGS/l2_dense.log 2>&1
+    echo "dense L2 ahead $s: $(grep -E "decode_tok_s_graphs|end_to_end_ratio" $LOGS/l2_dense.log | tr -s ' ' | tr '\n' ' ')"
+  done
 elif [ "$PART" = norms ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_pdl.py \
     plugins/nvidia/tests/test_linear_norm.py > $LOGS/norms_tests.log 2>&1

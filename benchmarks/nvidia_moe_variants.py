@@ -1,10 +1,48 @@
 """The A/B variants of ``nvidia_h200_moe.py decode``: an earlier commit's routing kernel, and other MoE tiles over
-the backend's (``--moe-tiles-ab``, ``--down-gemv``, ``--down-prefetch``), each run in the same process."""
+the backend's (``--moe-tiles-ab``, ``--down-gemv``, ``--down-prefetch``), each run in the same process; and (there
+and in ``nvidia_h200.py decode``) the decode attention asking L2 for its layer's o_proj weight
+(``ENGINE_BENCH_L2_AHEAD=1``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
+
+#: set to 1 where a step is recorded: the decode attention asks L2 for the layer's o_proj weight (:func:`use_l2_ahead`)
+L2_AHEAD_ENV = "ENGINE_BENCH_L2_AHEAD"
+
+
+def use_l2_ahead() -> None:
+    """In this process, wherever ``ENGINE_BENCH_L2_AHEAD=1`` while a decode step is recorded, the fused decode
+    attention kernel's programs ask the L2 cache for the layer's o_proj weight once past their wait
+    (``launchers.paged_decode(l2_ahead=...)``): the bytes o_proj reads next, fetched while attention leaves the
+    memory idle. A benchmark's hook, not the engine's: the weight reaches the launcher through the decoder layer's
+    ``attend``. Settable per engine (``nvidia_h200_moe.py decode --env-ab ENGINE_BENCH_L2_AHEAD=0 ...=1``)."""
+    import torch
+
+    from engine.models.layers import blocks
+    from engine_plugin_sdk.gpu.triton_kernels import launchers
+
+    attend, decode = blocks.DecoderLayer.attend, launchers.paged_decode
+    ahead: dict[str, Any] = {}
+
+    def attend_asking_l2(self: Any, model: Any, call: Any, kv_cache: Any) -> Any:
+        weight = getattr(self, "o_proj", None)
+        wanted = os.environ.get(L2_AHEAD_ENV) == "1" and isinstance(weight, torch.Tensor) and weight.is_contiguous()
+        ahead["weight"] = weight if wanted else None
+        try:
+            return attend(self, model, call, kv_cache)
+        finally:
+            ahead.clear()
+
+    def decode_asking_l2(*args: Any, **kwargs: Any) -> Any:
+        if ahead.get("weight") is not None and kwargs.get("new_kv") is not None:
+            kwargs["l2_ahead"] = ahead["weight"]
+        return decode(*args, **kwargs)
+
+    blocks.DecoderLayer.attend = attend_asking_l2  # type: ignore[method-assign]
+    launchers.paged_decode = decode_asking_l2  # type: ignore[assignment]
 
 
 def use_routing_kernel_from(path: str) -> None:

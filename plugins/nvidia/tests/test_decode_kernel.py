@@ -193,6 +193,37 @@ def test_decode_early_kv_path_matches_the_plain_one(device, monkeypatch, paired)
     assert not results[1][0].isnan().any()
 
 
+@pytest.mark.parametrize("active", [False, True])
+def test_decode_asking_l2_for_the_next_weight_changes_nothing(device, monkeypatch, active):
+    """``l2_ahead`` (an experiment: the decode kernel's programs ask L2 for the next GEMV's weight once past their
+    wait, the idle splits too): the same outputs and cache bit for bit, on the plain path and on the early path
+    (whose idle splits then wait before they ask; the waits stubbed in the interpreter), and the programs' shares
+    cover every line of a weight whose lines do not split evenly among them."""
+    from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels, decode_merge_kernels, pdl
+
+    for module in (decode_attention_kernels, decode_merge_kernels, pdl):
+        monkeypatch.setattr(module, "gdc_wait", _no_wait)
+        monkeypatch.setattr(module, "gdc_launch_dependents", _no_wait)
+    options = pdl.launch_options
+    monkeypatch.setattr(pdl, "launch_options", lambda: {k: v for k, v in options().items() if k != "launch_pdl"})
+    monkeypatch.setattr(pdl, "_active", active)
+    problem, cache = filled_problem(device, torch.float16, DECODE_LENS, heads=8, kv_heads=2, seed=31 + active)
+    md = problem.metadata
+    weight = torch.randn(37, 100, generator=torch.Generator().manual_seed(5)).to(torch.float16).to(device)
+    share = launchers._l2_share(weight, 2 * 4 * 8, False)
+    assert share["l2_lines"] == 58 and share["L2_LINES"] * 2 * 4 * 8 >= 58
+    t = dataclasses.replace(tuning(), num_compute_units=132)
+    new_kv = (problem.key, problem.value, md.slot_mapping)
+    results = []
+    for ahead in (None, weight):
+        out, kv = torch.full_like(problem.query, float("nan")), cache.clone()
+        launchers.paged_decode(out, problem.query, kv, md.block_tables, md.seq_lens, md.scale, 8, t, new_kv=new_kv,
+                               l2_ahead=ahead)  # fmt: skip
+        results.append((out, kv))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert not results[1][0].isnan().any()
+
+
 def test_decode_padding_rows_give_zeros_and_write_nothing(device):
     """Graph padding rows: slot -1 (no cache write) and context length 0 (zeros out, no NaN)."""
     problem, cache = filled_problem(device, torch.float32, DECODE_LENS, seed=5)

@@ -144,6 +144,15 @@ def paged_prefill(
 EARLY_KV_WAVES = 2
 
 
+def _l2_share(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> dict:
+    # the decode kernel's arguments that split ``ahead``'s 128-byte lines among its programs (none without it)
+    if ahead is None:
+        return {}
+    lines = -(-ahead.numel() * ahead.element_size() // 128)
+    return {"l2_ptr": ahead.reshape(-1).view(torch.uint8), "l2_lines": lines,
+            "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu}  # fmt: skip
+
+
 def paged_decode(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -160,6 +169,7 @@ def paged_decode(
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     head_norm: HeadNorm | None = None,
     arrivals: torch.Tensor | None = None,
+    l2_ahead: torch.Tensor | None = None,
 ) -> None:
     """Attention of one new token per sequence (row ``i`` belongs to sequence ``i``), context split
     across ``num_splits`` programs per KV head and merged by a second kernel.
@@ -183,6 +193,8 @@ def paged_decode(
         arrivals: int32 zeros kept across calls, at least ``seqs * kv_heads``: the split programs count
             themselves there and the last of each merges (each launch leaves them zero), so no merge kernel
             is launched. None, or too few: the merge kernel.
+        l2_ahead: a contiguous tensor (the next GEMV's weight) whose bytes the kernel's programs ask the L2 cache
+            for once past their wait (an experiment: ``benchmarks/nvidia_l2_window.py``); None asks nothing.
 
     Raises:
         ValueError: for more sequences than a launch grid's second axis holds, a ``new_kv`` that does
@@ -248,7 +260,7 @@ def paged_decode(
         # the scale folded into the query once: over an FP8 cache (whose values carry 2**-4 of error, against the
         # 2**-11 the fp16 query's rounding adds) and in float32; a bf16 / fp16 query over its own dtype keeps its bits
         KV_HEADS=pair, PRESCALED=soft_cap is None and (flags["DOT_F16"] or flags["IS_FP32"]),
-        **tiles, **flags, **pdl.launch_options(),
+        **tiles, **flags, **_l2_share(l2_ahead, programs, query.is_cuda), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
