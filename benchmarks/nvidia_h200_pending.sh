@@ -58,9 +58,10 @@
 #            L2 for the o_proj-sized weight after it (prefetch.global.L2, or ::evict_last), then that GEMV; and the next
 #            layer's q/k/v asked for before 25 / 75 MB of experts' bytes stream through. At most about 1.8 us a Qwen3-
 #            30B-A3B layer for its o_proj (3.1 us for Llama-3-8B's), session 29's estimate of an L2-resident o_proj.
-#            Then the decode kernel's test of it (`l2_ahead`, session 60) and Qwen3-30B-A3B batch 1 with the decode
-#            attention asking L2 for each layer's o_proj (ENGINE_BENCH_L2_AHEAD, a benchmark hook) or not, alternated
-#            in one process. STANDIN=1: on the H100 stand-in's 94 SMs.
+#            Then the kernels' tests of it (`l2_ahead`, session 60) and Qwen3-30B-A3B batch 1 in one process with the
+#            decode attention asking L2 for each layer's o_proj (ENGINE_BENCH_L2_AHEAD, a benchmark hook) or not, and
+#            the router for the next layer's q/k/v (ENGINE_BENCH_L2_NEXT_QKV) or not. STANDIN=1: on the H100
+#            stand-in's 94 SMs.
 #   l2-dense: the same A/B for Llama-3-8B batch 1 end to end (issue 32's figure), a process each, alternated.
 #   session56: the first call of a session with an H200: issue 25's batch-1 figures and 2 sequences at the defaults (on
 #            an H200 the fast-memory tiles: 16 rows a program, the prepared row and, session 56, GPTQ's form from the
@@ -255,11 +256,13 @@ elif [ "$PART" = moe-tiles ]; then
 elif [ "$PART" = l2-window ]; then
   timeout 150 python3 benchmarks/nvidia_l2_window.py --json "$OUT/l2_window.json" > $LOGS/l2_window.log 2>&1
   grep -E "us a segment|Error" $LOGS/l2_window.log
-  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_decode_kernel.py -k l2 \
+  timeout 60 python3 -m pytest -q -p no:cacheprovider plugins/nvidia/tests/test_decode_kernel.py \
+    plugins/nvidia/tests/test_linear_norm.py -k l2 \
     > $LOGS/l2_tests.log 2>&1
   tail -1 $LOGS/l2_tests.log
-  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}; A=ENGINE_BENCH_L2_AHEAD
-  timeout 340 ${RUN:-python3} benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --env-ab $A=0 $A=1 $A=0 $A=1 \
+  RUN=${STANDIN:+python3 benchmarks/nvidia_sm_partition.py --sms 94 run}; A=ENGINE_BENCH_L2_AHEAD; N=ENGINE_BENCH_L2_NEXT_QKV
+  timeout 340 ${RUN:-python3} benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL \
+    --env-ab $A=0+$N=0 $A=1+$N=0 $A=0+$N=1 $A=1+$N=1 \
     --json "$OUT/l2_ahead_moe${STANDIN:+_standin}.json" > $LOGS/l2_ahead_moe.log 2>&1
   grep -iE "experts bf16|Error" $LOGS/l2_ahead_moe.log
 elif [ "$PART" = l2-dense ]; then

@@ -1,7 +1,7 @@
 """The A/B variants of ``nvidia_h200_moe.py decode``: an earlier commit's routing kernel, and other MoE tiles over
 the backend's (``--moe-tiles-ab``, ``--down-gemv``, ``--down-prefetch``), each run in the same process; and (there
 and in ``nvidia_h200.py decode``) the decode attention asking L2 for its layer's o_proj weight
-(``ENGINE_BENCH_L2_AHEAD=1``)."""
+(``ENGINE_BENCH_L2_AHEAD=1``) and a router for the next layer's q/k/v (``ENGINE_BENCH_L2_NEXT_QKV=1``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 
 #: set to 1 where a step is recorded: the decode attention asks L2 for the layer's o_proj weight (:func:`use_l2_ahead`)
 L2_AHEAD_ENV = "ENGINE_BENCH_L2_AHEAD"
+#: ... and the router's norm GEMV (a mixture of experts at batch 1) for the next layer's q/k/v weight
+L2_NEXT_QKV_ENV = "ENGINE_BENCH_L2_NEXT_QKV"
 
 
 def use_l2_ahead() -> None:
@@ -43,6 +45,40 @@ def use_l2_ahead() -> None:
 
     blocks.DecoderLayer.attend = attend_asking_l2  # type: ignore[method-assign]
     launchers.paged_decode = decode_asking_l2  # type: ignore[assignment]
+    use_l2_next_qkv()
+
+
+def use_l2_next_qkv() -> None:
+    """In this process, wherever ``ENGINE_BENCH_L2_NEXT_QKV=1`` while a step is recorded, a mixture of experts'
+    router GEMV with the norm before it (batch 1) asks the L2 cache for the next layer's q/k/v weight past its wait
+    (``gemv_launchers.add_rms_norm_gemv(l2_ahead=...)``): read after the experts' bytes, if it lasts in L2 that
+    long (``nvidia_l2_window.py``'s ``ahead`` rows). A benchmark's hook, through the decoder layer's ``mlp``."""
+    import torch
+
+    from engine.models.layers import blocks
+    from engine_plugin_sdk.gpu.triton_kernels import gemv_launchers
+
+    mlp, router = blocks.DecoderLayer.mlp, gemv_launchers.add_rms_norm_gemv
+    ahead: dict[str, Any] = {}
+
+    def mlp_asking_l2(self: Any, model: Any, x: Any) -> Any:
+        layers = model.layers
+        after = {id(a): b for a, b in zip(layers, layers[1:], strict=False)}
+        weight = getattr(after.get(id(self)), "qkv", None)
+        wanted = os.environ.get(L2_NEXT_QKV_ENV) == "1" and isinstance(weight, torch.Tensor) and weight.is_contiguous()
+        ahead["weight"] = weight if wanted else None
+        try:
+            return mlp(self, model, x)
+        finally:
+            ahead.clear()
+
+    def router_asking_l2(*args: Any, **kwargs: Any) -> Any:
+        if ahead.get("weight") is not None:
+            kwargs["l2_ahead"] = ahead["weight"]
+        return router(*args, **kwargs)
+
+    blocks.DecoderLayer.mlp = mlp_asking_l2  # type: ignore[method-assign]
+    gemv_launchers.add_rms_norm_gemv = router_asking_l2  # type: ignore[assignment]
 
 
 def use_routing_kernel_from(path: str) -> None:

@@ -13,6 +13,7 @@ import triton.language as tl
 from attention_cases import DECODE_LENS, check, filled_problem, tuning
 
 from engine_plugin_sdk.gpu.triton_kernels import KernelTuning, launchers
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import l2_share_args
 from engine_plugin_sdk.problems import make_attention_problem
 from engine_plugin_sdk.reference_ops import make_cos_sin_cache
 
@@ -210,7 +211,7 @@ def test_decode_asking_l2_for_the_next_weight_changes_nothing(device, monkeypatc
     problem, cache = filled_problem(device, torch.float16, DECODE_LENS, heads=8, kv_heads=2, seed=31 + active)
     md = problem.metadata
     weight = torch.randn(37, 100, generator=torch.Generator().manual_seed(5)).to(torch.float16).to(device)
-    share = launchers._l2_share(weight, 2 * 4 * 8, False)
+    share = l2_share_args(weight, 2 * 4 * 8, False)
     assert share["l2_lines"] == 58 and share["L2_LINES"] * 2 * 4 * 8 >= 58
     t = dataclasses.replace(tuning(), num_compute_units=132)
     new_kv = (problem.key, problem.value, md.slot_mapping)

@@ -107,3 +107,19 @@ def test_a_llama_decodes_alike_with_the_norm_in_its_qkv_gemv(tmp_path, monkeypat
     assert not launched
     assert tokens == want_tokens
     assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+
+
+def test_the_norm_gemv_asking_l2_for_a_later_weight_changes_nothing(device) -> None:
+    """``l2_ahead`` (an experiment: the router's programs ask L2 for a later product's weight past their wait): the
+    product, the normalised row and the sum bit for bit as without, over a weight whose lines do not split evenly."""
+    gen = torch.Generator().manual_seed(17)
+    k = 256
+    weight = (torch.randn(90, k, generator=gen) * k**-0.5).to(torch.float16).to(device)
+    norm_weight = (torch.rand(k, generator=gen) + 0.5).to(torch.float16).to(device)
+    x, residual = (torch.randn(1, k, generator=gen).to(torch.float16).to(device) for _ in range(2))
+    later = torch.randn(33, 70, generator=gen).to(torch.float16).to(device)
+    tile = {"block_n": 4, "block_k": 64, "num_warps": 4}
+    plain = gemv_launchers.add_rms_norm_gemv(x, residual, norm_weight, 1e-5, weight, **tile)
+    asking = gemv_launchers.add_rms_norm_gemv(x, residual, norm_weight, 1e-5, weight, **tile, l2_ahead=later)
+    for got, want in zip(asking, plain, strict=True):
+        assert torch.equal(got, want)

@@ -21,7 +21,7 @@ from engine_plugin_sdk.gpu.triton_kernels.attention_kernels import (
     _soft_cap,
 )
 from engine_plugin_sdk.gpu.triton_kernels.decode_merge_kernels import merge_heads_from_l2, split_share
-from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import prefetch_l2
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import ask_l2_share
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -174,14 +174,6 @@ def _new_kv(
     return k_new, v_new
 
 
-@triton.jit
-def _ask_l2_share(l2_ptr, l2_lines, L2_LINES: tl.constexpr, L2_ASM: tl.constexpr):
-    """This program's ``L2_LINES`` of the ``l2_lines`` 128-byte lines at ``l2_ptr``, asked of the L2 cache."""
-    program = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-    lines = program.to(tl.int64) * L2_LINES + tl.arange(0, L2_LINES)
-    prefetch_l2(l2_ptr + lines * 128, lines < l2_lines, L2_ASM)
-
-
 @triton.jit(do_not_specialize=BATCH_VARYING_ARGS, do_not_specialize_on_alignment=BATCH_VARYING_ARGS)
 def paged_decode_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
@@ -253,7 +245,7 @@ def paged_decode_kernel(
         if not early:
             gdc_wait()
     if L2_LINES > 0 and not early:
-        _ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
+        ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
     # KV heads vary fastest across programs: a token's heads sit side by side in the cache, so the
     # programs running together read whole cache rows rather than one head's slice of many rows (which
     # halved the DRAM efficiency of an FP8 cache, whose slices are half as long)
@@ -279,7 +271,7 @@ def paged_decode_kernel(
         if (split > 0) & (start >= seq_len):
             if L2_LINES > 0 and early:
                 gdc_wait()
-                _ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
+                ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
             return
     end = tl.minimum(start + per_split, seq_len)
     q_pos = seq_len - 1
@@ -302,7 +294,7 @@ def paged_decode_kernel(
             HEAD_NORM)  # fmt: skip
         gdc_wait()
         if L2_LINES > 0:
-            _ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
+            ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
     else:
         cos, sin, partner, sign, q_w, q_w_partner, k_w, k_w_partner = _head_constants(
             rot_index_ptr, rot_table_ptr, q_norm_ptr, k_norm_ptr, seq, stride_rot, offs_d, d_ok, HEAD_DIM, ROTARY,

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from engine_plugin_sdk.gpu.triton_kernels.elementwise_kernels import gated_product, summed_row_rms
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import ask_l2_share
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -153,12 +154,17 @@ def add_rms_norm_gemv_kernel(
     N, K, stride_w,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     ROW: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    l2_ptr=None, l2_lines=0, L2_LINES: tl.constexpr = 0, L2_ASM: tl.constexpr = False,
 ):
     """:func:`gemv_kernel` over ``n = rms_norm(x + residual) * nw`` (a mixture of experts' router after its norm):
     every program sums the row and its squares itself (``ROW``, the power of two at or above ``K``, in one block)
     and normalises each tile as it multiplies it; the first stores ``s = x + residual`` and ``n``, which the experts
     read next. Why: the router is a few programs, so the row's sum in each costs less than the norm's own launch
-    between the attention's output projection and the router. ``PREFETCH`` as for :func:`gemv_kernel`."""
+    between the attention's output projection and the router. ``PREFETCH`` as for :func:`gemv_kernel`.
+
+    ``L2_LINES`` (an experiment, off unless a benchmark asks): past the wait each program asks the L2 cache for its
+    share of a later product's weight (:func:`.l2_prefetch.ask_l2_share`), which the memory, idle while the router
+    and the routing run, can bring in before it is read."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -167,6 +173,8 @@ def add_rms_norm_gemv_kernel(
         gdc_launch_dependents()
         w0, w1, w2, w3 = _load_ahead(w_ptr, rows, stride_w, K, BLOCK_K, EVEN_K, PREFETCH)
         gdc_wait()
+    if L2_LINES > 0:
+        ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM)
     cols = tl.arange(0, ROW)
     ok = cols < K
     first = cols < tl.where(pid == 0, K, 0)  # the first program's columns

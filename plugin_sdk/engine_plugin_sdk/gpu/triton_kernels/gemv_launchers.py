@@ -8,6 +8,7 @@ import torch
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import gemv_kernels as gk
 from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import l2_share_args
 from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 #: the gated GEMV's ``ACT`` by the activation names of ``GemmBackend.gated_linear``
@@ -84,10 +85,12 @@ def gated_gemv(
 def add_rms_norm_gemv(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
     bias: torch.Tensor | None = None, block_n: int = 4, block_k: int = 1024, num_warps: int = 4,
-    num_stages: int = 2, prefetch: int = 1,
+    num_stages: int = 2, prefetch: int = 1, l2_ahead: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(n @ weight.T (+ bias), n, s)`` for a single row: ``s = x + residual`` and ``n = rms_norm(s) *
     norm_weight`` as ``fused_add_rms_norm`` computes them (``GemmBackend.add_rms_norm_router``), all in x's dtype.
+    ``l2_ahead``: a contiguous tensor whose bytes the programs ask the L2 cache for past their wait (an experiment:
+    ``benchmarks/nvidia_l2_window.py``); None asks nothing.
 
     Raises:
         ValueError: for more than one row, mismatched widths or a weight whose rows are not contiguous.
@@ -100,11 +103,13 @@ def add_rms_norm_gemv(
                          f"values for a {n} x {k} product")  # fmt: skip
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     normed, summed = torch.empty_like(flat), torch.empty_like(flat)
-    gk.add_rms_norm_gemv_kernel[(-(-n // block_n),)](
+    programs = -(-n // block_n)
+    gk.add_rms_norm_gemv_kernel[(programs,)](
         flat, res, norm_weight.contiguous(), weight, bias if bias is not None else y, y, normed, summed, eps,
         n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, ROW=next_power_of_2(k),
-        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k), **pdl.launch_options(),
+        num_warps=num_warps, num_stages=num_stages, **_prefetch(prefetch, k, block_k),
+        **l2_share_args(l2_ahead, programs, x.is_cuda), **pdl.launch_options(),
     )  # fmt: skip
     shape = x.shape[:-1]
     return y.reshape(*shape, n), normed.reshape(*shape, k), summed.reshape(*shape, k)

@@ -8,8 +8,11 @@ run PTX; there (``ASM`` off) nothing is prefetched, which changes no result.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 
 @triton.jit
@@ -23,3 +26,22 @@ def prefetch_l2(ptrs, ok, ASM: tl.constexpr):
             "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
         )
 
+
+
+@triton.jit
+def ask_l2_share(l2_ptr, l2_lines, L2_LINES: tl.constexpr, ASM: tl.constexpr):
+    """This program's ``L2_LINES`` of the ``l2_lines`` 128-byte lines at ``l2_ptr`` (bytes), asked of the L2 cache
+    (the programs in launch order, over a grid of up to three axes)."""
+    program = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
+    lines = program.to(tl.int64) * L2_LINES + tl.arange(0, L2_LINES)
+    prefetch_l2(l2_ptr + lines * 128, lines < l2_lines, ASM)
+
+
+def l2_share_args(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> dict:
+    """A kernel's arguments (``l2_ptr``, ``l2_lines``, ``L2_LINES``, ``L2_ASM``) that split the 128-byte lines of the
+    contiguous tensor ``ahead`` among its ``programs`` for :func:`ask_l2_share`; none without it."""
+    if ahead is None:
+        return {}
+    lines = -(-ahead.numel() * ahead.element_size() // 128)
+    return {"l2_ptr": ahead.reshape(-1).view(torch.uint8), "l2_lines": lines,
+            "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu}  # fmt: skip

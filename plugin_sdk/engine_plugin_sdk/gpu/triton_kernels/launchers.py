@@ -16,6 +16,7 @@ from engine_plugin_sdk.gpu.triton_kernels import decode_attention_kernels as dak
 from engine_plugin_sdk.gpu.triton_kernels import decode_merge_kernels as dmk
 from engine_plugin_sdk.gpu.triton_kernels import elementwise_kernels as ek
 from engine_plugin_sdk.gpu.triton_kernels import pdl
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import l2_share_args
 from engine_plugin_sdk.gpu.triton_kernels.launch import KernelTuning, next_power_of_2
 
 if TYPE_CHECKING:
@@ -144,15 +145,6 @@ def paged_prefill(
 EARLY_KV_WAVES = 2
 
 
-def _l2_share(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> dict:
-    # the decode kernel's arguments that split ``ahead``'s 128-byte lines among its programs (none without it)
-    if ahead is None:
-        return {}
-    lines = -(-ahead.numel() * ahead.element_size() // 128)
-    return {"l2_ptr": ahead.reshape(-1).view(torch.uint8), "l2_lines": lines,
-            "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu}  # fmt: skip
-
-
 def paged_decode(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -260,7 +252,7 @@ def paged_decode(
         # the scale folded into the query once: over an FP8 cache (whose values carry 2**-4 of error, against the
         # 2**-11 the fp16 query's rounding adds) and in float32; a bf16 / fp16 query over its own dtype keeps its bits
         KV_HEADS=pair, PRESCALED=soft_cap is None and (flags["DOT_F16"] or flags["IS_FP32"]),
-        **tiles, **flags, **_l2_share(l2_ahead, programs, query.is_cuda), **pdl.launch_options(),
+        **tiles, **flags, **l2_share_args(l2_ahead, programs, query.is_cuda), **pdl.launch_options(),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:
         ek_warps = 1 if d_pad * num_splits <= 2048 else 4
