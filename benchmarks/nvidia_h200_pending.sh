@@ -53,6 +53,9 @@
 #   moe-tiles: issue 20's batch-1 down GEMV on an H200 (session 57, stand-in: 4 x 256 with 4 early experts 323.8 / 323.9
 #            tok/s, 4 x 1,024 with them 298.1, without them 325.2): Qwen3-30B-A3B batch-1 decode at the defaults (4 x 256
 #            on fast memory), 4 x 1,024 and 4 x 1,024 without early tiles, twice round in one process.
+#   figures: the first call of a session with an H200 (session 60's plan): the three issues' batch-1 figures at the
+#            defaults and nothing else, so they fit one call: issue 25 (bf16, W4A16, GGUF Q4_K_M and its dequantized
+#            copy), issue 20 (Qwen3-30B-A3B), issue 32 (Llama-3-8B end to end). Then l2-window, then norms.
 #   l2-window: whether a latency-bound kernel can fill L2 with the next GEMV's weight while it runs (session 60, no
 #            device): `nvidia_l2_window.py`, a q/k/v-sized GEMV, a chain of dependent reads (an attention's length) asking
 #            L2 for the o_proj-sized weight after it (prefetch.global.L2, or ::evict_last), then that GEMV; and the next
@@ -139,7 +142,7 @@
 #            SMs left to attention, each run in its own process.
 #   overlap-fp8: the same run with W8A8 products and an FP8 cache, whole and with --enable-dbo at $SMS SMs
 #            left to attention (default 16: set SMS to the best of overlap-e2e).
-# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh l2-window|l2-dense|norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
+# Usage (repo root, on the device): benchmarks/nvidia_h200_pending.sh figures|l2-window|l2-dense|norms|router-norm|moe-tiles|standin|moe-standin|session56|session54|session53|session52|session51|session50|program-params|routing|next|six-bit-rows|q3|iq4|confirm|groups|q5|six-bit|params|gguf|dot|dot-tiles|two-level|wide|prefetch|prefetch-decode|kernels|decode|overlap|overlap-e2e|overlap-fp8 OUT_DIR
 # Each part fits one call of under ten minutes; they do not all fit a session's 30 minutes. In order of what
 # they settle: overlap (whether two streams overlap at all, per step), decode (issues 25 and 20 end to end),
 # kernels (why, product by product), overlap-e2e and overlap-fp8 (only where overlap gained on steps of
@@ -253,6 +256,11 @@ elif [ "$PART" = moe-tiles ]; then
   timeout 400 python3 benchmarks/nvidia_h200_moe.py decode --tokenizer $MODEL --moe-tiles-ab $T $T \
     --json "$OUT/moe_tiles.json" > $LOGS/moe_tiles.log 2>&1
   grep -iE "experts bf16" $LOGS/moe_tiles.log
+elif [ "$PART" = figures ]; then
+  timeout 300 python3 benchmarks/nvidia_h200_quantized.py bench --tokenizer $MODEL --decode bf16 w4a16 gguf_q4_k_m \
+    gguf_q4_k_m_dequantized --throughput --json "$OUT/figures_quantized.json" > $LOGS/figures_quantized.log 2>&1
+  grep -E "^decode|Error" $LOGS/figures_quantized.log
+  dense_and_moe figures
 elif [ "$PART" = l2-window ]; then
   timeout 150 python3 benchmarks/nvidia_l2_window.py --json "$OUT/l2_window.json" > $LOGS/l2_window.log 2>&1
   grep -E "us a segment|Error" $LOGS/l2_window.log
