@@ -39,9 +39,15 @@ def ask_l2_share(l2_ptr, l2_lines, L2_LINES: tl.constexpr, ASM: tl.constexpr):
 
 def l2_share_args(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> dict:
     """A kernel's arguments (``l2_ptr``, ``l2_lines``, ``L2_LINES``, ``L2_ASM``) that split the 128-byte lines of the
-    contiguous tensor ``ahead`` among its ``programs`` for :func:`ask_l2_share`; none without it."""
+    contiguous tensor ``ahead`` among its ``programs`` for :func:`ask_l2_share`; none without it.
+
+    Raises:
+        ValueError: for a tensor that is not contiguous (a copy's lines would be asked for, not its own).
+    """
     if ahead is None:
         return {}
+    if not ahead.is_contiguous():
+        raise ValueError("an L2 request takes a contiguous tensor")
     lines = -(-ahead.numel() * ahead.element_size() // 128)
     return {"l2_ptr": ahead.reshape(-1).view(torch.uint8), "l2_lines": lines,
             "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu}  # fmt: skip
