@@ -50,4 +50,5 @@ def l2_share_args(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> di
         raise ValueError("an L2 request takes a contiguous tensor")
     lines = -(-ahead.numel() * ahead.element_size() // 128)
     return {"l2_ptr": ahead.reshape(-1).view(torch.uint8), "l2_lines": lines,
-            "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu}  # fmt: skip
+            # PTX: a ROCm build's tensors are "cuda" too, and ask for nothing
+            "L2_LINES": next_power_of_2(-(-lines // programs)), "L2_ASM": on_gpu and torch.version.hip is None}  # fmt: skip
