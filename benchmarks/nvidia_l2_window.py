@@ -33,10 +33,9 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
+from engine_plugin_sdk.gpu.triton_kernels.l2_prefetch import ask_l2_share, l2_share_args  # noqa: E402
 from engine_plugin_sdk.gpu.triton_kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-#: bf16 values in a 128-byte L2 line
-LINE = 64
 #: the engine's batch-1 GEMV tile (the NVIDIA plugin's GEMV_TILE)
 TILE = {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2, "prefetch": 2}
 MODES = {"none": 0, "L2": 1, "L2::evict_last": 2}
@@ -45,46 +44,29 @@ SHARED: dict[str, Any] = {}
 
 
 @triton.jit
-def _prefetch_lines(ptrs, ok, MODE: tl.constexpr):
-    if MODE == 1:
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;\n\t}",
-            "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )
-    if MODE == 2:
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;\n\t}",
-            "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )
-
-
-@triton.jit
-def chain_kernel(buf_ptr, out_ptr, pf_ptr, pf_lines, STEPS: tl.constexpr, LINES: tl.constexpr,
-                 MODE: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
-    """A latency-bound program (``STEPS`` dependent reads past L1), its share of ``pf_lines`` lines from
-    ``pf_ptr`` asked for first (``MODE``: 0 none, 1 ``prefetch.global.L2``, 2 with ``::evict_last``)."""
+def chain_kernel(buf_ptr, out_ptr, l2_ptr, l2_lines, STEPS: tl.constexpr, USE_PDL: tl.constexpr,
+                 L2_LINES: tl.constexpr = 0, L2_ASM: tl.constexpr = False, EVICT_LAST: tl.constexpr = False):  # fmt: skip
+    """A latency-bound program (``STEPS`` dependent reads past L1), its share of ``l2_lines`` lines from ``l2_ptr``
+    asked of the L2 cache first (:func:`.l2_prefetch.ask_l2_share`, as the engine's kernels ask)."""
     pid = tl.program_id(0)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    if MODE > 0:
-        offs = pid * LINES + tl.arange(0, LINES)
-        _prefetch_lines(pf_ptr + offs.to(tl.int64) * 64, offs < pf_lines, MODE)
+    if L2_LINES > 0:
+        ask_l2_share(l2_ptr, l2_lines, L2_LINES, L2_ASM, EVICT_LAST)
     i = pid % 64
     for _ in range(STEPS):
         i = tl.load(buf_ptr + i, cache_modifier=".cg")
     tl.store(out_ptr + pid, i)
 
 
-def chain(buf: torch.Tensor, out: torch.Tensor, weight: torch.Tensor | None, programs: int, steps: int,
-          mode: int) -> None:  # fmt: skip
+def chain(buf: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, programs: int, steps: int, mode: int) -> None:
+    """The chain kernel, asking for ``weight`` (``mode`` as :data:`MODES`) or not."""
     from engine_plugin_sdk.gpu.triton_kernels import pdl
 
-    lines = 0 if weight is None else weight.numel() // LINE
-    per_program = triton.next_power_of_2(max(1, -(-lines // programs)))
+    ask = l2_share_args(weight, programs, True) if mode else {"l2_ptr": buf, "l2_lines": 0}
     chain_kernel[(programs,)](
-        buf, out, weight if weight is not None else buf, lines, STEPS=steps, LINES=per_program,
-        MODE=mode if weight is not None else 0, num_warps=4, **pdl.launch_options(),
+        buf, out, STEPS=steps, EVICT_LAST=mode == 2, num_warps=4, **ask, **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -117,7 +99,6 @@ def ahead_segments(x: torch.Tensor, w_next: list[torch.Tensor], w_stream: list[t
 
 
 def main() -> None:
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--segments", type=int, default=12, help="segments a graph, each with its own weights")
     parser.add_argument("--programs", type=int, default=128, help="the chain kernel's programs")

@@ -16,25 +16,33 @@ from engine_plugin_sdk.gpu.triton_kernels.launch import next_power_of_2
 
 
 @triton.jit
-def prefetch_l2(ptrs, ok, ASM: tl.constexpr):
+def prefetch_l2(ptrs, ok, ASM: tl.constexpr, EVICT_LAST: tl.constexpr = False):
     """Ask the L2 cache to fetch the lines holding ``ptrs`` where ``ok`` (any shape, broadcast; the addresses
-    where ``ok`` must be valid). Nothing is returned; without ``ASM`` a no-op."""
+    where ``ok`` must be valid), ``EVICT_LAST`` to keep them past lines read once. Nothing is returned; without
+    ``ASM`` a no-op."""
     if ASM:
         # the result is a dummy (inline asm must return one); not pure, so the compiler keeps the instruction
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;\n\t}",
-            "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )
+        if EVICT_LAST:
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2::evict_last [$1];\n\t"
+                "mov.u32 $0, 0;\n\t}",
+                "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            )
+        else:
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $2, 0;\n\t@p prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;\n\t}",
+                "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            )
 
 
 
 @triton.jit
-def ask_l2_share(l2_ptr, l2_lines, L2_LINES: tl.constexpr, ASM: tl.constexpr):
+def ask_l2_share(l2_ptr, l2_lines, L2_LINES: tl.constexpr, ASM: tl.constexpr, EVICT_LAST: tl.constexpr = False):
     """This program's ``L2_LINES`` of the ``l2_lines`` 128-byte lines at ``l2_ptr`` (bytes), asked of the L2 cache
-    (the programs in launch order, over a grid of up to three axes)."""
+    (the programs in launch order, over a grid of up to three axes; ``EVICT_LAST`` as for :func:`prefetch_l2`)."""
     program = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
     lines = program.to(tl.int64) * L2_LINES + tl.arange(0, L2_LINES)
-    prefetch_l2(l2_ptr + lines * 128, lines < l2_lines, ASM)
+    prefetch_l2(l2_ptr + lines * 128, lines < l2_lines, ASM, EVICT_LAST)
 
 
 def l2_share_args(ahead: torch.Tensor | None, programs: int, on_gpu: bool) -> dict:
